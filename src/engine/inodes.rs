@@ -1,0 +1,126 @@
+//! The inode table: which FUSE inode number stands for which backing object, and how many
+//! kernel lookups keep it alive.
+//!
+//! Inode numbers are the backing file system's own where that is unambiguous (same device as
+//! the backing root), so `stat` and `readdir` agree, hard links share a number, and numbers stay
+//! the same across remounts. Objects on other devices (a mount inside the backing directory)
+//! get numbers from a synthetic range. The root is always FUSE inode 1.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::backend::local::Node;
+
+pub const ROOT_INO: u64 = 1;
+/// Synthetic numbers start here; backing file systems do not hand out inode numbers this high.
+const SYNTHETIC_INO_BASE: u64 = 1 << 63;
+
+/// Identity of a backing object: (st_dev, st_ino).
+pub type BackingKey = (u64, u64);
+
+#[derive(Debug)]
+pub struct Inode {
+    pub ino: u64,
+    pub key: BackingKey,
+    pub node: Node,
+}
+
+struct Slot {
+    inode: Arc<Inode>,
+    lookups: u64,
+}
+
+struct Table {
+    by_ino: HashMap<u64, Slot>,
+    by_key: HashMap<BackingKey, u64>,
+    next_synthetic: u64,
+}
+
+pub struct InodeTable {
+    root_key: BackingKey,
+    table: Mutex<Table>,
+}
+
+impl InodeTable {
+    pub fn new(root: Node, root_key: BackingKey) -> InodeTable {
+        let root = Arc::new(Inode { ino: ROOT_INO, key: root_key, node: root });
+        let mut by_ino = HashMap::new();
+        // The root is never forgotten: one lookup that no forget will ever balance.
+        by_ino.insert(ROOT_INO, Slot { inode: root, lookups: 1 });
+        let mut by_key = HashMap::new();
+        by_key.insert(root_key, ROOT_INO);
+        InodeTable {
+            root_key,
+            table: Mutex::new(Table { by_ino, by_key, next_synthetic: SYNTHETIC_INO_BASE }),
+        }
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn get(&self, ino: u64) -> Option<Arc<Inode>> {
+        self.table().by_ino.get(&ino).map(|slot| slot.inode.clone())
+    }
+
+    /// The number this key has or would have: what readdir reports for an entry that was never
+    /// looked up. Numbers of other-device objects are only known once looked up.
+    pub fn ino_for_listing(&self, key: BackingKey) -> u64 {
+        if let Some(&ino) = self.table().by_key.get(&key) {
+            return ino;
+        }
+        self.natural_ino(key).unwrap_or(key.1)
+    }
+
+    fn natural_ino(&self, key: BackingKey) -> Option<u64> {
+        if key == self.root_key {
+            return Some(ROOT_INO);
+        }
+        if key.0 == self.root_key.0 && key.1 != ROOT_INO && key.1 < SYNTHETIC_INO_BASE {
+            Some(key.1)
+        } else {
+            None
+        }
+    }
+
+    /// Records one kernel lookup of the object `node` refers to. If the object is already in the
+    /// table, the new handle is dropped and the existing inode returned.
+    pub fn remember(&self, node: Node, key: BackingKey) -> Arc<Inode> {
+        let mut table = self.table();
+        if let Some(&ino) = table.by_key.get(&key) {
+            let slot = table.by_ino.get_mut(&ino).expect("by_key and by_ino agree");
+            slot.lookups += 1;
+            return slot.inode.clone();
+        }
+        let ino = match self.natural_ino(key) {
+            Some(ino) => ino,
+            None => {
+                table.next_synthetic += 1;
+                table.next_synthetic
+            }
+        };
+        assert!(!table.by_ino.contains_key(&ino), "inode number {ino} already stands for another object");
+        let inode = Arc::new(Inode { ino, key, node });
+        table.by_ino.insert(ino, Slot { inode: inode.clone(), lookups: 1 });
+        table.by_key.insert(key, ino);
+        inode
+    }
+
+    /// The kernel dropped `count` lookups of `ino`; at zero the backing handle is closed.
+    pub fn forget(&self, ino: u64, count: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let mut table = self.table();
+        let Some(slot) = table.by_ino.get_mut(&ino) else { return };
+        slot.lookups = slot.lookups.saturating_sub(count);
+        if slot.lookups == 0 {
+            let slot = table.by_ino.remove(&ino).expect("present above");
+            table.by_key.remove(&slot.inode.key);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.table().by_ino.len()
+    }
+}

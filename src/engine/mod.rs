@@ -1,0 +1,449 @@
+//! The engine decides; it knows nothing of FUSE. It owns the inode table, open file and
+//! directory handles, the hidden state folder, and ownership of files created on a user's
+//! behalf. Write shaping (units, write buffer, flushers) lands here next.
+//!
+//! Must not: speak the FUSE protocol (the adapter translates) or make system calls on the
+//! backing directory itself (the backend does).
+
+pub mod inodes;
+
+use std::collections::HashMap;
+use std::ffi::{CStr, OsStr, OsString};
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::backend::local::{self, data, DirEntry, LocalBackend, Node, TimesToSet, XattrReply, STATE_DIR_NAME};
+use crate::sys::{name_cstring, Errno, SysResult};
+use inodes::{Inode, InodeTable, ROOT_INO};
+
+/// Who asked: files and directories created on a user's behalf belong to that user.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Attribute changes of one setattr call; `None` leaves a field alone.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AttrChanges {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub times: TimesToSet,
+}
+
+/// An object the kernel now knows by `stat.st_ino`.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    pub stat: libc::stat,
+}
+
+/// One line of a directory listing, with the offset of the line after it.
+#[derive(Debug, Clone)]
+pub struct ListedEntry {
+    pub ino: u64,
+    pub next_offset: u64,
+    pub kind: u8,
+    pub name: OsString,
+}
+
+struct OpenFile {
+    /// Keeps the inode (and its backing handle) alive while the file is open.
+    _inode: Arc<Inode>,
+    file: File,
+}
+
+struct OpenDir {
+    inode: Arc<Inode>,
+    /// Snapshot taken at opendir and at every rewind (offset 0).
+    entries: Mutex<Vec<DirEntry>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Reported as `st_blksize`, so stdio-buffered writers pick their write size from it.
+    pub block_size_bytes: u32,
+}
+
+pub struct Engine {
+    backend: LocalBackend,
+    inodes: InodeTable,
+    config: EngineConfig,
+    is_root_daemon: bool,
+    next_handle: AtomicU64,
+    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn key_of(st: &libc::stat) -> inodes::BackingKey {
+    (st.st_dev, st.st_ino)
+}
+
+impl Engine {
+    pub fn new(backend: LocalBackend, config: EngineConfig) -> SysResult<Engine> {
+        let root = backend.root_node()?;
+        let root_stat = backend.stat(&root)?;
+        let inodes = InodeTable::new(root, key_of(&root_stat));
+        Ok(Engine {
+            backend,
+            inodes,
+            config,
+            is_root_daemon: unsafe { libc::geteuid() } == 0,
+            next_handle: AtomicU64::new(1),
+            files: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn inode(&self, ino: u64) -> SysResult<Arc<Inode>> {
+        // A number the kernel uses but we forgot would be a protocol bug; ESTALE is what a
+        // network file system answers for a handle it no longer knows.
+        self.inodes.get(ino).ok_or(Errno(libc::ESTALE))
+    }
+
+    fn open_file(&self, fh: u64) -> SysResult<Arc<OpenFile>> {
+        lock(&self.files).get(&fh).cloned().ok_or(Errno(libc::EBADF))
+    }
+
+    fn open_dir(&self, fh: u64) -> SysResult<Arc<OpenDir>> {
+        lock(&self.dirs).get(&fh).cloned().ok_or(Errno(libc::EBADF))
+    }
+
+    fn new_handle(&self) -> u64 {
+        self.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The state folder is the daemon's: the mount neither shows it nor lets anyone make it.
+    fn is_state_dir(parent: u64, name: &OsStr) -> bool {
+        parent == ROOT_INO && name == STATE_DIR_NAME
+    }
+
+    fn checked_name(parent: u64, name: &OsStr, creating: bool) -> SysResult<std::ffi::CString> {
+        if Self::is_state_dir(parent, name) {
+            return Err(Errno(if creating { libc::EPERM } else { libc::ENOENT }));
+        }
+        name_cstring(name)
+    }
+
+    fn finish_stat(&self, ino: u64, mut st: libc::stat) -> libc::stat {
+        st.st_ino = ino;
+        st.st_blksize = self.config.block_size_bytes as libc::blksize_t;
+        st
+    }
+
+    fn remember(&self, node: Node, st: libc::stat) -> Entry {
+        let inode = self.inodes.remember(node, key_of(&st));
+        Entry { stat: self.finish_stat(inode.ino, st) }
+    }
+
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> SysResult<Entry> {
+        let name = Self::checked_name(parent, name, false)?;
+        let parent = self.inode(parent)?;
+        let (node, st) = self.backend.lookup(&parent.node, &name)?;
+        Ok(self.remember(node, st))
+    }
+
+    pub fn forget(&self, ino: u64, count: u64) {
+        self.inodes.forget(ino, count);
+    }
+
+    pub fn getattr(&self, ino: u64) -> SysResult<libc::stat> {
+        let inode = self.inode(ino)?;
+        let st = self.backend.stat(&inode.node)?;
+        Ok(self.finish_stat(ino, st))
+    }
+
+    pub fn setattr(&self, ino: u64, fh: Option<u64>, changes: AttrChanges) -> SysResult<libc::stat> {
+        let inode = self.inode(ino)?;
+        if changes.uid.is_some() || changes.gid.is_some() {
+            self.backend.chown(&inode.node, changes.uid, changes.gid)?;
+        }
+        if let Some(mode) = changes.mode {
+            self.backend.chmod(&inode.node, mode & 0o7777)?;
+        }
+        if let Some(size) = changes.size {
+            match fh.map(|fh| self.open_file(fh)).transpose()? {
+                Some(open) => data::set_len(&open.file, size)?,
+                None => self.backend.truncate(&inode.node, size)?,
+            }
+        }
+        if changes.times.atime.is_some() || changes.times.mtime.is_some() {
+            self.backend.set_times(&inode.node, changes.times)?;
+        }
+        self.getattr(ino)
+    }
+
+    pub fn readlink(&self, ino: u64) -> SysResult<Vec<u8>> {
+        let inode = self.inode(ino)?;
+        self.backend.readlink(&inode.node)
+    }
+
+    /// Gives a just-created object to the user who created it. The daemon creates as itself
+    /// (root), so without this every file would belong to root. A set-group-ID parent keeps its
+    /// group, as the kernel would have done.
+    fn give_to_caller(&self, parent: &Inode, node: &Node, caller: Caller) -> SysResult<libc::stat> {
+        let created = self.backend.stat(node)?;
+        if !self.is_root_daemon {
+            return Ok(created);
+        }
+        let parent_stat = self.backend.stat(&parent.node)?;
+        let gid = if parent_stat.st_mode & libc::S_ISGID != 0 { parent_stat.st_gid } else { caller.gid };
+        if created.st_uid == caller.uid && created.st_gid == gid {
+            return Ok(created);
+        }
+        self.backend.chown(node, Some(caller.uid), Some(gid))?;
+        let owned = self.backend.stat(node)?;
+        // chown clears set-user-ID and set-group-ID bits; the creator asked for them.
+        if owned.st_mode != created.st_mode && created.st_mode & libc::S_IFMT != libc::S_IFLNK {
+            self.backend.chmod(node, created.st_mode & 0o7777)?;
+            return self.backend.stat(node);
+        }
+        Ok(owned)
+    }
+
+    pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, rdev: u64, caller: Caller) -> SysResult<Entry> {
+        let name = Self::checked_name(parent, name, true)?;
+        let parent = self.inode(parent)?;
+        let (node, _) = self.backend.mknod(&parent.node, &name, mode, rdev)?;
+        let st = self.give_to_caller(&parent, &node, caller)?;
+        Ok(self.remember(node, st))
+    }
+
+    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> SysResult<Entry> {
+        let name = Self::checked_name(parent, name, true)?;
+        let parent = self.inode(parent)?;
+        let (node, _) = self.backend.mkdir(&parent.node, &name, mode)?;
+        let st = self.give_to_caller(&parent, &node, caller)?;
+        Ok(self.remember(node, st))
+    }
+
+    pub fn symlink(&self, parent: u64, name: &OsStr, target: &Path, caller: Caller) -> SysResult<Entry> {
+        let name = Self::checked_name(parent, name, true)?;
+        let target = local::symlink_target(target)?;
+        let parent = self.inode(parent)?;
+        let (node, _) = self.backend.symlink(&parent.node, &name, &target)?;
+        let st = self.give_to_caller(&parent, &node, caller)?;
+        Ok(self.remember(node, st))
+    }
+
+    pub fn link(&self, ino: u64, new_parent: u64, new_name: &OsStr) -> SysResult<Entry> {
+        let new_name = Self::checked_name(new_parent, new_name, true)?;
+        let inode = self.inode(ino)?;
+        let new_parent = self.inode(new_parent)?;
+        let (node, st) = self.backend.link(&inode.node, &new_parent.node, &new_name)?;
+        Ok(self.remember(node, st))
+    }
+
+    pub fn unlink(&self, parent: u64, name: &OsStr) -> SysResult<()> {
+        let name = Self::checked_name(parent, name, false)?;
+        let parent = self.inode(parent)?;
+        self.backend.unlink(&parent.node, &name)
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &OsStr) -> SysResult<()> {
+        let name = Self::checked_name(parent, name, false)?;
+        let parent = self.inode(parent)?;
+        self.backend.rmdir(&parent.node, &name)
+    }
+
+    pub fn rename(&self, parent: u64, name: &OsStr, new_parent: u64, new_name: &OsStr, flags: u32) -> SysResult<()> {
+        let name = Self::checked_name(parent, name, false)?;
+        let new_name = Self::checked_name(new_parent, new_name, true)?;
+        let parent = self.inode(parent)?;
+        let new_parent = self.inode(new_parent)?;
+        self.backend.rename(&parent.node, &name, &new_parent.node, &new_name, flags)
+    }
+
+    /// Flags for the backend's own open: the engine addresses every write by offset, so
+    /// O_APPEND (which makes Linux pwrite ignore the offset) is the kernel's business, as are
+    /// O_CREAT/O_EXCL/O_NOCTTY. O_DIRECT is for the engine to choose, not the application.
+    fn backend_open_flags(flags: i32) -> i32 {
+        flags & !(libc::O_APPEND | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT | libc::O_TRUNC)
+    }
+
+    fn register_file(&self, inode: Arc<Inode>, file: File) -> u64 {
+        let fh = self.new_handle();
+        lock(&self.files).insert(fh, Arc::new(OpenFile { _inode: inode, file }));
+        fh
+    }
+
+    pub fn open(&self, ino: u64, flags: i32) -> SysResult<u64> {
+        let inode = self.inode(ino)?;
+        let file = self.backend.open(&inode.node, Self::backend_open_flags(flags))?;
+        if flags & libc::O_TRUNC != 0 {
+            data::set_len(&file, 0)?;
+        }
+        Ok(self.register_file(inode, file))
+    }
+
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> SysResult<(Entry, u64)> {
+        let name = Self::checked_name(parent, name, true)?;
+        let parent_inode = self.inode(parent)?;
+        let (file, node, _) = self.backend.create(
+            &parent_inode.node,
+            &name,
+            Self::backend_open_flags(flags) | (flags & libc::O_EXCL),
+            mode,
+        )?;
+        if flags & libc::O_TRUNC != 0 {
+            data::set_len(&file, 0)?;
+        }
+        let st = self.give_to_caller(&parent_inode, &node, caller)?;
+        let entry = self.remember(node, st);
+        let inode = self.inode(entry.stat.st_ino)?;
+        Ok((entry, self.register_file(inode, file)))
+    }
+
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> SysResult<Vec<u8>> {
+        let open = self.open_file(fh)?;
+        let mut buf = vec![0u8; size as usize];
+        let n = data::read_at(&open.file, &mut buf, offset)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    pub fn write(&self, fh: u64, offset: u64, bytes: &[u8]) -> SysResult<u32> {
+        let open = self.open_file(fh)?;
+        data::write_at(&open.file, bytes, offset)?;
+        Ok(bytes.len() as u32)
+    }
+
+    pub fn flush(&self, fh: u64) -> SysResult<()> {
+        self.open_file(fh).map(drop)
+    }
+
+    pub fn release(&self, fh: u64) -> SysResult<()> {
+        lock(&self.files).remove(&fh).map(drop).ok_or(Errno(libc::EBADF))
+    }
+
+    pub fn fsync(&self, fh: u64, data_only: bool) -> SysResult<()> {
+        let open = self.open_file(fh)?;
+        data::sync(&open.file, data_only)
+    }
+
+    pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> SysResult<()> {
+        let open = self.open_file(fh)?;
+        data::fallocate(&open.file, mode, offset, length)
+    }
+
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> SysResult<i64> {
+        let open = self.open_file(fh)?;
+        data::seek(&open.file, offset, whence)
+    }
+
+    pub fn copy_file_range(
+        &self,
+        source_fh: u64,
+        source_offset: u64,
+        target_fh: u64,
+        target_offset: u64,
+        length: u64,
+    ) -> SysResult<u32> {
+        let source = self.open_file(source_fh)?;
+        let target = self.open_file(target_fh)?;
+        // FUSE replies carry a u32 byte count; the kernel loops for the rest.
+        let length = length.min(u32::MAX as u64 & !0xfff);
+        let copied = data::copy_range(&source.file, source_offset, &target.file, target_offset, length)?;
+        Ok(copied as u32)
+    }
+
+    pub fn opendir(&self, ino: u64) -> SysResult<u64> {
+        let inode = self.inode(ino)?;
+        let entries = self.backend.read_dir(&inode.node)?;
+        let fh = self.new_handle();
+        lock(&self.dirs).insert(fh, Arc::new(OpenDir { inode, entries: Mutex::new(entries) }));
+        Ok(fh)
+    }
+
+    /// Entries from `offset` on: "." and ".." first (offsets 1 and 2), then the backing
+    /// directory's entries without the state folder.
+    pub fn readdir(&self, fh: u64, offset: u64) -> SysResult<Vec<ListedEntry>> {
+        let dir = self.open_dir(fh)?;
+        let mut entries = lock(&dir.entries);
+        if offset == 0 {
+            *entries = self.backend.read_dir(&dir.inode.node)?;
+        }
+        let dir_ino = dir.inode.ino;
+        let mut listed = Vec::new();
+        let dot_entries = [(".", dir_ino), ("..", dir_ino)];
+        for (i, (name, ino)) in dot_entries.iter().enumerate() {
+            let next_offset = i as u64 + 1;
+            if offset < next_offset {
+                listed.push(ListedEntry { ino: *ino, next_offset, kind: libc::DT_DIR, name: (*name).into() });
+            }
+        }
+        let dev = dir.inode.key.0;
+        for (i, entry) in entries.iter().enumerate() {
+            let next_offset = i as u64 + 3;
+            if offset >= next_offset || Self::is_state_dir(dir_ino, &entry.name) {
+                continue;
+            }
+            listed.push(ListedEntry {
+                ino: self.inodes.ino_for_listing((dev, entry.backing_ino)),
+                next_offset,
+                kind: entry.kind,
+                name: entry.name.clone(),
+            });
+        }
+        Ok(listed)
+    }
+
+    pub fn releasedir(&self, fh: u64) -> SysResult<()> {
+        lock(&self.dirs).remove(&fh).map(drop).ok_or(Errno(libc::EBADF))
+    }
+
+    pub fn fsyncdir(&self, fh: u64, data_only: bool) -> SysResult<()> {
+        let dir = self.open_dir(fh)?;
+        let file = self.backend.open_dir_for_sync(&dir.inode.node)?;
+        data::sync(&file, data_only)
+    }
+
+    pub fn statfs(&self, ino: u64) -> SysResult<libc::statvfs> {
+        let inode = self.inode(ino)?;
+        self.backend.statfs(&inode.node)
+    }
+
+    pub fn set_xattr(&self, ino: u64, name: &CStr, value: &[u8], flags: i32) -> SysResult<()> {
+        let inode = self.inode(ino)?;
+        self.backend.set_xattr(&inode.node, name, value, flags)
+    }
+
+    pub fn get_xattr(&self, ino: u64, name: &CStr, size: u32) -> SysResult<XattrReply> {
+        let inode = self.inode(ino)?;
+        self.backend.get_xattr(&inode.node, name, size as usize)
+    }
+
+    pub fn list_xattr(&self, ino: u64, size: u32) -> SysResult<XattrReply> {
+        let inode = self.inode(ino)?;
+        self.backend.list_xattr(&inode.node, size as usize)
+    }
+
+    pub fn remove_xattr(&self, ino: u64, name: &CStr) -> SysResult<()> {
+        let inode = self.inode(ino)?;
+        self.backend.remove_xattr(&inode.node, name)
+    }
+
+    /// Called once the kernel has let go of the mount: nothing may stay only in memory.
+    pub fn shut_down(&self) {
+        log::info!(
+            "unmounting {}: {} inodes, {} open files",
+            self.backend.root_path().display(),
+            self.inodes.len(),
+            lock(&self.files).len()
+        );
+    }
+}

@@ -1,0 +1,493 @@
+//! The FUSE adapter: translates kernel requests into engine calls and engine answers into
+//! replies. No policy lives here: what to cache, when to flush, who owns a file are the
+//! engine's decisions.
+
+use std::ffi::{CString, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    CopyFileRangeFlags, Errno as FuseErrno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::backend::local::{TimesToSet, XattrReply};
+use crate::engine::{AttrChanges, Caller, Engine};
+use crate::sys::{Errno, SysResult};
+
+/// How long the kernel may trust names and attributes. Only this mount changes the backing
+/// directory while it is mounted, so caching is safe; one second bounds the surprise for
+/// someone who edits the backing directory underneath anyway.
+const TTL: Duration = Duration::from_secs(1);
+
+pub struct FuseAdapter {
+    engine: Arc<Engine>,
+    max_write_bytes: u32,
+}
+
+impl FuseAdapter {
+    pub fn new(engine: Arc<Engine>, max_write_bytes: u32) -> FuseAdapter {
+        FuseAdapter { engine, max_write_bytes }
+    }
+}
+
+fn fuse_errno(e: Errno) -> FuseErrno {
+    FuseErrno::from_i32(e.0)
+}
+
+fn time_of(sec: i64, nsec: i64) -> SystemTime {
+    if sec >= 0 {
+        UNIX_EPOCH + Duration::new(sec as u64, nsec as u32)
+    } else {
+        UNIX_EPOCH - Duration::new((-sec) as u64, 0) + Duration::from_nanos(nsec as u64)
+    }
+}
+
+fn kind_of_mode(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn kind_of_dirent(d_type: u8) -> FileType {
+    match d_type {
+        libc::DT_DIR => FileType::Directory,
+        libc::DT_LNK => FileType::Symlink,
+        libc::DT_FIFO => FileType::NamedPipe,
+        libc::DT_SOCK => FileType::Socket,
+        libc::DT_CHR => FileType::CharDevice,
+        libc::DT_BLK => FileType::BlockDevice,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn attr_of(st: &libc::stat) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(st.st_ino),
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        atime: time_of(st.st_atime, st.st_atime_nsec),
+        mtime: time_of(st.st_mtime, st.st_mtime_nsec),
+        ctime: time_of(st.st_ctime, st.st_ctime_nsec),
+        crtime: UNIX_EPOCH,
+        kind: kind_of_mode(st.st_mode),
+        perm: (st.st_mode & 0o7777) as u16,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: st.st_rdev as u32,
+        blksize: st.st_blksize as u32,
+        flags: 0,
+    }
+}
+
+fn timespec_of(t: Option<TimeOrNow>) -> Option<libc::timespec> {
+    t.map(|t| match t {
+        TimeOrNow::Now => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+        TimeOrNow::SpecificTime(t) => match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => libc::timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 },
+            Err(before) => {
+                let d = before.duration();
+                let mut sec = -(d.as_secs() as i64);
+                let mut nsec = d.subsec_nanos() as i64;
+                if nsec > 0 {
+                    sec -= 1;
+                    nsec = 1_000_000_000 - nsec;
+                }
+                libc::timespec { tv_sec: sec, tv_nsec: nsec }
+            }
+        },
+    })
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller { uid: req.uid(), gid: req.gid() }
+}
+
+fn xattr_name(name: &OsStr) -> SysResult<CString> {
+    CString::new(name.as_bytes()).map_err(|_| Errno(libc::EINVAL))
+}
+
+fn reply_entry(reply: ReplyEntry, result: SysResult<crate::engine::Entry>) {
+    match result {
+        Ok(entry) => reply.entry(&TTL, &attr_of(&entry.stat), Generation(0)),
+        Err(e) => reply.error(fuse_errno(e)),
+    }
+}
+
+fn reply_empty(reply: ReplyEmpty, result: SysResult<()>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(fuse_errno(e)),
+    }
+}
+
+fn reply_xattr(reply: ReplyXattr, result: SysResult<XattrReply>) {
+    match result {
+        Ok(XattrReply::Size(n)) => reply.size(n as u32),
+        Ok(XattrReply::Data(bytes)) => reply.data(&bytes),
+        Err(e) => reply.error(fuse_errno(e)),
+    }
+}
+
+impl Filesystem for FuseAdapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Ask for the largest requests the kernel allows; it clamps silently to
+        // fs.fuse.max_pages_limit pages.
+        if let Err(nearest) = config.set_max_write(self.max_write_bytes) {
+            let _ = config.set_max_write(nearest);
+        }
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ASYNC_DIO;
+        let supported = wanted & config.capabilities();
+        let _ = config.add_capabilities(supported);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.engine.shut_down();
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        reply_entry(reply, self.engine.lookup(parent.0, name));
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.engine.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.engine.getattr(ino.0) {
+            Ok(st) => reply.attr(&TTL, &attr_of(&st)),
+            Err(e) => reply.error(fuse_errno(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let changes = AttrChanges {
+            mode,
+            uid,
+            gid,
+            size,
+            times: TimesToSet { atime: timespec_of(atime), mtime: timespec_of(mtime) },
+        };
+        match self.engine.setattr(ino.0, fh.map(|fh| fh.0), changes) {
+            Ok(st) => reply.attr(&TTL, &attr_of(&st)),
+            Err(e) => reply.error(fuse_errno(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.engine.readlink(ino.0) {
+            Ok(target) => reply.data(&target),
+            Err(e) => reply.error(fuse_errno(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply_entry(reply, self.engine.mknod(parent.0, name, mode, rdev as u64, caller(req)));
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        reply_entry(reply, self.engine.mkdir(parent.0, name, mode, caller(req)));
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(reply, self.engine.unlink(parent.0, name));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(reply, self.engine.rmdir(parent.0, name));
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        reply_entry(reply, self.engine.symlink(parent.0, link_name, target, caller(req)));
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(reply, self.engine.rename(parent.0, name, newparent.0, newname, flags.bits()));
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        reply_entry(reply, self.engine.link(ino.0, newparent.0, newname));
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.engine.open(ino.0, flags.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(fuse_errno(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.engine.read(fh.0, offset, size) {
+            Ok(bytes) => reply.data(&bytes),
+            Err(e) => reply.error(fuse_errno(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.engine.write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(fuse_errno(e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply_empty(reply, self.engine.flush(fh.0));
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(reply, self.engine.release(fh.0));
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        reply_empty(reply, self.engine.fsync(fh.0, datasync));
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.engine.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(fuse_errno(e)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        match self.engine.readdir(fh.0, offset) {
+            Ok(entries) => {
+                for entry in entries {
+                    if reply.add(INodeNo(entry.ino), entry.next_offset, kind_of_dirent(entry.kind), &entry.name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(fuse_errno(e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let entries = match self.engine.readdir(fh.0, offset) {
+            Ok(entries) => entries,
+            Err(e) => return reply.error(fuse_errno(e)),
+        };
+        for entry in entries {
+            if entry.name == "." || entry.name == ".." {
+                // The kernel does not link "." and ".." from readdirplus; no lookup is owed.
+                let Ok(st) = self.engine.getattr(ino.0) else { continue };
+                if reply.add(INodeNo(entry.ino), entry.next_offset, &entry.name, &TTL, &attr_of(&st), Generation(0)) {
+                    break;
+                }
+                continue;
+            }
+            // Every entry sent with attributes counts as a lookup the kernel will forget later.
+            let Ok(found) = self.engine.lookup(ino.0, &entry.name) else { continue };
+            if reply.add(
+                INodeNo(found.stat.st_ino),
+                entry.next_offset,
+                &entry.name,
+                &TTL,
+                &attr_of(&found.stat),
+                Generation(0),
+            ) {
+                // Did not fit: the kernel will not learn of this lookup, so undo it.
+                self.engine.forget(found.stat.st_ino, 1);
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        reply_empty(reply, self.engine.releasedir(fh.0));
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        reply_empty(reply, self.engine.fsyncdir(fh.0, datasync));
+    }
+
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        match self.engine.statfs(ino.0) {
+            Ok(st) => reply.statfs(
+                st.f_blocks,
+                st.f_bfree,
+                st.f_bavail,
+                st.f_files,
+                st.f_ffree,
+                st.f_bsize as u32,
+                st.f_namemax as u32,
+                st.f_frsize as u32,
+            ),
+            Err(e) => reply.error(fuse_errno(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let result = xattr_name(name).and_then(|name| self.engine.set_xattr(ino.0, &name, value, flags));
+        reply_empty(reply, result);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let result = xattr_name(name).and_then(|name| self.engine.get_xattr(ino.0, &name, size));
+        reply_xattr(reply, result);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        reply_xattr(reply, self.engine.list_xattr(ino.0, size));
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let result = xattr_name(name).and_then(|name| self.engine.remove_xattr(ino.0, &name));
+        reply_empty(reply, result);
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        match self.engine.create(parent.0, name, mode, flags, caller(req)) {
+            Ok((entry, fh)) => {
+                reply.created(&TTL, &attr_of(&entry.stat), Generation(0), FileHandle(fh), FopenFlags::empty())
+            }
+            Err(e) => reply.error(fuse_errno(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(reply, self.engine.fallocate(fh.0, offset, length, mode));
+    }
+
+    fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        match self.engine.lseek(fh.0, offset, whence) {
+            Ok(offset) => reply.offset(offset),
+            Err(e) => reply.error(fuse_errno(e)),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        match self.engine.copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(fuse_errno(e)),
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! coalescefs: a FUSE file system that shapes application writes into whole, aligned units.
+//!
+//! This file is the command line: parse, check, daemonize, serve, and tear down. The layers it
+//! wires together are `fuse` (adapter), `engine` (decisions) and `backend` (storage).
+
+mod backend;
+mod engine;
+mod fuse;
+mod mounts;
+mod options;
+mod sys;
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use options::{MountRequest, UsageError};
+
+const USAGE: &str = "\
+usage:
+  coalescefs mount BACKING_DIR MOUNTPOINT [-o opt,opt...] [-f|--foreground]
+  coalescefs umount [-z|--lazy] MOUNTPOINT
+  coalescefs BACKING_DIR MOUNTPOINT -o opts        (the form mount.fuse3 uses)
+
+mount options (-o): allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE workers, default 4),
+  and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
+  dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.";
+
+const EXIT_FAILURE: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+
+struct StderrLogger {
+    level: log::LevelFilter,
+}
+
+impl log::Log for StderrLogger {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= self.level
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) && record.target().starts_with("coalescefs") {
+            eprintln!("coalescefs[{}] {}: {}", std::process::id(), record.level(), record.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
+fn init_logging() {
+    let level = match std::env::var("COALESCEFS_LOG").as_deref() {
+        Ok("debug") => log::LevelFilter::Debug,
+        Ok("trace") => log::LevelFilter::Trace,
+        Ok("warn") => log::LevelFilter::Warn,
+        Ok("error") => log::LevelFilter::Error,
+        _ => log::LevelFilter::Info,
+    };
+    let logger = Box::leak(Box::new(StderrLogger { level }));
+    if log::set_logger(logger).is_ok() {
+        log::set_max_level(level);
+    }
+}
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("coalescefs: {message}");
+    ExitCode::from(EXIT_FAILURE)
+}
+
+fn usage_error(err: UsageError) -> ExitCode {
+    eprintln!("coalescefs: {}\n{USAGE}", err.0);
+    ExitCode::from(EXIT_USAGE)
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        None => usage_error(UsageError("missing command".into())),
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Some("-V" | "--version") => {
+            println!("coalescefs {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Some("mount") => match options::parse_mount_args(&args[1..]) {
+            Ok(request) => run_mount(request),
+            Err(e) => usage_error(e),
+        },
+        Some("umount" | "unmount") => run_umount(&args[1..]),
+        Some(other) if other.starts_with('-') || args.len() < 2 => {
+            usage_error(UsageError(format!("unknown command '{other}'")))
+        }
+        // mount.fuse3 runs `coalescefs SOURCE MOUNTPOINT -o OPTIONS`.
+        Some(_) => match options::parse_mount_args(&args) {
+            Ok(request) => run_mount(request),
+            Err(e) => usage_error(e),
+        },
+    }
+}
+
+/// The parent's side of daemonizing: waits until the child reports the mount ready or failed,
+/// so that `coalescefs mount` returns only once the mount can be used, with the child's error
+/// and a non-zero status otherwise.
+fn wait_for_daemon(read_end: OwnedFd) -> ExitCode {
+    let mut pipe = std::fs::File::from(read_end);
+    let mut report = String::new();
+    let _ = pipe.read_to_string(&mut report);
+    match report.strip_prefix("ok") {
+        Some(_) => ExitCode::SUCCESS,
+        None if report.is_empty() => fail("the daemon exited before the mount was ready (see .coalescefs/daemon.log)"),
+        None => fail(report.trim_start_matches("error:").trim()),
+    }
+}
+
+/// Where the daemon tells its parent how mounting went; `None` in the foreground.
+struct ReadyReport(Option<std::fs::File>);
+
+impl ReadyReport {
+    fn ok(&mut self) {
+        if let Some(mut pipe) = self.0.take() {
+            let _ = pipe.write_all(b"ok");
+        }
+    }
+    fn error(&mut self, message: &str) -> ExitCode {
+        match self.0.take() {
+            Some(mut pipe) => {
+                let _ = pipe.write_all(format!("error:{message}").as_bytes());
+                ExitCode::from(EXIT_FAILURE)
+            }
+            None => fail(message),
+        }
+    }
+}
+
+fn pipe() -> (OwnedFd, OwnedFd) {
+    let mut fds = [0; 2];
+    let ret = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    assert_eq!(ret, 0, "pipe2 failed: {}", sys::Errno::last());
+    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+}
+
+fn raise_fd_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// Sends the daemon's stdio away from the terminal; errors go to the state folder's log.
+fn detach_stdio(state_dir: Option<&OwnedFd>) {
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::dup2(null, 1);
+            libc::dup2(null, 2);
+            libc::close(null);
+        }
+        if let Some(dir) = state_dir {
+            let log = libc::openat(
+                dir.as_raw_fd(),
+                c"daemon.log".as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC,
+                0o600,
+            );
+            if log >= 0 {
+                libc::dup2(log, 2);
+                libc::close(log);
+            }
+        }
+    }
+}
+
+/// Blocks the termination signals in this thread (and every thread it starts), then waits for
+/// them on a thread of their own, which unmounts: the session then ends cleanly.
+fn unmount_on_signal(mount_point: PathBuf) {
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, signal);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        let set_for_thread = set;
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || loop {
+                let mut signal = 0;
+                if libc::sigwait(&set_for_thread, &mut signal) != 0 {
+                    continue;
+                }
+                log::info!("signal {signal}: unmounting {}", mount_point.display());
+                if mounts::unmount(&mount_point, false).is_err() {
+                    // Files are still open: detach now, finish when they close.
+                    let _ = mounts::unmount(&mount_point, true);
+                }
+            })
+            .expect("spawn the signal thread");
+    }
+}
+
+fn run_mount(request: MountRequest) -> ExitCode {
+    let opts = &request.options;
+    let backing = match mounts::check_backing_dir(&request.backing_dir, opts.read_only) {
+        Ok(path) => path,
+        Err(message) => return fail(message),
+    };
+    let mount_point = match mounts::check_mount_point(&request.mount_point, &backing) {
+        Ok(path) => path,
+        Err(message) => return fail(message),
+    };
+    let backend = match backend::local::LocalBackend::open_dir(&backing) {
+        Ok(backend) => backend,
+        Err(e) => return fail(format!("cannot open backing directory {}: {e}", backing.display())),
+    };
+    let state_dir = match backend.open_state_dir() {
+        Ok(dir) => Some(dir),
+        Err(e) if opts.read_only => {
+            log::warn!("no state folder in a read-only backing directory ({e}); mounting without one");
+            None
+        }
+        Err(e) => return fail(format!("cannot create the state folder {}/.coalescefs: {e}", backing.display())),
+    };
+    let _lock = match state_dir.as_ref().map(|dir| mounts::lock_backing_dir(dir, &backing)).transpose() {
+        Ok(lock) => lock,
+        Err(message) => return fail(message),
+    };
+
+    let mut ready = ReadyReport(None);
+    if !request.foreground {
+        let (read_end, write_end) = pipe();
+        // No thread exists yet, so fork is safe.
+        match unsafe { libc::fork() } {
+            -1 => return fail(format!("fork failed: {}", sys::Errno::last())),
+            0 => {
+                drop(read_end);
+                unsafe { libc::setsid() };
+                ready = ReadyReport(Some(std::fs::File::from(write_end)));
+            }
+            _child => {
+                drop(write_end);
+                return wait_for_daemon(read_end);
+            }
+        }
+    }
+
+    // Modes arrive already masked by the kernel; the daemon's own umask must not mask twice.
+    unsafe { libc::umask(0) };
+    raise_fd_limit();
+
+    let engine_config = engine::EngineConfig { block_size_bytes: 4096 };
+    let engine = match engine::Engine::new(backend, engine_config) {
+        Ok(engine) => Arc::new(engine),
+        Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
+    };
+    let adapter = fuse::FuseAdapter::new(engine, 1 << 20);
+    let source = opts.fsname.clone().unwrap_or_else(|| backing.display().to_string());
+
+    let acl = if opts.allow_other {
+        fuser::SessionACL::All
+    } else if opts.allow_root {
+        fuser::SessionACL::RootAndOwner
+    } else {
+        fuser::SessionACL::Owner
+    };
+    let mut config = fuser::Config::default();
+    config.acl = acl;
+    config.n_threads = Some(opts.threads);
+    config.clone_fd = true;
+
+    let session = if unsafe { libc::geteuid() } == 0 {
+        let fd = match mounts::mount_direct(&source, &mount_point, opts) {
+            Ok(fd) => fd,
+            Err(message) => return ready.error(&message),
+        };
+        match fuser::Session::from_fd(adapter, fd, acl, config) {
+            Ok(session) => session,
+            Err(e) => {
+                let _ = mounts::unmount(&mount_point, true);
+                return ready.error(&format!("FUSE handshake failed: {e}"));
+            }
+        }
+    } else {
+        config.mount_options = vec![
+            fuser::MountOption::FSName(source.clone()),
+            fuser::MountOption::Subtype("coalescefs".into()),
+            fuser::MountOption::DefaultPermissions,
+        ];
+        if opts.read_only {
+            config.mount_options.push(fuser::MountOption::RO);
+        }
+        for flag in &opts.kernel_flags {
+            config.mount_options.push(fuser::MountOption::CUSTOM(flag.clone()));
+        }
+        match fuser::Session::new(adapter, &mount_point, &config) {
+            Ok(session) => session,
+            Err(e) => return ready.error(&format!("mount of {} failed: {e}", mount_point.display())),
+        }
+    };
+
+    if state_dir.is_some() {
+        let _ = std::fs::write(mounts::pid_file(&backing), format!("{}\n", std::process::id()));
+    }
+    log::info!("mounted {} at {}", backing.display(), mount_point.display());
+    if ready.0.is_some() {
+        detach_stdio(state_dir.as_ref());
+    }
+    ready.ok();
+
+    unmount_on_signal(mount_point.clone());
+    let result = session.run();
+    if state_dir.is_some() {
+        let _ = std::fs::remove_file(mounts::pid_file(&backing));
+    }
+    match result {
+        Ok(()) => {
+            log::info!("unmounted {}", mount_point.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(format!("session on {} ended with an error: {e}", mount_point.display())),
+    }
+}
+
+fn run_umount(args: &[String]) -> ExitCode {
+    let mut lazy = false;
+    let mut targets = Vec::new();
+    for arg in args {
+        match arg.as_str() {
+            "-z" | "--lazy" => lazy = true,
+            a if a.starts_with('-') => return usage_error(UsageError(format!("unknown flag '{a}'"))),
+            _ => targets.push(arg),
+        }
+    }
+    let [target] = targets.as_slice() else {
+        return usage_error(UsageError("umount takes one MOUNTPOINT".into()));
+    };
+    let mount_point = mounts::absolute(Path::new(target));
+    let Some(info) = mounts::mount_at(&mount_point) else {
+        return fail(format!("{} is not mounted", mount_point.display()));
+    };
+    if info.fs_type != mounts::FS_TYPE {
+        return fail(format!("{} is a {} mount, not coalescefs", mount_point.display(), info.fs_type));
+    }
+    let daemon = mounts::read_pid_file(Path::new(&info.source)).filter(|&pid| mounts::process_alive(pid));
+    // A dead daemon's mount answers only ENOTCONN; the lazy form is the one that clears it.
+    let lazy = lazy || daemon.is_none();
+    if let Err(e) = mounts::unmount(&mount_point, lazy) {
+        return match e.0 {
+            libc::EBUSY => fail(format!(
+                "{} is busy: files are open on it; close them or use `coalescefs umount --lazy`",
+                mount_point.display()
+            )),
+            _ => fail(format!("cannot unmount {}: {e}", mount_point.display())),
+        };
+    }
+    // Return only once the daemon has finished, so that a following mount or read of the
+    // backing directory sees everything.
+    if let Some(pid) = daemon {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while mounts::process_alive(pid) && !lazy {
+            if Instant::now() > deadline {
+                return fail(format!("unmounted, but daemon {pid} is still running after 120 s"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    ExitCode::SUCCESS
+}

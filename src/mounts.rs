@@ -1,0 +1,243 @@
+//! The system side of mounting: checking a backing directory and mount point before anything
+//! is mounted, mounting `fuse.coalescefs`, finding our mounts in `/proc/self/mountinfo`, and
+//! unmounting. Every failure here is an operating condition with a message a user can act on.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::sys::{self, Errno};
+
+pub const FS_TYPE: &str = "fuse.coalescefs";
+
+#[derive(Debug, Clone)]
+pub struct MountInfo {
+    pub mount_point: PathBuf,
+    pub fs_type: String,
+    pub source: String,
+}
+
+/// mountinfo escapes space, tab, newline and backslash as \ooo.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
+            let value = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(value);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+pub fn read_mounts() -> Vec<MountInfo> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mount_point = left.split(' ').nth(4)?;
+            let mut right = right.split(' ');
+            let fs_type = right.next()?;
+            let source = right.next().unwrap_or("");
+            Some(MountInfo {
+                mount_point: PathBuf::from(unescape(mount_point)),
+                fs_type: fs_type.to_string(),
+                source: unescape(source),
+            })
+        })
+        .collect()
+}
+
+pub fn mount_at(path: &Path) -> Option<MountInfo> {
+    read_mounts().into_iter().rev().find(|m| m.mount_point == path)
+}
+
+/// An absolute path without resolving the last component through a (possibly dead) mount.
+pub fn absolute(path: &Path) -> PathBuf {
+    let path = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().map(|cwd| cwd.join(path)).unwrap_or_else(|_| path.to_path_buf())
+    };
+    // Resolve the parent (a real directory), keep the last name as given.
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => std::fs::canonicalize(parent).map(|p| p.join(name)).unwrap_or(path),
+        _ => path,
+    }
+}
+
+/// Checks the backing directory; returns its canonical path.
+pub fn check_backing_dir(path: &Path, read_only: bool) -> Result<PathBuf, String> {
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!("backing directory {shown} does not exist"),
+        _ => format!("backing directory {shown}: {e}"),
+    })?;
+    if !meta.is_dir() {
+        return Err(format!("backing directory {shown} is not a directory"));
+    }
+    let canonical = std::fs::canonicalize(path).map_err(|e| format!("backing directory {shown}: {e}"))?;
+    if !read_only {
+        let c = sys::path_cstring(&canonical).map_err(|e| format!("backing directory {shown}: {e}"))?;
+        if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+            let err = Errno::last();
+            return Err(format!("backing directory {shown} is not writable: {err} (mount with -o ro to serve it read-only)"));
+        }
+    }
+    Ok(canonical)
+}
+
+/// Checks the mount point; returns its canonical path.
+pub fn check_mount_point(path: &Path, backing: &Path) -> Result<PathBuf, String> {
+    let shown = path.display();
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            return Err(format!(
+                "mount point {shown} is busy: a coalescefs daemon died there; clear it with `coalescefs umount {shown}`"
+            ))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(format!("mount point {shown} does not exist")),
+        Err(e) => return Err(format!("mount point {shown}: {e}")),
+    };
+    if !meta.is_dir() {
+        return Err(format!("mount point {shown} is not a directory"));
+    }
+    let canonical = std::fs::canonicalize(path).map_err(|e| format!("mount point {shown}: {e}"))?;
+    if let Some(existing) = mount_at(&canonical) {
+        return Err(format!(
+            "mount point {shown} is busy: {} from {} is already mounted there",
+            existing.fs_type, existing.source
+        ));
+    }
+    if canonical.starts_with(backing) {
+        return Err(format!(
+            "mount point {shown} is inside the backing directory {}: the mount would serve itself",
+            backing.display()
+        ));
+    }
+    Ok(canonical)
+}
+
+/// The exclusive lock that makes a second mount of the same backing directory fail. It lives
+/// as long as the daemon: the kernel drops it when the process ends, even by kill -9.
+pub struct BackingLock {
+    _file: File,
+}
+
+pub fn lock_backing_dir(state_dir: &OwnedFd, backing: &Path) -> Result<BackingLock, String> {
+    let fd = sys::openat(state_dir.as_raw_fd(), c"lock", libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW, 0o600)
+        .map_err(|e| format!("cannot create the lock file in {}/.coalescefs: {e}", backing.display()))?;
+    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let holder = read_pid_file(backing).map(|pid| format!(" (pid {pid})")).unwrap_or_default();
+        let place = read_mounts()
+            .into_iter()
+            .find(|m| m.fs_type == FS_TYPE && Path::new(&m.source) == backing)
+            .map(|m| format!(" at {}", m.mount_point.display()))
+            .unwrap_or_default();
+        return Err(format!(
+            "backing directory {} is already mounted by another coalescefs{place}{holder}",
+            backing.display()
+        ));
+    }
+    Ok(BackingLock { _file: File::from(fd) })
+}
+
+pub fn pid_file(backing: &Path) -> PathBuf {
+    backing.join(crate::backend::local::STATE_DIR_NAME).join("pid")
+}
+
+pub fn read_pid_file(backing: &Path) -> Option<i32> {
+    std::fs::read_to_string(pid_file(backing)).ok()?.trim().parse().ok()
+}
+
+pub fn process_alive(pid: i32) -> bool {
+    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+}
+
+/// Mounts `fuse.coalescefs` directly (as root): returns the /dev/fuse fd the session serves.
+pub fn mount_direct(
+    source: &str,
+    mount_point: &Path,
+    options: &crate::options::MountOptions,
+) -> Result<OwnedFd, String> {
+    let dev_fuse = sys::openat(libc::AT_FDCWD, c"/dev/fuse", libc::O_RDWR, 0).map_err(|e| match e.0 {
+        libc::ENOENT => "/dev/fuse does not exist: load the fuse module (modprobe fuse)".to_string(),
+        _ => format!("cannot open /dev/fuse: {e}"),
+    })?;
+    let root_mode = std::fs::metadata(mount_point).map(|m| m.mode() & libc::S_IFMT).unwrap_or(libc::S_IFDIR);
+    let mut data = format!(
+        "fd={},rootmode={:o},user_id={},group_id={},default_permissions",
+        dev_fuse.as_raw_fd(),
+        root_mode,
+        unsafe { libc::getuid() },
+        unsafe { libc::getgid() }
+    );
+    if options.allow_other || options.allow_root {
+        data.push_str(",allow_other");
+    }
+    let mut flags = libc::MS_NODEV | libc::MS_NOSUID;
+    if options.read_only {
+        flags |= libc::MS_RDONLY;
+    }
+    for flag in &options.kernel_flags {
+        match flag.as_str() {
+            "dev" => flags &= !libc::MS_NODEV,
+            "nodev" => flags |= libc::MS_NODEV,
+            "suid" => flags &= !libc::MS_NOSUID,
+            "nosuid" => flags |= libc::MS_NOSUID,
+            "exec" => flags &= !libc::MS_NOEXEC,
+            "noexec" => flags |= libc::MS_NOEXEC,
+            "atime" => flags &= !libc::MS_NOATIME,
+            "noatime" => flags |= libc::MS_NOATIME,
+            "relatime" => flags |= libc::MS_RELATIME,
+            "diratime" => flags &= !libc::MS_NODIRATIME,
+            "nodiratime" => flags |= libc::MS_NODIRATIME,
+            "sync" => flags |= libc::MS_SYNCHRONOUS,
+            "dirsync" => flags |= libc::MS_DIRSYNC,
+            _ => unreachable!("options.rs accepts only the flags listed here"),
+        }
+    }
+    let source_c = CString::new(source).map_err(|_| "the backing path contains a NUL byte".to_string())?;
+    let target = sys::path_cstring(mount_point).map_err(|e| format!("mount point: {e}"))?;
+    let fs_type = CString::new(FS_TYPE).expect("constant");
+    let data_c = CString::new(data).expect("no NUL in formatted options");
+    let ret = unsafe {
+        libc::mount(source_c.as_ptr(), target.as_ptr(), fs_type.as_ptr(), flags, data_c.as_ptr().cast())
+    };
+    if ret != 0 {
+        return Err(format!("mount of {} failed: {}", mount_point.display(), Errno::last()));
+    }
+    let fd = dev_fuse.as_raw_fd();
+    std::mem::forget(dev_fuse);
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Unmounts a coalescefs mount point. Lazy (MNT_DETACH) when asked, or when the daemon is gone
+/// and the mount can only answer ENOTCONN.
+pub fn unmount(mount_point: &Path, lazy: bool) -> Result<(), Errno> {
+    let target = sys::path_cstring(mount_point)?;
+    if unsafe { libc::geteuid() } == 0 {
+        let flags = if lazy { libc::MNT_DETACH } else { 0 };
+        sys::check(unsafe { libc::umount2(target.as_ptr(), flags) }).map(drop)
+    } else {
+        let mut cmd = std::process::Command::new("fusermount3");
+        cmd.arg("-u");
+        if lazy {
+            cmd.arg("-z");
+        }
+        let status = cmd.arg(mount_point).status().map_err(Errno::from)?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(Errno(libc::EBUSY))
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! Command-line and `-o` mount options, parsed the FUSE way so that an `/etc/fstab` line and
+//! `mount -t fuse.coalescefs` work through `mount.fuse3`.
+//!
+//! Owns: turning argv into a `MountRequest` or a clear error. Must not: touch the file system.
+
+use std::path::PathBuf;
+
+/// What the user asked for, before anything is checked against the system.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MountRequest {
+    pub backing_dir: PathBuf,
+    pub mount_point: PathBuf,
+    pub foreground: bool,
+    pub options: MountOptions,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MountOptions {
+    pub allow_other: bool,
+    pub allow_root: bool,
+    pub read_only: bool,
+    pub fsname: Option<String>,
+    /// Kernel mount flags passed through as given (nodev, noexec, ...).
+    pub kernel_flags: Vec<String>,
+    /// FUSE worker threads.
+    pub threads: usize,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            allow_other: false,
+            allow_root: false,
+            read_only: false,
+            fsname: None,
+            kernel_flags: Vec::new(),
+            threads: 4,
+        }
+    }
+}
+
+/// A usage error: printed with the usage line, exit status 2.
+#[derive(Debug, PartialEq)]
+pub struct UsageError(pub String);
+
+/// Options that fstab and `mount.fuse3` hand to every helper and that mean nothing to the
+/// daemon itself; accepted so that an fstab line works, ignored on purpose.
+const IGNORED_OPTIONS: &[&str] =
+    &["defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "nouser", "owner", "rw", "async"];
+
+/// Kernel mount flags accepted and passed through.
+const KERNEL_FLAGS: &[&str] =
+    &["dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime", "diratime", "nodiratime", "sync", "dirsync"];
+
+#[allow(dead_code)] // used by the unit and buffer options of the write-shaping engine
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, suffix) = text.split_at(split);
+    let number: u64 = digits.parse().map_err(|_| format!("'{text}' is not a size (examples: 4096, 64K, 4M, 1G)"))?;
+    let multiplier: u64 = match suffix.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return Err(format!("'{text}' has an unknown size suffix (use K, M or G)")),
+    };
+    number.checked_mul(multiplier).ok_or_else(|| format!("'{text}' is too large"))
+}
+
+fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), UsageError> {
+    let (key, value) = match option.split_once('=') {
+        Some((k, v)) => (k, Some(v)),
+        None => (option, None),
+    };
+    let need_value = |v: Option<&'a str>| -> Result<&'a str, UsageError> {
+        v.ok_or_else(|| UsageError(format!("mount option '{key}' needs a value ({key}=...)")))
+    };
+    match key {
+        "" => {}
+        "allow_other" => options.allow_other = true,
+        "allow_root" => options.allow_root = true,
+        "ro" => options.read_only = true,
+        // Always on: the kernel checks permissions against the modes the backend reports.
+        "default_permissions" => {}
+        "fsname" => options.fsname = Some(need_value(value)?.to_string()),
+        "subtype" => {}
+        "threads" => {
+            let v = need_value(value)?;
+            options.threads = v
+                .parse()
+                .ok()
+                .filter(|n| (1..=64).contains(n))
+                .ok_or_else(|| UsageError(format!("threads={v}: expected a whole number from 1 to 64")))?;
+        }
+        k if KERNEL_FLAGS.contains(&k) && value.is_none() => options.kernel_flags.push(k.to_string()),
+        k if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") || k == "comment" => {}
+        _ => return Err(UsageError(format!("unknown mount option '{option}'"))),
+    }
+    Ok(())
+}
+
+pub fn parse_mount_options(text: &str, options: &mut MountOptions) -> Result<(), UsageError> {
+    for option in text.split(',') {
+        apply_option(options, option.trim())?;
+    }
+    Ok(())
+}
+
+/// Parses the arguments after `mount` (or, in the helper form `mount.fuse3` uses, all of them):
+/// `BACKING_DIR MOUNTPOINT [-o opt,...] [-f|--foreground]`, in any order.
+pub fn parse_mount_args(args: &[String]) -> Result<MountRequest, UsageError> {
+    let mut positional = Vec::new();
+    let mut options = MountOptions::default();
+    let mut foreground = false;
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        match arg.as_str() {
+            "-f" | "--foreground" => foreground = true,
+            "-o" => {
+                i += 1;
+                let text = args.get(i).ok_or_else(|| UsageError("-o needs a list of options".into()))?;
+                parse_mount_options(text, &mut options)?;
+            }
+            a if a.starts_with("-o") && a.len() > 2 => parse_mount_options(&a[2..], &mut options)?,
+            // mount(8) passes these to helpers: -n (no mtab), -s (sloppy), -v (verbose).
+            "-n" | "-s" | "-v" => {}
+            a if a.starts_with('-') && a.len() > 1 => return Err(UsageError(format!("unknown flag '{a}'"))),
+            _ => positional.push(arg.clone()),
+        }
+        i += 1;
+    }
+    if positional.len() != 2 {
+        return Err(UsageError(format!(
+            "expected BACKING_DIR and MOUNTPOINT, got {} argument(s)",
+            positional.len()
+        )));
+    }
+    if options.allow_other && options.allow_root {
+        return Err(UsageError("allow_other and allow_root exclude each other".into()));
+    }
+    Ok(MountRequest {
+        backing_dir: PathBuf::from(&positional[0]),
+        mount_point: PathBuf::from(&positional[1]),
+        foreground,
+        options,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn fstab_style_options_parse() {
+        let req = parse_mount_args(&args(&["/srv/data", "/mnt", "-o", "rw,allow_other,noatime,nofail,x-systemd.automount,threads=8"])).unwrap();
+        assert!(req.options.allow_other);
+        assert_eq!(req.options.threads, 8);
+        assert_eq!(req.options.kernel_flags, vec!["noatime".to_string()]);
+        assert!(!req.foreground);
+    }
+
+    #[test]
+    fn unknown_option_is_refused_by_name() {
+        let err = parse_mount_args(&args(&["a", "b", "-o", "allow_other,frobnicate"])).unwrap_err();
+        assert_eq!(err.0, "unknown mount option 'frobnicate'");
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        assert!(parse_mount_args(&args(&["a", "b", "-othreads=0"])).is_err());
+        assert!(parse_mount_args(&args(&["a", "b", "-o", "fsname"])).is_err());
+        assert!(parse_mount_args(&args(&["a"])).is_err());
+        assert!(parse_mount_args(&args(&["a", "b", "--bogus"])).is_err());
+    }
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("4M"), Ok(4 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert!(parse_size("4X").is_err());
+        assert!(parse_size("M").is_err());
+    }
+}

@@ -1,0 +1,149 @@
+//! Thin, checked wrappers over the libc calls the backend and engine use.
+//!
+//! Owns: turning `-1`/errno into `Errno`, and the few unsafe blocks that hand pointers to the
+//! kernel. Must not: hold policy. Every function here is one system call (or a fixed retry of one).
+
+use std::ffi::{CStr, CString, OsStr};
+use std::fmt;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+
+/// A POSIX error number, as the kernel would return it to the application.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+impl Errno {
+    pub fn last() -> Errno {
+        Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
+    }
+}
+
+impl fmt::Debug for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", std::io::Error::from_raw_os_error(self.0), self.0)
+    }
+}
+
+impl fmt::Display for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", std::io::Error::from_raw_os_error(self.0))
+    }
+}
+
+impl From<std::io::Error> for Errno {
+    fn from(e: std::io::Error) -> Errno {
+        Errno(e.raw_os_error().unwrap_or(libc::EIO))
+    }
+}
+
+pub type SysResult<T> = Result<T, Errno>;
+
+/// `-1` means look at errno; anything else is the result.
+pub fn check(ret: libc::c_int) -> SysResult<libc::c_int> {
+    if ret == -1 {
+        Err(Errno::last())
+    } else {
+        Ok(ret)
+    }
+}
+
+pub fn check_size(ret: libc::ssize_t) -> SysResult<usize> {
+    if ret == -1 {
+        Err(Errno::last())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+/// Retries a call that the kernel interrupted: a FUSE worker must never turn EINTR into an error.
+pub fn retry_eintr<T>(mut call: impl FnMut() -> SysResult<T>) -> SysResult<T> {
+    loop {
+        match call() {
+            Err(Errno(libc::EINTR)) => continue,
+            other => return other,
+        }
+    }
+}
+
+/// A file name for an `*at` call. Names from FUSE never contain NUL; a name with `/` would
+/// escape the directory handle, so both are refused here, at the boundary.
+pub fn name_cstring(name: &OsStr) -> SysResult<CString> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.contains(&b'/') {
+        return Err(Errno(libc::EINVAL));
+    }
+    CString::new(bytes).map_err(|_| Errno(libc::EINVAL))
+}
+
+pub fn path_cstring(path: &std::path::Path) -> SysResult<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno(libc::EINVAL))
+}
+
+pub const EMPTY: &CStr = c"";
+
+pub fn openat(dir: RawFd, name: &CStr, flags: i32, mode: u32) -> SysResult<OwnedFd> {
+    let fd = retry_eintr(|| {
+        check(unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC, mode) })
+    })?;
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub fn fstatat(dir: RawFd, name: &CStr, flags: i32) -> SysResult<libc::stat> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    check(unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, flags) })?;
+    Ok(st)
+}
+
+/// `stat` of the object an fd (also an O_PATH fd) refers to, never following a symlink.
+pub fn fstat_fd(fd: &impl AsRawFd) -> SysResult<libc::stat> {
+    fstatat(fd.as_raw_fd(), EMPTY, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
+}
+
+/// The `/proc/self/fd/N` path of an fd: the one safe way to reopen or chmod the exact inode an
+/// O_PATH fd holds, without resolving any name again.
+pub fn proc_fd_path(fd: &impl AsRawFd) -> CString {
+    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL in a formatted path")
+}
+
+pub fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> SysResult<usize> {
+    retry_eintr(|| {
+        check_size(unsafe {
+            libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), offset as libc::off_t)
+        })
+    })
+}
+
+/// Reads until `buf` is full or EOF; returns how many bytes were read.
+pub fn pread_full(fd: RawFd, buf: &mut [u8], offset: u64) -> SysResult<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let n = pread(fd, &mut buf[done..], offset + done as u64)?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    Ok(done)
+}
+
+/// Writes all of `buf` at `offset`; a short write is continued, never reported as success.
+pub fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> SysResult<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let n = retry_eintr(|| {
+            check_size(unsafe {
+                libc::pwrite(
+                    fd,
+                    buf[done..].as_ptr().cast(),
+                    buf.len() - done,
+                    (offset + done as u64) as libc::off_t,
+                )
+            })
+        })?;
+        if n == 0 {
+            return Err(Errno(libc::EIO));
+        }
+        done += n;
+    }
+    Ok(())
+}
