@@ -1,0 +1,194 @@
+//! Every bad input gets a clear message and a non-zero exit status, and changes nothing.
+
+mod common;
+
+use std::fs;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn assert_fails(out: &std::process::Output, code: i32, message: &str) {
+    assert_eq!(out.status.code(), Some(code), "stderr: {}", stderr_of(out));
+    assert!(stderr_of(out).contains(message), "expected {message:?} in: {}", stderr_of(out));
+}
+
+fn dirs() -> (tempfile::TempDir, String, String) {
+    let t = tempfile::tempdir().unwrap();
+    let b = t.path().join("backing");
+    let m = t.path().join("mnt");
+    fs::create_dir(&b).unwrap();
+    fs::create_dir(&m).unwrap();
+    (t, path_str(&b), path_str(&m))
+}
+
+fn is_mounted(path: &str) -> bool {
+    fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4) == Some(path))
+}
+
+#[test]
+fn missing_backing_directory() {
+    let (t, _, m) = dirs();
+    let missing = path_str(&t.path().join("nope"));
+    assert_fails(&coalescefs(&["mount", &missing, &m]), 1, &format!("backing directory {missing} does not exist"));
+    assert!(!is_mounted(&m));
+}
+
+#[test]
+fn backing_directory_that_is_a_file() {
+    let (t, _, m) = dirs();
+    let file = t.path().join("file");
+    fs::write(&file, b"x").unwrap();
+    assert_fails(&coalescefs(&["mount", &path_str(&file), &m]), 1, "is not a directory");
+}
+
+#[test]
+fn missing_mount_point() {
+    let (t, b, _) = dirs();
+    let missing = path_str(&t.path().join("nomnt"));
+    assert_fails(&coalescefs(&["mount", &b, &missing]), 1, &format!("mount point {missing} does not exist"));
+}
+
+#[test]
+fn busy_mount_point() {
+    let m = TestMount::new();
+    let other = tempfile::tempdir().unwrap();
+    let out = coalescefs(&["mount", &path_str(other.path()), &path_str(&m.mnt)]);
+    assert_fails(&out, 1, "is busy: fuse.coalescefs from");
+}
+
+#[test]
+fn unknown_option_and_bad_values() {
+    let (_t, b, m) = dirs();
+    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "allow_other,frobnicate"]), 2, "unknown mount option 'frobnicate'");
+    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "threads=0"]), 2, "threads=0: expected a whole number");
+    assert_fails(&coalescefs(&["mount", &b, &m, "--bogus"]), 2, "unknown flag '--bogus'");
+    assert_fails(&coalescefs(&["mount", &b]), 2, "expected BACKING_DIR and MOUNTPOINT");
+    assert_fails(&coalescefs(&["frobnicate"]), 2, "unknown command");
+    assert!(!is_mounted(&m));
+    assert!(fs::read_dir(&b).unwrap().next().is_none(), "a refused mount leaves the backing dir untouched");
+}
+
+#[test]
+fn unwritable_backing_directory() {
+    // A read-only bind mount: unwritable even for root.
+    let (t, b, m) = dirs();
+    let ro = t.path().join("ro");
+    fs::create_dir(&ro).unwrap();
+    let ro = path_str(&ro);
+    assert!(Command::new("mount").args(["--bind", &b, &ro]).status().unwrap().success());
+    assert!(Command::new("mount").args(["-o", "remount,bind,ro", &ro]).status().unwrap().success());
+    let out = coalescefs(&["mount", &ro, &m]);
+    let ro_mounted = coalescefs(&["mount", &ro, &m, "-o", "ro"]);
+    let listing_works = fs::read_dir(&m).is_ok();
+    let _ = coalescefs(&["umount", &m]);
+    let _ = Command::new("umount").arg(&ro).status();
+    assert_fails(&out, 1, "is not writable");
+    assert!(stderr_of(&out).contains("-o ro"), "the message says how to serve it anyway");
+    assert!(ro_mounted.status.success(), "-o ro serves a read-only backing dir: {}", stderr_of(&ro_mounted));
+    assert!(listing_works);
+}
+
+#[test]
+fn backing_directory_already_mounted_elsewhere() {
+    let m = TestMount::new();
+    let other_mnt = tempfile::tempdir().unwrap();
+    let out = coalescefs(&["mount", &path_str(&m.backing), &path_str(other_mnt.path())]);
+    assert_fails(&out, 1, "is already mounted by another coalescefs at");
+    assert!(!is_mounted(&path_str(other_mnt.path())));
+}
+
+#[test]
+fn mount_point_inside_the_backing_directory() {
+    let (_t, b, _) = dirs();
+    let inner = format!("{b}/inner");
+    fs::create_dir(&inner).unwrap();
+    assert_fails(&coalescefs(&["mount", &b, &inner]), 1, "is inside the backing directory");
+}
+
+#[test]
+fn umount_of_something_not_mounted() {
+    let (_t, _, m) = dirs();
+    assert_fails(&coalescefs(&["umount", &m]), 1, "is not mounted");
+    assert_fails(&coalescefs(&["umount", "/proc"]), 1, "is a proc mount, not coalescefs");
+}
+
+fn daemon_pid(backing: &std::path::Path) -> i32 {
+    fs::read_to_string(backing.join(".coalescefs/pid")).unwrap().trim().parse().unwrap()
+}
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_killed_daemon_leaves_a_mount_that_umount_clears() {
+    let m = TestMount::new();
+    let mnt = path_str(&m.mnt);
+    fs::write(m.path("f"), b"kept").unwrap();
+    let pid = daemon_pid(&m.backing);
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    wait_until("the daemon to die", || unsafe { libc::kill(pid, 0) } != 0);
+    assert_eq!(fs::metadata(&m.mnt).unwrap_err().raw_os_error(), Some(libc::ENOTCONN));
+    // A new mount there is refused with a pointer to the fix.
+    let again = coalescefs(&["mount", &path_str(&m.backing), &mnt]);
+    assert_fails(&again, 1, "coalescefs umount");
+    let out = coalescefs(&["umount", &mnt]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(!is_mounted(&mnt));
+    assert_eq!(fs::read(m.backing_path("f")).unwrap(), b"kept");
+    // And the backing dir can be mounted again: the dead daemon's lock went with it.
+    let out = coalescefs(&["mount", &path_str(&m.backing), &mnt]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(fs::read(m.path("f")).unwrap(), b"kept");
+    assert!(coalescefs(&["umount", &mnt]).status.success());
+    std::mem::forget(m); // already unmounted; the temp dir is cleaned below
+}
+
+#[test]
+fn sigterm_and_sigint_unmount_cleanly() {
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let m = TestMount::new();
+        let mnt = path_str(&m.mnt);
+        let pid = daemon_pid(&m.backing);
+        unsafe { libc::kill(pid, signal) };
+        wait_until("the daemon to exit", || unsafe { libc::kill(pid, 0) } != 0);
+        assert!(!is_mounted(&mnt), "signal {signal} left the mount behind");
+        assert!(!m.backing_path(".coalescefs/pid").exists(), "the daemon removes its pid file on a clean exit");
+        std::mem::forget(m);
+    }
+}
+
+#[test]
+fn umount_of_a_busy_mount_says_so_and_lazy_clears_it() {
+    let m = TestMount::new();
+    let mnt = path_str(&m.mnt);
+    let held = fs::File::open(m.path(".")).unwrap();
+    let out = coalescefs(&["umount", &mnt]);
+    assert_fails(&out, 1, "is busy");
+    assert!(is_mounted(&mnt));
+    let out = coalescefs(&["umount", "--lazy", &mnt]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(!is_mounted(&mnt));
+    drop(held);
+    std::mem::forget(m);
+}
+
+#[test]
+fn helper_form_used_by_mount_fuse3() {
+    let (_t, b, m) = dirs();
+    // `mount -t fuse.coalescefs B M -o ...` runs this helper, which runs `coalescefs B M -o ...`
+    // from PATH (mount(8) itself resets PATH, so there the binary must be installed).
+    let out = Command::new("mount.fuse3").args([&b, &m, "-t", "coalescefs", "-o", "allow_other,noatime,nofail"])
+        .env("PATH", format!("{}:{}", std::path::Path::new(BIN).parent().unwrap().display(), std::env::var("PATH").unwrap()))
+        .output().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(is_mounted(&m));
+    fs::write(format!("{m}/f"), b"via mount(8)").unwrap();
+    assert!(coalescefs(&["umount", &m]).status.success());
+    assert_eq!(fs::read(format!("{b}/f")).unwrap(), b"via mount(8)");
+}

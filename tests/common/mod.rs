@@ -1,0 +1,125 @@
+//! A real coalescefs mount for integration tests: the built binary, mounted as a user would
+//! (`coalescefs mount`, which returns once the mount answers), unmounted on drop.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_coalescefs");
+
+pub fn coalescefs(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run coalescefs")
+}
+
+pub fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub struct TestMount {
+    _dir: tempfile::TempDir,
+    pub backing: PathBuf,
+    pub mnt: PathBuf,
+    options: Vec<String>,
+    mounted: bool,
+}
+
+impl TestMount {
+    pub fn new() -> TestMount {
+        Self::with_options(&["allow_other"])
+    }
+
+    pub fn with_options(options: &[&str]) -> TestMount {
+        let dir = tempfile::Builder::new().prefix("coalescefs-test-").tempdir().expect("tempdir");
+        let backing = dir.path().join("backing");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&backing).unwrap();
+        std::fs::create_dir(&mnt).unwrap();
+        // World-searchable so that tests acting as another user can reach the mount.
+        for p in [dir.path(), backing.as_path(), mnt.as_path()] {
+            set_mode(p, 0o755);
+        }
+        let mut m = TestMount {
+            _dir: dir,
+            backing,
+            mnt,
+            options: options.iter().map(|s| s.to_string()).collect(),
+            mounted: false,
+        };
+        m.mount();
+        m
+    }
+
+    pub fn mount(&mut self) {
+        assert!(!self.mounted);
+        let mut args = vec!["mount".to_string(), path_str(&self.backing), path_str(&self.mnt)];
+        if !self.options.is_empty() {
+            args.push("-o".into());
+            args.push(self.options.join(","));
+        }
+        let out = Command::new(BIN).args(&args).output().expect("run coalescefs mount");
+        assert!(out.status.success(), "mount failed: {}", stderr_of(&out));
+        self.mounted = true;
+    }
+
+    pub fn unmount(&mut self) {
+        if self.mounted {
+            let out = coalescefs(&["umount", &path_str(&self.mnt)]);
+            assert!(out.status.success(), "umount failed: {}", stderr_of(&out));
+            self.mounted = false;
+        }
+    }
+
+    pub fn remount(&mut self) {
+        self.unmount();
+        self.mount();
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    pub fn backing_path(&self, rel: &str) -> PathBuf {
+        self.backing.join(rel)
+    }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        if self.mounted {
+            let out = coalescefs(&["umount", &path_str(&self.mnt)]);
+            if !out.status.success() {
+                let _ = coalescefs(&["umount", "--lazy", &path_str(&self.mnt)]);
+            }
+        }
+    }
+}
+
+pub fn path_str(p: &Path) -> String {
+    p.to_str().expect("utf-8 test path").to_string()
+}
+
+pub fn set_mode(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+pub fn cstr(p: &Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap()
+}
+
+/// Runs a command as another user (setpriv from util-linux), for ownership and permission tests.
+pub fn run_as(uid: u32, gid: u32, program: &str, args: &[&str]) -> Output {
+    Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .arg("--clear-groups")
+        .arg(program)
+        .args(args)
+        .output()
+        .expect("run setpriv")
+}

@@ -1,0 +1,388 @@
+//! Every operation the mount serves, checked against what POSIX (and Linux) say it must do,
+//! through a real FUSE mount of a real backing directory.
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirEntryExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::process::Command;
+
+use common::*;
+
+#[test]
+fn written_data_reads_back_and_is_a_plain_file_in_the_backing_directory() {
+    let mut m = TestMount::new();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    fs::write(m.path("data.bin"), &data).unwrap();
+    assert_eq!(fs::read(m.path("data.bin")).unwrap(), data);
+    m.unmount();
+    assert_eq!(fs::read(m.backing_path("data.bin")).unwrap(), data, "unmounted, the data is plainly there");
+}
+
+#[test]
+fn state_folder_is_hidden_and_reserved() {
+    let m = TestMount::new();
+    assert!(m.backing_path(".coalescefs").is_dir(), "the daemon keeps its state in the backing dir");
+    let names: Vec<_> = fs::read_dir(&m.mnt).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(!names.iter().any(|n| n == ".coalescefs"), "listing shows {names:?}");
+    assert_eq!(fs::metadata(m.path(".coalescefs")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    assert_eq!(fs::create_dir(m.path(".coalescefs")).unwrap_err().raw_os_error(), Some(libc::EPERM));
+    assert_eq!(File::create(m.path(".coalescefs")).unwrap_err().raw_os_error(), Some(libc::EPERM));
+    // Only at the root: the same name deeper down is an ordinary name.
+    fs::create_dir(m.path("sub")).unwrap();
+    fs::create_dir(m.path("sub/.coalescefs")).unwrap();
+}
+
+#[test]
+fn chmod_chown_truncate_and_utimens() {
+    let m = TestMount::new();
+    let p = m.path("f");
+    fs::write(&p, b"hello world").unwrap();
+
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o640);
+    assert_eq!(fs::metadata(m.backing_path("f")).unwrap().mode() & 0o7777, 0o640);
+
+    std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+    let md = fs::metadata(&p).unwrap();
+    assert_eq!((md.uid(), md.gid()), (65534, 65534));
+
+    let f = OpenOptions::new().write(true).open(&p).unwrap();
+    f.set_len(5).unwrap();
+    assert_eq!(fs::read(&p).unwrap(), b"hello");
+    f.set_len(8).unwrap();
+    assert_eq!(fs::read(&p).unwrap(), b"hello\0\0\0", "growing reads back zeros");
+    drop(f);
+    // truncate(2) by path, without an open file
+    let c = cstr(&p);
+    assert_eq!(unsafe { libc::truncate(c.as_ptr(), 2) }, 0);
+    assert_eq!(fs::read(&p).unwrap(), b"he");
+
+    let times = [
+        libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 123_456_789 },
+        libc::timespec { tv_sec: 1_500_000_000, tv_nsec: 987_654_321 },
+    ];
+    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) }, 0);
+    let md = fs::metadata(&p).unwrap();
+    assert_eq!((md.atime(), md.atime_nsec()), (1_000_000_000, 123_456_789));
+    assert_eq!((md.mtime(), md.mtime_nsec()), (1_500_000_000, 987_654_321));
+}
+
+#[test]
+fn readdir_lists_every_entry_with_the_inode_stat_reports() {
+    let m = TestMount::new();
+    fs::create_dir(m.path("d")).unwrap();
+    for i in 0..1500 {
+        File::create(m.path(&format!("d/file-with-a-longish-name-{i:05}"))).unwrap();
+    }
+    let mut seen = 0;
+    for entry in fs::read_dir(m.path("d")).unwrap() {
+        let entry = entry.unwrap();
+        assert_eq!(entry.ino(), fs::symlink_metadata(entry.path()).unwrap().ino(), "{:?}", entry.path());
+        seen += 1;
+    }
+    assert_eq!(seen, 1500);
+    // `ls` goes through readdirplus; every name must come back exactly once.
+    let out = Command::new("ls").arg("-1f").arg(m.path("d")).output().unwrap();
+    let listed = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(listed.lines().filter(|l| l.starts_with("file-")).count(), 1500);
+}
+
+#[test]
+fn mkdir_rmdir_and_their_errors() {
+    let m = TestMount::new();
+    fs::create_dir(m.path("a")).unwrap();
+    assert_eq!(fs::create_dir(m.path("a")).unwrap_err().raw_os_error(), Some(libc::EEXIST));
+    File::create(m.path("a/f")).unwrap();
+    assert_eq!(fs::remove_dir(m.path("a")).unwrap_err().raw_os_error(), Some(libc::ENOTEMPTY));
+    assert_eq!(fs::remove_dir(m.path("a/f")).unwrap_err().raw_os_error(), Some(libc::ENOTDIR));
+    fs::remove_file(m.path("a/f")).unwrap();
+    fs::remove_dir(m.path("a")).unwrap();
+    assert!(!m.backing_path("a").exists());
+    assert_eq!(fs::remove_dir(m.path("a")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+}
+
+#[test]
+fn mknod_makes_a_working_fifo() {
+    let m = TestMount::new();
+    let p = m.path("fifo");
+    let c = cstr(&p);
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    assert!(fs::metadata(&p).unwrap().file_type().is_fifo());
+    assert!(fs::symlink_metadata(m.backing_path("fifo")).unwrap().file_type().is_fifo());
+    let reader_path = p.clone();
+    let reader = std::thread::spawn(move || fs::read(reader_path).unwrap());
+    fs::write(&p, b"through the pipe").unwrap();
+    assert_eq!(reader.join().unwrap(), b"through the pipe");
+}
+
+#[test]
+fn unlink_keeps_open_files_readable() {
+    let m = TestMount::new();
+    fs::write(m.path("f"), b"still here").unwrap();
+    let mut f = File::open(m.path("f")).unwrap();
+    fs::remove_file(m.path("f")).unwrap();
+    assert!(!m.path("f").exists());
+    let mut s = String::new();
+    f.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "still here");
+    assert_eq!(fs::remove_file(m.path("f")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+}
+
+fn renameat2(from: &std::path::Path, to: &std::path::Path, flags: u32) -> i32 {
+    let (a, b) = (cstr(from), cstr(to));
+    let ret = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) };
+    if ret == 0 { 0 } else { errno() }
+}
+
+#[test]
+fn rename_plain_noreplace_and_exchange() {
+    let m = TestMount::new();
+    fs::write(m.path("a"), b"A").unwrap();
+    fs::write(m.path("b"), b"B").unwrap();
+    fs::create_dir(m.path("dir")).unwrap();
+
+    assert_eq!(renameat2(&m.path("a"), &m.path("b"), libc::RENAME_NOREPLACE), libc::EEXIST);
+    assert_eq!(fs::read(m.path("a")).unwrap(), b"A", "a failed NOREPLACE changes nothing");
+
+    assert_eq!(renameat2(&m.path("a"), &m.path("b"), libc::RENAME_EXCHANGE), 0);
+    assert_eq!(fs::read(m.path("a")).unwrap(), b"B");
+    assert_eq!(fs::read(m.path("b")).unwrap(), b"A");
+
+    fs::rename(m.path("a"), m.path("dir/moved")).unwrap();
+    assert!(!m.path("a").exists());
+    assert_eq!(fs::read(m.path("dir/moved")).unwrap(), b"B");
+    assert_eq!(fs::read(m.backing_path("dir/moved")).unwrap(), b"B");
+
+    fs::rename(m.path("b"), m.path("dir/moved")).unwrap(); // replaces
+    assert_eq!(fs::read(m.path("dir/moved")).unwrap(), b"A");
+    assert_eq!(renameat2(&m.path("nope"), &m.path("x"), 0), libc::ENOENT);
+    fs::create_dir(m.path("full")).unwrap();
+    File::create(m.path("full/x")).unwrap();
+    assert_eq!(renameat2(&m.path("dir"), &m.path("full"), 0), libc::ENOTEMPTY);
+}
+
+#[test]
+fn hard_links_share_an_inode() {
+    let m = TestMount::new();
+    fs::write(m.path("orig"), b"shared").unwrap();
+    fs::hard_link(m.path("orig"), m.path("link")).unwrap();
+    let (a, b) = (fs::metadata(m.path("orig")).unwrap(), fs::metadata(m.path("link")).unwrap());
+    assert_eq!(a.ino(), b.ino());
+    assert_eq!(b.nlink(), 2);
+    fs::write(m.path("link"), b"changed").unwrap();
+    assert_eq!(fs::read(m.path("orig")).unwrap(), b"changed");
+    assert_eq!(fs::metadata(m.backing_path("orig")).unwrap().ino(), fs::metadata(m.backing_path("link")).unwrap().ino());
+    assert_eq!(fs::hard_link(m.path("orig"), m.path("link")).unwrap_err().raw_os_error(), Some(libc::EEXIST));
+}
+
+#[test]
+fn symlinks_and_readlink() {
+    let m = TestMount::new();
+    fs::write(m.path("target"), b"t").unwrap();
+    std::os::unix::fs::symlink("target", m.path("rel")).unwrap();
+    std::os::unix::fs::symlink("/nonexistent/abs", m.path("dangling")).unwrap();
+    assert_eq!(fs::read_link(m.path("rel")).unwrap().to_str(), Some("target"));
+    assert_eq!(fs::read(m.path("rel")).unwrap(), b"t");
+    assert_eq!(fs::read_link(m.path("dangling")).unwrap().to_str(), Some("/nonexistent/abs"));
+    assert!(fs::symlink_metadata(m.path("dangling")).unwrap().file_type().is_symlink());
+    assert_eq!(fs::read_link(m.backing_path("rel")).unwrap().to_str(), Some("target"));
+    // lchown changes the link, not its target
+    let c = cstr(&m.path("rel"));
+    assert_eq!(unsafe { libc::lchown(c.as_ptr(), 65534, 65534) }, 0);
+    assert_eq!(fs::symlink_metadata(m.path("rel")).unwrap().uid(), 65534);
+    assert_eq!(fs::metadata(m.path("target")).unwrap().uid(), 0);
+}
+
+#[test]
+fn a_symlink_swapped_into_the_backing_directory_is_never_followed_by_the_daemon() {
+    let m = TestMount::new();
+    let outside = tempfile::tempdir().unwrap();
+    fs::create_dir(m.path("d")).unwrap();
+    File::create(m.path("d/existing")).unwrap(); // the kernel now holds d by inode
+    // Behind the mount's back, d becomes a symlink to a directory outside the backing dir.
+    fs::rename(m.backing_path("d"), m.backing_path("d.old")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), m.backing_path("d")).unwrap();
+    let created = File::create(m.path("d/new"));
+    assert!(created.is_ok(), "{created:?}");
+    assert!(!outside.path().join("new").exists(), "the daemon followed a symlink out of the backing dir");
+    assert!(m.backing_path("d.old/new").exists(), "the file went into the directory the kernel meant");
+}
+
+#[test]
+fn statfs_reports_the_backing_file_system() {
+    let m = TestMount::new();
+    let (mut ours, mut theirs): (libc::statvfs, libc::statvfs) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    assert_eq!(unsafe { libc::statvfs(cstr(&m.mnt).as_ptr(), &mut ours) }, 0);
+    assert_eq!(unsafe { libc::statvfs(cstr(&m.backing).as_ptr(), &mut theirs) }, 0);
+    assert_eq!(ours.f_blocks * ours.f_frsize, theirs.f_blocks * theirs.f_frsize);
+    assert_eq!(ours.f_files, theirs.f_files);
+    assert_eq!(ours.f_namemax, theirs.f_namemax);
+}
+
+#[test]
+fn extended_attributes() {
+    let m = TestMount::new();
+    let p = m.path("f");
+    File::create(&p).unwrap();
+    let c = cstr(&p);
+    let set = |name: &std::ffi::CStr, value: &[u8], flags: i32| unsafe {
+        if libc::setxattr(c.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags) == 0 { 0 } else { errno() }
+    };
+    assert_eq!(set(c"user.color", b"blue", 0), 0);
+    assert_eq!(set(c"user.color", b"red", libc::XATTR_CREATE), libc::EEXIST);
+    assert_eq!(set(c"user.shape", b"round", libc::XATTR_REPLACE), libc::ENODATA);
+    let mut buf = [0u8; 64];
+    let n = unsafe { libc::getxattr(c.as_ptr(), c"user.color".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(&buf[..n as usize], b"blue");
+    let size = unsafe { libc::getxattr(c.as_ptr(), c"user.color".as_ptr(), std::ptr::null_mut(), 0) };
+    assert_eq!(size, 4);
+    let n = unsafe { libc::getxattr(c.as_ptr(), c"user.color".as_ptr(), buf.as_mut_ptr().cast(), 2) };
+    assert_eq!((n, errno()), (-1, libc::ERANGE));
+    let n = unsafe { libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(&buf[..n as usize], b"user.color\0");
+    assert_eq!(unsafe { libc::removexattr(c.as_ptr(), c"user.color".as_ptr()) }, 0);
+    let n = unsafe { libc::getxattr(c.as_ptr(), c"user.color".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!((n, errno()), (-1, libc::ENODATA));
+}
+
+#[test]
+fn fallocate_extends_keeps_size_and_punches_holes() {
+    let m = TestMount::new();
+    let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("f")).unwrap();
+    let fd = f.as_raw_fd();
+    assert_eq!(unsafe { libc::fallocate(fd, 0, 0, 1 << 20) }, 0);
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    assert_eq!(unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20) }, 0);
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20, "KEEP_SIZE keeps the size");
+    (&f).write_all_at_start(&[0xAB; 8192]);
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    assert_eq!(unsafe { libc::fallocate(fd, punch, 0, 4096) }, 0);
+    let mut back = vec![0u8; 8192];
+    (&f).seek(SeekFrom::Start(0)).unwrap();
+    (&f).read_exact(&mut back).unwrap();
+    assert!(back[..4096].iter().all(|&b| b == 0), "punched range reads as zeros");
+    assert!(back[4096..].iter().all(|&b| b == 0xAB), "the rest is untouched");
+}
+
+trait WriteAtStart {
+    fn write_all_at_start(self, data: &[u8]);
+}
+
+impl WriteAtStart for &File {
+    fn write_all_at_start(mut self, data: &[u8]) {
+        self.seek(SeekFrom::Start(0)).unwrap();
+        self.write_all(data).unwrap();
+    }
+}
+
+#[test]
+fn copy_file_range_copies_bytes() {
+    let m = TestMount::new();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    fs::write(m.path("src"), &data).unwrap();
+    let src = File::open(m.path("src")).unwrap();
+    let dst = OpenOptions::new().write(true).create(true).open(m.path("dst")).unwrap();
+    let mut off_in: i64 = 1000;
+    let mut off_out: i64 = 0;
+    let mut left = 200_000usize;
+    while left > 0 {
+        let n = unsafe { libc::copy_file_range(src.as_raw_fd(), &mut off_in, dst.as_raw_fd(), &mut off_out, left, 0) };
+        assert!(n > 0, "copy_file_range: {}", std::io::Error::last_os_error());
+        left -= n as usize;
+    }
+    drop(dst);
+    assert_eq!(fs::read(m.path("dst")).unwrap(), &data[1000..201_000]);
+}
+
+#[test]
+fn seek_data_and_seek_hole_find_the_written_ranges() {
+    let m = TestMount::new();
+    let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("sparse")).unwrap();
+    f.set_len(64 << 20).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&[1u8; 1 << 20], 32 << 20).unwrap();
+    f.sync_all().unwrap();
+    let data = unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_DATA) };
+    assert_eq!(data, 32 << 20);
+    let hole = unsafe { libc::lseek(f.as_raw_fd(), 32 << 20, libc::SEEK_HOLE) };
+    assert_eq!(hole, 33 << 20);
+    let past = unsafe { libc::lseek(f.as_raw_fd(), 64 << 20, libc::SEEK_DATA) };
+    assert_eq!((past, errno()), (-1, libc::ENXIO));
+}
+
+#[test]
+fn fsync_fdatasync_and_fsyncdir_succeed() {
+    let m = TestMount::new();
+    let mut f = File::create(m.path("f")).unwrap();
+    f.write_all(b"durable").unwrap();
+    f.sync_all().unwrap();
+    f.sync_data().unwrap();
+    let dir = File::open(&m.mnt).unwrap();
+    assert_eq!(unsafe { libc::fsync(dir.as_raw_fd()) }, 0);
+    assert_eq!(fs::read(m.backing_path("f")).unwrap(), b"durable");
+}
+
+#[test]
+fn flock_and_posix_locks_exclude_other_holders() {
+    let m = TestMount::new();
+    let p = m.path("lockfile");
+    let f = File::create(&p).unwrap();
+    assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    let other = File::open(&p).unwrap();
+    assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, -1);
+    assert_eq!(errno(), libc::EWOULDBLOCK);
+    // Another process sees the lock too (util-linux flock(1)).
+    let status = Command::new("flock").args(["-n", p.to_str().unwrap(), "true"]).status().unwrap();
+    assert_eq!(status.code(), Some(1), "flock -n must fail while we hold the lock");
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+    let status = Command::new("flock").args(["-n", p.to_str().unwrap(), "true"]).status().unwrap();
+    assert!(status.success());
+
+    // POSIX record locks: held here, seen by another process through F_GETLK.
+    let rw = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as i16;
+    lock.l_whence = libc::SEEK_SET as i16;
+    lock.l_len = 100;
+    assert_eq!(unsafe { libc::fcntl(rw.as_raw_fd(), libc::F_SETLK, &lock) }, 0);
+    let script = format!(
+        "import fcntl,struct,os\nfd=os.open('{}',os.O_RDWR)\ntry:\n fcntl.lockf(fd,fcntl.LOCK_EX|fcntl.LOCK_NB,10,0)\n print('acquired')\nexcept OSError:\n print('blocked')",
+        p.display()
+    );
+    let out = Command::new("python3").args(["-c", &script]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "blocked");
+}
+
+#[test]
+fn files_created_for_a_user_belong_to_that_user() {
+    let m = TestMount::new();
+    fs::create_dir(m.path("shared")).unwrap();
+    fs::set_permissions(m.path("shared"), fs::Permissions::from_mode(0o777)).unwrap();
+    let file = m.path("shared/by-nobody");
+    let out = run_as(65534, 65534, "touch", &[file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let out = run_as(65534, 65534, "mkdir", &[m.path("shared/dir-by-nobody").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    for p in [file, m.path("shared/dir-by-nobody")] {
+        let md = fs::metadata(&p).unwrap();
+        assert_eq!((md.uid(), md.gid()), (65534, 65534), "{p:?}");
+    }
+    let md = fs::metadata(m.backing_path("shared/by-nobody")).unwrap();
+    assert_eq!((md.uid(), md.gid()), (65534, 65534), "the backing file belongs to the user too");
+    // And permissions hold: nobody cannot write into a root-only directory.
+    fs::create_dir(m.path("private")).unwrap();
+    fs::set_permissions(m.path("private"), fs::Permissions::from_mode(0o755)).unwrap();
+    let out = run_as(65534, 65534, "touch", &[m.path("private/x").to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(stderr_of(&out).contains("Permission denied"), "{}", stderr_of(&out));
+}
+
+#[test]
+fn st_blksize_is_reported() {
+    let m = TestMount::new();
+    File::create(m.path("f")).unwrap();
+    assert!(fs::metadata(m.path("f")).unwrap().blksize() >= 4096);
+}
