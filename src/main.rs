@@ -207,6 +207,12 @@ fn unmount_on_signal(mount_point: PathBuf) {
 
 fn run_mount(request: MountRequest) -> ExitCode {
     let opts = &request.options;
+    if opts.remount {
+        return match mounts::remount(&mounts::absolute(&request.mount_point), opts) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(message) => fail(message),
+        };
+    }
     let backing = match mounts::check_backing_dir(&request.backing_dir, opts.read_only) {
         Ok(path) => path,
         Err(message) => return fail(message),

@@ -158,8 +158,63 @@ pub fn read_pid_file(backing: &Path) -> Option<i32> {
     std::fs::read_to_string(pid_file(backing)).ok()?.trim().parse().ok()
 }
 
+/// Alive means running: a zombie has finished its work, whenever its parent gets to reap it
+/// (a daemon's parent is init, and some inits reap only once a second).
 pub fn process_alive(pid: i32) -> bool {
-    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name, which may itself hold spaces.
+        Ok(stat) => stat.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with('Z')).unwrap_or(true),
+        Err(_) => false,
+    }
+}
+
+/// Changes the flags of a mounted coalescefs (`mount -o remount,ro`); the daemon keeps serving.
+pub fn remount(mount_point: &Path, options: &crate::options::MountOptions) -> Result<(), String> {
+    let target = sys::path_cstring(mount_point).map_err(|e| format!("mount point: {e}"))?;
+    let mut flags = libc::MS_REMOUNT | kernel_flags(options);
+    if !options.read_only {
+        flags &= !libc::MS_RDONLY;
+    }
+    // Going read-only fails with EBUSY while a file is open for writing; a file closed a
+    // moment ago can still be on its way out of the kernel, so wait a little before giving up.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        let ret = unsafe { libc::mount(std::ptr::null(), target.as_ptr(), std::ptr::null(), flags, std::ptr::null()) };
+        if ret == 0 {
+            return Ok(());
+        }
+        let err = Errno::last();
+        if err.0 != libc::EBUSY || std::time::Instant::now() > deadline {
+            return Err(format!("remount of {} failed: {err}", mount_point.display()));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn kernel_flags(options: &crate::options::MountOptions) -> libc::c_ulong {
+    let mut flags = libc::MS_NODEV | libc::MS_NOSUID;
+    if options.read_only {
+        flags |= libc::MS_RDONLY;
+    }
+    for flag in &options.kernel_flags {
+        match flag.as_str() {
+            "dev" => flags &= !libc::MS_NODEV,
+            "nodev" => flags |= libc::MS_NODEV,
+            "suid" => flags &= !libc::MS_NOSUID,
+            "nosuid" => flags |= libc::MS_NOSUID,
+            "exec" => flags &= !libc::MS_NOEXEC,
+            "noexec" => flags |= libc::MS_NOEXEC,
+            "atime" => flags &= !libc::MS_NOATIME,
+            "noatime" => flags |= libc::MS_NOATIME,
+            "relatime" => flags |= libc::MS_RELATIME,
+            "diratime" => flags &= !libc::MS_NODIRATIME,
+            "nodiratime" => flags |= libc::MS_NODIRATIME,
+            "sync" => flags |= libc::MS_SYNCHRONOUS,
+            "dirsync" => flags |= libc::MS_DIRSYNC,
+            _ => unreachable!("options.rs accepts only the flags listed here"),
+        }
+    }
+    flags
 }
 
 /// Mounts `fuse.coalescefs` directly (as root): returns the /dev/fuse fd the session serves.
@@ -183,28 +238,7 @@ pub fn mount_direct(
     if options.allow_other || options.allow_root {
         data.push_str(",allow_other");
     }
-    let mut flags = libc::MS_NODEV | libc::MS_NOSUID;
-    if options.read_only {
-        flags |= libc::MS_RDONLY;
-    }
-    for flag in &options.kernel_flags {
-        match flag.as_str() {
-            "dev" => flags &= !libc::MS_NODEV,
-            "nodev" => flags |= libc::MS_NODEV,
-            "suid" => flags &= !libc::MS_NOSUID,
-            "nosuid" => flags |= libc::MS_NOSUID,
-            "exec" => flags &= !libc::MS_NOEXEC,
-            "noexec" => flags |= libc::MS_NOEXEC,
-            "atime" => flags &= !libc::MS_NOATIME,
-            "noatime" => flags |= libc::MS_NOATIME,
-            "relatime" => flags |= libc::MS_RELATIME,
-            "diratime" => flags &= !libc::MS_NODIRATIME,
-            "nodiratime" => flags |= libc::MS_NODIRATIME,
-            "sync" => flags |= libc::MS_SYNCHRONOUS,
-            "dirsync" => flags |= libc::MS_DIRSYNC,
-            _ => unreachable!("options.rs accepts only the flags listed here"),
-        }
-    }
+    let flags = kernel_flags(options);
     let source_c = CString::new(source).map_err(|_| "the backing path contains a NUL byte".to_string())?;
     let target = sys::path_cstring(mount_point).map_err(|e| format!("mount point: {e}"))?;
     let fs_type = CString::new(FS_TYPE).expect("constant");

@@ -24,6 +24,8 @@ pub struct MountOptions {
     pub kernel_flags: Vec<String>,
     /// FUSE worker threads.
     pub threads: usize,
+    /// `mount -o remount,...`: change the flags of an existing mount, start nothing.
+    pub remount: bool,
 }
 
 impl Default for MountOptions {
@@ -35,6 +37,7 @@ impl Default for MountOptions {
             fsname: None,
             kernel_flags: Vec::new(),
             threads: 4,
+            remount: false,
         }
     }
 }
@@ -81,6 +84,7 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
         "allow_other" => options.allow_other = true,
         "allow_root" => options.allow_root = true,
         "ro" => options.read_only = true,
+        "remount" => options.remount = true,
         // Always on: the kernel checks permissions against the modes the backend reports.
         "default_permissions" => {}
         "fsname" => options.fsname = Some(need_value(value)?.to_string()),
@@ -95,6 +99,9 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
         }
         k if KERNEL_FLAGS.contains(&k) && value.is_none() => options.kernel_flags.push(k.to_string()),
         k if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") || k == "comment" => {}
+        // What the kernel shows for a mounted FUSE file system, which mount(8) hands back on
+        // `mount -o remount,...`: set by the daemon itself, never by the user.
+        "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" if value.is_some() => {}
         _ => return Err(UsageError(format!("unknown mount option '{option}'"))),
     }
     Ok(())

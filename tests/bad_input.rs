@@ -132,7 +132,7 @@ fn a_killed_daemon_leaves_a_mount_that_umount_clears() {
     fs::write(m.path("f"), b"kept").unwrap();
     let pid = daemon_pid(&m.backing);
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    wait_until("the daemon to die", || unsafe { libc::kill(pid, 0) } != 0);
+    wait_until("the daemon to die", || process_gone(pid));
     assert_eq!(fs::metadata(&m.mnt).unwrap_err().raw_os_error(), Some(libc::ENOTCONN));
     // A new mount there is refused with a pointer to the fix.
     let again = coalescefs(&["mount", &path_str(&m.backing), &mnt]);
@@ -156,7 +156,7 @@ fn sigterm_and_sigint_unmount_cleanly() {
         let mnt = path_str(&m.mnt);
         let pid = daemon_pid(&m.backing);
         unsafe { libc::kill(pid, signal) };
-        wait_until("the daemon to exit", || unsafe { libc::kill(pid, 0) } != 0);
+        wait_until("the daemon to exit", || process_gone(pid));
         assert!(!is_mounted(&mnt), "signal {signal} left the mount behind");
         assert!(!m.backing_path(".coalescefs/pid").exists(), "the daemon removes its pid file on a clean exit");
         std::mem::forget(m);

@@ -123,3 +123,11 @@ pub fn run_as(uid: u32, gid: u32, program: &str, args: &[&str]) -> Output {
         .output()
         .expect("run setpriv")
 }
+
+/// Whether a process has finished: gone, or a zombie its parent has not reaped yet.
+pub fn process_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}

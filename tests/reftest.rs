@@ -1,0 +1,142 @@
+//! Reference-model property test (after mountpoint-s3's tests/reftests): random sequences of
+//! create / write at random offsets and sizes / truncate / rename / unlink / fsync / remount run
+//! on the real mount and on an in-memory model of what a reader must see; after every step the
+//! whole tree is compared, by names and by bytes, through the mount.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::FileExt;
+
+use common::TestMount;
+use proptest::prelude::*;
+
+const NAMES: [&str; 4] = ["a", "b", "c", "d"];
+/// Big enough that files span several units of any unit size up to 1 MiB.
+const MAX_OFFSET: u64 = 3 << 20;
+const MAX_WRITE: usize = 600 << 10;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Create(usize),
+    Write { file: usize, offset: u64, len: usize, seed: u8 },
+    Truncate { file: usize, size: u64 },
+    Rename { from: usize, to: usize },
+    Unlink(usize),
+    Fsync(usize),
+    Remount,
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let file = 0..NAMES.len();
+    prop_oneof![
+        2 => file.clone().prop_map(Op::Create),
+        8 => (file.clone(), 0..MAX_OFFSET, 1..MAX_WRITE, any::<u8>())
+            .prop_map(|(file, offset, len, seed)| Op::Write { file, offset, len, seed }),
+        // Small writes too: the pieces the write buffer must merge.
+        4 => (file.clone(), 0..MAX_OFFSET, 1..5000usize, any::<u8>())
+            .prop_map(|(file, offset, len, seed)| Op::Write { file, offset, len, seed }),
+        2 => (file.clone(), 0..MAX_OFFSET).prop_map(|(file, size)| Op::Truncate { file, size }),
+        2 => (file.clone(), file.clone()).prop_map(|(from, to)| Op::Rename { from, to }),
+        1 => file.clone().prop_map(Op::Unlink),
+        2 => file.prop_map(Op::Fsync),
+        1 => Just(Op::Remount),
+    ]
+}
+
+fn pattern(len: usize, seed: u8, offset: u64) -> Vec<u8> {
+    (0..len).map(|i| seed.wrapping_add(((offset as usize + i) % 251) as u8)).collect()
+}
+
+/// What a reader must see: name -> bytes.
+type Model = BTreeMap<String, Vec<u8>>;
+
+fn apply(m: &mut TestMount, model: &mut Model, op: &Op) {
+    match *op {
+        Op::Create(f) => {
+            let name = NAMES[f];
+            OpenOptions::new().write(true).create(true).truncate(false).open(m.path(name)).unwrap();
+            model.entry(name.to_string()).or_default();
+        }
+        Op::Write { file, offset, len, seed } => {
+            let name = NAMES[file];
+            let Some(content) = model.get_mut(name) else { return };
+            let bytes = pattern(len, seed, offset);
+            let f = OpenOptions::new().write(true).open(m.path(name)).unwrap();
+            f.write_all_at(&bytes, offset).unwrap();
+            let end = offset as usize + len;
+            if content.len() < end {
+                content.resize(end, 0);
+            }
+            content[offset as usize..end].copy_from_slice(&bytes);
+        }
+        Op::Truncate { file, size } => {
+            let name = NAMES[file];
+            let Some(content) = model.get_mut(name) else { return };
+            OpenOptions::new().write(true).open(m.path(name)).unwrap().set_len(size).unwrap();
+            content.resize(size as usize, 0);
+        }
+        Op::Rename { from, to } => {
+            let (from, to) = (NAMES[from], NAMES[to]);
+            let Some(content) = model.get(from).cloned() else { return };
+            fs::rename(m.path(from), m.path(to)).unwrap();
+            if from != to {
+                model.remove(from);
+                model.insert(to.to_string(), content);
+            }
+        }
+        Op::Unlink(f) => {
+            let name = NAMES[f];
+            if model.remove(name).is_some() {
+                fs::remove_file(m.path(name)).unwrap();
+            }
+        }
+        Op::Fsync(f) => {
+            let name = NAMES[f];
+            if model.contains_key(name) {
+                OpenOptions::new().write(true).open(m.path(name)).unwrap().sync_all().unwrap();
+            }
+        }
+        Op::Remount => m.remount(),
+    }
+}
+
+fn check(m: &TestMount, model: &Model, step: usize, op: &Op) {
+    let mut names: Vec<String> =
+        fs::read_dir(&m.mnt).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    let expected: Vec<String> = model.keys().cloned().collect();
+    assert_eq!(names, expected, "after step {step} ({op:?}): names differ");
+    for (name, content) in model {
+        let actual = fs::read(m.path(name)).unwrap();
+        assert_eq!(actual.len(), content.len(), "after step {step} ({op:?}): size of {name}");
+        if let Some(at) = actual.iter().zip(content).position(|(a, b)| a != b) {
+            panic!("after step {step} ({op:?}): {name} differs first at byte {at}");
+        }
+        assert_eq!(fs::metadata(m.path(name)).unwrap().len(), content.len() as u64);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("REFTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(64),
+        max_shrink_iters: 200,
+        .. ProptestConfig::default()
+    })]
+
+    #[test]
+    fn mount_matches_the_model_after_every_step(ops in proptest::collection::vec(op_strategy(), 1..40)) {
+        let mut m = TestMount::new();
+        let mut model = Model::new();
+        for (step, op) in ops.iter().enumerate() {
+            apply(&mut m, &mut model, op);
+            check(&m, &model, step, op);
+        }
+        // Finally the backing directory itself holds exactly the model.
+        m.unmount();
+        for (name, content) in &model {
+            prop_assert_eq!(&fs::read(m.backing_path(name)).unwrap(), content);
+        }
+    }
+}
