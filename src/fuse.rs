@@ -24,6 +24,20 @@ use crate::sys::{Errno, SysResult};
 /// someone who edits the backing directory underneath anyway.
 const TTL: Duration = Duration::from_secs(1);
 
+/// fuser's (and the kernel protocol's practical) ceiling for one write request.
+pub const MAX_WRITE_BYTES_LIMIT: u64 = 16 << 20;
+
+/// What the kernel will actually send: it clamps max_write, silently, to
+/// fs.fuse.max_pages_limit pages.
+fn granted_max_write_bytes(requested: u32) -> u32 {
+    let page = 4096u64;
+    let limit_pages: u64 = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(256);
+    (requested as u64).min(limit_pages * page) as u32
+}
+
 pub struct FuseAdapter {
     engine: Arc<Engine>,
     max_write_bytes: u32,
@@ -146,6 +160,18 @@ impl Filesystem for FuseAdapter {
         // fs.fuse.max_pages_limit pages.
         if let Err(nearest) = config.set_max_write(self.max_write_bytes) {
             let _ = config.set_max_write(nearest);
+        }
+        let granted = granted_max_write_bytes(self.max_write_bytes);
+        if granted < self.max_write_bytes {
+            log::warn!(
+                "asked for {} byte FUSE requests, the kernel grants {}: raise it with \
+                 `sysctl fs.fuse.max_pages_limit={}` before mounting",
+                self.max_write_bytes,
+                granted,
+                self.max_write_bytes / 4096
+            );
+        } else {
+            log::info!("FUSE requests up to {granted} bytes");
         }
         let wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO

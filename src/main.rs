@@ -26,11 +26,16 @@ usage:
   coalescefs BACKING_DIR MOUNTPOINT -o opts        (the form mount.fuse3 uses)
 
 mount options (-o): allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE workers, default 4),
+  unit=SIZE (power of two, 4K..64M; default discovered from the backing device, else 1M),
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
   dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.";
 
 const EXIT_FAILURE: u8 = 1;
 const EXIT_USAGE: u8 = 2;
+
+/// Warnings raised while mounting, for the parent to print on the user's terminal: the
+/// daemon's own stderr is its log file by then.
+static WARNINGS_FOR_PARENT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 struct StderrLogger {
     level: log::LevelFilter,
@@ -43,6 +48,10 @@ impl log::Log for StderrLogger {
     fn log(&self, record: &log::Record<'_>) {
         if self.enabled(record.metadata()) && record.target().starts_with("coalescefs") {
             eprintln!("coalescefs[{}] {}: {}", std::process::id(), record.level(), record.args());
+            if record.level() <= log::Level::Warn {
+                let mut held = WARNINGS_FOR_PARENT.lock().unwrap_or_else(|p| p.into_inner());
+                held.push(format!("{}: {}", record.level(), record.args()));
+            }
         }
     }
     fn flush(&self) {}
@@ -109,7 +118,12 @@ fn wait_for_daemon(read_end: OwnedFd) -> ExitCode {
     let mut report = String::new();
     let _ = pipe.read_to_string(&mut report);
     match report.strip_prefix("ok") {
-        Some(_) => ExitCode::SUCCESS,
+        Some(warnings) => {
+            for line in warnings.lines().filter(|l| !l.is_empty()) {
+                eprintln!("coalescefs: {line}");
+            }
+            ExitCode::SUCCESS
+        }
         None if report.is_empty() => fail("the daemon exited before the mount was ready (see .coalescefs/daemon.log)"),
         None => fail(report.trim_start_matches("error:").trim()),
     }
@@ -121,7 +135,8 @@ struct ReadyReport(Option<std::fs::File>);
 impl ReadyReport {
     fn ok(&mut self) {
         if let Some(mut pipe) = self.0.take() {
-            let _ = pipe.write_all(b"ok");
+            let warnings = std::mem::take(&mut *WARNINGS_FOR_PARENT.lock().unwrap_or_else(|p| p.into_inner()));
+            let _ = pipe.write_all(format!("ok\n{}", warnings.join("\n")).as_bytes());
         }
     }
     fn error(&mut self, message: &str) -> ExitCode {
@@ -247,6 +262,7 @@ fn run_mount(request: MountRequest) -> ExitCode {
             0 => {
                 drop(read_end);
                 unsafe { libc::setsid() };
+                detach_stdio(state_dir.as_ref());
                 ready = ReadyReport(Some(std::fs::File::from(write_end)));
             }
             _child => {
@@ -260,12 +276,20 @@ fn run_mount(request: MountRequest) -> ExitCode {
     unsafe { libc::umask(0) };
     raise_fd_limit();
 
-    let engine_config = engine::EngineConfig { block_size_bytes: 4096 };
+    let geometry = engine::geometry::discover(&backing, opts.unit_bytes);
+    log::info!(
+        "unit {} bytes ({:?}), logical block {} bytes",
+        geometry.unit_bytes,
+        geometry.unit_source,
+        geometry.logical_block_bytes
+    );
+    // st_blksize = unit: stdio-buffered writers (Perl print, fwrite, cp) then write whole units.
+    let engine_config = engine::EngineConfig { block_size_bytes: geometry.unit_bytes as u32 };
     let engine = match engine::Engine::new(backend, engine_config) {
         Ok(engine) => Arc::new(engine),
         Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
     };
-    let adapter = fuse::FuseAdapter::new(engine, 1 << 20);
+    let adapter = fuse::FuseAdapter::new(engine, geometry.unit_bytes.min(fuse::MAX_WRITE_BYTES_LIMIT) as u32);
     let source = opts.fsname.clone().unwrap_or_else(|| backing.display().to_string());
 
     let acl = if opts.allow_other {
@@ -314,12 +338,10 @@ fn run_mount(request: MountRequest) -> ExitCode {
         let _ = std::fs::write(mounts::pid_file(&backing), format!("{}\n", std::process::id()));
     }
     log::info!("mounted {} at {}", backing.display(), mount_point.display());
-    if ready.0.is_some() {
-        detach_stdio(state_dir.as_ref());
-    }
-    ready.ok();
-
+    // Signals are taken over before the parent returns: a SIGINT right after `coalescefs mount`
+    // must unmount, not kill the daemon and leave a dead mount behind.
     unmount_on_signal(mount_point.clone());
+    ready.ok();
     let result = session.run();
     if state_dir.is_some() {
         let _ = std::fs::remove_file(mounts::pid_file(&backing));

@@ -26,6 +26,8 @@ pub struct MountOptions {
     pub threads: usize,
     /// `mount -o remount,...`: change the flags of an existing mount, start nothing.
     pub remount: bool,
+    /// `unit=SIZE`: the unit size, instead of the one discovered from the backing device.
+    pub unit_bytes: Option<u64>,
 }
 
 impl Default for MountOptions {
@@ -38,6 +40,7 @@ impl Default for MountOptions {
             kernel_flags: Vec::new(),
             threads: 4,
             remount: false,
+            unit_bytes: None,
         }
     }
 }
@@ -55,7 +58,6 @@ const IGNORED_OPTIONS: &[&str] =
 const KERNEL_FLAGS: &[&str] =
     &["dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime", "diratime", "nodiratime", "sync", "dirsync"];
 
-#[allow(dead_code)] // used by the unit and buffer options of the write-shaping engine
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
@@ -89,6 +91,12 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
         "default_permissions" => {}
         "fsname" => options.fsname = Some(need_value(value)?.to_string()),
         "subtype" => {}
+        "unit" => {
+            let v = need_value(value)?;
+            let bytes = parse_size(v).map_err(|e| UsageError(format!("unit={v}: {e}")))?;
+            let bytes = crate::engine::geometry::check_unit_bytes(bytes).map_err(UsageError)?;
+            options.unit_bytes = Some(bytes);
+        }
         "threads" => {
             let v = need_value(value)?;
             options.threads = v
@@ -184,6 +192,15 @@ mod tests {
         assert!(parse_mount_args(&args(&["a", "b", "-o", "fsname"])).is_err());
         assert!(parse_mount_args(&args(&["a"])).is_err());
         assert!(parse_mount_args(&args(&["a", "b", "--bogus"])).is_err());
+    }
+
+    #[test]
+    fn unit_option_takes_a_power_of_two_size() {
+        let req = parse_mount_args(&args(&["a", "b", "-o", "unit=4M"])).unwrap();
+        assert_eq!(req.options.unit_bytes, Some(4 << 20));
+        let err = parse_mount_args(&args(&["a", "b", "-o", "unit=3M"])).unwrap_err();
+        assert_eq!(err.0, "unit=3145728: must be a power of two from 4K to 64M");
+        assert!(parse_mount_args(&args(&["a", "b", "-o", "unit=lots"])).is_err());
     }
 
     #[test]

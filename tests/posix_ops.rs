@@ -381,8 +381,24 @@ fn files_created_for_a_user_belong_to_that_user() {
 }
 
 #[test]
-fn st_blksize_is_reported() {
-    let m = TestMount::new();
+fn st_blksize_is_the_unit() {
+    let m = TestMount::with_options(&["unit=256K"]);
     File::create(m.path("f")).unwrap();
-    assert!(fs::metadata(m.path("f")).unwrap().blksize() >= 4096);
+    assert_eq!(fs::metadata(m.path("f")).unwrap().blksize(), 256 << 10);
+    assert_eq!(fs::metadata(&m.mnt).unwrap().blksize(), 256 << 10);
+    // Discovered when not given: a power of two above one page (a device hint or 1 MiB).
+    let d = TestMount::new();
+    File::create(d.path("f")).unwrap();
+    let blksize = fs::metadata(d.path("f")).unwrap().blksize();
+    assert!(blksize.is_power_of_two() && (8192..=64 << 20).contains(&blksize), "{blksize}");
+}
+
+#[test]
+fn a_unit_above_the_kernel_request_ceiling_is_named_with_the_sysctl_to_raise() {
+    let limit: u64 = fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit").unwrap().trim().parse().unwrap();
+    let unit = (limit * 4096 * 2).next_power_of_two().min(64 << 20);
+    let m = TestMount::with_options(&[&format!("unit={unit}")]);
+    let log = fs::read_to_string(m.backing_path(".coalescefs/daemon.log")).unwrap();
+    let want = format!("sysctl fs.fuse.max_pages_limit={}", unit.min(16 << 20) / 4096);
+    assert!(log.contains(&want), "daemon log lacks {want:?}:\n{log}");
 }

@@ -5,6 +5,7 @@
 //! Must not: speak the FUSE protocol (the adapter translates) or make system calls on the
 //! backing directory itself (the backend does).
 
+pub mod geometry;
 pub mod inodes;
 
 use std::collections::HashMap;
