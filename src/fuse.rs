@@ -41,11 +41,12 @@ fn granted_max_write_bytes(requested: u32) -> u32 {
 pub struct FuseAdapter {
     engine: Arc<Engine>,
     max_write_bytes: u32,
+    writeback_cache: bool,
 }
 
 impl FuseAdapter {
-    pub fn new(engine: Arc<Engine>, max_write_bytes: u32) -> FuseAdapter {
-        FuseAdapter { engine, max_write_bytes }
+    pub fn new(engine: Arc<Engine>, max_write_bytes: u32, writeback_cache: bool) -> FuseAdapter {
+        FuseAdapter { engine, max_write_bytes, writeback_cache }
     }
 }
 
@@ -173,10 +174,13 @@ impl Filesystem for FuseAdapter {
         } else {
             log::info!("FUSE requests up to {granted} bytes");
         }
-        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+        let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_ASYNC_DIO;
+        if self.writeback_cache {
+            wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
         let supported = wanted & config.capabilities();
         let _ = config.add_capabilities(supported);
         Ok(())
@@ -317,11 +321,11 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.engine.write(fh.0, offset, data) {
+        match self.engine.write(fh.0, offset, data, flags.0) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(fuse_errno(e)),
         }

@@ -6,6 +6,7 @@
 mod backend;
 mod engine;
 mod fuse;
+mod metrics;
 mod mounts;
 mod options;
 mod sys;
@@ -192,32 +193,42 @@ fn detach_stdio(state_dir: Option<&OwnedFd>) {
     }
 }
 
-/// Blocks the termination signals in this thread (and every thread it starts), then waits for
-/// them on a thread of their own, which unmounts: the session then ends cleanly.
-fn unmount_on_signal(mount_point: PathBuf) {
+fn termination_signals() -> libc::sigset_t {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
             libc::sigaddset(&mut set, signal);
         }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        let set_for_thread = set;
-        std::thread::Builder::new()
-            .name("signals".into())
-            .spawn(move || loop {
-                let mut signal = 0;
-                if libc::sigwait(&set_for_thread, &mut signal) != 0 {
-                    continue;
-                }
-                log::info!("signal {signal}: unmounting {}", mount_point.display());
-                if mounts::unmount(&mount_point, false).is_err() {
-                    // Files are still open: detach now, finish when they close.
-                    let _ = mounts::unmount(&mount_point, true);
-                }
-            })
-            .expect("spawn the signal thread");
+        set
     }
+}
+
+/// Blocks the termination signals in this thread and so in every thread started after it:
+/// called before the first thread exists, so that no flusher can be picked to die by one.
+fn block_termination_signals() {
+    let set = termination_signals();
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// Waits for the termination signals on a thread of their own, which unmounts: the session
+/// then ends cleanly and the write buffer is flushed.
+fn unmount_on_signal(mount_point: PathBuf) {
+    let set = termination_signals();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || loop {
+            let mut signal = 0;
+            if unsafe { libc::sigwait(&set, &mut signal) } != 0 {
+                continue;
+            }
+            log::info!("signal {signal}: unmounting {}", mount_point.display());
+            if mounts::unmount(&mount_point, false).is_err() {
+                // Files are still open: detach now, finish when they close.
+                let _ = mounts::unmount(&mount_point, true);
+            }
+        })
+        .expect("spawn the signal thread");
 }
 
 fn run_mount(request: MountRequest) -> ExitCode {
@@ -272,6 +283,7 @@ fn run_mount(request: MountRequest) -> ExitCode {
         }
     }
 
+    block_termination_signals();
     // Modes arrive already masked by the kernel; the daemon's own umask must not mask twice.
     unsafe { libc::umask(0) };
     raise_fd_limit();
@@ -283,13 +295,34 @@ fn run_mount(request: MountRequest) -> ExitCode {
         geometry.unit_source,
         geometry.logical_block_bytes
     );
+    // A discovered unit larger than half the buffer would leave writers nothing to work with.
+    if opts.buffer_bytes < 2 * geometry.unit_bytes {
+        return ready.error(&format!(
+            "buffer={} must hold at least two units of {} bytes (give a larger buffer= or a smaller unit=)",
+            opts.buffer_bytes, geometry.unit_bytes
+        ));
+    }
     // st_blksize = unit: stdio-buffered writers (Perl print, fwrite, cp) then write whole units.
-    let engine_config = engine::EngineConfig { block_size_bytes: geometry.unit_bytes as u32 };
-    let engine = match engine::Engine::new(backend, engine_config) {
+    let engine_config = engine::EngineConfig {
+        block_size_bytes: geometry.unit_bytes as u32,
+        writeback: engine::writeback::WritebackConfig {
+            unit_bytes: geometry.unit_bytes,
+            logical_block_bytes: geometry.logical_block_bytes,
+            buffer_bytes: opts.buffer_bytes,
+            flushers: opts.flushers,
+            flush_age: opts.flush_age,
+        },
+    };
+    let metrics = Arc::new(metrics::Metrics::default());
+    let engine = match engine::Engine::new(backend, engine_config, metrics.clone()) {
         Ok(engine) => Arc::new(engine),
         Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
     };
-    let adapter = fuse::FuseAdapter::new(engine, geometry.unit_bytes.min(fuse::MAX_WRITE_BYTES_LIMIT) as u32);
+    let adapter = fuse::FuseAdapter::new(
+        engine,
+        geometry.unit_bytes.min(fuse::MAX_WRITE_BYTES_LIMIT) as u32,
+        opts.writeback_cache,
+    );
     let source = opts.fsname.clone().unwrap_or_else(|| backing.display().to_string());
 
     let acl = if opts.allow_other {

@@ -28,6 +28,35 @@ pub struct MountOptions {
     pub remount: bool,
     /// `unit=SIZE`: the unit size, instead of the one discovered from the backing device.
     pub unit_bytes: Option<u64>,
+    /// `buffer=SIZE`: the write buffer's memory bound.
+    pub buffer_bytes: u64,
+    /// `flushers=N`: parallel flusher threads.
+    pub flushers: usize,
+    /// `flush_age=DURATION`: the longest a partial unit waits in memory.
+    pub flush_age: std::time::Duration,
+    /// `writeback_cache`: let the kernel cache writes too (FUSE_WRITEBACK_CACHE).
+    pub writeback_cache: bool,
+    /// `metrics=ADDR:PORT`: serve the counters in the Prometheus text format.
+    pub metrics_address: Option<std::net::SocketAddr>,
+}
+
+pub const BUFFER_BYTES_DEFAULT: u64 = 256 << 20;
+
+fn default_flushers() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(2, 8)
+}
+
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let (number, scale_ms) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1000)
+    } else {
+        (text, 1000)
+    };
+    let n: u64 = number.parse().map_err(|_| format!("'{text}' is not a duration (examples: 5s, 500ms)"))?;
+    Ok(std::time::Duration::from_millis(n * scale_ms))
 }
 
 impl Default for MountOptions {
@@ -41,6 +70,11 @@ impl Default for MountOptions {
             threads: 4,
             remount: false,
             unit_bytes: None,
+            buffer_bytes: BUFFER_BYTES_DEFAULT,
+            flushers: default_flushers(),
+            flush_age: std::time::Duration::from_secs(5),
+            writeback_cache: false,
+            metrics_address: None,
         }
     }
 }
@@ -96,6 +130,29 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
             let bytes = parse_size(v).map_err(|e| UsageError(format!("unit={v}: {e}")))?;
             let bytes = crate::engine::geometry::check_unit_bytes(bytes).map_err(UsageError)?;
             options.unit_bytes = Some(bytes);
+        }
+        "buffer" => {
+            let v = need_value(value)?;
+            options.buffer_bytes = parse_size(v).map_err(|e| UsageError(format!("buffer={v}: {e}")))?;
+        }
+        "flushers" => {
+            let v = need_value(value)?;
+            options.flushers = v
+                .parse()
+                .ok()
+                .filter(|n| (1..=64).contains(n))
+                .ok_or_else(|| UsageError(format!("flushers={v}: expected a whole number from 1 to 64")))?;
+        }
+        "flush_age" => {
+            let v = need_value(value)?;
+            options.flush_age = parse_duration(v).map_err(|e| UsageError(format!("flush_age={v}: {e}")))?;
+        }
+        "writeback_cache" => options.writeback_cache = true,
+        "metrics" => {
+            let v = need_value(value)?;
+            options.metrics_address = Some(v.parse().map_err(|_| {
+                UsageError(format!("metrics={v}: expected ADDRESS:PORT, for example 127.0.0.1:9100"))
+            })?);
         }
         "threads" => {
             let v = need_value(value)?;
@@ -154,6 +211,14 @@ pub fn parse_mount_args(args: &[String]) -> Result<MountRequest, UsageError> {
     }
     if options.allow_other && options.allow_root {
         return Err(UsageError("allow_other and allow_root exclude each other".into()));
+    }
+    let unit_bytes = options.unit_bytes.unwrap_or(0);
+    if options.buffer_bytes < 2 * unit_bytes.max(4096) {
+        return Err(UsageError(format!(
+            "buffer={} must hold at least two units ({} bytes each)",
+            options.buffer_bytes,
+            unit_bytes.max(4096)
+        )));
     }
     Ok(MountRequest {
         backing_dir: PathBuf::from(&positional[0]),

@@ -347,6 +347,10 @@ pub mod data {
         check(ret).map(drop)
     }
 
+    pub fn stat(file: &File) -> SysResult<libc::stat> {
+        sys::fstat_fd(file)
+    }
+
     pub fn set_len(file: &File, size: u64) -> SysResult<()> {
         check(unsafe { libc::ftruncate(file.as_raw_fd(), size as libc::off_t) }).map(drop)
     }

@@ -5,8 +5,10 @@
 //! Must not: speak the FUSE protocol (the adapter translates) or make system calls on the
 //! backing directory itself (the backend does).
 
+pub mod buffer;
 pub mod geometry;
 pub mod inodes;
+pub mod writeback;
 
 use std::collections::HashMap;
 use std::ffi::{CStr, OsStr, OsString};
@@ -16,8 +18,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::backend::local::{self, data, DirEntry, LocalBackend, Node, TimesToSet, XattrReply, STATE_DIR_NAME};
+use crate::metrics::Metrics;
 use crate::sys::{name_cstring, Errno, SysResult};
 use inodes::{Inode, InodeTable, ROOT_INO};
+use writeback::{FileState, Writeback, WritebackConfig};
 
 /// Who asked: files and directories created on a user's behalf belong to that user.
 #[derive(Debug, Clone, Copy)]
@@ -54,7 +58,16 @@ pub struct ListedEntry {
 struct OpenFile {
     /// Keeps the inode (and its backing handle) alive while the file is open.
     _inode: Arc<Inode>,
+    /// The backend file opened with the application's access mode, for reads.
     file: File,
+    /// The write buffer of a regular file, shared by all its handles.
+    state: Option<Arc<FileState>>,
+}
+
+impl OpenFile {
+    fn state(&self) -> SysResult<&Arc<FileState>> {
+        self.state.as_ref().ok_or(Errno(libc::EINVAL))
+    }
 }
 
 struct OpenDir {
@@ -67,10 +80,13 @@ struct OpenDir {
 pub struct EngineConfig {
     /// Reported as `st_blksize`, so stdio-buffered writers pick their write size from it.
     pub block_size_bytes: u32,
+    pub writeback: WritebackConfig,
 }
 
 pub struct Engine {
-    backend: LocalBackend,
+    backend: Arc<LocalBackend>,
+    writeback: Arc<Writeback>,
+    metrics: Arc<Metrics>,
     inodes: InodeTable,
     config: EngineConfig,
     is_root_daemon: bool,
@@ -88,12 +104,16 @@ fn key_of(st: &libc::stat) -> inodes::BackingKey {
 }
 
 impl Engine {
-    pub fn new(backend: LocalBackend, config: EngineConfig) -> SysResult<Engine> {
+    pub fn new(backend: LocalBackend, config: EngineConfig, metrics: Arc<Metrics>) -> SysResult<Engine> {
         let root = backend.root_node()?;
         let root_stat = backend.stat(&root)?;
         let inodes = InodeTable::new(root, key_of(&root_stat));
+        let backend = Arc::new(backend);
+        let writeback = Writeback::new(backend.clone(), config.writeback.clone(), metrics.clone());
         Ok(Engine {
             backend,
+            writeback,
+            metrics,
             inodes,
             config,
             is_root_daemon: unsafe { libc::geteuid() } == 0,
@@ -157,7 +177,21 @@ impl Engine {
 
     pub fn getattr(&self, ino: u64) -> SysResult<libc::stat> {
         let inode = self.inode(ino)?;
-        let st = self.backend.stat(&inode.node)?;
+        let mut st = self.backend.stat(&inode.node)?;
+        if let Some(state) = self.writeback.file(ino) {
+            // The write buffer knows better than the backend until it is flushed.
+            st.st_size = self.writeback.size(&state) as libc::off_t;
+            if let Some(written) = self.writeback.last_write(&state) {
+                if let Ok(d) = written.duration_since(std::time::UNIX_EPOCH) {
+                    if (d.as_secs() as i64, d.subsec_nanos() as i64) > (st.st_mtime, st.st_mtime_nsec) {
+                        st.st_mtime = d.as_secs() as i64;
+                        st.st_mtime_nsec = d.subsec_nanos() as i64;
+                        st.st_ctime = st.st_mtime;
+                        st.st_ctime_nsec = st.st_mtime_nsec;
+                    }
+                }
+            }
+        }
         Ok(self.finish_stat(ino, st))
     }
 
@@ -170,8 +204,12 @@ impl Engine {
             self.backend.chmod(&inode.node, mode & 0o7777)?;
         }
         if let Some(size) = changes.size {
-            match fh.map(|fh| self.open_file(fh)).transpose()? {
-                Some(open) => data::set_len(&open.file, size)?,
+            let state = match fh {
+                Some(fh) => self.open_file(fh)?.state.clone(),
+                None => self.writeback.file(ino),
+            };
+            match state {
+                Some(state) => self.writeback.set_size(&state, size)?,
                 None => self.backend.truncate(&inode.node, size)?,
             }
         }
@@ -269,19 +307,22 @@ impl Engine {
         flags & !(libc::O_APPEND | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT | libc::O_TRUNC)
     }
 
-    fn register_file(&self, inode: Arc<Inode>, file: File) -> u64 {
+    fn register_file(&self, inode: Arc<Inode>, file: File, flags: i32) -> SysResult<u64> {
+        let st = data::stat(&file)?;
+        let state = (st.st_mode & libc::S_IFMT == libc::S_IFREG)
+            .then(|| self.writeback.open_file(&inode, st.st_size as u64));
+        if let (Some(state), true) = (&state, flags & libc::O_TRUNC != 0) {
+            self.writeback.set_size(state, 0)?;
+        }
         let fh = self.new_handle();
-        lock(&self.files).insert(fh, Arc::new(OpenFile { _inode: inode, file }));
-        fh
+        lock(&self.files).insert(fh, Arc::new(OpenFile { _inode: inode, file, state }));
+        Ok(fh)
     }
 
     pub fn open(&self, ino: u64, flags: i32) -> SysResult<u64> {
         let inode = self.inode(ino)?;
         let file = self.backend.open(&inode.node, Self::backend_open_flags(flags))?;
-        if flags & libc::O_TRUNC != 0 {
-            data::set_len(&file, 0)?;
-        }
-        Ok(self.register_file(inode, file))
+        self.register_file(inode, file, flags)
     }
 
     pub fn create(
@@ -300,49 +341,98 @@ impl Engine {
             Self::backend_open_flags(flags) | (flags & libc::O_EXCL),
             mode,
         )?;
-        if flags & libc::O_TRUNC != 0 {
-            data::set_len(&file, 0)?;
-        }
         let st = self.give_to_caller(&parent_inode, &node, caller)?;
         let entry = self.remember(node, st);
         let inode = self.inode(entry.stat.st_ino)?;
-        Ok((entry, self.register_file(inode, file)))
+        Ok((entry, self.register_file(inode, file, flags)?))
     }
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> SysResult<Vec<u8>> {
         let open = self.open_file(fh)?;
-        let mut buf = vec![0u8; size as usize];
-        let n = data::read_at(&open.file, &mut buf, offset)?;
-        buf.truncate(n);
+        let Some(state) = &open.state else {
+            let mut buf = vec![0u8; size as usize];
+            let n = data::read_at(&open.file, &mut buf, offset)?;
+            buf.truncate(n);
+            return Ok(buf);
+        };
+        // The overlay is taken before the backend is read: a unit whose flush ends in between
+        // is then in both, never in neither.
+        let (logical_size, overlay) = self.writeback.snapshot_overlay(state, offset, size as u64);
+        let len = logical_size.saturating_sub(offset).min(size as u64) as usize;
+        let mut buf = vec![0u8; len];
+        data::read_at(&open.file, &mut buf, offset)?; // short where the backend is shorter: zeros
+        for (at, bytes) in overlay {
+            let from = (at - offset) as usize;
+            let to = (from + bytes.len()).min(len);
+            if from < to {
+                buf[from..to].copy_from_slice(&bytes[..to - from]);
+            }
+        }
+        self.metrics.application_read_bytes.fetch_add(len as u64, Ordering::Relaxed);
         Ok(buf)
     }
 
-    pub fn write(&self, fh: u64, offset: u64, bytes: &[u8]) -> SysResult<u32> {
+    pub fn write(&self, fh: u64, offset: u64, bytes: &[u8], flags: i32) -> SysResult<u32> {
         let open = self.open_file(fh)?;
-        data::write_at(&open.file, bytes, offset)?;
+        let state = open.state()?;
+        self.metrics.application_write_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.metrics.application_write_requests.fetch_add(1, Ordering::Relaxed);
+        self.metrics.application_write_sizes.record(bytes.len() as u64);
+        self.writeback.write(state, offset, bytes)?;
+        if flags & libc::O_DSYNC != 0 {
+            // O_SYNC and O_DSYNC writes are durable when they return.
+            self.writeback.flush_file(state, Some(flags & libc::O_SYNC != libc::O_SYNC))?;
+        }
         Ok(bytes.len() as u32)
     }
 
+    /// close(2): the file's buffered data goes to the backend, and a flush error is reported
+    /// here, where the application can still see it.
     pub fn flush(&self, fh: u64) -> SysResult<()> {
-        self.open_file(fh).map(drop)
+        let open = self.open_file(fh)?;
+        match &open.state {
+            Some(state) => self.writeback.flush_file(state, None),
+            None => Ok(()),
+        }
     }
 
     pub fn release(&self, fh: u64) -> SysResult<()> {
-        lock(&self.files).remove(&fh).map(drop).ok_or(Errno(libc::EBADF))
+        let open = lock(&self.files).remove(&fh).ok_or(Errno(libc::EBADF))?;
+        if let Some(state) = &open.state {
+            self.writeback.release_file(state);
+        }
+        Ok(())
     }
 
     pub fn fsync(&self, fh: u64, data_only: bool) -> SysResult<()> {
         let open = self.open_file(fh)?;
-        data::sync(&open.file, data_only)
+        match &open.state {
+            Some(state) => self.writeback.flush_file(state, Some(data_only)),
+            None => data::sync(&open.file, data_only),
+        }
+    }
+
+    /// Operations the backend performs on its own data flush the write buffer first, so that
+    /// they see, and are not later overwritten by, what the application wrote before them.
+    fn flushed(&self, fh: u64) -> SysResult<Arc<OpenFile>> {
+        let open = self.open_file(fh)?;
+        if let Some(state) = &open.state {
+            self.writeback.flush_file(state, None)?;
+        }
+        Ok(open)
     }
 
     pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> SysResult<()> {
-        let open = self.open_file(fh)?;
-        data::fallocate(&open.file, mode, offset, length)
+        let open = self.flushed(fh)?;
+        data::fallocate(&open.file, mode, offset, length)?;
+        if let (Some(state), true) = (&open.state, mode & libc::FALLOC_FL_KEEP_SIZE == 0) {
+            self.writeback.note_backend_size(state, offset + length);
+        }
+        Ok(())
     }
 
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> SysResult<i64> {
-        let open = self.open_file(fh)?;
+        let open = self.flushed(fh)?;
         data::seek(&open.file, offset, whence)
     }
 
@@ -354,11 +444,14 @@ impl Engine {
         target_offset: u64,
         length: u64,
     ) -> SysResult<u32> {
-        let source = self.open_file(source_fh)?;
-        let target = self.open_file(target_fh)?;
+        let source = self.flushed(source_fh)?;
+        let target = self.flushed(target_fh)?;
         // FUSE replies carry a u32 byte count; the kernel loops for the rest.
         let length = length.min(u32::MAX as u64 & !0xfff);
         let copied = data::copy_range(&source.file, source_offset, &target.file, target_offset, length)?;
+        if let Some(state) = &target.state {
+            self.writeback.note_backend_size(state, target_offset + copied as u64);
+        }
         Ok(copied as u32)
     }
 
@@ -440,6 +533,7 @@ impl Engine {
 
     /// Called once the kernel has let go of the mount: nothing may stay only in memory.
     pub fn shut_down(&self) {
+        self.writeback.shut_down();
         log::info!(
             "unmounting {}: {} inodes, {} open files",
             self.backend.root_path().display(),

@@ -1,0 +1,590 @@
+//! The write buffer and its flushers: where application writes become whole, aligned units.
+//!
+//! Per file, per unit: an aligned buffer and the dirty byte ranges in it. A unit that becomes
+//! full goes to the flushers at once; a partial unit waits for more data, fsync/close, the age
+//! limit, or memory pressure. Flushers write units in parallel: aligned ranges with O_DIRECT,
+//! and nothing on this path ever reads old data back. A flush error keeps the data buffered and
+//! reaches the application on its next write, fsync or close.
+//!
+//! Invariants (asserted or upheld here):
+//! - A unit index is in flight at most once; a newer dirty buffer of the same unit waits for it.
+//! - Bytes at or beyond the logical size are never written: truncate waits for in-flight units
+//!   beyond the new size and drops their dirty data before it shrinks the backend file.
+//! - Buffer memory in use (dirty + in flight) never exceeds the bound; writers wait, flushers
+//!   never do, so the flushers always make progress.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::buffer::{AlignedBuf, RangeSet};
+use super::inodes::Inode;
+use crate::backend::local::{data, LocalBackend};
+use crate::metrics::Metrics;
+use crate::sys::{Errno, SysResult};
+
+#[derive(Debug, Clone)]
+pub struct WritebackConfig {
+    pub unit_bytes: u64,
+    pub logical_block_bytes: u64,
+    pub buffer_bytes: u64,
+    pub flushers: usize,
+    pub flush_age: Duration,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The memory bound: writers take a unit's worth before they buffer into a new unit.
+struct Budget {
+    used_bytes: Mutex<u64>,
+    freed: Condvar,
+    limit_bytes: u64,
+}
+
+/// The two backend handles a file's flushes use: O_DIRECT for aligned ranges (None where the
+/// backing file system refuses O_DIRECT), the page cache for the rest.
+struct BackendFiles {
+    buffered: File,
+    direct: Option<File>,
+}
+
+struct DirtyUnit {
+    buf: AlignedBuf,
+    ranges: RangeSet,
+    /// fsync waits for every unit of an epoch up to its own.
+    epoch: u64,
+    dirtied_at: Instant,
+    /// Someone wants it flushed (full, fsync, age, pressure); a job is queued or will be
+    /// queued when the in-flight flush of the same unit ends.
+    wanted: bool,
+}
+
+struct FlushingUnit {
+    buf: AlignedBuf,
+    ranges: RangeSet,
+    epoch: u64,
+}
+
+struct FileInner {
+    /// The size applications see: the backend's, plus buffered extension, less truncation.
+    size: u64,
+    dirty: BTreeMap<u64, DirtyUnit>,
+    in_flight: BTreeMap<u64, Arc<FlushingUnit>>,
+    /// A flush error not yet reported to the application.
+    error: Option<Errno>,
+    epoch: u64,
+    open_handles: u64,
+    last_write: Option<SystemTime>,
+    backend_files: Option<Arc<BackendFiles>>,
+}
+
+pub struct FileState {
+    inode: Arc<Inode>,
+    inner: Mutex<FileInner>,
+    /// Signalled whenever a flush of this file ends.
+    flush_ended: Condvar,
+}
+
+struct Job {
+    file: Arc<FileState>,
+    unit: u64,
+}
+
+pub struct Writeback {
+    backend: Arc<LocalBackend>,
+    config: WritebackConfig,
+    metrics: Arc<Metrics>,
+    budget: Budget,
+    queue: Mutex<VecDeque<Job>>,
+    queue_ready: Condvar,
+    files: Mutex<HashMap<u64, Arc<FileState>>>,
+    stopping: AtomicBool,
+}
+
+fn align_up(x: u64, to: u64) -> u64 {
+    x.div_ceil(to) * to
+}
+
+fn align_down(x: u64, to: u64) -> u64 {
+    x / to * to
+}
+
+impl Writeback {
+    pub fn new(backend: Arc<LocalBackend>, config: WritebackConfig, metrics: Arc<Metrics>) -> Arc<Writeback> {
+        assert!(config.unit_bytes.is_power_of_two() && config.logical_block_bytes.is_power_of_two());
+        assert!(config.logical_block_bytes <= config.unit_bytes, "units are whole logical blocks");
+        assert!(config.buffer_bytes >= config.unit_bytes, "the buffer holds at least one unit");
+        metrics.buffer_bytes_limit.store(config.buffer_bytes, Relaxed);
+        metrics.unit_bytes.store(config.unit_bytes, Relaxed);
+        let writeback = Arc::new(Writeback {
+            backend,
+            budget: Budget { used_bytes: Mutex::new(0), freed: Condvar::new(), limit_bytes: config.buffer_bytes },
+            config,
+            metrics,
+            queue: Mutex::new(VecDeque::new()),
+            queue_ready: Condvar::new(),
+            files: Mutex::new(HashMap::new()),
+            stopping: AtomicBool::new(false),
+        });
+        for i in 0..writeback.config.flushers {
+            let wb = writeback.clone();
+            std::thread::Builder::new()
+                .name(format!("flusher-{i}"))
+                .spawn(move || wb.flusher_loop())
+                .expect("spawn a flusher");
+        }
+        let wb = writeback.clone();
+        std::thread::Builder::new().name("flush-age".into()).spawn(move || wb.age_loop()).expect("spawn the age timer");
+        writeback
+    }
+
+    pub fn unit_bytes(&self) -> u64 {
+        self.config.unit_bytes
+    }
+
+    /// The state of a regular file, made on first open; `size` is the backend's size then.
+    pub fn open_file(&self, inode: &Arc<Inode>, size: u64) -> Arc<FileState> {
+        let mut files = lock(&self.files);
+        let file = files.entry(inode.ino).or_insert_with(|| {
+            Arc::new(FileState {
+                inode: inode.clone(),
+                inner: Mutex::new(FileInner {
+                    size,
+                    dirty: BTreeMap::new(),
+                    in_flight: BTreeMap::new(),
+                    error: None,
+                    epoch: 0,
+                    open_handles: 0,
+                    last_write: None,
+                    backend_files: None,
+                }),
+                flush_ended: Condvar::new(),
+            })
+        });
+        lock(&file.inner).open_handles += 1;
+        file.clone()
+    }
+
+    pub fn file(&self, ino: u64) -> Option<Arc<FileState>> {
+        lock(&self.files).get(&ino).cloned()
+    }
+
+    /// The last handle closed: a clean file's state goes; a file whose data could not be
+    /// flushed keeps it, and the age timer retries.
+    pub fn release_file(&self, file: &Arc<FileState>) {
+        let mut files = lock(&self.files);
+        let mut inner = lock(&file.inner);
+        inner.open_handles = inner.open_handles.saturating_sub(1);
+        if inner.open_handles == 0 && inner.dirty.is_empty() && inner.in_flight.is_empty() {
+            files.remove(&file.inode.ino);
+        }
+    }
+
+    fn push_job(&self, file: &Arc<FileState>, unit: u64) {
+        lock(&self.queue).push_back(Job { file: file.clone(), unit });
+        self.queue_ready.notify_one();
+    }
+
+    /// Queues every dirty unit of `file` (with `epoch <= up_to`) that is not queued yet.
+    fn want_all(&self, file: &Arc<FileState>, inner: &mut FileInner, up_to: u64) {
+        for (&unit, dirty) in inner.dirty.iter_mut() {
+            if dirty.epoch <= up_to && !dirty.wanted {
+                dirty.wanted = true;
+                if !inner.in_flight.contains_key(&unit) {
+                    self.push_job(file, unit);
+                }
+            }
+        }
+    }
+
+    fn acquire_unit_memory(&self) {
+        let unit = self.config.unit_bytes;
+        let mut used = lock(&self.budget.used_bytes);
+        let mut waited = false;
+        while *used + unit > self.budget.limit_bytes {
+            if !waited {
+                self.metrics.buffer_waits.fetch_add(1, Relaxed);
+                waited = true;
+            }
+            // Memory pressure: partial units go to the flushers too. Done without holding the
+            // budget lock, since it takes file locks.
+            drop(used);
+            self.flush_everything_wanted();
+            used = lock(&self.budget.used_bytes);
+            if *used + unit <= self.budget.limit_bytes {
+                break;
+            }
+            used = self.budget.freed.wait_timeout(used, Duration::from_millis(50)).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        *used += unit;
+        self.metrics.buffer_bytes_used.store(*used, Relaxed);
+    }
+
+    fn release_unit_memory(&self) {
+        let mut used = lock(&self.budget.used_bytes);
+        assert!(*used >= self.config.unit_bytes, "buffer accounting went negative");
+        *used -= self.config.unit_bytes;
+        self.metrics.buffer_bytes_used.store(*used, Relaxed);
+        self.budget.freed.notify_all();
+    }
+
+    fn flush_everything_wanted(&self) {
+        let files: Vec<Arc<FileState>> = lock(&self.files).values().cloned().collect();
+        for file in files {
+            let mut inner = lock(&file.inner);
+            self.want_all(&file, &mut inner, u64::MAX);
+        }
+    }
+
+    /// Buffers one application write. Returns the sticky flush error, if any, instead.
+    pub fn write(&self, file: &Arc<FileState>, offset: u64, bytes: &[u8]) -> SysResult<()> {
+        if let Some(err) = lock(&file.inner).error.take() {
+            return Err(err);
+        }
+        let unit_bytes = self.config.unit_bytes;
+        let end = offset + bytes.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let unit = pos / unit_bytes;
+            let unit_start = unit * unit_bytes;
+            let piece_end = end.min(unit_start + unit_bytes);
+            let mut inner = lock(&file.inner);
+            if !inner.dirty.contains_key(&unit) {
+                drop(inner);
+                self.acquire_unit_memory();
+                inner = lock(&file.inner);
+                if inner.dirty.contains_key(&unit) {
+                    self.release_unit_memory(); // another writer made it meanwhile
+                } else {
+                    let epoch = inner.epoch;
+                    inner.dirty.insert(
+                        unit,
+                        DirtyUnit {
+                            buf: AlignedBuf::zeroed(unit_bytes as usize),
+                            ranges: RangeSet::default(),
+                            epoch,
+                            dirtied_at: Instant::now(),
+                            wanted: false,
+                        },
+                    );
+                }
+            }
+            let in_flight = inner.in_flight.contains_key(&unit);
+            let dirty = inner.dirty.get_mut(&unit).expect("inserted above");
+            let (from, to) = (pos - unit_start, piece_end - unit_start);
+            dirty.buf.as_mut_slice()[from as usize..to as usize]
+                .copy_from_slice(&bytes[(pos - offset) as usize..(piece_end - offset) as usize]);
+            dirty.ranges.insert(from..to);
+            let full = dirty.ranges.covers(0, unit_bytes);
+            if full && !dirty.wanted {
+                dirty.wanted = true;
+                if !in_flight {
+                    self.push_job(file, unit);
+                }
+            }
+            inner.size = inner.size.max(piece_end);
+            inner.last_write = Some(SystemTime::now());
+            pos = piece_end;
+        }
+        Ok(())
+    }
+
+    /// Flushes every unit of `file` dirty now and waits for them; with `sync_backend`, then
+    /// makes the backend durable (fsync/fdatasync).
+    pub fn flush_file(&self, file: &Arc<FileState>, sync_backend: Option<bool>) -> SysResult<()> {
+        let mut inner = lock(&file.inner);
+        let target = inner.epoch;
+        inner.epoch += 1;
+        self.want_all(file, &mut inner, target);
+        loop {
+            let pending = inner.dirty.values().any(|u| u.epoch <= target)
+                || inner.in_flight.values().any(|u| u.epoch <= target);
+            if let Some(err) = inner.error.take() {
+                return Err(err);
+            }
+            if !pending {
+                break;
+            }
+            inner = file.flush_ended.wait_timeout(inner, Duration::from_secs(1)).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        let backend_files = inner.backend_files.clone();
+        drop(inner);
+        if let (Some(data_only), Some(files)) = (sync_backend, backend_files) {
+            data::sync(&files.buffered, data_only)?;
+        }
+        Ok(())
+    }
+
+    pub fn size(&self, file: &FileState) -> u64 {
+        lock(&file.inner).size
+    }
+
+    pub fn last_write(&self, file: &FileState) -> Option<SystemTime> {
+        lock(&file.inner).last_write
+    }
+
+    /// A size change: buffered data beyond the new size is dropped (after waiting for units in
+    /// flight there), then the backend file takes the size.
+    pub fn set_size(&self, file: &Arc<FileState>, size: u64) -> SysResult<()> {
+        let unit_bytes = self.config.unit_bytes;
+        let first_affected = size / unit_bytes;
+        let mut inner = lock(&file.inner);
+        while inner.in_flight.range(first_affected..).next().is_some() {
+            inner = file.flush_ended.wait(inner).unwrap_or_else(|p| p.into_inner());
+        }
+        let beyond: Vec<u64> = inner.dirty.range(first_affected..).map(|(&k, _)| k).collect();
+        for unit in beyond {
+            let unit_start = unit * unit_bytes;
+            if unit_start >= size {
+                inner.dirty.remove(&unit);
+                self.release_unit_memory();
+            } else {
+                let dirty = inner.dirty.get_mut(&unit).expect("listed above");
+                let keep = size - unit_start;
+                dirty.ranges.clip_end(keep);
+                dirty.buf.as_mut_slice()[keep as usize..].fill(0);
+                if dirty.ranges.is_empty() {
+                    inner.dirty.remove(&unit);
+                    self.release_unit_memory();
+                }
+            }
+        }
+        let files = self.backend_files(file, &mut inner)?;
+        data::set_len(&files.buffered, size)?;
+        inner.size = size;
+        Ok(())
+    }
+
+    /// After the backend grew the file by itself (fallocate, copy_file_range).
+    pub fn note_backend_size(&self, file: &FileState, size: u64) {
+        let mut inner = lock(&file.inner);
+        inner.size = inner.size.max(size);
+    }
+
+    /// The backend handles of a file, opened by whoever first needs them.
+    fn backend_files(&self, file: &FileState, inner: &mut FileInner) -> SysResult<Arc<BackendFiles>> {
+        if let Some(files) = &inner.backend_files {
+            return Ok(files.clone());
+        }
+        let buffered = self.backend.open(&file.inode.node, libc::O_RDWR)?;
+        let direct = match self.backend.open(&file.inode.node, libc::O_WRONLY | libc::O_DIRECT) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                log::info!("no O_DIRECT on the backing file system ({e}); flushing through the page cache");
+                None
+            }
+        };
+        let files = Arc::new(BackendFiles { buffered, direct });
+        inner.backend_files = Some(files.clone());
+        Ok(files)
+    }
+
+    /// Copies what the write buffer holds for [offset, offset+len) over `out`, which holds the
+    /// backend's bytes for that range (zeros where the backend file is shorter). Returns the
+    /// logical size; the caller trims the read to it.
+    pub fn snapshot_overlay(&self, file: &FileState, offset: u64, len: u64) -> (u64, Vec<(u64, Vec<u8>)>) {
+        let unit_bytes = self.config.unit_bytes;
+        let inner = lock(&file.inner);
+        let end = offset + len;
+        let first = offset / unit_bytes;
+        let last = end.saturating_sub(1) / unit_bytes;
+        let mut pieces = Vec::new();
+        // In-flight first, dirty after: a dirty unit is newer than the in-flight one it covers.
+        let flying = inner.in_flight.range(first..=last).map(|(&k, u)| (k, &u.buf, &u.ranges));
+        let dirty = inner.dirty.range(first..=last).map(|(&k, u)| (k, &u.buf, &u.ranges));
+        for (unit, buf, ranges) in flying.chain(dirty) {
+            let unit_start = unit * unit_bytes;
+            for r in ranges.iter() {
+                let (a, b) = ((unit_start + r.start).max(offset), (unit_start + r.end).min(end));
+                if a < b {
+                    pieces.push((a, buf.as_slice()[(a - unit_start) as usize..(b - unit_start) as usize].to_vec()));
+                }
+            }
+        }
+        (inner.size, pieces)
+    }
+
+    fn flusher_loop(&self) {
+        loop {
+            let job = {
+                let mut queue = lock(&self.queue);
+                loop {
+                    if let Some(job) = queue.pop_front() {
+                        break job;
+                    }
+                    if self.stopping.load(Relaxed) {
+                        return;
+                    }
+                    queue = self.queue_ready.wait_timeout(queue, Duration::from_millis(200)).unwrap_or_else(|p| p.into_inner()).0;
+                }
+            };
+            self.flush_unit(&job.file, job.unit);
+        }
+    }
+
+    fn flush_unit(&self, file: &Arc<FileState>, unit: u64) {
+        let mut inner = lock(&file.inner);
+        if inner.in_flight.contains_key(&unit) {
+            return; // its end re-queues the newer dirty buffer, which stays `wanted`
+        }
+        let Some(dirty) = inner.dirty.remove(&unit) else { return };
+        let flying = Arc::new(FlushingUnit { buf: dirty.buf, ranges: dirty.ranges, epoch: dirty.epoch });
+        inner.in_flight.insert(unit, flying.clone());
+        let size = inner.size;
+        let files = self.backend_files(file, &mut inner);
+        drop(inner);
+        let started = Instant::now();
+        let result = files.and_then(|files| self.write_unit(&files, unit, &flying, size));
+        self.metrics.record_flush_latency(started.elapsed().as_micros() as u64);
+        drop(flying); // end_flush takes the unit back on failure: no other reference may remain
+        let inner = lock(&file.inner);
+        self.end_flush(file, inner, unit, result);
+    }
+
+    fn end_flush(&self, file: &Arc<FileState>, mut inner: MutexGuard<'_, FileInner>, unit: u64, result: SysResult<()>) {
+        let flown = inner.in_flight.remove(&unit).expect("a flushing unit is in flight");
+        match result {
+            Ok(()) => self.release_unit_memory(),
+            Err(err) => {
+                self.metrics.flush_errors.fetch_add(1, Relaxed);
+                log::warn!("flush of unit {unit} of inode {} failed: {err}; the data stays buffered", file.inode.ino);
+                inner.error = Some(err);
+                let flown = Arc::try_unwrap(flown).unwrap_or_else(|_| panic!("no reader keeps a flushing unit"));
+                match inner.dirty.get_mut(&unit) {
+                    Some(newer) => {
+                        // Newer writes win; the failed unit fills in only what they did not touch.
+                        let older = flown.ranges.minus(&newer.ranges);
+                        for r in older.iter() {
+                            let (a, b) = (r.start as usize, r.end as usize);
+                            newer.buf.as_mut_slice()[a..b].copy_from_slice(&flown.buf.as_slice()[a..b]);
+                            newer.ranges.insert(r.clone());
+                        }
+                        newer.epoch = newer.epoch.min(flown.epoch);
+                        newer.wanted = false;
+                        self.release_unit_memory();
+                    }
+                    None => {
+                        let back = DirtyUnit {
+                            buf: flown.buf,
+                            ranges: flown.ranges,
+                            epoch: flown.epoch,
+                            dirtied_at: Instant::now(),
+                            wanted: false,
+                        };
+                        inner.dirty.insert(unit, back);
+                    }
+                }
+            }
+        }
+        if let Some(newer) = inner.dirty.get(&unit) {
+            if newer.wanted {
+                self.push_job(file, unit);
+            }
+        }
+        file.flush_ended.notify_all();
+    }
+
+    fn count_write(&self, bytes: u64, direct: bool) {
+        self.metrics.backend_write_bytes.fetch_add(bytes, Relaxed);
+        self.metrics.backend_write_requests.fetch_add(1, Relaxed);
+        self.metrics.backend_write_sizes.record(bytes);
+        if direct {
+            self.metrics.backend_direct_write_requests.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Writes one unit's dirty ranges, clipped to the logical size: aligned interiors with
+    /// O_DIRECT, sub-block edges through the page cache. Reads nothing.
+    fn write_unit(&self, files: &BackendFiles, unit: u64, flying: &FlushingUnit, size: u64) -> SysResult<()> {
+        let unit_bytes = self.config.unit_bytes;
+        let block = self.config.logical_block_bytes;
+        let unit_start = unit * unit_bytes;
+        let limit = size.saturating_sub(unit_start).min(unit_bytes);
+        let whole = limit > 0 && flying.ranges.covers(0, limit);
+        let buf = flying.buf.as_slice();
+        for r in flying.ranges.iter() {
+            let (a, b) = (r.start, r.end.min(limit));
+            if a >= b {
+                continue;
+            }
+            let interior_start = align_up(a, block).min(b);
+            let interior_end = align_down(b, block).max(interior_start);
+            let mut pieces = Vec::with_capacity(3);
+            if a < interior_start {
+                pieces.push((a, interior_start, false));
+            }
+            if interior_start < interior_end {
+                pieces.push((interior_start, interior_end, true));
+            }
+            if interior_end < b {
+                pieces.push((interior_end, b, false));
+            }
+            for (from, to, aligned) in pieces {
+                let bytes = &buf[from as usize..to as usize];
+                let target = match (&files.direct, aligned) {
+                    (Some(direct), true) => direct,
+                    _ => &files.buffered,
+                };
+                let direct = aligned && files.direct.is_some();
+                if direct {
+                    debug_assert_eq!((bytes.as_ptr() as u64 | (unit_start + from) | bytes.len() as u64) % block, 0);
+                }
+                crate::sys::pwrite_all(target.as_raw_fd(), bytes, unit_start + from)?;
+                self.count_write(to - from, direct);
+                if !aligned {
+                    self.metrics.backend_subblock_writes.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        if whole {
+            self.metrics.units_flushed_full.fetch_add(1, Relaxed);
+        } else {
+            self.metrics.units_flushed_partial.fetch_add(1, Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Partial units older than the age limit go to the flushers; so do units that failed
+    /// before, which is how a transient backend error heals without the application's help.
+    fn age_loop(&self) {
+        let tick = (self.config.flush_age / 2).max(Duration::from_millis(50));
+        while !self.stopping.load(Relaxed) {
+            std::thread::sleep(tick);
+            let files: Vec<Arc<FileState>> = lock(&self.files).values().cloned().collect();
+            for file in files {
+                let mut inner = lock(&file.inner);
+                let old: Vec<u64> = inner
+                    .dirty
+                    .iter()
+                    .filter(|(_, u)| !u.wanted && u.dirtied_at.elapsed() >= self.config.flush_age)
+                    .map(|(&k, _)| k)
+                    .collect();
+                for unit in old {
+                    inner.dirty.get_mut(&unit).expect("listed above").wanted = true;
+                    if !inner.in_flight.contains_key(&unit) {
+                        self.push_job(&file, unit);
+                    }
+                }
+            }
+        }
+    }
+
+    /// At unmount: flush everything, say loudly what could not be written, stop the threads.
+    pub fn shut_down(&self) {
+        let files: Vec<Arc<FileState>> = lock(&self.files).values().cloned().collect();
+        for file in files {
+            if let Err(e) = self.flush_file(&file, Some(true)) {
+                let inner = lock(&file.inner);
+                let bytes: u64 = inner.dirty.values().map(|u| u.ranges.bytes()).sum();
+                log::error!("inode {}: {bytes} buffered bytes could not be written at unmount: {e}", file.inode.ino);
+            }
+        }
+        self.stopping.store(true, Relaxed);
+        self.queue_ready.notify_all();
+    }
+}

@@ -1,0 +1,170 @@
+//! Counters for every layer, named with design.md's words: application bytes in, backend
+//! bytes out, and what happened in between. `coalescefs stats` and the Prometheus endpoint
+//! both render this one set.
+//!
+//! Owns: the counters and their text forms. Must not: decide anything.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Request sizes in powers of two from 512 B (bucket 0: up to 512 B) to 16 MiB and above.
+pub const SIZE_BUCKETS: usize = 16;
+
+pub fn size_bucket(bytes: u64) -> usize {
+    let bits = 64 - bytes.saturating_sub(1).leading_zeros() as usize; // ceil(log2)
+    bits.saturating_sub(9).min(SIZE_BUCKETS - 1)
+}
+
+pub fn bucket_upper_bytes(bucket: usize) -> u64 {
+    512u64 << bucket
+}
+
+#[derive(Default)]
+pub struct Histogram {
+    counts: [AtomicU64; SIZE_BUCKETS],
+}
+
+impl Histogram {
+    pub fn record(&self, bytes: u64) {
+        self.counts[size_bucket(bytes)].fetch_add(1, Relaxed);
+    }
+    pub fn counts(&self) -> [u64; SIZE_BUCKETS] {
+        std::array::from_fn(|i| self.counts[i].load(Relaxed))
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    pub application_write_bytes: AtomicU64,
+    pub application_write_requests: AtomicU64,
+    pub application_write_sizes: Histogram,
+    pub application_read_bytes: AtomicU64,
+    pub backend_write_bytes: AtomicU64,
+    pub backend_write_requests: AtomicU64,
+    pub backend_write_sizes: Histogram,
+    /// Of the backend writes, those made with O_DIRECT.
+    pub backend_direct_write_requests: AtomicU64,
+    /// Pieces smaller than one logical block written through the page cache: each may make the
+    /// kernel read the rest of its block first (the read-modify-write the log will remove).
+    pub backend_subblock_writes: AtomicU64,
+    /// Bytes the engine itself read from the backend to complete a write. Always 0 by design.
+    pub backend_read_bytes_for_writes: AtomicU64,
+    pub units_flushed_full: AtomicU64,
+    pub units_flushed_partial: AtomicU64,
+    pub flush_errors: AtomicU64,
+    pub flush_latency_us_sum: AtomicU64,
+    pub flush_latency_us_max: AtomicU64,
+    pub buffer_bytes_used: AtomicU64,
+    pub buffer_bytes_limit: AtomicU64,
+    pub buffer_waits: AtomicU64,
+    pub unit_bytes: AtomicU64,
+}
+
+impl Metrics {
+    pub fn record_flush_latency(&self, us: u64) {
+        self.flush_latency_us_sum.fetch_add(us, Relaxed);
+        self.flush_latency_us_max.fetch_max(us, Relaxed);
+    }
+
+    fn amplification(&self) -> f64 {
+        let app = self.application_write_bytes.load(Relaxed);
+        if app == 0 {
+            0.0
+        } else {
+            self.backend_write_bytes.load(Relaxed) as f64 / app as f64
+        }
+    }
+
+    fn scalars(&self) -> Vec<(&'static str, &'static str, u64)> {
+        vec![
+            ("application_write_bytes_total", "Bytes applications wrote", self.application_write_bytes.load(Relaxed)),
+            ("application_write_requests_total", "FUSE write requests", self.application_write_requests.load(Relaxed)),
+            ("application_read_bytes_total", "Bytes applications read", self.application_read_bytes.load(Relaxed)),
+            ("backend_write_bytes_total", "Bytes written to the backend", self.backend_write_bytes.load(Relaxed)),
+            ("backend_write_requests_total", "Write requests sent to the backend", self.backend_write_requests.load(Relaxed)),
+            ("backend_direct_write_requests_total", "Backend writes made with O_DIRECT", self.backend_direct_write_requests.load(Relaxed)),
+            ("backend_subblock_writes_total", "Pieces under one logical block written through the page cache", self.backend_subblock_writes.load(Relaxed)),
+            ("backend_read_bytes_for_writes_total", "Bytes read from the backend to complete writes", self.backend_read_bytes_for_writes.load(Relaxed)),
+            ("units_flushed_full_total", "Units flushed whole", self.units_flushed_full.load(Relaxed)),
+            ("units_flushed_partial_total", "Units flushed as dirty ranges", self.units_flushed_partial.load(Relaxed)),
+            ("flush_errors_total", "Unit flushes the backend refused", self.flush_errors.load(Relaxed)),
+            ("flush_latency_us_sum", "Sum of unit flush latencies", self.flush_latency_us_sum.load(Relaxed)),
+            ("flush_latency_us_max", "Longest unit flush", self.flush_latency_us_max.load(Relaxed)),
+            ("buffer_bytes_used", "Write buffer memory in use", self.buffer_bytes_used.load(Relaxed)),
+            ("buffer_bytes_limit", "Write buffer memory bound", self.buffer_bytes_limit.load(Relaxed)),
+            ("buffer_waits_total", "Writes that waited for buffer memory", self.buffer_waits.load(Relaxed)),
+            ("unit_bytes", "Unit size", self.unit_bytes.load(Relaxed)),
+        ]
+    }
+
+    /// What `coalescefs stats` prints.
+    pub fn render_text(&self) -> String {
+        let mut out = String::new();
+        for (name, _, value) in self.scalars() {
+            let _ = writeln!(out, "{name:<40} {value}");
+        }
+        let flushed = self.units_flushed_full.load(Relaxed) + self.units_flushed_partial.load(Relaxed);
+        if flushed > 0 {
+            let mean = self.flush_latency_us_sum.load(Relaxed) / flushed;
+            let _ = writeln!(out, "{:<40} {mean}", "flush_latency_us_mean");
+        }
+        let _ = writeln!(out, "{:<40} {:.3}", "write_amplification", self.amplification());
+        for (label, hist) in [("application", &self.application_write_sizes), ("backend", &self.backend_write_sizes)] {
+            let _ = writeln!(out, "{label} write sizes:");
+            for (i, count) in hist.counts().iter().enumerate().filter(|(_, &c)| c > 0) {
+                let _ = writeln!(out, "  <= {:>9} B  {count}", bucket_upper_bytes(i));
+            }
+        }
+        out
+    }
+
+    /// The Prometheus text exposition format.
+    pub fn render_prometheus(&self) -> String {
+        let mut out = String::new();
+        for (name, help, value) in self.scalars() {
+            let kind = if name.ends_with("_total") || name.ends_with("_sum") { "counter" } else { "gauge" };
+            let _ = writeln!(out, "# HELP coalescefs_{name} {help}\n# TYPE coalescefs_{name} {kind}\ncoalescefs_{name} {value}");
+        }
+        let _ = writeln!(out, "# HELP coalescefs_write_amplification Backend bytes over application bytes\n# TYPE coalescefs_write_amplification gauge\ncoalescefs_write_amplification {}", self.amplification());
+        for (name, hist) in [("application_write_size_bytes", &self.application_write_sizes), ("backend_write_size_bytes", &self.backend_write_sizes)] {
+            let _ = writeln!(out, "# HELP coalescefs_{name} Write request sizes\n# TYPE coalescefs_{name} histogram");
+            let mut cumulative = 0;
+            for (i, count) in hist.counts().iter().enumerate() {
+                cumulative += count;
+                let le = if i == SIZE_BUCKETS - 1 { "+Inf".to_string() } else { bucket_upper_bytes(i).to_string() };
+                let _ = writeln!(out, "coalescefs_{name}_bucket{{le=\"{le}\"}} {cumulative}");
+            }
+            let _ = writeln!(out, "coalescefs_{name}_count {cumulative}");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_powers_of_two_from_512() {
+        assert_eq!(size_bucket(1), 0);
+        assert_eq!(size_bucket(512), 0);
+        assert_eq!(size_bucket(513), 1);
+        assert_eq!(size_bucket(4096), 3);
+        assert_eq!(size_bucket(1 << 20), 11);
+        assert_eq!(size_bucket(1 << 30), SIZE_BUCKETS - 1);
+    }
+
+    #[test]
+    fn prometheus_text_has_help_type_and_cumulative_buckets() {
+        let m = Metrics::default();
+        m.application_write_bytes.fetch_add(8192, Relaxed);
+        m.backend_write_bytes.fetch_add(8192, Relaxed);
+        m.application_write_sizes.record(4096);
+        m.application_write_sizes.record(4096);
+        let text = m.render_prometheus();
+        assert!(text.contains("# TYPE coalescefs_application_write_bytes_total counter\ncoalescefs_application_write_bytes_total 8192"));
+        assert!(text.contains("coalescefs_application_write_size_bytes_bucket{le=\"4096\"} 2"));
+        assert!(text.contains("coalescefs_application_write_size_bytes_bucket{le=\"+Inf\"} 2"));
+        assert!(text.contains("coalescefs_write_amplification 1"));
+    }
+}
