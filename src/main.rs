@@ -4,6 +4,7 @@
 //! wires together are `fuse` (adapter), `engine` (decisions) and `backend` (storage).
 
 mod backend;
+mod control;
 mod engine;
 mod fuse;
 mod metrics;
@@ -24,10 +25,13 @@ const USAGE: &str = "\
 usage:
   coalescefs mount BACKING_DIR MOUNTPOINT [-o opt,opt...] [-f|--foreground]
   coalescefs umount [-z|--lazy] MOUNTPOINT
+  coalescefs stats MOUNTPOINT [--prometheus]
   coalescefs BACKING_DIR MOUNTPOINT -o opts        (the form mount.fuse3 uses)
 
 mount options (-o): allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE workers, default 4),
   unit=SIZE (power of two, 4K..64M; default discovered from the backing device, else 1M),
+  buffer=SIZE (write buffer bound, default 256M), flushers=N (default: cores, 2..8),
+  flush_age=DURATION (default 5s), writeback_cache, metrics=ADDR:PORT (Prometheus text),
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
   dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.";
 
@@ -100,6 +104,7 @@ fn main() -> ExitCode {
             Err(e) => usage_error(e),
         },
         Some("umount" | "unmount") => run_umount(&args[1..]),
+        Some("stats") => run_stats(&args[1..]),
         Some(other) if other.starts_with('-') || args.len() < 2 => {
             usage_error(UsageError(format!("unknown command '{other}'")))
         }
@@ -369,6 +374,15 @@ fn run_mount(request: MountRequest) -> ExitCode {
 
     if state_dir.is_some() {
         let _ = std::fs::write(mounts::pid_file(&backing), format!("{}\n", std::process::id()));
+        if let Err(e) = control::serve_control_socket(&backing, metrics.clone()) {
+            log::warn!("no control socket ({e}): `coalescefs stats` will not answer");
+        }
+    }
+    if let Some(address) = opts.metrics_address {
+        if let Err(e) = control::serve_prometheus(address, metrics.clone()) {
+            let _ = mounts::unmount(&mount_point, true);
+            return ready.error(&format!("metrics={address}: cannot listen: {e}"));
+        }
     }
     log::info!("mounted {} at {}", backing.display(), mount_point.display());
     // Signals are taken over before the parent returns: a SIGINT right after `coalescefs mount`
@@ -401,14 +415,11 @@ fn run_umount(args: &[String]) -> ExitCode {
     let [target] = targets.as_slice() else {
         return usage_error(UsageError("umount takes one MOUNTPOINT".into()));
     };
-    let mount_point = mounts::absolute(Path::new(target));
-    let Some(info) = mounts::mount_at(&mount_point) else {
-        return fail(format!("{} is not mounted", mount_point.display()));
+    let (mount_point, backing) = match backing_of_mount(target) {
+        Ok(found) => found,
+        Err(message) => return fail(message),
     };
-    if info.fs_type != mounts::FS_TYPE {
-        return fail(format!("{} is a {} mount, not coalescefs", mount_point.display(), info.fs_type));
-    }
-    let daemon = mounts::read_pid_file(Path::new(&info.source)).filter(|&pid| mounts::process_alive(pid));
+    let daemon = mounts::read_pid_file(&backing).filter(|&pid| mounts::process_alive(pid));
     // A dead daemon's mount answers only ENOTCONN; the lazy form is the one that clears it.
     let lazy = lazy || daemon.is_none();
     if let Err(e) = mounts::unmount(&mount_point, lazy) {
@@ -432,4 +443,33 @@ fn run_umount(args: &[String]) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// The mount's backing directory, from /proc/self/mountinfo, or a message why there is none.
+fn backing_of_mount(target: &str) -> Result<(PathBuf, PathBuf), String> {
+    let mount_point = mounts::absolute(Path::new(target));
+    let info = mounts::mount_at(&mount_point).ok_or_else(|| format!("{} is not mounted", mount_point.display()))?;
+    if info.fs_type != mounts::FS_TYPE {
+        return Err(format!("{} is a {} mount, not coalescefs", mount_point.display(), info.fs_type));
+    }
+    Ok((mount_point, PathBuf::from(info.source)))
+}
+
+fn run_stats(args: &[String]) -> ExitCode {
+    let prometheus = args.iter().any(|a| a == "--prometheus");
+    let targets: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    let [target] = targets.as_slice() else {
+        return usage_error(UsageError("stats takes one MOUNTPOINT".into()));
+    };
+    let (mount_point, backing) = match backing_of_mount(target) {
+        Ok(found) => found,
+        Err(message) => return fail(message),
+    };
+    match control::ask(&backing, if prometheus { "metrics" } else { "stats" }) {
+        Ok(answer) => {
+            print!("{answer}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(format!("the daemon of {} does not answer: {e}", mount_point.display())),
+    }
 }

@@ -334,10 +334,6 @@ pub mod data {
         sys::pread_full(file.as_raw_fd(), buf, offset)
     }
 
-    pub fn write_at(file: &File, buf: &[u8], offset: u64) -> SysResult<()> {
-        sys::pwrite_all(file.as_raw_fd(), buf, offset)
-    }
-
     pub fn sync(file: &File, data_only: bool) -> SysResult<()> {
         let ret = if data_only {
             unsafe { libc::fdatasync(file.as_raw_fd()) }

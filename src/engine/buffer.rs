@@ -3,13 +3,14 @@
 //! Owns: allocation (aligned for O_DIRECT) and range bookkeeping. Must not: decide when to
 //! flush or block; `writeback.rs` does.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ops::Range;
 
 /// O_DIRECT wants memory aligned to the logical block size; a page covers every device.
 pub const BUFFER_ALIGN_BYTES: usize = 4096;
 
-/// A zeroed, page-aligned byte buffer of one unit.
+/// A zeroed, page-aligned byte buffer of one unit, mapped straight from the kernel and
+/// unmapped on drop: the malloc heap would keep freed units (its mmap threshold rises after
+/// the first large free), and the memory bound is about resident memory, not bookkeeping.
 pub struct AlignedBuf {
     ptr: *mut u8,
     len: usize,
@@ -22,12 +23,18 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     pub fn zeroed(len: usize) -> AlignedBuf {
         assert!(len > 0 && len % BUFFER_ALIGN_BYTES == 0, "unit buffers are whole pages: {len}");
-        let layout = Layout::from_size_align(len, BUFFER_ALIGN_BYTES).expect("valid layout");
-        let ptr = unsafe { alloc_zeroed(layout) };
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        AlignedBuf { ptr, len }
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert!(ptr != libc::MAP_FAILED, "out of memory for a {len}-byte unit buffer");
+        AlignedBuf { ptr: ptr.cast(), len }
     }
 
     pub fn as_slice(&self) -> &[u8] {
@@ -41,8 +48,7 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.len, BUFFER_ALIGN_BYTES).expect("valid layout");
-        unsafe { dealloc(self.ptr, layout) };
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 

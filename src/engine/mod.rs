@@ -62,6 +62,8 @@ struct OpenFile {
     file: File,
     /// The write buffer of a regular file, shared by all its handles.
     state: Option<Arc<FileState>>,
+    /// Opened for writing: its close flushes the file (a reader's close leaves it alone).
+    writable: bool,
 }
 
 impl OpenFile {
@@ -314,8 +316,9 @@ impl Engine {
         if let (Some(state), true) = (&state, flags & libc::O_TRUNC != 0) {
             self.writeback.set_size(state, 0)?;
         }
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let fh = self.new_handle();
-        lock(&self.files).insert(fh, Arc::new(OpenFile { _inode: inode, file, state }));
+        lock(&self.files).insert(fh, Arc::new(OpenFile { _inode: inode, file, state, writable }));
         Ok(fh)
     }
 
@@ -391,8 +394,8 @@ impl Engine {
     pub fn flush(&self, fh: u64) -> SysResult<()> {
         let open = self.open_file(fh)?;
         match &open.state {
-            Some(state) => self.writeback.flush_file(state, None),
-            None => Ok(()),
+            Some(state) if open.writable => self.writeback.flush_file(state, None),
+            _ => Ok(()),
         }
     }
 

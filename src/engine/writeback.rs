@@ -104,6 +104,9 @@ pub struct Writeback {
     queue_ready: Condvar,
     files: Mutex<HashMap<u64, Arc<FileState>>>,
     stopping: AtomicBool,
+    /// Test-only fault injection: this many unit flushes fail with EIO before any reaches the
+    /// backend (COALESCEFS_INJECT_FLUSH_ERRORS=N), to exercise the error path on a real mount.
+    injected_flush_errors: std::sync::atomic::AtomicU64,
 }
 
 fn align_up(x: u64, to: u64) -> u64 {
@@ -130,6 +133,9 @@ impl Writeback {
             queue_ready: Condvar::new(),
             files: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
+            injected_flush_errors: std::sync::atomic::AtomicU64::new(
+                std::env::var("COALESCEFS_INJECT_FLUSH_ERRORS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            ),
         });
         for i in 0..writeback.config.flushers {
             let wb = writeback.clone();
@@ -141,10 +147,6 @@ impl Writeback {
         let wb = writeback.clone();
         std::thread::Builder::new().name("flush-age".into()).spawn(move || wb.age_loop()).expect("spawn the age timer");
         writeback
-    }
-
-    pub fn unit_bytes(&self) -> u64 {
-        self.config.unit_bytes
     }
 
     /// The state of a regular file, made on first open; `size` is the backend's size then.
@@ -501,6 +503,10 @@ impl Writeback {
     /// Writes one unit's dirty ranges, clipped to the logical size: aligned interiors with
     /// O_DIRECT, sub-block edges through the page cache. Reads nothing.
     fn write_unit(&self, files: &BackendFiles, unit: u64, flying: &FlushingUnit, size: u64) -> SysResult<()> {
+        let injected = self.injected_flush_errors.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
+        if injected.is_ok() {
+            return Err(Errno(libc::EIO));
+        }
         let unit_bytes = self.config.unit_bytes;
         let block = self.config.logical_block_bytes;
         let unit_start = unit * unit_bytes;

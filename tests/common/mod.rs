@@ -20,6 +20,7 @@ pub struct TestMount {
     pub backing: PathBuf,
     pub mnt: PathBuf,
     options: Vec<String>,
+    env: Vec<(String, String)>,
     mounted: bool,
 }
 
@@ -29,10 +30,17 @@ impl TestMount {
     }
 
     pub fn with_options(options: &[&str]) -> TestMount {
+        Self::build(options, &[], None)
+    }
+
+    /// A mount with extra environment for the daemon, over `backing` if given (it must exist).
+    pub fn build(options: &[&str], env: &[(&str, &str)], backing: Option<&Path>) -> TestMount {
         let dir = tempfile::Builder::new().prefix("coalescefs-test-").tempdir().expect("tempdir");
-        let backing = dir.path().join("backing");
+        let backing = backing.map(Path::to_path_buf).unwrap_or_else(|| dir.path().join("backing"));
         let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&backing).unwrap();
+        if !backing.exists() {
+            std::fs::create_dir(&backing).unwrap();
+        }
         std::fs::create_dir(&mnt).unwrap();
         // World-searchable so that tests acting as another user can reach the mount.
         for p in [dir.path(), backing.as_path(), mnt.as_path()] {
@@ -43,6 +51,7 @@ impl TestMount {
             backing,
             mnt,
             options: options.iter().map(|s| s.to_string()).collect(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             mounted: false,
         };
         m.mount();
@@ -56,7 +65,7 @@ impl TestMount {
             args.push("-o".into());
             args.push(self.options.join(","));
         }
-        let out = Command::new(BIN).args(&args).output().expect("run coalescefs mount");
+        let out = Command::new(BIN).args(&args).envs(self.env.iter().cloned()).output().expect("run coalescefs mount");
         assert!(out.status.success(), "mount failed: {}", stderr_of(&out));
         self.mounted = true;
     }
@@ -80,6 +89,23 @@ impl TestMount {
 
     pub fn backing_path(&self, rel: &str) -> PathBuf {
         self.backing.join(rel)
+    }
+
+    /// `coalescefs stats`, as name -> value.
+    pub fn stats(&self) -> std::collections::HashMap<String, u64> {
+        let out = coalescefs(&["stats", &path_str(&self.mnt)]);
+        assert!(out.status.success(), "stats failed: {}", stderr_of(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut words = l.split_whitespace();
+                Some((words.next()?.to_string(), words.next()?.parse().ok()?))
+            })
+            .collect()
+    }
+
+    pub fn daemon_pid(&self) -> i32 {
+        std::fs::read_to_string(self.backing.join(".coalescefs/pid")).unwrap().trim().parse().unwrap()
     }
 }
 

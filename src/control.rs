@@ -1,0 +1,75 @@
+//! How the outside asks a running daemon: a Unix socket in the state folder
+//! (`.coalescefs/control.sock`, root-only like the folder) for `coalescefs stats`, and an
+//! optional Prometheus endpoint (`-o metrics=ADDR:PORT`). Both serve one short answer per
+//! connection, one connection at a time, with a timeout: neither can hold the daemon up.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::metrics::Metrics;
+
+pub const SOCKET_NAME: &str = "control.sock";
+const IO_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub fn socket_path(backing: &Path) -> PathBuf {
+    backing.join(crate::backend::local::STATE_DIR_NAME).join(SOCKET_NAME)
+}
+
+pub fn serve_control_socket(backing: &Path, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let path = socket_path(backing);
+    let _ = std::fs::remove_file(&path); // a dead daemon's socket; the backing lock is ours
+    let listener = UnixListener::bind(&path)?;
+    std::thread::Builder::new().name("control".into()).spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let _ = answer_control(stream, &metrics);
+        }
+    })?;
+    Ok(())
+}
+
+fn answer_control(stream: UnixStream, metrics: &Metrics) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let mut command = String::new();
+    BufReader::new(&stream).take(256).read_line(&mut command)?;
+    let answer = match command.trim() {
+        "stats" => metrics.render_text(),
+        "metrics" => metrics.render_prometheus(),
+        other => format!("error: unknown request '{other}'\n"),
+    };
+    (&stream).write_all(answer.as_bytes())
+}
+
+/// The client side, for `coalescefs stats`.
+pub fn ask(backing: &Path, command: &str) -> std::io::Result<String> {
+    let mut stream = UnixStream::connect(socket_path(backing))?;
+    stream.set_read_timeout(Some(IO_TIMEOUT * 5))?;
+    stream.write_all(format!("{command}\n").as_bytes())?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+/// Binds before the mount is reported ready, so a busy port fails the mount with a message.
+pub fn serve_prometheus(address: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let listener = TcpListener::bind(address)?;
+    std::thread::Builder::new().name("metrics".into()).spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
+            let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
+            let mut request = [0u8; 1024];
+            let _ = (&stream).read(&mut request);
+            let body = metrics.render_prometheus();
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = (&stream).write_all(response.as_bytes());
+        }
+    })?;
+    Ok(())
+}

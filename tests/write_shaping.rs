@@ -1,0 +1,252 @@
+//! The write-shaping engine on a real mount: units aligned to absolute offsets, the write
+//! buffer seen by readers, truncate and fallocate of buffered data, flush errors that keep the
+//! data, fsync that returns only once the backend has it, and the memory bound.
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::process::Command;
+
+use common::*;
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| seed.wrapping_add((i % 241) as u8)).collect()
+}
+
+#[test]
+fn writes_straddling_units_reach_the_backend_as_units_aligned_to_absolute_offsets() {
+    let m = TestMount::with_options(&["unit=64K"]);
+    let f = OpenOptions::new().write(true).create(true).open(m.path("f")).unwrap();
+    // [30000, 132400): the tail of unit 0, all of unit 1, the head of unit 2.
+    let data = pattern(102_400, 3);
+    f.write_all_at(&data, 30_000).unwrap();
+    f.sync_all().unwrap();
+    let s = m.stats();
+    // Unit 1 is full; unit 2 is the tail, whole up to EOF; unit 0 is the only partial one.
+    assert_eq!(s["units_flushed_full_total"], 2, "{s:?}");
+    assert_eq!(s["units_flushed_partial_total"], 1, "{s:?}");
+    assert_eq!(s["backend_write_bytes_total"], 102_400, "nothing padded, nothing written twice");
+    assert_eq!(s["backend_read_bytes_for_writes_total"], 0);
+    let back = fs::read(m.backing_path("f")).unwrap();
+    assert_eq!(back.len(), 132_400);
+    assert!(back[..30_000].iter().all(|&b| b == 0));
+    assert_eq!(&back[30_000..], &data[..]);
+}
+
+#[test]
+fn small_sequential_writes_become_whole_units() {
+    let m = TestMount::with_options(&["unit=256K"]);
+    let mut f = File::create(m.path("f")).unwrap();
+    use std::io::Write;
+    for i in 0..256 {
+        f.write_all(&pattern(4096, i as u8)).unwrap(); // 1 MiB in 4 KiB writes
+    }
+    f.sync_all().unwrap();
+    let s = m.stats();
+    assert_eq!(s["application_write_requests_total"], 256);
+    assert_eq!(s["units_flushed_full_total"], 4, "{s:?}");
+    assert_eq!(s["backend_write_requests_total"], 4, "four 256 KiB writes, nothing else: {s:?}");
+    assert_eq!(s["backend_direct_write_requests_total"], 4);
+}
+
+#[test]
+fn readers_see_buffered_data_before_the_backend_has_it() {
+    let m = TestMount::with_options(&["unit=1M", "flush_age=3600s"]);
+    let writer = OpenOptions::new().write(true).create(true).open(m.path("f")).unwrap();
+    let data = pattern(10_000, 9);
+    writer.write_all_at(&data, 5_000).unwrap();
+    // Another reader, through the mount: the last write, from the buffer.
+    let read = fs::read(m.path("f")).unwrap();
+    assert_eq!(read.len(), 15_000);
+    assert_eq!(&read[5_000..], &data[..]);
+    assert_eq!(fs::metadata(m.path("f")).unwrap().len(), 15_000);
+    // The backend does not have it yet: a partial unit waits.
+    assert_eq!(fs::metadata(m.backing_path("f")).unwrap().len(), 0);
+    // Through mmap too.
+    let r = File::open(m.path("f")).unwrap();
+    let map = unsafe { libc::mmap(std::ptr::null_mut(), 15_000, libc::PROT_READ, libc::MAP_SHARED, r.as_raw_fd(), 0) };
+    assert_ne!(map, libc::MAP_FAILED);
+    let mapped = unsafe { std::slice::from_raw_parts(map as *const u8, 15_000) };
+    assert_eq!(&mapped[5_000..], &data[..]);
+    unsafe { libc::munmap(map, 15_000) };
+    drop(writer); // close flushes
+    assert_eq!(fs::read(m.backing_path("f")).unwrap(), read);
+}
+
+#[test]
+fn fsync_returns_only_once_the_backend_has_the_data() {
+    let m = TestMount::with_options(&["unit=1M", "flush_age=3600s"]);
+    let f = OpenOptions::new().write(true).create(true).open(m.path("f")).unwrap();
+    for round in 0..5u8 {
+        let data = pattern(777, round);
+        f.write_all_at(&data, round as u64 * 1000).unwrap();
+        f.sync_data().unwrap();
+        let back = fs::read(m.backing_path("f")).unwrap();
+        assert_eq!(&back[round as usize * 1000..round as usize * 1000 + 777], &data[..], "round {round}");
+    }
+}
+
+#[test]
+fn truncate_and_fallocate_of_buffered_ranges() {
+    let m = TestMount::with_options(&["unit=64K", "flush_age=3600s"]);
+    let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("f")).unwrap();
+    let data = pattern(200_000, 5);
+    f.write_all_at(&data, 0).unwrap();
+    // Shrink inside a buffered unit: the rest must never come back.
+    f.set_len(100_000).unwrap();
+    assert_eq!(fs::read(m.path("f")).unwrap(), &data[..100_000]);
+    // Grow again: zeros, not the dropped bytes.
+    f.set_len(150_000).unwrap();
+    let read = fs::read(m.path("f")).unwrap();
+    assert_eq!(&read[..100_000], &data[..100_000]);
+    assert!(read[100_000..].iter().all(|&b| b == 0), "dropped buffered bytes resurfaced");
+    // Punch a hole through buffered data written after the flush above.
+    f.write_all_at(&pattern(50_000, 7), 10_000).unwrap();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), punch, 20_000, 8192) }, 0);
+    let read = fs::read(m.path("f")).unwrap();
+    assert!(read[20_000..28_192].iter().all(|&b| b == 0), "buffered data overwrote the hole");
+    assert_eq!(&read[10_000..20_000], &pattern(50_000, 7)[..10_000]);
+    // Extend with fallocate: the size follows.
+    assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 140_000, 60_000) }, 0);
+    assert_eq!(fs::metadata(m.path("f")).unwrap().len(), 200_000);
+    drop(f);
+    assert_eq!(fs::read(m.backing_path("f")).unwrap(), fs::read(m.path("f")).unwrap());
+}
+
+#[test]
+fn a_backend_eio_keeps_the_data_and_reaches_the_application() {
+    let m = TestMount::build(&["unit=64K", "flush_age=3600s"], &[("COALESCEFS_INJECT_FLUSH_ERRORS", "2")], None);
+    let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("f")).unwrap();
+    let data = pattern(100_000, 11);
+    f.write_all_at(&data, 0).unwrap();
+    let err = f.sync_all().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "the flush error reaches fsync");
+    assert_eq!(fs::read(m.path("f")).unwrap(), data, "nothing was dropped");
+    // The injected faults are used up: the next fsync writes everything.
+    f.sync_all().unwrap();
+    assert_eq!(fs::read(m.backing_path("f")).unwrap(), data);
+    assert!(m.stats()["flush_errors_total"] >= 1);
+}
+
+struct SmallFileSystem {
+    dir: tempfile::TempDir,
+}
+
+impl SmallFileSystem {
+    /// A real, small ext4 on a loop device: a backend that genuinely runs out of space.
+    fn new(mib: u64) -> SmallFileSystem {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("fs.img");
+        let f = File::create(&image).unwrap();
+        f.set_len(mib << 20).unwrap();
+        let ok = Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0"]).arg(&image).status().unwrap().success();
+        assert!(ok);
+        fs::create_dir(dir.path().join("fs")).unwrap();
+        let ok = Command::new("mount").args(["-o", "loop"]).arg(&image).arg(dir.path().join("fs")).status().unwrap().success();
+        assert!(ok, "loop mount");
+        SmallFileSystem { dir }
+    }
+    fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("fs")
+    }
+}
+
+impl Drop for SmallFileSystem {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.path()).status();
+    }
+}
+
+#[test]
+fn a_full_backend_reports_enospc_and_keeps_the_data_until_there_is_room() {
+    let small = SmallFileSystem::new(16);
+    let backing = small.path().join("backing");
+    fs::create_dir(&backing).unwrap();
+    {
+        let mut m = TestMount::build(&["unit=1M", "flush_age=3600s"], &[], Some(&backing));
+        let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("big")).unwrap();
+        let data = pattern(24 << 20, 13); // more than the file system holds
+        let mut write_error = None;
+        for (i, chunk) in data.chunks(1 << 20).enumerate() {
+            if let Err(e) = f.write_all_at(chunk, (i as u64) << 20) {
+                write_error = Some(e); // a full unit's flush failed: reported on a later write
+                break;
+            }
+        }
+        let err = write_error.or_else(|| f.sync_all().err()).expect("ENOSPC must reach the application");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+        // Make room: shrink the file to what fits; what remains is intact. Several flushers may
+        // each have hit ENOSPC: each failure is reported once, so fsync may say so again
+        // before it succeeds.
+        f.set_len(8 << 20).unwrap();
+        let synced = (0..4).any(|_| f.sync_all().is_ok());
+        assert!(synced, "fsync never succeeded after room was made");
+        assert_eq!(fs::read(m.path("big")).unwrap(), &data[..8 << 20]);
+        drop(f);
+        m.unmount();
+        assert_eq!(fs::read(backing.join("big")).unwrap(), &data[..8 << 20]);
+    }
+}
+
+fn peak_rss_bytes(pid: i32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// Fixed overhead above the buffer bound: binary and libraries, each FUSE worker's request
+/// buffer (one max_write each, 4 workers), and the per-request copies.
+const FIXED_OVERHEAD_BYTES: u64 = 48 << 20;
+
+#[test]
+fn memory_stays_bounded_with_four_writers_of_one_gib() {
+    let m = TestMount::with_options(&["buffer=64M", "unit=1M"]);
+    let pid = m.daemon_pid();
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let path = m.path(&format!("w{w}"));
+            std::thread::spawn(move || {
+                let f = File::create(path).unwrap();
+                let chunk = pattern(1 << 20, w as u8);
+                // Unaligned 1 MiB writes: every one leaves a partial unit behind.
+                for i in 0..1024u64 {
+                    f.write_all_at(&chunk, i * (1 << 20) + 512).unwrap();
+                }
+                f.sync_all().unwrap();
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let peak = peak_rss_bytes(pid);
+    let s = m.stats();
+    assert_eq!(s["buffer_bytes_used"], 0);
+    assert!(peak < (64 << 20) + FIXED_OVERHEAD_BYTES, "peak RSS {} MiB", peak >> 20);
+    for w in 0..4 {
+        assert_eq!(fs::metadata(m.backing_path(&format!("w{w}"))).unwrap().len(), (1 << 30) + 512);
+        fs::remove_file(m.path(&format!("w{w}"))).unwrap();
+    }
+    eprintln!("peak RSS with buffer=64M: {} MiB; buffer waits: {}", peak >> 20, s["buffer_waits_total"]);
+}
+
+#[test]
+fn stats_and_prometheus_answer() {
+    let m = TestMount::with_options(&["metrics=127.0.0.1:39177"]);
+    fs::write(m.path("f"), pattern(10_000, 1)).unwrap();
+    let s = m.stats();
+    assert_eq!(s["application_write_bytes_total"], 10_000);
+    let out = coalescefs(&["stats", &path_str(&m.mnt), "--prometheus"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("coalescefs_application_write_bytes_total 10000"), "{text}");
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect("127.0.0.1:39177").unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK"));
+    assert!(answer.contains("# TYPE coalescefs_backend_write_bytes_total counter"));
+}
