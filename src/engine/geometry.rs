@@ -95,14 +95,21 @@ fn disk_dir_of(mut dev: u64) -> Option<PathBuf> {
     None
 }
 
+/// The unit hints come from the device at the end of the chain (a loop device says nothing of
+/// its own), the logical block size from the device right under the file system: that is
+/// the alignment O_DIRECT on the backing files must meet.
 pub fn device_queue_of(dev: u64) -> Option<DeviceQueue> {
     let dir = disk_dir_of(dev)?;
     let queue = dir.join("queue");
+    let immediate = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", libc::major(dev), libc::minor(dev))).ok();
+    let immediate_queue = immediate.map(|d| if d.join("partition").exists() { d.join("../queue") } else { d.join("queue") });
+    let logical_block_bytes = read_number(&queue.join("logical_block_size"))
+        .max(immediate_queue.map(|q| read_number(&q.join("logical_block_size"))).unwrap_or(0));
     Some(DeviceQueue {
         name: dir.file_name()?.to_string_lossy().into_owned(),
         optimal_io_bytes: read_number(&queue.join("optimal_io_size")),
         minimum_io_bytes: read_number(&queue.join("minimum_io_size")),
-        logical_block_bytes: read_number(&queue.join("logical_block_size")),
+        logical_block_bytes,
     })
 }
 

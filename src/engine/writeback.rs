@@ -540,7 +540,17 @@ impl Writeback {
                 if direct {
                     debug_assert_eq!((bytes.as_ptr() as u64 | (unit_start + from) | bytes.len() as u64) % block, 0);
                 }
-                crate::sys::pwrite_all(target.as_raw_fd(), bytes, unit_start + from)?;
+                let written = crate::sys::pwrite_all(target.as_raw_fd(), bytes, unit_start + from);
+                let direct = match written {
+                    // The device wants a larger alignment than discovery found: this piece,
+                    // and the evidence, go through the page cache instead of failing the flush.
+                    Err(Errno(libc::EINVAL)) if direct => {
+                        log::warn!("O_DIRECT write of {} bytes at {} refused (EINVAL); written through the page cache", to - from, unit_start + from);
+                        crate::sys::pwrite_all(files.buffered.as_raw_fd(), bytes, unit_start + from)?;
+                        false
+                    }
+                    other => other.map(|()| direct)?,
+                };
                 self.count_write(to - from, direct);
                 if !aligned {
                     self.metrics.backend_subblock_writes.fetch_add(1, Relaxed);
