@@ -107,6 +107,14 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     number.checked_mul(multiplier).ok_or_else(|| format!("'{text}' is too large"))
 }
 
+/// A thread count option (threads=, flushers=): 1 to 64.
+fn thread_count(key: &str, v: &str) -> Result<usize, UsageError> {
+    v.parse()
+        .ok()
+        .filter(|n| (1..=64).contains(n))
+        .ok_or_else(|| UsageError(format!("{key}={v}: expected a whole number from 1 to 64")))
+}
+
 fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), UsageError> {
     let (key, value) = match option.split_once('=') {
         Some((k, v)) => (k, Some(v)),
@@ -135,14 +143,7 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
             let v = need_value(value)?;
             options.buffer_bytes = parse_size(v).map_err(|e| UsageError(format!("buffer={v}: {e}")))?;
         }
-        "flushers" => {
-            let v = need_value(value)?;
-            options.flushers = v
-                .parse()
-                .ok()
-                .filter(|n| (1..=64).contains(n))
-                .ok_or_else(|| UsageError(format!("flushers={v}: expected a whole number from 1 to 64")))?;
-        }
+        "flushers" => options.flushers = thread_count(key, need_value(value)?)?,
         "flush_age" => {
             let v = need_value(value)?;
             options.flush_age = parse_duration(v).map_err(|e| UsageError(format!("flush_age={v}: {e}")))?;
@@ -154,14 +155,7 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
                 UsageError(format!("metrics={v}: expected ADDRESS:PORT, for example 127.0.0.1:9100"))
             })?);
         }
-        "threads" => {
-            let v = need_value(value)?;
-            options.threads = v
-                .parse()
-                .ok()
-                .filter(|n| (1..=64).contains(n))
-                .ok_or_else(|| UsageError(format!("threads={v}: expected a whole number from 1 to 64")))?;
-        }
+        "threads" => options.threads = thread_count(key, need_value(value)?)?,
         k if KERNEL_FLAGS.contains(&k) && value.is_none() => options.kernel_flags.push(k.to_string()),
         k if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") || k == "comment" => {}
         // What the kernel shows for a mounted FUSE file system, which mount(8) hands back on

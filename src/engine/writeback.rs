@@ -314,12 +314,12 @@ impl Writeback {
             }
             inner = file.flush_ended.wait_timeout(inner, Duration::from_secs(1)).unwrap_or_else(|p| p.into_inner()).0;
         }
-        let backend_files = inner.backend_files.clone();
+        let Some(data_only) = sync_backend else { return Ok(()) };
+        // Also when this mount never wrote the file: an earlier mount may have left its data
+        // written but not yet durable.
+        let files = self.backend_files(file, &mut inner)?;
         drop(inner);
-        if let (Some(data_only), Some(files)) = (sync_backend, backend_files) {
-            data::sync(&files.buffered, data_only)?;
-        }
-        Ok(())
+        data::sync(&files.buffered, data_only)
     }
 
     pub fn size(&self, file: &FileState) -> u64 {
