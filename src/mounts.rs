@@ -99,7 +99,7 @@ pub fn check_mount_point(path: &Path, backing: &Path) -> Result<PathBuf, String>
     let shown = path.display();
     let meta = match std::fs::metadata(path) {
         Ok(meta) => meta,
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) => {
             return Err(format!(
                 "mount point {shown} is busy: a coalescefs daemon died there; clear it with `coalescefs umount {shown}`"
             ))
