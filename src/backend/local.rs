@@ -343,6 +343,10 @@ pub mod data {
         check(ret).map(drop)
     }
 
+    pub fn write_at(file: &File, buf: &[u8], offset: u64) -> SysResult<()> {
+        sys::pwrite_all(file.as_raw_fd(), buf, offset)
+    }
+
     pub fn stat(file: &File) -> SysResult<libc::stat> {
         sys::fstat_fd(file)
     }

@@ -15,7 +15,6 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
@@ -540,13 +539,13 @@ impl Writeback {
                 if direct {
                     debug_assert_eq!((bytes.as_ptr() as u64 | (unit_start + from) | bytes.len() as u64) % block, 0);
                 }
-                let written = crate::sys::pwrite_all(target.as_raw_fd(), bytes, unit_start + from);
+                let written = data::write_at(target, bytes, unit_start + from);
                 let direct = match written {
                     // The device wants a larger alignment than discovery found: this piece,
                     // and the evidence, go through the page cache instead of failing the flush.
                     Err(Errno(libc::EINVAL)) if direct => {
                         log::warn!("O_DIRECT write of {} bytes at {} refused (EINVAL); written through the page cache", to - from, unit_start + from);
-                        crate::sys::pwrite_all(files.buffered.as_raw_fd(), bytes, unit_start + from)?;
+                        data::write_at(&files.buffered, bytes, unit_start + from)?;
                         false
                     }
                     other => other.map(|()| direct)?,
