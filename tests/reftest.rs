@@ -2,11 +2,15 @@
 //! create / write at random offsets and sizes / truncate / rename / unlink / fsync / remount run
 //! on the real mount and on an in-memory model of what a reader must see; after every step the
 //! whole tree is compared, by names and by bytes, through the mount.
+//!
+//! Each file keeps one writable handle open across steps (it follows its file through renames),
+//! so writes stay in the write buffer while the checks read through other handles: the model
+//! is compared against buffer overlays, not only against flushed data.
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::fs::{self, OpenOptions};
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::FileExt;
 
 use common::TestMount;
@@ -51,20 +55,26 @@ fn pattern(len: usize, seed: u8, offset: u64) -> Vec<u8> {
 
 /// What a reader must see: name -> bytes.
 type Model = BTreeMap<String, Vec<u8>>;
+/// The writable handle each file keeps open, by its current name.
+type Handles = HashMap<String, File>;
 
-fn apply(m: &mut TestMount, model: &mut Model, op: &Op) {
+fn open_for_write(m: &TestMount, name: &str) -> File {
+    OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.path(name)).unwrap()
+}
+
+fn apply(m: &mut TestMount, model: &mut Model, handles: &mut Handles, op: &Op) {
     match *op {
         Op::Create(f) => {
             let name = NAMES[f];
-            OpenOptions::new().write(true).create(true).truncate(false).open(m.path(name)).unwrap();
+            let handle = open_for_write(m, name);
+            handles.entry(name.to_string()).or_insert(handle);
             model.entry(name.to_string()).or_default();
         }
         Op::Write { file, offset, len, seed } => {
             let name = NAMES[file];
             let Some(content) = model.get_mut(name) else { return };
             let bytes = pattern(len, seed, offset);
-            let f = OpenOptions::new().write(true).open(m.path(name)).unwrap();
-            f.write_all_at(&bytes, offset).unwrap();
+            handles[name].write_all_at(&bytes, offset).unwrap();
             let end = offset as usize + len;
             if content.len() < end {
                 content.resize(end, 0);
@@ -74,7 +84,7 @@ fn apply(m: &mut TestMount, model: &mut Model, op: &Op) {
         Op::Truncate { file, size } => {
             let name = NAMES[file];
             let Some(content) = model.get_mut(name) else { return };
-            OpenOptions::new().write(true).open(m.path(name)).unwrap().set_len(size).unwrap();
+            handles[name].set_len(size).unwrap();
             content.resize(size as usize, 0);
         }
         Op::Rename { from, to } => {
@@ -84,21 +94,31 @@ fn apply(m: &mut TestMount, model: &mut Model, op: &Op) {
             if from != to {
                 model.remove(from);
                 model.insert(to.to_string(), content);
+                // The replaced file's handle goes; the moved file's handle follows its name.
+                let moved = handles.remove(from).expect("every file has a handle");
+                handles.insert(to.to_string(), moved);
             }
         }
         Op::Unlink(f) => {
             let name = NAMES[f];
             if model.remove(name).is_some() {
                 fs::remove_file(m.path(name)).unwrap();
+                handles.remove(name);
             }
         }
         Op::Fsync(f) => {
             let name = NAMES[f];
             if model.contains_key(name) {
-                OpenOptions::new().write(true).open(m.path(name)).unwrap().sync_all().unwrap();
+                handles[name].sync_all().unwrap();
             }
         }
-        Op::Remount => m.remount(),
+        Op::Remount => {
+            handles.clear(); // closing flushes; a mount with open files cannot be unmounted
+            m.remount();
+            for name in model.keys() {
+                handles.insert(name.clone(), open_for_write(m, name));
+            }
+        }
     }
 }
 
@@ -127,13 +147,17 @@ proptest! {
 
     #[test]
     fn mount_matches_the_model_after_every_step(ops in proptest::collection::vec(op_strategy(), 1..40)) {
-        let mut m = TestMount::new();
+        // Small units, so that files span many of them; a long flush_age, so that only the
+        // operations themselves move data out of the buffer.
+        let mut m = TestMount::with_options(&["unit=64K", "flush_age=3600s"]);
         let mut model = Model::new();
+        let mut handles = Handles::new();
         for (step, op) in ops.iter().enumerate() {
-            apply(&mut m, &mut model, op);
+            apply(&mut m, &mut model, &mut handles, op);
             check(&m, &model, step, op);
         }
         // Finally the backing directory itself holds exactly the model.
+        handles.clear();
         m.unmount();
         for (name, content) in &model {
             prop_assert_eq!(&fs::read(m.backing_path(name)).unwrap(), content);

@@ -155,9 +155,25 @@ impl Engine {
         name_cstring(name)
     }
 
+    /// Every attribute answer goes through here (getattr, lookup, readdirplus, create): the
+    /// kernel caches what it is told, so all must agree, the write buffer included.
     fn finish_stat(&self, ino: u64, mut st: libc::stat) -> libc::stat {
         st.st_ino = ino;
         st.st_blksize = self.config.block_size_bytes as libc::blksize_t;
+        if let Some(state) = self.writeback.file(ino) {
+            // The write buffer knows better than the backend until it is flushed.
+            st.st_size = self.writeback.size(&state) as libc::off_t;
+            if let Some(written) = self.writeback.last_write(&state) {
+                if let Ok(d) = written.duration_since(std::time::UNIX_EPOCH) {
+                    if (d.as_secs() as i64, d.subsec_nanos() as i64) > (st.st_mtime, st.st_mtime_nsec) {
+                        st.st_mtime = d.as_secs() as i64;
+                        st.st_mtime_nsec = d.subsec_nanos() as i64;
+                        st.st_ctime = st.st_mtime;
+                        st.st_ctime_nsec = st.st_mtime_nsec;
+                    }
+                }
+            }
+        }
         st
     }
 
@@ -179,21 +195,7 @@ impl Engine {
 
     pub fn getattr(&self, ino: u64) -> SysResult<libc::stat> {
         let inode = self.inode(ino)?;
-        let mut st = self.backend.stat(&inode.node)?;
-        if let Some(state) = self.writeback.file(ino) {
-            // The write buffer knows better than the backend until it is flushed.
-            st.st_size = self.writeback.size(&state) as libc::off_t;
-            if let Some(written) = self.writeback.last_write(&state) {
-                if let Ok(d) = written.duration_since(std::time::UNIX_EPOCH) {
-                    if (d.as_secs() as i64, d.subsec_nanos() as i64) > (st.st_mtime, st.st_mtime_nsec) {
-                        st.st_mtime = d.as_secs() as i64;
-                        st.st_mtime_nsec = d.subsec_nanos() as i64;
-                        st.st_ctime = st.st_mtime;
-                        st.st_ctime_nsec = st.st_mtime_nsec;
-                    }
-                }
-            }
-        }
+        let st = self.backend.stat(&inode.node)?;
         Ok(self.finish_stat(ino, st))
     }
 
