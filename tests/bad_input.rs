@@ -128,7 +128,7 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 
 #[test]
 fn a_killed_daemon_leaves_a_mount_that_umount_clears() {
-    let m = TestMount::new();
+    let mut m = TestMount::new();
     let mnt = path_str(&m.mnt);
     fs::write(m.path("f"), b"kept").unwrap();
     let pid = daemon_pid(&m.backing);
@@ -150,26 +150,26 @@ fn a_killed_daemon_leaves_a_mount_that_umount_clears() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert_eq!(fs::read(m.path("f")).unwrap(), b"kept");
     assert!(coalescefs(&["umount", &mnt]).status.success());
-    std::mem::forget(m); // already unmounted; the temp dir is cleaned below
+    m.assume_unmounted();
 }
 
 #[test]
 fn sigterm_and_sigint_unmount_cleanly() {
     for signal in [libc::SIGTERM, libc::SIGINT] {
-        let m = TestMount::new();
+        let mut m = TestMount::new();
         let mnt = path_str(&m.mnt);
         let pid = daemon_pid(&m.backing);
         unsafe { libc::kill(pid, signal) };
         wait_until("the daemon to exit", || process_gone(pid));
         assert!(!is_mounted(&mnt), "signal {signal} left the mount behind");
         assert!(!m.backing_path(".coalescefs/pid").exists(), "the daemon removes its pid file on a clean exit");
-        std::mem::forget(m);
+        m.assume_unmounted();
     }
 }
 
 #[test]
 fn umount_of_a_busy_mount_says_so_and_lazy_clears_it() {
-    let m = TestMount::new();
+    let mut m = TestMount::new();
     let mnt = path_str(&m.mnt);
     let held = fs::File::open(m.path(".")).unwrap();
     let out = coalescefs(&["umount", &mnt]);
@@ -179,7 +179,7 @@ fn umount_of_a_busy_mount_says_so_and_lazy_clears_it() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(!is_mounted(&mnt));
     drop(held);
-    std::mem::forget(m);
+    m.assume_unmounted();
 }
 
 #[test]

@@ -250,3 +250,32 @@ fn stats_and_prometheus_answer() {
     assert!(answer.starts_with("HTTP/1.1 200 OK"));
     assert!(answer.contains("# TYPE coalescefs_backend_write_bytes_total counter"));
 }
+
+#[test]
+fn fsynced_data_survives_kill_9_of_the_daemon_and_nothing_else_is_garbage() {
+    let mut m = TestMount::with_options(&["unit=64K", "flush_age=3600s"]);
+    let f = OpenOptions::new().write(true).create(true).open(m.path("f")).unwrap();
+    let durable = pattern(70_000, 21); // one full unit and a partial one
+    f.write_all_at(&durable, 0).unwrap();
+    f.sync_all().unwrap();
+    let volatile = pattern(5_000, 99); // buffered, never fsynced
+    f.write_all_at(&volatile, 100_000).unwrap();
+    let pid = m.daemon_pid();
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !process_gone(pid) {
+        assert!(std::time::Instant::now() < deadline, "daemon did not die");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(f);
+    let back = fs::read(m.backing_path("f")).unwrap();
+    assert_eq!(&back[..70_000], &durable[..], "fsynced bytes survive");
+    // Whatever of the unsynced write reached the backend is that write's bytes, or nothing.
+    if back.len() > 100_000 {
+        assert_eq!(&back[100_000..], &volatile[..back.len() - 100_000]);
+        assert!(back[70_000..100_000].iter().all(|&b| b == 0));
+    }
+    let out = coalescefs(&["umount", &path_str(&m.mnt)]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    m.assume_unmounted();
+}

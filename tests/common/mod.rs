@@ -78,6 +78,12 @@ impl TestMount {
         }
     }
 
+    /// The test unmounted (or killed) it by other means: drop leaves the mount alone and only
+    /// removes the temporary directories.
+    pub fn assume_unmounted(&mut self) {
+        self.mounted = false;
+    }
+
     pub fn remount(&mut self) {
         self.unmount();
         self.mount();
