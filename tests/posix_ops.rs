@@ -380,6 +380,53 @@ fn files_created_for_a_user_belong_to_that_user() {
     assert!(stderr_of(&out).contains("Permission denied"), "{}", stderr_of(&out));
 }
 
+/// The kernel leaves clearing set-ID bits to us (FUSE_HANDLE_KILLPRIV_V2): a write or truncate
+/// by someone without CAP_FSETID clears set-user-ID, and set-group-ID when group-executable;
+/// root's write keeps them; set-group-ID without group execute (mandatory locking) stays.
+fn check_set_id_bits_cleared_by_unprivileged_writes(m: &TestMount) {
+    fs::create_dir(m.path("setid")).unwrap();
+    fs::set_permissions(m.path("setid"), fs::Permissions::from_mode(0o777)).unwrap();
+    let mode_of = |name: &str| fs::metadata(m.path(&format!("setid/{name}"))).unwrap().mode() & 0o7777;
+    let make = |name: &str, mode: u32| {
+        let p = m.path(&format!("setid/{name}"));
+        fs::write(&p, b"0123456789").unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+        assert_eq!(mode_of(name), mode);
+        p.to_str().unwrap().to_string()
+    };
+
+    let by_root = make("root-writes", 0o6777);
+    OpenOptions::new().append(true).open(&by_root).unwrap().write_all(b"x").unwrap();
+    assert_eq!(mode_of("root-writes"), 0o6777, "a writer with CAP_FSETID keeps set-ID bits");
+
+    let written = make("user-writes", 0o6777);
+    let out = run_as(65534, 65534, "sh", &["-c", &format!("printf x >> {written}")]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(mode_of("user-writes"), 0o0777, "an unprivileged write clears set-user-ID and set-group-ID");
+
+    let truncated = make("user-truncates", 0o6777);
+    let out = run_as(65534, 65534, "truncate", &["-s", "3", &truncated]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(mode_of("user-truncates"), 0o0777, "an unprivileged truncate clears them too");
+
+    let locking = make("mandatory-locking", 0o2766);
+    let out = run_as(65534, 65534, "sh", &["-c", &format!("printf x >> {locking}")]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(mode_of("mandatory-locking"), 0o2766, "set-group-ID without group execute stays");
+    let backing = fs::metadata(m.backing_path("setid/user-writes")).unwrap().mode() & 0o7777;
+    assert_eq!(backing, 0o0777, "the backing file lost the bits as well");
+}
+
+#[test]
+fn set_id_bits_are_cleared_by_unprivileged_writes_and_truncates() {
+    check_set_id_bits_cleared_by_unprivileged_writes(&TestMount::new());
+}
+
+#[test]
+fn set_id_bits_are_cleared_through_the_kernel_writeback_cache_too() {
+    check_set_id_bits_cleared_by_unprivileged_writes(&TestMount::with_options(&["allow_other", "writeback_cache"]));
+}
+
 #[test]
 fn st_blksize_is_the_unit() {
     let m = TestMount::with_options(&["unit=256K"]);

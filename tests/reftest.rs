@@ -149,7 +149,11 @@ proptest! {
     fn mount_matches_the_model_after_every_step(ops in proptest::collection::vec(op_strategy(), 1..40)) {
         // Small units, so that files span many of them; a long flush_age, so that only the
         // operations themselves move data out of the buffer.
-        let mut m = TestMount::with_options(&["unit=64K", "flush_age=3600s"]);
+        // REFTEST_OPTIONS adds mount options (scripts/test runs it again with writeback_cache).
+        let extra = std::env::var("REFTEST_OPTIONS").unwrap_or_default();
+        let mut options = vec!["unit=64K", "flush_age=3600s"];
+        options.extend(extra.split(',').filter(|o| !o.is_empty()));
+        let mut m = TestMount::with_options(&options);
         let mut model = Model::new();
         let mut handles = Handles::new();
         for (step, op) in ops.iter().enumerate() {

@@ -38,6 +38,9 @@ pub struct AttrChanges {
     pub gid: Option<u32>,
     pub size: Option<u64>,
     pub times: TimesToSet,
+    /// Clear set-user-ID and set-group-ID as an unprivileged truncate must (see
+    /// [`Engine::drop_set_id_bits`]).
+    pub drop_set_id_bits: bool,
 }
 
 /// An object the kernel now knows by `stat.st_ino`.
@@ -57,7 +60,7 @@ pub struct ListedEntry {
 
 struct OpenFile {
     /// Keeps the inode (and its backing handle) alive while the file is open.
-    _inode: Arc<Inode>,
+    inode: Arc<Inode>,
     /// The backend file opened with the application's access mode, for reads.
     file: File,
     /// The write buffer of a regular file, shared by all its handles.
@@ -201,6 +204,9 @@ impl Engine {
 
     pub fn setattr(&self, ino: u64, fh: Option<u64>, changes: AttrChanges) -> SysResult<libc::stat> {
         let inode = self.inode(ino)?;
+        if changes.drop_set_id_bits && changes.mode.is_none() {
+            self.drop_set_id_bits(&inode)?;
+        }
         if changes.uid.is_some() || changes.gid.is_some() {
             self.backend.chown(&inode.node, changes.uid, changes.gid)?;
         }
@@ -221,6 +227,27 @@ impl Engine {
             self.backend.set_times(&inode.node, changes.times)?;
         }
         self.getattr(ino)
+    }
+
+    /// The FUSE adapter negotiates FUSE_HANDLE_KILLPRIV_V2, so clearing set-user-ID and
+    /// set-group-ID after an unprivileged write or truncate is ours to do (otherwise the kernel
+    /// asks for security.capability before every single write, one more round trip each).
+    /// The kernel's own rule (setattr_should_drop_suidgid): set-user-ID always; set-group-ID only
+    /// with group execute, since without it the bit marks mandatory locking, not privilege.
+    fn drop_set_id_bits(&self, inode: &Inode) -> SysResult<()> {
+        let st = self.backend.stat(&inode.node)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Ok(());
+        }
+        let mode = st.st_mode & 0o7777;
+        let mut kept = mode & !libc::S_ISUID;
+        if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+            kept &= !libc::S_ISGID;
+        }
+        if kept != mode {
+            self.backend.chmod(&inode.node, kept)?;
+        }
+        Ok(())
     }
 
     pub fn readlink(&self, ino: u64) -> SysResult<Vec<u8>> {
@@ -307,8 +334,16 @@ impl Engine {
     /// Flags for the backend's own open: the engine addresses every write by offset, so
     /// O_APPEND (which makes Linux pwrite ignore the offset) is the kernel's business, as are
     /// O_CREAT/O_EXCL/O_NOCTTY. O_DIRECT is for the engine to choose, not the application.
+    /// Write-only opens are opened read-write on the backend: with the kernel's writeback
+    /// cache the kernel reads partly written pages through whichever handle it holds, a
+    /// write-only one included. The kernel has checked the application's access mode already.
     fn backend_open_flags(flags: i32) -> i32 {
-        flags & !(libc::O_APPEND | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT | libc::O_TRUNC)
+        let mut flags =
+            flags & !(libc::O_APPEND | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT | libc::O_TRUNC);
+        if flags & libc::O_ACCMODE == libc::O_WRONLY {
+            flags = (flags & !libc::O_ACCMODE) | libc::O_RDWR;
+        }
+        flags
     }
 
     fn register_file(&self, inode: Arc<Inode>, file: File, flags: i32) -> SysResult<u64> {
@@ -320,7 +355,7 @@ impl Engine {
         }
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let fh = self.new_handle();
-        lock(&self.files).insert(fh, Arc::new(OpenFile { _inode: inode, file, state, writable }));
+        lock(&self.files).insert(fh, Arc::new(OpenFile { inode, file, state, writable }));
         Ok(fh)
     }
 
@@ -339,14 +374,14 @@ impl Engine {
         caller: Caller,
     ) -> SysResult<(Entry, u64)> {
         let name = Self::checked_name(parent, name, true)?;
-        let parent_inode = self.inode(parent)?;
+        let parentinode = self.inode(parent)?;
         let (file, node, _) = self.backend.create(
-            &parent_inode.node,
+            &parentinode.node,
             &name,
             Self::backend_open_flags(flags) | (flags & libc::O_EXCL),
             mode,
         )?;
-        let st = self.give_to_caller(&parent_inode, &node, caller)?;
+        let st = self.give_to_caller(&parentinode, &node, caller)?;
         let entry = self.remember(node, st);
         let inode = self.inode(entry.stat.st_ino)?;
         Ok((entry, self.register_file(inode, file, flags)?))
@@ -377,9 +412,13 @@ impl Engine {
         Ok(buf)
     }
 
-    pub fn write(&self, fh: u64, offset: u64, bytes: &[u8], flags: i32) -> SysResult<u32> {
+    /// `drop_set_id_bits`: the writer lacks CAP_FSETID (see [`Engine::drop_set_id_bits`]).
+    pub fn write(&self, fh: u64, offset: u64, bytes: &[u8], flags: i32, drop_set_id_bits: bool) -> SysResult<u32> {
         let open = self.open_file(fh)?;
         let state = open.state()?;
+        if drop_set_id_bits {
+            self.drop_set_id_bits(&open.inode)?;
+        }
         self.metrics.application_write_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         self.metrics.application_write_requests.fetch_add(1, Ordering::Relaxed);
         self.metrics.application_write_sizes.record(bytes.len() as u64);
