@@ -161,11 +161,15 @@ pub fn read_pid_file(backing: &Path) -> Option<i32> {
 /// Alive means running: a zombie has finished its work, whenever its parent gets to reap it
 /// (a daemon's parent is init, and some inits reap only once a second).
 pub fn process_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    // A zombie leader is not enough: its other threads may still be exiting, and the last one
+    // to go closes the files (after tearing down the address space, AIO contexts included,
+    // which takes tens of milliseconds). Alive while any thread is not a zombie.
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().any(|task| match std::fs::read_to_string(task.path().join("stat")) {
         // The state follows the parenthesised command name, which may itself hold spaces.
         Ok(stat) => stat.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with('Z')).unwrap_or(true),
         Err(_) => false,
-    }
+    })
 }
 
 /// Changes the flags of a mounted coalescefs (`mount -o remount,ro`); the daemon keeps serving.

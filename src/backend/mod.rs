@@ -6,5 +6,6 @@
 //! Only the local-directory backend exists today; the engine uses it directly until a second
 //! backend gives a trait its real shape.
 
+mod aio;
 pub mod local;
 

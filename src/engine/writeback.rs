@@ -103,6 +103,8 @@ pub struct Writeback {
     queue_ready: Condvar,
     files: Mutex<HashMap<u64, Arc<FileState>>>,
     stopping: AtomicBool,
+    /// Joined at shut-down, so that each flusher's resources are gone before the daemon exits.
+    flusher_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Test-only fault injection: this many unit flushes fail with EIO before any reaches the
     /// backend (COALESCEFS_INJECT_FLUSH_ERRORS=N), to exercise the error path on a real mount.
     injected_flush_errors: std::sync::atomic::AtomicU64,
@@ -132,16 +134,18 @@ impl Writeback {
             queue_ready: Condvar::new(),
             files: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
+            flusher_threads: Mutex::new(Vec::new()),
             injected_flush_errors: std::sync::atomic::AtomicU64::new(
                 std::env::var("COALESCEFS_INJECT_FLUSH_ERRORS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             ),
         });
         for i in 0..writeback.config.flushers {
             let wb = writeback.clone();
-            std::thread::Builder::new()
+            let thread = std::thread::Builder::new()
                 .name(format!("flusher-{i}"))
                 .spawn(move || wb.flusher_loop())
                 .expect("spawn a flusher");
+            lock(&writeback.flusher_threads).push(thread);
         }
         let wb = writeback.clone();
         std::thread::Builder::new().name("flush-age".into()).spawn(move || wb.age_loop()).expect("spawn the age timer");
@@ -512,6 +516,9 @@ impl Writeback {
         let limit = size.saturating_sub(unit_start).min(unit_bytes);
         let whole = limit > 0 && flying.ranges.covers(0, limit);
         let buf = flying.buf.as_slice();
+        // Sub-block edges go through the page cache as they come; the aligned interiors are
+        // gathered and go to the O_DIRECT file together, all in flight at once.
+        let mut direct_pieces: Vec<(&[u8], u64)> = Vec::new();
         for r in flying.ranges.iter() {
             let (a, b) = (r.start, r.end.min(limit));
             if a >= b {
@@ -531,29 +538,45 @@ impl Writeback {
             }
             for (from, to, aligned) in pieces {
                 let bytes = &buf[from as usize..to as usize];
-                let target = match (&files.direct, aligned) {
-                    (Some(direct), true) => direct,
-                    _ => &files.buffered,
-                };
-                let direct = aligned && files.direct.is_some();
-                if direct {
+                if aligned && files.direct.is_some() {
                     debug_assert_eq!((bytes.as_ptr() as u64 | (unit_start + from) | bytes.len() as u64) % block, 0);
+                    direct_pieces.push((bytes, unit_start + from));
+                    continue;
                 }
-                let written = data::write_at(target, bytes, unit_start + from);
-                let direct = match written {
-                    // The device wants a larger alignment than discovery found: this piece,
-                    // and the evidence, go through the page cache instead of failing the flush.
-                    Err(Errno(libc::EINVAL)) if direct => {
-                        log::warn!("O_DIRECT write of {} bytes at {} refused (EINVAL); written through the page cache", to - from, unit_start + from);
-                        data::write_at(&files.buffered, bytes, unit_start + from)?;
-                        false
-                    }
-                    other => other.map(|()| direct)?,
-                };
-                self.count_write(to - from, direct);
+                data::write_at(&files.buffered, bytes, unit_start + from)?;
+                self.count_write(to - from, false);
                 if !aligned {
                     self.metrics.backend_subblock_writes.fetch_add(1, Relaxed);
                 }
+            }
+        }
+        if let Some(direct) = &files.direct {
+            let results = data::write_many_direct(direct, &direct_pieces);
+            let mut first_error = None;
+            for ((bytes, offset), result) in direct_pieces.iter().zip(results) {
+                let went_direct = match result {
+                    Ok(()) => true,
+                    // The device wants a larger alignment than discovery found: this piece,
+                    // and the evidence, go through the page cache instead of failing the flush.
+                    Err(Errno(libc::EINVAL)) => {
+                        log::warn!("O_DIRECT write of {} bytes at {offset} refused (EINVAL); written through the page cache", bytes.len());
+                        match data::write_at(&files.buffered, bytes, *offset) {
+                            Ok(()) => false,
+                            Err(e) => {
+                                first_error.get_or_insert(e);
+                                continue;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        continue;
+                    }
+                };
+                self.count_write(bytes.len() as u64, went_direct);
+            }
+            if let Some(e) = first_error {
+                return Err(e);
             }
         }
         if whole {
@@ -601,5 +624,8 @@ impl Writeback {
         }
         self.stopping.store(true, Relaxed);
         self.queue_ready.notify_all();
+        for thread in lock(&self.flusher_threads).drain(..) {
+            let _ = thread.join();
+        }
     }
 }
