@@ -16,7 +16,7 @@ use fuser::{
 };
 
 use crate::backend::local::{TimesToSet, XattrReply};
-use crate::engine::{AttrChanges, Caller, Engine};
+use crate::engine::{AttrChanges, Caller, Engine, Opened, PageCache};
 use crate::sys::{Errno, SysResult};
 
 /// How long the kernel may trust names and attributes. Only this mount changes the backing
@@ -41,12 +41,12 @@ fn granted_max_write_bytes(requested: u32) -> u32 {
 pub struct FuseAdapter {
     engine: Arc<Engine>,
     max_write_bytes: u32,
-    writeback_cache: bool,
+    page_cache: PageCache,
 }
 
 impl FuseAdapter {
-    pub fn new(engine: Arc<Engine>, max_write_bytes: u32, writeback_cache: bool) -> FuseAdapter {
-        FuseAdapter { engine, max_write_bytes, writeback_cache }
+    pub fn new(engine: Arc<Engine>, max_write_bytes: u32, page_cache: PageCache) -> FuseAdapter {
+        FuseAdapter { engine, max_write_bytes, page_cache }
     }
 }
 
@@ -140,6 +140,14 @@ fn reply_entry(reply: ReplyEntry, result: SysResult<crate::engine::Entry>) {
     }
 }
 
+fn open_flags_of(opened: Opened) -> FopenFlags {
+    if opened.bypass_page_cache {
+        FopenFlags::FOPEN_DIRECT_IO
+    } else {
+        FopenFlags::empty()
+    }
+}
+
 fn reply_empty(reply: ReplyEmpty, result: SysResult<()>) {
     match result {
         Ok(()) => reply.ok(),
@@ -181,9 +189,15 @@ impl Filesystem for FuseAdapter {
             // Without it the kernel sends GETXATTR security.capability before every write:
             // two round trips per write instead of one. The price is that clearing
             // set-user-ID/set-group-ID after unprivileged writes and truncates is ours.
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
-        if self.writeback_cache {
-            wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            // O_TRUNC arrives with the open, so the engine sees a file emptied on open as empty.
+            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+        match self.page_cache {
+            PageCache::Off => {}
+            PageCache::On => wanted |= InitFlags::FUSE_WRITEBACK_CACHE,
+            // Handles that bypass the cache may still be mapped shared; with this flag the
+            // kernel also writes back and drops cached pages before every uncached request.
+            PageCache::Auto => wanted |= InitFlags::FUSE_WRITEBACK_CACHE | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
         }
         let supported = wanted & config.capabilities();
         let _ = config.add_capabilities(supported);
@@ -299,9 +313,11 @@ impl Filesystem for FuseAdapter {
         reply_entry(reply, self.engine.link(ino.0, newparent.0, newname));
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.engine.open(ino.0, flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        // An unprivileged O_TRUNC open comes with FUSE_OPEN_KILL_SUIDGID, which fuser hides;
+        // as for truncate, a caller other than root stands for it.
+        match self.engine.open(ino.0, flags.0, req.uid() != 0) {
+            Ok(opened) => reply.opened(FileHandle(opened.fh), open_flags_of(opened)),
             Err(e) => reply.error(fuse_errno(e)),
         }
     }
@@ -486,9 +502,13 @@ impl Filesystem for FuseAdapter {
         reply: ReplyCreate,
     ) {
         match self.engine.create(parent.0, name, mode, flags, caller(req)) {
-            Ok((entry, fh)) => {
-                reply.created(&TTL, &attr_of(&entry.stat), Generation(0), FileHandle(fh), FopenFlags::empty())
-            }
+            Ok((entry, opened)) => reply.created(
+                &TTL,
+                &attr_of(&entry.stat),
+                Generation(0),
+                FileHandle(opened.fh),
+                open_flags_of(opened),
+            ),
             Err(e) => reply.error(fuse_errno(e)),
         }
     }

@@ -31,7 +31,7 @@ usage:
 mount options (-o): allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE workers, default 4),
   unit=SIZE (power of two, 4K..64M; default discovered from the backing device, else 1M),
   buffer=SIZE (write buffer bound, default 256M), flushers=N (default: cores, 2..8),
-  flush_age=DURATION (default 5s), writeback_cache, metrics=ADDR:PORT (Prometheus text),
+  flush_age=DURATION (default 5s), writeback_cache[=on|auto|off] (default off), metrics=ADDR:PORT (Prometheus text),
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
   dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.";
 
@@ -52,7 +52,10 @@ impl log::Log for StderrLogger {
     }
     fn log(&self, record: &log::Record<'_>) {
         if self.enabled(record.metadata()) && record.target().starts_with("coalescefs") {
-            eprintln!("coalescefs[{}] {}: {}", std::process::id(), record.level(), record.args());
+            // The daemon's stderr is its log file in the backing directory, which may be the
+            // very file system that just ran full: a lost log line must not take down the
+            // thread reporting it (eprintln! panics when the write fails).
+            let _ = writeln!(std::io::stderr(), "coalescefs[{}] {}: {}", std::process::id(), record.level(), record.args());
             if record.level() <= log::Level::Warn {
                 let mut held = WARNINGS_FOR_PARENT.lock().unwrap_or_else(|p| p.into_inner());
                 held.push(format!("{}: {}", record.level(), record.args()));
@@ -317,6 +320,7 @@ fn run_mount(request: MountRequest) -> ExitCode {
             flushers: opts.flushers,
             flush_age: opts.flush_age,
         },
+        page_cache: opts.writeback_cache,
     };
     let metrics = Arc::new(metrics::Metrics::default());
     let engine = match engine::Engine::new(backend, engine_config, metrics.clone()) {

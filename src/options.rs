@@ -34,8 +34,8 @@ pub struct MountOptions {
     pub flushers: usize,
     /// `flush_age=DURATION`: the longest a partial unit waits in memory.
     pub flush_age: std::time::Duration,
-    /// `writeback_cache`: let the kernel cache writes too (FUSE_WRITEBACK_CACHE).
-    pub writeback_cache: bool,
+    /// `writeback_cache[=auto|on|off]`: how writes use the kernel's page cache.
+    pub writeback_cache: crate::engine::PageCache,
     /// `metrics=ADDR:PORT`: serve the counters in the Prometheus text format.
     pub metrics_address: Option<std::net::SocketAddr>,
 }
@@ -73,7 +73,7 @@ impl Default for MountOptions {
             buffer_bytes: BUFFER_BYTES_DEFAULT,
             flushers: default_flushers(),
             flush_age: std::time::Duration::from_secs(5),
-            writeback_cache: false,
+            writeback_cache: crate::engine::PageCache::Off,
             metrics_address: None,
         }
     }
@@ -148,7 +148,14 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
             let v = need_value(value)?;
             options.flush_age = parse_duration(v).map_err(|e| UsageError(format!("flush_age={v}: {e}")))?;
         }
-        "writeback_cache" => options.writeback_cache = true,
+        "writeback_cache" => {
+            options.writeback_cache = match value {
+                None | Some("on") => crate::engine::PageCache::On,
+                Some("off") => crate::engine::PageCache::Off,
+                Some("auto") => crate::engine::PageCache::Auto,
+                Some(v) => return Err(UsageError(format!("writeback_cache={v}: expected auto, on or off"))),
+            }
+        }
         "metrics" => {
             let v = need_value(value)?;
             options.metrics_address = Some(v.parse().map_err(|_| {

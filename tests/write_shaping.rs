@@ -316,3 +316,51 @@ fn fsynced_data_survives_kill_9_of_the_daemon_and_nothing_else_is_garbage() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     m.assume_unmounted();
 }
+
+/// `writeback_cache=auto`: a new file's small writes reach the daemon gathered by the kernel;
+/// a file that holds data is written around the page cache, so a small write into it makes
+/// the kernel read nothing; such a handle can still be mapped shared, coherently.
+#[test]
+fn auto_writeback_cache_gathers_new_files_and_never_reads_around_old_ones() {
+    let m = TestMount::with_options(&["writeback_cache=auto", "unit=1M", "flush_age=3600s"]);
+    let new = File::create(m.path("new")).unwrap();
+    for i in 0..256u64 {
+        new.write_all_at(&pattern(4096, i as u8), i * 4096).unwrap();
+    }
+    new.sync_all().unwrap();
+    drop(new);
+    let gathered = m.stats()["application_write_requests_total"];
+    assert!(gathered < 64, "256 writes of 4 KiB to a new file reached the daemon as {gathered} requests");
+
+    fs::write(m.backing_path("old"), pattern(1 << 20, 5)).unwrap();
+    let mut expected = pattern(1 << 20, 5);
+    let old = OpenOptions::new().read(true).write(true).open(m.path("old")).unwrap();
+    let before = m.stats();
+    for i in 0..64u64 {
+        let offset = i * 16_384 + 1000;
+        old.write_all_at(&[0xab; 512], offset).unwrap();
+        expected[offset as usize..offset as usize + 512].fill(0xab);
+    }
+    let after = m.stats();
+    assert_eq!(after["application_write_requests_total"] - before["application_write_requests_total"], 64,
+               "each small write to a file with data reaches the daemon as written");
+    assert_eq!(after["application_read_bytes_total"], before["application_read_bytes_total"],
+               "and the kernel read nothing to complete a page");
+
+    let map = unsafe {
+        libc::mmap(std::ptr::null_mut(), 1 << 20, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, old.as_raw_fd(), 0)
+    };
+    assert_ne!(map, libc::MAP_FAILED, "an uncached handle can be mapped shared: {}", std::io::Error::last_os_error());
+    let mapped = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), 1 << 20) };
+    assert_eq!(&mapped[..], &expected[..], "the mapping sees the uncached writes");
+    mapped[300_000..300_100].fill(0x11);
+    expected[300_000..300_100].fill(0x11);
+    assert_eq!(unsafe { libc::msync(map, 1 << 20, libc::MS_SYNC) }, 0);
+    unsafe { libc::munmap(map, 1 << 20) };
+    old.write_all_at(&[0x22; 512], 300_050).unwrap();
+    expected[300_050..300_562].fill(0x22);
+    old.sync_all().unwrap();
+    drop(old);
+    assert_eq!(fs::read(m.path("old")).unwrap(), expected);
+    assert_eq!(fs::read(m.backing_path("old")).unwrap(), expected);
+}

@@ -69,6 +69,12 @@ struct OpenFile {
     writable: bool,
 }
 
+/// The writable handles open on one inode, and the page-cache choice they share.
+struct WriterMode {
+    handles: usize,
+    bypass_page_cache: bool,
+}
+
 impl OpenFile {
     fn state(&self) -> SysResult<&Arc<FileState>> {
         self.state.as_ref().ok_or(Errno(libc::EINVAL))
@@ -86,6 +92,33 @@ pub struct EngineConfig {
     /// Reported as `st_blksize`, so stdio-buffered writers pick their write size from it.
     pub block_size_bytes: u32,
     pub writeback: WritebackConfig,
+    pub page_cache: PageCache,
+}
+
+/// How writes use the kernel's page cache (FUSE's writeback cache).
+///
+/// With it, the kernel gathers small writes into large requests (4 KiB sequential writes
+/// arrive as 1 MiB), but it must read a page before a write that covers only part of it: on a
+/// file that holds data that is a device read per small write, the read-modify-write this
+/// file system exists to avoid. `Auto` takes the cache where that cannot happen: a handle
+/// opened for writing bypasses the page cache (FOPEN_DIRECT_IO, so every write reaches the
+/// write buffer as it was made) when the file already holds data, and uses it when the file
+/// is new, empty, truncated on open or only allocated. Readers always use the cache. All
+/// writable handles of one file share one choice while any is open, so cached and uncached
+/// writes never mix on a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageCache {
+    Off,
+    On,
+    Auto,
+}
+
+/// The answer to open and create: the handle, and whether the kernel should bypass its page
+/// cache for it.
+#[derive(Clone, Copy, Debug)]
+pub struct Opened {
+    pub fh: u64,
+    pub bypass_page_cache: bool,
 }
 
 pub struct Engine {
@@ -98,6 +131,8 @@ pub struct Engine {
     next_handle: AtomicU64,
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
+    /// Per inode number, under `PageCache::Auto`.
+    writer_modes: Mutex<HashMap<u64, WriterMode>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -125,6 +160,7 @@ impl Engine {
             next_handle: AtomicU64::new(1),
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
+            writer_modes: Mutex::new(HashMap::new()),
         })
     }
 
@@ -346,7 +382,7 @@ impl Engine {
         flags
     }
 
-    fn register_file(&self, inode: Arc<Inode>, file: File, flags: i32) -> SysResult<u64> {
+    fn register_file(&self, inode: Arc<Inode>, file: File, flags: i32) -> SysResult<Opened> {
         let st = data::stat(&file)?;
         let state = (st.st_mode & libc::S_IFMT == libc::S_IFREG)
             .then(|| self.writeback.open_file(&inode, st.st_size as u64));
@@ -354,14 +390,41 @@ impl Engine {
             self.writeback.set_size(state, 0)?;
         }
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let mut bypass_page_cache = false;
+        if let (Some(state), true, PageCache::Auto) = (&state, writable, self.config.page_cache) {
+            let mut modes = lock(&self.writer_modes);
+            let mode = modes.entry(inode.ino).or_insert_with(|| WriterMode {
+                handles: 0,
+                bypass_page_cache: self.holds_data(&file, state),
+            });
+            mode.handles += 1;
+            bypass_page_cache = mode.bypass_page_cache;
+        }
         let fh = self.new_handle();
         lock(&self.files).insert(fh, Arc::new(OpenFile { inode, file, state, writable }));
-        Ok(fh)
+        Ok(Opened { fh, bypass_page_cache })
     }
 
-    pub fn open(&self, ino: u64, flags: i32) -> SysResult<u64> {
+    /// Whether a partial-page write into this file could make the kernel read old data:
+    /// bytes in the write buffer or data (not holes, not unwritten allocation) on the backend.
+    fn holds_data(&self, file: &File, state: &FileState) -> bool {
+        if self.writeback.size(state) == 0 {
+            return false;
+        }
+        if self.writeback.has_buffered_data(state) {
+            return true;
+        }
+        // Doubt counts as data: the uncached path is always correct, only slower.
+        !matches!(data::seek(file, 0, libc::SEEK_DATA), Err(Errno(libc::ENXIO)))
+    }
+
+    /// `drop_set_id_bits`: an unprivileged open with O_TRUNC (see [`Engine::drop_set_id_bits`]).
+    pub fn open(&self, ino: u64, flags: i32, drop_set_id_bits: bool) -> SysResult<Opened> {
         let inode = self.inode(ino)?;
         let file = self.backend.open(&inode.node, Self::backend_open_flags(flags))?;
+        if drop_set_id_bits && flags & libc::O_TRUNC != 0 {
+            self.drop_set_id_bits(&inode)?;
+        }
         self.register_file(inode, file, flags)
     }
 
@@ -372,16 +435,16 @@ impl Engine {
         mode: u32,
         flags: i32,
         caller: Caller,
-    ) -> SysResult<(Entry, u64)> {
+    ) -> SysResult<(Entry, Opened)> {
         let name = Self::checked_name(parent, name, true)?;
-        let parentinode = self.inode(parent)?;
+        let parent_inode = self.inode(parent)?;
         let (file, node, _) = self.backend.create(
-            &parentinode.node,
+            &parent_inode.node,
             &name,
             Self::backend_open_flags(flags) | (flags & libc::O_EXCL),
             mode,
         )?;
-        let st = self.give_to_caller(&parentinode, &node, caller)?;
+        let st = self.give_to_caller(&parent_inode, &node, caller)?;
         let entry = self.remember(node, st);
         let inode = self.inode(entry.stat.st_ino)?;
         Ok((entry, self.register_file(inode, file, flags)?))
@@ -442,6 +505,15 @@ impl Engine {
 
     pub fn release(&self, fh: u64) -> SysResult<()> {
         let open = lock(&self.files).remove(&fh).ok_or(Errno(libc::EBADF))?;
+        if open.writable && open.state.is_some() && self.config.page_cache == PageCache::Auto {
+            let mut modes = lock(&self.writer_modes);
+            if let Some(mode) = modes.get_mut(&open.inode.ino) {
+                mode.handles -= 1;
+                if mode.handles == 0 {
+                    modes.remove(&open.inode.ino);
+                }
+            }
+        }
         if let Some(state) = &open.state {
             self.writeback.release_file(state);
         }

@@ -329,6 +329,12 @@ impl Writeback {
         lock(&file.inner).size
     }
 
+    /// Whether any of the file's data is in memory (buffered or on its way to the backend).
+    pub fn has_buffered_data(&self, file: &FileState) -> bool {
+        let inner = lock(&file.inner);
+        !inner.dirty.is_empty() || !inner.in_flight.is_empty()
+    }
+
     pub fn last_write(&self, file: &FileState) -> Option<SystemTime> {
         lock(&file.inner).last_write
     }
