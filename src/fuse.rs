@@ -352,7 +352,8 @@ impl Filesystem for FuseAdapter {
         reply: ReplyWrite,
     ) {
         let drop_set_id_bits = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.engine.write(fh.0, offset, data, flags.0, drop_set_id_bits) {
+        let from_page_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        match self.engine.write(fh.0, offset, data, flags.0, drop_set_id_bits, from_page_cache) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(fuse_errno(e)),
         }

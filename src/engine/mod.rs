@@ -476,7 +476,16 @@ impl Engine {
     }
 
     /// `drop_set_id_bits`: the writer lacks CAP_FSETID (see [`Engine::drop_set_id_bits`]).
-    pub fn write(&self, fh: u64, offset: u64, bytes: &[u8], flags: i32, drop_set_id_bits: bool) -> SysResult<u32> {
+    /// `from_page_cache`: see [`Writeback::write`].
+    pub fn write(
+        &self,
+        fh: u64,
+        offset: u64,
+        bytes: &[u8],
+        flags: i32,
+        drop_set_id_bits: bool,
+        from_page_cache: bool,
+    ) -> SysResult<u32> {
         let open = self.open_file(fh)?;
         let state = open.state()?;
         if drop_set_id_bits {
@@ -485,7 +494,7 @@ impl Engine {
         self.metrics.application_write_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         self.metrics.application_write_requests.fetch_add(1, Ordering::Relaxed);
         self.metrics.application_write_sizes.record(bytes.len() as u64);
-        self.writeback.write(state, offset, bytes)?;
+        self.writeback.write(state, offset, bytes, from_page_cache)?;
         if flags & libc::O_DSYNC != 0 {
             // O_SYNC and O_DSYNC writes are durable when they return.
             self.writeback.flush_file(state, Some(flags & libc::O_SYNC != libc::O_SYNC))?;

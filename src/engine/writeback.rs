@@ -247,9 +247,14 @@ impl Writeback {
     }
 
     /// Buffers one application write. Returns the sticky flush error, if any, instead.
-    pub fn write(&self, file: &Arc<FileState>, offset: u64, bytes: &[u8]) -> SysResult<()> {
-        if let Some(err) = lock(&file.inner).error.take() {
-            return Err(err);
+    /// `from_page_cache`: the kernel writing back its cache, not an application's write(2). A
+    /// pending flush error is then left for fsync or close: refused, the kernel would drop
+    /// those pages, and the bytes with them.
+    pub fn write(&self, file: &Arc<FileState>, offset: u64, bytes: &[u8], from_page_cache: bool) -> SysResult<()> {
+        if !from_page_cache {
+            if let Some(err) = lock(&file.inner).error.take() {
+                return Err(err);
+            }
         }
         let unit_bytes = self.config.unit_bytes;
         let end = offset + bytes.len() as u64;
