@@ -460,7 +460,7 @@ impl Engine {
         };
         // The overlay is taken before the backend is read: a unit whose flush ends in between
         // is then in both, never in neither.
-        let (logical_size, overlay) = self.writeback.snapshot_overlay(state, offset, size as u64);
+        let (logical_size, overlay, _reading) = self.writeback.snapshot_overlay(state, offset, size as u64);
         let len = logical_size.saturating_sub(offset).min(size as u64) as usize;
         let mut buf = vec![0u8; len];
         data::read_at(&open.file, &mut buf, offset)?; // short where the backend is shorter: zeros

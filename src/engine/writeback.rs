@@ -80,6 +80,34 @@ struct FileInner {
     open_handles: u64,
     last_write: Option<SystemTime>,
     backend_files: Option<Arc<BackendFiles>>,
+    /// Units whose backend bytes a reader is reading through the page cache, and how many
+    /// readers. A unit is never flushed while read there, nor read there while flushed: after
+    /// an O_DIRECT write the kernel must drop the cached pages it covers, and a page a reader
+    /// is filling cannot be dropped (the write then fails the file with EIO, "Page cache
+    /// invalidation failure on direct I/O", and the stale page stays).
+    backend_readers: BTreeMap<u64, usize>,
+}
+
+/// A read of the backend's bytes under way; see `FileInner::backend_readers`.
+pub struct BackendRead<'a> {
+    file: &'a FileState,
+    units: std::ops::RangeInclusive<u64>,
+}
+
+impl Drop for BackendRead<'_> {
+    fn drop(&mut self) {
+        let mut inner = lock(&self.file.inner);
+        for unit in self.units.clone() {
+            if let Some(readers) = inner.backend_readers.get_mut(&unit) {
+                *readers -= 1;
+                if *readers == 0 {
+                    inner.backend_readers.remove(&unit);
+                }
+            }
+        }
+        drop(inner);
+        self.file.flush_ended.notify_all();
+    }
 }
 
 pub struct FileState {
@@ -167,6 +195,7 @@ impl Writeback {
                     open_handles: 0,
                     last_write: None,
                     backend_files: None,
+                    backend_readers: BTreeMap::new(),
                 }),
                 flush_ended: Condvar::new(),
             })
@@ -403,12 +432,26 @@ impl Writeback {
     /// Copies what the write buffer holds for [offset, offset+len) over `out`, which holds the
     /// backend's bytes for that range (zeros where the backend file is shorter). Returns the
     /// logical size; the caller trims the read to it.
-    pub fn snapshot_overlay(&self, file: &FileState, offset: u64, len: u64) -> (u64, Vec<(u64, Vec<u8>)>) {
+    /// Also waits until no unit in the range is being flushed and registers the read, until
+    /// the returned guard drops, so that none is (see `FileInner::backend_readers`).
+    pub fn snapshot_overlay<'a>(
+        &self,
+        file: &'a FileState,
+        offset: u64,
+        len: u64,
+    ) -> (u64, Vec<(u64, Vec<u8>)>, BackendRead<'a>) {
         let unit_bytes = self.config.unit_bytes;
-        let inner = lock(&file.inner);
+        let mut inner = lock(&file.inner);
         let end = offset + len;
         let first = offset / unit_bytes;
         let last = end.saturating_sub(1) / unit_bytes;
+        while inner.in_flight.range(first..=last).next().is_some() {
+            inner = file.flush_ended.wait(inner).unwrap_or_else(|p| p.into_inner());
+        }
+        for unit in first..=last {
+            *inner.backend_readers.entry(unit).or_insert(0) += 1;
+        }
+        let reading = BackendRead { file, units: first..=last };
         let mut pieces = Vec::new();
         // In-flight first, dirty after: a dirty unit is newer than the in-flight one it covers.
         let flying = inner.in_flight.range(first..=last).map(|(&k, u)| (k, &u.buf, &u.ranges));
@@ -422,7 +465,7 @@ impl Writeback {
                 }
             }
         }
-        (inner.size, pieces)
+        (inner.size, pieces, reading)
     }
 
     fn flusher_loop(&self) {
@@ -447,6 +490,12 @@ impl Writeback {
         let mut inner = lock(&file.inner);
         if inner.in_flight.contains_key(&unit) {
             return; // its end re-queues the newer dirty buffer, which stays `wanted`
+        }
+        while inner.backend_readers.contains_key(&unit) {
+            inner = file.flush_ended.wait(inner).unwrap_or_else(|p| p.into_inner());
+        }
+        if inner.in_flight.contains_key(&unit) {
+            return; // another flusher took it while this one waited
         }
         let Some(dirty) = inner.dirty.remove(&unit) else { return };
         let flying = Arc::new(FlushingUnit { buf: dirty.buf, ranges: dirty.ranges, epoch: dirty.epoch });
@@ -530,6 +579,7 @@ impl Writeback {
         // Sub-block edges go through the page cache as they come; the aligned interiors are
         // gathered and go to the O_DIRECT file together, all in flight at once.
         let mut direct_pieces: Vec<(&[u8], u64)> = Vec::new();
+        let mut subblock_pieces = 0;
         for r in flying.ranges.iter() {
             let (a, b) = (r.start, r.end.min(limit));
             if a >= b {
@@ -555,6 +605,7 @@ impl Writeback {
                     continue;
                 }
                 data::write_at(&files.buffered, bytes, unit_start + from)?;
+                subblock_pieces += 1;
                 self.count_write(to - from, false);
                 if !aligned {
                     self.metrics.backend_subblock_writes.fetch_add(1, Relaxed);
@@ -562,7 +613,14 @@ impl Writeback {
             }
         }
         if let Some(direct) = &files.direct {
-            let results = data::write_many_direct(direct, &direct_pieces);
+            // Together only when no piece of this unit went through the page cache: with a
+            // cached page beside them, concurrent O_DIRECT writes were seen (fsx) to fail the
+            // kernel's page invalidation and the file with EIO; one at a time they never did.
+            let results = if subblock_pieces == 0 {
+                data::write_many_direct(direct, &direct_pieces)
+            } else {
+                direct_pieces.iter().map(|(bytes, offset)| data::write_at(direct, bytes, *offset)).collect()
+            };
             let mut first_error = None;
             for ((bytes, offset), result) in direct_pieces.iter().zip(results) {
                 let went_direct = match result {
