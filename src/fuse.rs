@@ -41,12 +41,11 @@ fn granted_max_write_bytes(requested: u32) -> u32 {
 pub struct FuseAdapter {
     engine: Arc<Engine>,
     max_write_bytes: u32,
-    page_cache: PageCache,
 }
 
 impl FuseAdapter {
-    pub fn new(engine: Arc<Engine>, max_write_bytes: u32, page_cache: PageCache) -> FuseAdapter {
-        FuseAdapter { engine, max_write_bytes, page_cache }
+    pub fn new(engine: Arc<Engine>, max_write_bytes: u32) -> FuseAdapter {
+        FuseAdapter { engine, max_write_bytes }
     }
 }
 
@@ -192,7 +191,7 @@ impl Filesystem for FuseAdapter {
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             // O_TRUNC arrives with the open, so the engine sees a file emptied on open as empty.
             | InitFlags::FUSE_ATOMIC_O_TRUNC;
-        match self.page_cache {
+        match self.engine.page_cache() {
             PageCache::Off => {}
             PageCache::On => wanted |= InitFlags::FUSE_WRITEBACK_CACHE,
             // Handles that bypass the cache may still be mapped shared; with this flag the

@@ -327,11 +327,7 @@ fn run_mount(request: MountRequest) -> ExitCode {
         Ok(engine) => Arc::new(engine),
         Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
     };
-    let adapter = fuse::FuseAdapter::new(
-        engine,
-        geometry.unit_bytes.min(fuse::MAX_WRITE_BYTES_LIMIT) as u32,
-        opts.writeback_cache,
-    );
+    let adapter = fuse::FuseAdapter::new(engine, geometry.unit_bytes.min(fuse::MAX_WRITE_BYTES_LIMIT) as u32);
     let source = opts.fsname.clone().unwrap_or_else(|| backing.display().to_string());
 
     let acl = if opts.allow_other {

@@ -164,6 +164,11 @@ impl Engine {
         })
     }
 
+    /// The page-cache policy; the FUSE adapter negotiates the kernel flags it needs.
+    pub fn page_cache(&self) -> PageCache {
+        self.config.page_cache
+    }
+
     fn inode(&self, ino: u64) -> SysResult<Arc<Inode>> {
         // A number the kernel uses but we forgot would be a protocol bug; ESTALE is what a
         // network file system answers for a handle it no longer knows.
