@@ -31,7 +31,7 @@ usage:
 mount options (-o): allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE workers, default 4),
   unit=SIZE (power of two, 4K..64M; default discovered from the backing device, else 1M),
   buffer=SIZE (write buffer bound, default 256M), flushers=N (default: cores, 2..8),
-  flush_age=DURATION (default 5s), writeback_cache[=on|auto|off] (default off), metrics=ADDR:PORT (Prometheus text),
+  flush_age=DURATION (default 5s), writeback_cache[=auto|on|off] (default auto), metrics=ADDR:PORT (Prometheus text),
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
   dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.";
 

@@ -73,7 +73,7 @@ impl Default for MountOptions {
             buffer_bytes: BUFFER_BYTES_DEFAULT,
             flushers: default_flushers(),
             flush_age: std::time::Duration::from_secs(5),
-            writeback_cache: crate::engine::PageCache::Off,
+            writeback_cache: crate::engine::PageCache::Auto,
             metrics_address: None,
         }
     }

@@ -21,7 +21,7 @@ use crate::backend::local::{self, data, DirEntry, LocalBackend, Node, TimesToSet
 use crate::metrics::Metrics;
 use crate::sys::{name_cstring, Errno, SysResult};
 use inodes::{Inode, InodeTable, ROOT_INO};
-use writeback::{FileState, Writeback, WritebackConfig};
+use writeback::{ErrorReport, FileState, Writeback, WritebackConfig};
 
 /// Who asked: files and directories created on a user's behalf belong to that user.
 #[derive(Debug, Clone, Copy)]
@@ -502,7 +502,7 @@ impl Engine {
         self.writeback.write(state, offset, bytes, from_page_cache)?;
         if flags & libc::O_DSYNC != 0 {
             // O_SYNC and O_DSYNC writes are durable when they return.
-            self.writeback.flush_file(state, Some(flags & libc::O_SYNC != libc::O_SYNC))?;
+            self.writeback.flush_file(state, Some(flags & libc::O_SYNC != libc::O_SYNC), ErrorReport::Sync)?;
         }
         Ok(bytes.len() as u32)
     }
@@ -512,7 +512,7 @@ impl Engine {
     pub fn flush(&self, fh: u64) -> SysResult<()> {
         let open = self.open_file(fh)?;
         match &open.state {
-            Some(state) if open.writable => self.writeback.flush_file(state, None),
+            Some(state) if open.writable => self.writeback.flush_file(state, None, ErrorReport::Close),
             _ => Ok(()),
         }
     }
@@ -537,7 +537,7 @@ impl Engine {
     pub fn fsync(&self, fh: u64, data_only: bool) -> SysResult<()> {
         let open = self.open_file(fh)?;
         match &open.state {
-            Some(state) => self.writeback.flush_file(state, Some(data_only)),
+            Some(state) => self.writeback.flush_file(state, Some(data_only), ErrorReport::Sync),
             None => data::sync(&open.file, data_only),
         }
     }
@@ -547,7 +547,7 @@ impl Engine {
     fn flushed(&self, fh: u64) -> SysResult<Arc<OpenFile>> {
         let open = self.open_file(fh)?;
         if let Some(state) = &open.state {
-            self.writeback.flush_file(state, None)?;
+            self.writeback.flush_file(state, None, ErrorReport::Write)?;
         }
         Ok(open)
     }

@@ -69,13 +69,51 @@ struct FlushingUnit {
     epoch: u64,
 }
 
+/// Who is told of a failed flush. Each learns of every failure once, on its own account: a close
+/// (any close, even a forked child's close-on-exec, which nobody checks) must not use up the
+/// report an fsync is owed, and an fsync that reported it must not make the next write fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorReport {
+    /// write(2), and operations that need the buffer written first (fallocate, copy_file_range).
+    Write = 0,
+    /// close(2) (FUSE FLUSH).
+    Close = 1,
+    /// fsync(2), fdatasync(2), O_SYNC/O_DSYNC writes, unmount.
+    Sync = 2,
+}
+
+#[derive(Default)]
+struct FlushErrors {
+    last: Option<Errno>,
+    failures: u64,
+    /// For each `ErrorReport`, the number of failures it has been told of.
+    reported: [u64; 3],
+}
+
+impl FlushErrors {
+    fn record(&mut self, err: Errno) {
+        self.last = Some(err);
+        self.failures += 1;
+    }
+
+    /// The latest error, if this kind of caller has not been told of every failure yet.
+    fn report_to(&mut self, who: ErrorReport) -> Option<Errno> {
+        let reported = &mut self.reported[who as usize];
+        if *reported == self.failures {
+            return None;
+        }
+        *reported = self.failures;
+        self.last
+    }
+}
+
 struct FileInner {
     /// The size applications see: the backend's, plus buffered extension, less truncation.
     size: u64,
     dirty: BTreeMap<u64, DirtyUnit>,
     in_flight: BTreeMap<u64, Arc<FlushingUnit>>,
-    /// A flush error not yet reported to the application.
-    error: Option<Errno>,
+    /// Failed flushes, and what each kind of caller has been told of them.
+    errors: FlushErrors,
     epoch: u64,
     open_handles: u64,
     last_write: Option<SystemTime>,
@@ -190,7 +228,7 @@ impl Writeback {
                     size,
                     dirty: BTreeMap::new(),
                     in_flight: BTreeMap::new(),
-                    error: None,
+                    errors: FlushErrors::default(),
                     epoch: 0,
                     open_handles: 0,
                     last_write: None,
@@ -281,7 +319,7 @@ impl Writeback {
     /// those pages, and the bytes with them.
     pub fn write(&self, file: &Arc<FileState>, offset: u64, bytes: &[u8], from_page_cache: bool) -> SysResult<()> {
         if !from_page_cache {
-            if let Some(err) = lock(&file.inner).error.take() {
+            if let Some(err) = lock(&file.inner).errors.report_to(ErrorReport::Write) {
                 return Err(err);
             }
         }
@@ -334,8 +372,9 @@ impl Writeback {
     }
 
     /// Flushes every unit of `file` dirty now and waits for them; with `sync_backend`, then
-    /// makes the backend durable (fsync/fdatasync).
-    pub fn flush_file(&self, file: &Arc<FileState>, sync_backend: Option<bool>) -> SysResult<()> {
+    /// makes the backend durable (fsync/fdatasync). A flush failure `report` has not been told
+    /// of yet ends the wait with its error; the data stays buffered for the next attempt.
+    pub fn flush_file(&self, file: &Arc<FileState>, sync_backend: Option<bool>, report: ErrorReport) -> SysResult<()> {
         let mut inner = lock(&file.inner);
         let target = inner.epoch;
         inner.epoch += 1;
@@ -343,7 +382,7 @@ impl Writeback {
         loop {
             let pending = inner.dirty.values().any(|u| u.epoch <= target)
                 || inner.in_flight.values().any(|u| u.epoch <= target);
-            if let Some(err) = inner.error.take() {
+            if let Some(err) = inner.errors.report_to(report) {
                 return Err(err);
             }
             if !pending {
@@ -518,7 +557,7 @@ impl Writeback {
             Err(err) => {
                 self.metrics.flush_errors.fetch_add(1, Relaxed);
                 log::warn!("flush of unit {unit} of inode {} failed: {err}; the data stays buffered", file.inode.ino);
-                inner.error = Some(err);
+                inner.errors.record(err);
                 let flown = Arc::try_unwrap(flown).unwrap_or_else(|_| panic!("no reader keeps a flushing unit"));
                 match inner.dirty.get_mut(&unit) {
                     Some(newer) => {
@@ -685,7 +724,7 @@ impl Writeback {
     pub fn shut_down(&self) {
         let files: Vec<Arc<FileState>> = lock(&self.files).values().cloned().collect();
         for file in files {
-            if let Err(e) = self.flush_file(&file, Some(true)) {
+            if let Err(e) = self.flush_file(&file, Some(true), ErrorReport::Sync) {
                 let inner = lock(&file.inner);
                 let bytes: u64 = inner.dirty.values().map(|u| u.ranges.bytes()).sum();
                 log::error!("inode {}: {bytes} buffered bytes could not be written at unmount: {e}", file.inode.ino);

@@ -15,6 +15,15 @@ pub fn stderr_of(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Polls `done` until it holds; panics naming `what` after 10 s.
+pub fn wait_for(mut done: impl FnMut() -> bool, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 pub struct TestMount {
     _dir: tempfile::TempDir,
     pub backing: PathBuf,
@@ -108,6 +117,25 @@ impl TestMount {
                 Some((words.next()?.to_string(), words.next()?.parse().ok()?))
             })
             .collect()
+    }
+
+    /// One counter, asked of the daemon's control socket from this process: unlike `stats`, no
+    /// child process inherits the test's open files (and closes them at exec, which the
+    /// file system sees as a close).
+    pub fn counter(&self, name: &str) -> u64 {
+        use std::io::{Read, Write};
+        let socket = self.backing.join(".coalescefs/control.sock");
+        let mut stream = std::os::unix::net::UnixStream::connect(&socket).expect("control socket");
+        stream.write_all(b"stats\n").unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+            .lines()
+            .find_map(|l| {
+                let mut words = l.split_whitespace();
+                (words.next()? == name).then(|| words.next()?.parse().ok())?
+            })
+            .unwrap_or_else(|| panic!("no counter {name} in:\n{answer}"))
     }
 
     pub fn daemon_pid(&self) -> i32 {
