@@ -32,6 +32,8 @@ mount options (-o): allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE wo
   unit=SIZE (power of two, 4K..64M; default discovered from the backing device, else 1M),
   buffer=SIZE (write buffer bound, default 256M), flushers=N (default: cores, 2..8),
   flush_age=DURATION (default 5s), writeback_cache[=auto|on|off] (default auto), metrics=ADDR:PORT (Prometheus text),
+  max_write=SIZE (largest FUSE write request; default the unit, at most 16M),
+  backend=local|null (null: names and sizes in BACKING_DIR, data counted and discarded),
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
   dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.";
 
@@ -319,6 +321,7 @@ fn run_mount(request: MountRequest) -> ExitCode {
             buffer_bytes: opts.buffer_bytes,
             flushers: opts.flushers,
             flush_age: opts.flush_age,
+            store: opts.data_store,
         },
         page_cache: opts.writeback_cache,
     };
@@ -327,7 +330,8 @@ fn run_mount(request: MountRequest) -> ExitCode {
         Ok(engine) => Arc::new(engine),
         Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
     };
-    let adapter = fuse::FuseAdapter::new(engine, geometry.unit_bytes.min(fuse::MAX_WRITE_BYTES_LIMIT) as u32);
+    let max_write = opts.max_write_bytes.unwrap_or(geometry.unit_bytes).min(fuse::MAX_WRITE_BYTES_LIMIT);
+    let adapter = fuse::FuseAdapter::new(engine, max_write as u32);
     let source = opts.fsname.clone().unwrap_or_else(|| backing.display().to_string());
 
     let acl = if opts.allow_other {

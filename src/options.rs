@@ -38,6 +38,11 @@ pub struct MountOptions {
     pub writeback_cache: crate::engine::PageCache,
     /// `metrics=ADDR:PORT`: serve the counters in the Prometheus text format.
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// `backend=local|null`: where data goes (names and attributes always in the directory).
+    pub data_store: crate::backend::DataStore,
+    /// `max_write=SIZE`: the largest FUSE write request asked of the kernel, instead of the
+    /// unit size (capped at 16 MiB either way).
+    pub max_write_bytes: Option<u64>,
 }
 
 pub const BUFFER_BYTES_DEFAULT: u64 = 256 << 20;
@@ -75,6 +80,8 @@ impl Default for MountOptions {
             flush_age: std::time::Duration::from_secs(5),
             writeback_cache: crate::engine::PageCache::Auto,
             metrics_address: None,
+            data_store: crate::backend::DataStore::Local,
+            max_write_bytes: None,
         }
     }
 }
@@ -161,6 +168,21 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
             options.metrics_address = Some(v.parse().map_err(|_| {
                 UsageError(format!("metrics={v}: expected ADDRESS:PORT, for example 127.0.0.1:9100"))
             })?);
+        }
+        "backend" => {
+            options.data_store = match need_value(value)? {
+                "local" => crate::backend::DataStore::Local,
+                "null" => crate::backend::DataStore::Null,
+                v => return Err(UsageError(format!("backend={v}: expected local or null"))),
+            }
+        }
+        "max_write" => {
+            let v = need_value(value)?;
+            let bytes = parse_size(v).map_err(|e| UsageError(format!("max_write={v}: {e}")))?;
+            if !(4096..=crate::fuse::MAX_WRITE_BYTES_LIMIT).contains(&bytes) || bytes % 4096 != 0 {
+                return Err(UsageError(format!("max_write={v}: expected a multiple of 4 KiB from 4K to 16M")));
+            }
+            options.max_write_bytes = Some(bytes);
         }
         "threads" => options.threads = thread_count(key, need_value(value)?)?,
         k if KERNEL_FLAGS.contains(&k) && value.is_none() => options.kernel_flags.push(k.to_string()),

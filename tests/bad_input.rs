@@ -63,6 +63,9 @@ fn unknown_option_and_bad_values() {
     assert_fails(&coalescefs(&["mount", &b, &m, "-o", "allow_other,frobnicate"]), 2, "unknown mount option 'frobnicate'");
     assert_fails(&coalescefs(&["mount", &b, &m, "-o", "threads=0"]), 2, "threads=0: expected a whole number");
     assert_fails(&coalescefs(&["mount", &b, &m, "-o", "unit=3M"]), 2, "must be a power of two from 4K to 64M");
+    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "backend=s3"]), 2, "backend=s3: expected local or null");
+    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "max_write=5000"]), 2, "max_write=5000: expected a multiple of 4 KiB");
+    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "max_write=32M"]), 2, "max_write=32M: expected a multiple of 4 KiB");
     assert_fails(&coalescefs(&["mount", &b, &m, "--bogus"]), 2, "unknown flag '--bogus'");
     assert_fails(&coalescefs(&["mount", &b]), 2, "expected BACKING_DIR and MOUNTPOINT");
     assert_fails(&coalescefs(&["frobnicate"]), 2, "unknown command");

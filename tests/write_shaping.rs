@@ -18,6 +18,9 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn writes_straddling_units_reach_the_backend_as_units_aligned_to_absolute_offsets() {
+    if !in_a_process_of_its_own("writes_straddling_units_reach_the_backend_as_units_aligned_to_absolute_offsets") {
+        return;
+    }
     // Without the kernel's cache: the engine sees the application's writes as they were made.
     let m = TestMount::with_options(&["unit=64K", "writeback_cache=off"]);
     let f = OpenOptions::new().write(true).create(true).open(m.path("f")).unwrap();
@@ -39,6 +42,9 @@ fn writes_straddling_units_reach_the_backend_as_units_aligned_to_absolute_offset
 
 #[test]
 fn small_sequential_writes_become_whole_units() {
+    if !in_a_process_of_its_own("small_sequential_writes_become_whole_units") {
+        return;
+    }
     // Without the kernel's cache, which would gather the 4 KiB writes before the engine does.
     let m = TestMount::with_options(&["unit=256K", "writeback_cache=off"]);
     let mut f = File::create(m.path("f")).unwrap();
@@ -121,12 +127,16 @@ fn truncate_and_fallocate_of_buffered_ranges() {
 
 #[test]
 fn a_backend_eio_keeps_the_data_and_reaches_the_application() {
-    check_backend_eio(&[]);
+    if in_a_process_of_its_own("a_backend_eio_keeps_the_data_and_reaches_the_application") {
+        check_backend_eio(&[]);
+    }
 }
 
 #[test]
 fn a_backend_eio_keeps_the_data_and_reaches_the_application_without_the_kernel_cache() {
-    check_backend_eio(&["writeback_cache=off"]);
+    if in_a_process_of_its_own("a_backend_eio_keeps_the_data_and_reaches_the_application_without_the_kernel_cache") {
+        check_backend_eio(&["writeback_cache=off"]);
+    }
 }
 
 /// Through the kernel's cache: a flush has failed when the kernel writes back more pages;
@@ -136,6 +146,9 @@ fn a_backend_eio_keeps_the_data_and_reaches_the_application_without_the_kernel_c
 /// does not use up the report fsync is owed.
 #[test]
 fn a_backend_eio_under_the_kernel_writeback_cache_drops_nothing_either() {
+    if !in_a_process_of_its_own("a_backend_eio_under_the_kernel_writeback_cache_drops_nothing_either") {
+        return;
+    }
     let m = TestMount::build(&["unit=64K", "flush_age=3600s", "writeback_cache=on"], &[("COALESCEFS_INJECT_FLUSH_ERRORS", "1")], None);
     let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("f")).unwrap();
     let data = pattern(100_000, 17);
@@ -157,19 +170,7 @@ fn a_backend_eio_under_the_kernel_writeback_cache_drops_nothing_either() {
 /// close(2) hears of a failed flush too, and its report does not use up fsync's.
 #[test]
 fn a_backend_eio_reaches_close_and_fsync_each_once() {
-    // Other tests in this process start children, which hold copies of every descriptor until
-    // their exec closes them: closes the file system sees, which would hear of the failure
-    // first. So this runs alone, in a test process of its own.
-    const ALONE: &str = "COALESCEFS_TEST_ALONE";
-    if std::env::var_os(ALONE).is_none() {
-        let name = "a_backend_eio_reaches_close_and_fsync_each_once";
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", name, "--test-threads=1"])
-            .env(ALONE, "1")
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success() && stdout.contains("1 passed"), "{stdout}{}", stderr_of(&out));
+    if !in_a_process_of_its_own("a_backend_eio_reaches_close_and_fsync_each_once") {
         return;
     }
     let options = ["unit=64K", "flush_age=3600s", "writeback_cache=off"]; // the write reaches the engine now
@@ -347,6 +348,49 @@ fn memory_stays_bounded_with_four_writers_of_one_gib() {
         fs::remove_file(m.path(&format!("w{w}"))).unwrap();
     }
     eprintln!("peak RSS with buffer=64M: {} MiB; buffer waits: {}", peak >> 20, s["buffer_waits_total"]);
+}
+
+/// `backend=null` accepts and counts unit writes and stores none of their bytes; names and
+/// sizes still live in the backing directory.
+#[test]
+fn the_null_backend_counts_everything_and_stores_no_data() {
+    if !in_a_process_of_its_own("the_null_backend_counts_everything_and_stores_no_data") {
+        return;
+    }
+    let m = TestMount::with_options(&["backend=null", "unit=1M", "writeback_cache=off"]);
+    let mut f = File::create(m.path("f")).unwrap();
+    use std::io::Write;
+    for i in 0..48 {
+        f.write_all(&pattern(65_536, i as u8)).unwrap(); // 3 MiB in 64 KiB writes
+    }
+    f.write_all(&pattern(1000, 7)).unwrap(); // and a tail that is not a whole block
+    f.sync_all().unwrap();
+    let expected = 3 * 1024 * 1024 + 1000;
+    let s = m.stats();
+    assert_eq!(s["backend_write_bytes_total"], expected as u64, "{s:?}");
+    assert_eq!(s["units_flushed_full_total"], 4, "three units and the tail, whole up to EOF: {s:?}");
+    assert_eq!(fs::metadata(m.path("f")).unwrap().len(), expected as u64);
+    let backing = fs::metadata(m.backing_path("f")).unwrap();
+    assert_eq!(backing.len(), expected as u64, "the size is kept");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(backing.blocks(), 0, "no data is kept");
+}
+
+/// `max_write` sets the FUSE request size apart from the unit: 64 KiB requests still fill
+/// whole 1 MiB units.
+#[test]
+fn max_write_smaller_than_the_unit_still_fills_whole_units() {
+    if !in_a_process_of_its_own("max_write_smaller_than_the_unit_still_fills_whole_units") {
+        return;
+    }
+    let m = TestMount::with_options(&["unit=1M", "max_write=64K", "writeback_cache=off"]);
+    fs::write(m.path("f"), pattern(4 << 20, 5)).unwrap(); // one 4 MiB write(2)
+    File::open(m.path("f")).unwrap().sync_all().unwrap();
+    let s = m.stats();
+    assert_eq!(s["application_write_requests_total"], 64, "the kernel split it into 64 KiB requests: {s:?}");
+    assert_eq!(s["units_flushed_full_total"], 4, "{s:?}");
+    assert_eq!(s["units_flushed_partial_total"], 0, "{s:?}");
+    assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(4 << 20, 5));
 }
 
 #[test]

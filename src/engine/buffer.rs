@@ -11,6 +11,11 @@ pub const BUFFER_ALIGN_BYTES: usize = 4096;
 /// Transparent huge pages are 2 MiB with 4 KiB base pages (x86-64, arm64).
 const HUGE_PAGE_BYTES: usize = 2 << 20;
 
+/// Empty chunks kept mapped, per unit size. A stream of writes takes and frees units in turn,
+/// and a fresh mapping costs a page fault and the kernel's zeroing of every page: a fifth of
+/// the daemon's time when 4 MiB units streamed into the null backend at 1.5 GB/s.
+const WARM_CHUNK_BYTES: usize = 8 << 20;
+
 /// A zeroed, page-aligned byte buffer of one unit, mapped straight from the kernel, never
 /// from the malloc heap (which keeps freed units: the memory bound is about resident memory).
 ///
@@ -19,8 +24,9 @@ const HUGE_PAGE_BYTES: usize = 2 << 20;
 /// write reaches the device as one request: from 4 KiB pages a device that takes 128 segments
 /// per request (a loop device, many SSDs) receives a 1 MiB unit as two 512 KiB requests.
 /// Without huge pages (disabled, or memory too fragmented) the same chunks hold 4 KiB pages.
-/// A free slot is reused before a new chunk is mapped and a chunk with no unit in it is
-/// unmapped, so resident memory stays within the peak of units in use plus one chunk.
+/// A free slot is reused before a new chunk is mapped, and chunks with no unit in them are
+/// unmapped beyond `WARM_CHUNK_BYTES` per unit size, so resident memory stays within the peak
+/// of units in use plus one chunk.
 pub struct AlignedBuf {
     ptr: *mut u8,
     len: usize,
@@ -52,7 +58,7 @@ impl Drop for AlignedBuf {
 }
 
 mod chunks {
-    use super::HUGE_PAGE_BYTES;
+    use super::{HUGE_PAGE_BYTES, WARM_CHUNK_BYTES};
     use std::collections::BTreeMap;
     use std::sync::Mutex;
 
@@ -101,11 +107,12 @@ mod chunks {
         let class = classes.get_mut(&unit_len).expect("a unit buffer returns to the size it came from");
         let chunk = chunk_holding(&mut class.chunks, slot);
         chunk.units_in_use -= 1;
-        if chunk.units_in_use > 0 {
+        let (base, len, emptied) = (chunk.base, chunk.len, chunk.units_in_use == 0);
+        let warm_bytes: usize = class.chunks.iter().filter(|c| c.units_in_use == 0).map(|c| c.len).sum();
+        if !emptied || warm_bytes <= WARM_CHUNK_BYTES {
             class.free_slots.push(slot);
             return;
         }
-        let (base, len) = (chunk.base, chunk.len);
         class.free_slots.retain(|&s| !(base..base + len).contains(&s));
         class.chunks.retain(|c| c.base != base);
         unsafe { libc::munmap(base as *mut libc::c_void, len) };
@@ -173,31 +180,20 @@ impl RangeSet {
         self.ranges.iter().map(|r| r.end - r.start).sum()
     }
 
-    /// Adds `r`, merging with every range it overlaps or touches.
+    /// Adds `r`, merging with every range it overlaps or touches. Binary search: a unit
+    /// written in 512-byte pieces at random holds thousands of ranges.
     pub fn insert(&mut self, r: Range<u64>) {
         if r.start >= r.end {
             return;
         }
-        let mut merged = r;
-        let mut out = Vec::with_capacity(self.ranges.len() + 1);
-        let mut placed = false;
-        for existing in self.ranges.drain(..) {
-            if existing.end < merged.start {
-                out.push(existing);
-            } else if existing.start > merged.end {
-                if !placed {
-                    out.push(merged.clone());
-                    placed = true;
-                }
-                out.push(existing);
-            } else {
-                merged = merged.start.min(existing.start)..merged.end.max(existing.end);
-            }
-        }
-        if !placed {
-            out.push(merged);
-        }
-        self.ranges = out;
+        // [first, last) are the ranges that overlap or touch `r`.
+        let first = self.ranges.partition_point(|e| e.end < r.start);
+        let last = self.ranges.partition_point(|e| e.start <= r.end);
+        let merged = match self.ranges[first..last] {
+            [] => r,
+            ref touching => touching[0].start.min(r.start)..touching[touching.len() - 1].end.max(r.end),
+        };
+        self.ranges.splice(first..last, std::iter::once(merged));
         debug_assert!(self.ranges.windows(2).all(|w| w[0].end < w[1].start));
     }
 
@@ -211,7 +207,11 @@ impl RangeSet {
 
     /// Whether [start, end) is wholly inside one range.
     pub fn covers(&self, start: u64, end: u64) -> bool {
-        start >= end || self.ranges.iter().any(|r| r.start <= start && end <= r.end)
+        if start >= end {
+            return true;
+        }
+        let i = self.ranges.partition_point(|r| r.end < end);
+        self.ranges.get(i).is_some_and(|r| r.start <= start && end <= r.end)
     }
 
     /// The parts of `self` not in `other`.
@@ -251,7 +251,7 @@ mod tests {
 
     // Each test uses its own unit size: the chunks are shared by the whole process.
     #[test]
-    fn small_units_share_huge_page_chunks_come_back_zeroed_and_free_their_chunks() {
+    fn small_units_share_huge_page_chunks_come_back_zeroed_and_free_their_chunks_beyond_the_warm_ones() {
         let unit = 256 << 10;
         let mut bufs: Vec<AlignedBuf> = (0..9).map(|_| AlignedBuf::zeroed(unit)).collect();
         assert_eq!(chunks_of(unit), 2, "eight 256 KiB units to a 2 MiB chunk");
@@ -263,24 +263,56 @@ mod tests {
             b.as_mut_slice().fill(0xa5);
         }
         bufs.truncate(4);
-        assert_eq!(chunks_of(unit), 1, "the chunk that held only the ninth unit is unmapped");
-        let again = AlignedBuf::zeroed(unit);
-        assert!(again.as_slice().iter().all(|&b| b == 0), "a reused slot is zeroed");
-        assert_eq!(chunks_of(unit), 1, "a free slot is reused before a new chunk is mapped");
+        assert_eq!(chunks_of(unit), 2, "the chunk that held only the ninth unit stays warm");
+        let again: Vec<AlignedBuf> = (0..12).map(|_| AlignedBuf::zeroed(unit)).collect();
+        assert!(again.iter().all(|b| b.as_slice().iter().all(|&b| b == 0)), "reused slots are zeroed");
+        assert_eq!(chunks_of(unit), 2, "free slots are reused before a new chunk is mapped");
         drop(again);
         bufs.clear();
-        assert_eq!(chunks_of(unit), 0, "a chunk with no unit in it is unmapped");
+        assert_eq!(chunks_of(unit), 2, "two empty chunks of 2 MiB are within the warm allowance");
     }
 
     #[test]
     fn units_of_two_mib_and_more_are_huge_page_aligned_chunks_of_their_own() {
         let unit = 4 << 20;
-        let a = AlignedBuf::zeroed(unit);
-        let b = AlignedBuf::zeroed(unit);
-        assert_eq!(a.as_slice().as_ptr() as usize % HUGE_PAGE_BYTES, 0);
-        assert_eq!(chunks_of(unit), 2);
-        drop((a, b));
-        assert_eq!(chunks_of(unit), 0);
+        let bufs: Vec<AlignedBuf> = (0..5).map(|_| AlignedBuf::zeroed(unit)).collect();
+        assert!(bufs.iter().all(|b| b.as_slice().as_ptr() as usize % HUGE_PAGE_BYTES == 0));
+        assert_eq!(chunks_of(unit), 5);
+        drop(bufs);
+        assert_eq!(chunks_of(unit) * unit, WARM_CHUNK_BYTES, "empty chunks beyond the warm allowance are unmapped");
+    }
+
+    /// The binary-searched insert against the plain definition: a byte is in the set iff some
+    /// inserted range held it, and the ranges stay sorted, disjoint and apart.
+    #[test]
+    fn insert_and_covers_agree_with_a_byte_map() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for _ in 0..200 {
+            let mut s = RangeSet::default();
+            let mut bytes = [false; 512];
+            for _ in 0..next(40) {
+                let a = next(512);
+                let b = (a + 1 + next(64)).min(512);
+                s.insert(a..b);
+                bytes[a as usize..b as usize].fill(true);
+                assert!(s.ranges.windows(2).all(|w| w[0].end < w[1].start), "{s:?}");
+                for x in 0..512u64 {
+                    assert_eq!(s.covers(x, x + 1), bytes[x as usize], "byte {x} in {s:?}");
+                }
+                let (a, b) = (next(512), next(512));
+                let (a, b) = (a.min(b), a.max(b) + 1);
+                let plain = (a..b.min(512)).all(|x| bytes[x as usize]) && b <= 512;
+                let one_range = s.iter().any(|r| r.start <= a && b <= r.end);
+                assert_eq!(s.covers(a, b), one_range);
+                assert_eq!(one_range, plain, "[{a}, {b}) in {s:?}"); // ranges never touch, so covered = in one range
+            }
+        }
     }
 
     #[test]

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::buffer::{AlignedBuf, RangeSet};
 use super::inodes::Inode;
 use crate::backend::local::{data, LocalBackend};
+use crate::backend::DataStore;
 use crate::metrics::Metrics;
 use crate::sys::{Errno, SysResult};
 
@@ -32,6 +33,8 @@ pub struct WritebackConfig {
     pub buffer_bytes: u64,
     pub flushers: usize,
     pub flush_age: Duration,
+    /// Where unit bytes go: the backend's files, or nowhere (`backend=null`).
+    pub store: DataStore,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -643,7 +646,7 @@ impl Writeback {
                     direct_pieces.push((bytes, unit_start + from));
                     continue;
                 }
-                data::write_at(&files.buffered, bytes, unit_start + from)?;
+                self.config.store.write_at(&files.buffered, bytes, unit_start + from)?;
                 subblock_pieces += 1;
                 self.count_write(to - from, false);
                 if !aligned {
@@ -656,9 +659,9 @@ impl Writeback {
             // cached page beside them, concurrent O_DIRECT writes were seen (fsx) to fail the
             // kernel's page invalidation and the file with EIO; one at a time they never did.
             let results = if subblock_pieces == 0 {
-                data::write_many_direct(direct, &direct_pieces)
+                self.config.store.write_many_direct(direct, &direct_pieces)
             } else {
-                direct_pieces.iter().map(|(bytes, offset)| data::write_at(direct, bytes, *offset)).collect()
+                direct_pieces.iter().map(|(bytes, offset)| self.config.store.write_at(direct, bytes, *offset)).collect()
             };
             let mut first_error = None;
             for ((bytes, offset), result) in direct_pieces.iter().zip(results) {
@@ -668,7 +671,7 @@ impl Writeback {
                     // and the evidence, go through the page cache instead of failing the flush.
                     Err(Errno(libc::EINVAL)) => {
                         log::warn!("O_DIRECT write of {} bytes at {offset} refused (EINVAL); written through the page cache", bytes.len());
-                        match data::write_at(&files.buffered, bytes, *offset) {
+                        match self.config.store.write_at(&files.buffered, bytes, *offset) {
                             Ok(()) => false,
                             Err(e) => {
                                 first_error.get_or_insert(e);

@@ -15,6 +15,26 @@ pub fn stderr_of(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Whether this process should run the body of test `name`; when not, it has just run it in a
+/// test process of its own and checked that it passed. Other tests in one process start
+/// children, which hold copies of every open descriptor until their exec closes them, and the
+/// file system sees each such close (FUSE FLUSH: buffered units flushed early, flush failures
+/// retried and reported to nobody). Tests that count flushes or failures exactly run alone.
+pub fn in_a_process_of_its_own(name: &str) -> bool {
+    const ALONE: &str = "COALESCEFS_TEST_ALONE";
+    if std::env::var_os(ALONE).is_some() {
+        return true;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--test-threads=1"])
+        .env(ALONE, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("1 passed"), "{stdout}{}", stderr_of(&out));
+    false
+}
+
 /// Polls `done` until it holds; panics naming `what` after 10 s.
 pub fn wait_for(mut done: impl FnMut() -> bool, what: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
