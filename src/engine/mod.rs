@@ -1,6 +1,7 @@
 //! The engine decides; it knows nothing of FUSE. It owns the inode table, open file and
 //! directory handles, the hidden state folder, and ownership of files created on a user's
-//! behalf. Write shaping (units, write buffer, flushers) lands here next.
+//! behalf; `writeback` shapes writes (units, write buffer, flushers, memory bound) and
+//! `log_format` holds the intent log's on-disk format.
 //!
 //! Must not: speak the FUSE protocol (the adapter translates) or make system calls on the
 //! backing directory itself (the backend does).
@@ -8,6 +9,9 @@
 pub mod buffer;
 pub mod geometry;
 pub mod inodes;
+// The intent log (issue 4): its format and reader first; the writer and recovery come next.
+#[cfg_attr(not(test), allow(dead_code))]
+pub mod log_format;
 pub mod writeback;
 
 use std::collections::HashMap;
