@@ -268,7 +268,7 @@ fn batch_at(area: &[u8], area_blocks: u64, block: u64) -> Option<ValidBatch> {
 }
 
 /// Damage found before the tail of the log: recovery stops and says where.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Corruption {
     /// Byte offset in the log file.
     pub offset: u64,
@@ -285,6 +285,8 @@ impl fmt::Display for Corruption {
 #[derive(Debug, PartialEq, Eq)]
 pub struct LogContents {
     pub batches: Vec<Batch>,
+    /// Where every batch after the checkpoint starts (wrap batches too): (sequence, block).
+    pub starts: Vec<(u64, u64)>,
     pub next_seq: u64,
     pub next_block: u64,
 }
@@ -300,6 +302,7 @@ pub fn read_log(area: &[u8], sb: &Superblock) -> Result<LogContents, Corruption>
     assert!(area.len() >= sb.area_blocks as usize * LOG_BLOCK_BYTES, "the area is {} blocks", sb.area_blocks);
     let (mut block, mut seq) = (sb.checkpoint_block, sb.checkpoint_seq);
     let mut batches = Vec::new();
+    let mut starts = Vec::new();
     let mut walked = 0u64;
     loop {
         if block == sb.area_blocks {
@@ -311,6 +314,7 @@ pub fn read_log(area: &[u8], sb: &Superblock) -> Result<LogContents, Corruption>
                 if !b.wrap {
                     batches.push(Batch { seq, records });
                 }
+                starts.push((seq, block));
                 walked += b.blocks;
                 if walked > sb.area_blocks {
                     return Err(Corruption { offset: file_offset(block), reason: "the log goes round more than once".into() });
@@ -332,7 +336,7 @@ pub fn read_log(area: &[u8], sb: &Superblock) -> Result<LogContents, Corruption>
             }
         }
     }
-    Ok(LogContents { batches, next_seq: seq, next_block: block })
+    Ok(LogContents { batches, starts, next_seq: seq, next_block: block })
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@
 pub mod buffer;
 pub mod geometry;
 pub mod inodes;
+#[cfg_attr(not(test), allow(dead_code))]
+pub mod intent_log;
 // The intent log (issue 4): its format and reader first; the writer and recovery come next.
 #[cfg_attr(not(test), allow(dead_code))]
 pub mod log_format;

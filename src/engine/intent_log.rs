@@ -1,0 +1,339 @@
+//! The intent log: small pieces that must become durable before their unit fills go here,
+//! packed into whole blocks, one batch per group commit, instead of into the backend.
+//!
+//! Owns: placing batches in the ring, group commit (concurrent callers share one write and one
+//! flush), the checkpoint that releases space, and reading back what survived at open. Must
+//! not: decide what is logged (the write buffer does) or touch the log file's bytes other than
+//! through `LogFile` and `log_format`.
+//!
+//! The rules the reader relies on (see `log_format`): batches are written one at a time, each
+//! after the one before it is durable; a caller is answered only once its batch is durable.
+
+use std::path::Path;
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+use super::log_format::{
+    batch_blocks, encode_batch, encode_wrap, read_log, Batch, Corruption, Record, Superblock, LOG_BLOCK_BYTES,
+    SUPERBLOCK_COPIES,
+};
+use crate::backend::log_file::LogFile;
+use crate::sys::Errno;
+
+#[derive(Clone, Debug)]
+pub enum LogError {
+    Io(&'static str, Errno),
+    Corrupt(Corruption),
+    /// A batch larger than the whole ring, or a ring with no room left until a checkpoint.
+    Full { needed_blocks: u64, free_blocks: u64 },
+    /// The file exists with another size than asked for, or is not a log.
+    Mismatch(String),
+}
+
+impl std::fmt::Display for LogError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LogError::Io(what, e) => write!(f, "intent log: {what}: {e}"),
+            LogError::Corrupt(c) => write!(f, "{c}"),
+            LogError::Full { needed_blocks, free_blocks } => {
+                write!(f, "intent log full: {needed_blocks} blocks needed, {free_blocks} free until a checkpoint")
+            }
+            LogError::Mismatch(why) => write!(f, "intent log: {why}"),
+        }
+    }
+}
+
+struct Ring {
+    sb: Superblock,
+    next_block: u64,
+    next_seq: u64,
+    /// Where each batch since the checkpoint starts, by sequence number (for checkpoints).
+    starts: std::collections::VecDeque<(u64, u64)>,
+}
+
+impl Ring {
+    /// Blocks in use from the checkpoint to the next write position.
+    fn used_blocks(&self) -> u64 {
+        if self.next_seq == self.sb.checkpoint_seq {
+            return 0;
+        }
+        (self.next_block + self.sb.area_blocks - self.sb.checkpoint_block) % self.sb.area_blocks
+    }
+}
+
+struct Pending {
+    records: Vec<Record>,
+    /// Tickets handed to callers, and the highest one whose records are durable.
+    next_ticket: u64,
+    durable_ticket: u64,
+    /// Ticket ranges whose batch failed, and why: the newest few.
+    failed: std::collections::VecDeque<(u64, u64, LogError)>,
+    leader_active: bool,
+}
+
+pub struct IntentLog {
+    file: LogFile,
+    ring: Mutex<Ring>,
+    pending: Mutex<Pending>,
+    committed: Condvar,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl IntentLog {
+    /// Opens the log at `path` (creating one of `size_bytes` when there is none) and returns
+    /// it with every batch written after the last checkpoint, for recovery to replay.
+    pub fn open(path: &Path, size_bytes: u64) -> Result<(IntentLog, Vec<Batch>), LogError> {
+        let block = LOG_BLOCK_BYTES as u64;
+        let area_blocks = size_bytes / block - SUPERBLOCK_COPIES;
+        if size_bytes % block != 0 || size_bytes / block <= SUPERBLOCK_COPIES + 1 {
+            return Err(LogError::Mismatch(format!("a log of {size_bytes} bytes is not whole 4 KiB blocks, or too small")));
+        }
+        let (file, created) = LogFile::open_or_create(path, size_bytes, LOG_BLOCK_BYTES).map_err(|e| LogError::Io("open", e))?;
+        if created {
+            let first = Superblock { generation: 0, area_blocks, checkpoint_seq: 1, checkpoint_block: 0 };
+            file.write_blocks(0, &first.encode()).map_err(|e| LogError::Io("write superblock", e))?;
+            file.sync().map_err(|e| LogError::Io("sync", e))?;
+        }
+        let bytes = file.read_all().map_err(|e| LogError::Io("read", e))?;
+        if bytes.len() as u64 != size_bytes {
+            return Err(LogError::Mismatch(format!(
+                "{} is {} bytes, not the {size_bytes} asked for (log_size= must not change while the log holds data)",
+                path.display(),
+                bytes.len()
+            )));
+        }
+        let copies = [&bytes[..LOG_BLOCK_BYTES], &bytes[LOG_BLOCK_BYTES..2 * LOG_BLOCK_BYTES]];
+        let sb = Superblock::newest(copies)
+            .ok_or_else(|| LogError::Mismatch(format!("{} holds no intact log superblock", path.display())))?;
+        if sb.area_blocks != area_blocks {
+            return Err(LogError::Mismatch(format!("{} says {} blocks, the file holds {area_blocks}", path.display(), sb.area_blocks)));
+        }
+        let contents = read_log(&bytes[2 * LOG_BLOCK_BYTES..], &sb).map_err(LogError::Corrupt)?;
+        let ring = Ring { sb, next_block: contents.next_block, next_seq: contents.next_seq, starts: contents.starts.into() };
+        let log = IntentLog {
+            file,
+            ring: Mutex::new(ring),
+            pending: Mutex::new(Pending { records: Vec::new(), next_ticket: 1, durable_ticket: 0, failed: Default::default(), leader_active: false }),
+            committed: Condvar::new(),
+        };
+        Ok((log, contents.batches))
+    }
+
+    /// Makes `records` durable in the log; returns once they are. Concurrent callers share
+    /// batches: whoever finds no batch being written writes everything queued, as one batch,
+    /// while the others wait for it.
+    pub fn commit(&self, records: Vec<Record>) -> Result<(), LogError> {
+        let mut pending = lock(&self.pending);
+        pending.records.extend(records);
+        let ticket = pending.next_ticket;
+        pending.next_ticket += 1;
+        while pending.durable_ticket < ticket {
+            if pending.leader_active {
+                pending = self.committed.wait(pending).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            pending.leader_active = true;
+            let records = std::mem::take(&mut pending.records);
+            let (first, last) = (pending.durable_ticket + 1, pending.next_ticket - 1);
+            drop(pending);
+            let result = self.write_batch(&records);
+            pending = lock(&self.pending);
+            pending.leader_active = false;
+            pending.durable_ticket = last;
+            if let Err(e) = result {
+                pending.failed.push_back((first, last, e));
+                if pending.failed.len() > 64 {
+                    pending.failed.pop_front();
+                }
+            }
+            self.committed.notify_all();
+        }
+        match pending.failed.iter().find(|(first, last, _)| (*first..=*last).contains(&ticket)) {
+            Some((_, _, why)) => Err(why.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn write_batch(&self, records: &[Record]) -> Result<(), LogError> {
+        let mut ring = lock(&self.ring);
+        let blocks = batch_blocks(records);
+        let area = ring.sb.area_blocks;
+        let wrap_waste = if ring.next_block + blocks > area { area - ring.next_block } else { 0 };
+        let free = area - ring.used_blocks();
+        // One block always stays free: a full ring would look empty.
+        if wrap_waste + blocks + 1 > free {
+            return Err(LogError::Full { needed_blocks: wrap_waste + blocks, free_blocks: free.saturating_sub(1) });
+        }
+        if wrap_waste > 0 {
+            let seq = ring.next_seq;
+            let at = ring.next_block;
+            self.file.write_blocks(SUPERBLOCK_COPIES + at, &encode_wrap(seq)).map_err(|e| LogError::Io("write", e))?;
+            ring.starts.push_back((seq, at));
+            ring.next_seq += 1;
+            ring.next_block = 0;
+        } else if ring.next_block == area {
+            ring.next_block = 0;
+        }
+        let (seq, at) = (ring.next_seq, ring.next_block);
+        self.file.write_blocks(SUPERBLOCK_COPIES + at, &encode_batch(seq, records)).map_err(|e| LogError::Io("write", e))?;
+        self.file.sync().map_err(|e| LogError::Io("sync", e))?;
+        ring.starts.push_back((seq, at));
+        ring.next_seq += 1;
+        ring.next_block = at + blocks;
+        Ok(())
+    }
+
+    /// Releases every batch before `first_kept_seq`: the caller has made what they hold
+    /// durable in the backend. Writes the next superblock generation to its copy and syncs.
+    pub fn checkpoint(&self, first_kept_seq: u64) -> Result<(), LogError> {
+        let mut ring = lock(&self.ring);
+        assert!(first_kept_seq <= ring.next_seq, "checkpoint past the log's end");
+        while ring.starts.front().is_some_and(|&(seq, _)| seq < first_kept_seq) {
+            ring.starts.pop_front();
+        }
+        let block = ring.starts.front().map_or(ring.next_block % ring.sb.area_blocks, |&(_, b)| b);
+        let sb = Superblock { generation: ring.sb.generation + 1, checkpoint_seq: first_kept_seq, checkpoint_block: block, ..ring.sb };
+        let copy = sb.generation % SUPERBLOCK_COPIES;
+        self.file.write_blocks(copy, &sb.encode()).map_err(|e| LogError::Io("write superblock", e))?;
+        self.file.sync().map_err(|e| LogError::Io("sync", e))?;
+        ring.sb = sb;
+        Ok(())
+    }
+
+    /// The sequence number the next batch will get.
+    pub fn next_seq(&self) -> u64 {
+        lock(&self.ring).next_seq
+    }
+
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn data(file_id: u64, offset: u64, len: usize, fill: u8) -> Record {
+        Record::Data { file_id, offset, bytes: vec![fill; len] }
+    }
+
+    #[test]
+    fn commits_survive_reopening_and_a_checkpoint_releases_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let size = 64 * LOG_BLOCK_BYTES as u64;
+        let (log, replay) = IntentLog::open(&path, size).unwrap();
+        assert!(replay.is_empty());
+        log.commit(vec![data(1, 0, 100, 1)]).unwrap();
+        log.commit(vec![data(2, 4096, 5000, 2), Record::Size { file_id: 2, size: 9096 }]).unwrap();
+        let kept_from = log.next_seq();
+        log.commit(vec![data(1, 100, 10, 3)]).unwrap();
+        drop(log);
+        let (log, replay) = IntentLog::open(&path, size).unwrap();
+        assert_eq!(replay.len(), 3, "everything committed is read back: {replay:?}");
+        assert_eq!(replay[1].records[1], Record::Size { file_id: 2, size: 9096 });
+        log.checkpoint(kept_from).unwrap();
+        drop(log);
+        let (_log, replay) = IntentLog::open(&path, size).unwrap();
+        assert_eq!(replay.len(), 1);
+        assert_eq!(replay[0].records, vec![data(1, 100, 10, 3)]);
+    }
+
+    #[test]
+    fn the_ring_wraps_and_refuses_to_overrun_its_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let size = 18 * LOG_BLOCK_BYTES as u64; // 16 blocks of area
+        let (log, _) = IntentLog::open(&path, size).unwrap();
+        let mut seqs = Vec::new();
+        for i in 0..40u64 {
+            seqs.push(log.next_seq());
+            match log.commit(vec![data(i, 0, 6000, i as u8)]) {
+                Ok(()) => {}
+                Err(LogError::Full { .. }) => {
+                    // Release all but the last batch; the commit then fits.
+                    log.checkpoint(log.next_seq() - 1).unwrap();
+                    log.commit(vec![data(i, 0, 6000, i as u8)]).unwrap();
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        drop(log);
+        let (_, replay) = IntentLog::open(&path, size).unwrap();
+        let last = replay.last().expect("batches since the checkpoint");
+        assert_eq!(last.records, vec![data(39, 0, 6000, 39)], "the newest commit is read back after many wraps");
+        assert!(replay.windows(2).all(|w| w[0].seq < w[1].seq));
+    }
+
+    #[test]
+    fn concurrent_commits_share_batches_and_all_come_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let size = 4096 * LOG_BLOCK_BYTES as u64;
+        let (log, _) = IntentLog::open(&path, size).unwrap();
+        let log = Arc::new(log);
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    for i in 0..50u64 {
+                        log.commit(vec![data(t, i * 512, 512, (t * 50 + i) as u8)]).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let batches_written = log.next_seq() - 1;
+        drop(log);
+        let (_, replay) = IntentLog::open(&path, size).unwrap();
+        let mut seen: Vec<(u64, u64)> = replay
+            .iter()
+            .flat_map(|b| &b.records)
+            .map(|r| match r {
+                Record::Data { file_id, offset, .. } => (*file_id, *offset),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        seen.sort();
+        let expected: Vec<(u64, u64)> = (0..8).flat_map(|t| (0..50).map(move |i| (t, i * 512))).collect();
+        assert_eq!(seen, expected, "every commit is in the log exactly once");
+        assert!(batches_written <= 400, "{batches_written} batches for 400 commits");
+        eprintln!("400 commits from 8 threads in {batches_written} batches");
+    }
+
+    #[test]
+    fn damage_before_the_tail_stops_the_open_with_the_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let size = 64 * LOG_BLOCK_BYTES as u64;
+        let (log, _) = IntentLog::open(&path, size).unwrap();
+        for i in 0..3 {
+            log.commit(vec![data(1, i * 100, 100, 7)]).unwrap();
+        }
+        drop(log);
+        // Flip one bit in the first batch (block 2 of the file).
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[2 * LOG_BLOCK_BYTES + 60] ^= 0x10;
+        std::fs::write(&path, &bytes).unwrap();
+        match IntentLog::open(&path, size) {
+            Err(LogError::Corrupt(c)) => assert_eq!(c.offset, 2 * LOG_BLOCK_BYTES as u64),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a damaged log opened"),
+        }
+    }
+
+    #[test]
+    fn a_log_of_another_size_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        IntentLog::open(&path, 64 * LOG_BLOCK_BYTES as u64).unwrap();
+        match IntentLog::open(&path, 128 * LOG_BLOCK_BYTES as u64) {
+            Err(LogError::Mismatch(why)) => assert!(why.contains("not the"), "{why}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("opened with the wrong size"),
+        }
+    }
+}
