@@ -58,6 +58,14 @@ pub struct Metrics {
     pub buffer_bytes_limit: AtomicU64,
     pub buffer_waits: AtomicU64,
     pub unit_bytes: AtomicU64,
+    /// fsyncs made durable by the intent log instead of the backend.
+    pub log_fsyncs: AtomicU64,
+    pub log_batches: AtomicU64,
+    pub log_records: AtomicU64,
+    pub log_write_bytes: AtomicU64,
+    pub log_checkpoints: AtomicU64,
+    /// Records applied to the backend from the log at mount, after a crash.
+    pub log_replayed_records: AtomicU64,
 }
 
 impl Metrics {
@@ -94,6 +102,12 @@ impl Metrics {
             ("buffer_bytes_limit", "Write buffer memory bound", self.buffer_bytes_limit.load(Relaxed)),
             ("buffer_waits_total", "Writes that waited for buffer memory", self.buffer_waits.load(Relaxed)),
             ("unit_bytes", "Unit size", self.unit_bytes.load(Relaxed)),
+            ("log_fsyncs_total", "fsyncs made durable by the intent log", self.log_fsyncs.load(Relaxed)),
+            ("log_batches_total", "Batches (group commits) written to the intent log", self.log_batches.load(Relaxed)),
+            ("log_records_total", "Records written to the intent log", self.log_records.load(Relaxed)),
+            ("log_write_bytes_total", "Bytes written to the intent log", self.log_write_bytes.load(Relaxed)),
+            ("log_checkpoints_total", "Checkpoints that released intent log space", self.log_checkpoints.load(Relaxed)),
+            ("log_replayed_records_total", "Intent log records replayed at mount", self.log_replayed_records.load(Relaxed)),
         ]
     }
 

@@ -43,7 +43,22 @@ pub struct MountOptions {
     /// `max_write=SIZE`: the largest FUSE write request asked of the kernel, instead of the
     /// unit size (capped at 16 MiB either way).
     pub max_write_bytes: Option<u64>,
+    /// `log=on|off|PATH`: the intent log, in the state folder (`on`) or at PATH.
+    pub log: LogPlace,
+    /// `log_size=SIZE`: the intent log's ring.
+    pub log_size_bytes: u64,
+    /// `checkpoint_interval=DURATION`: the longest between intent log checkpoints.
+    pub checkpoint_interval: std::time::Duration,
 }
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum LogPlace {
+    Off,
+    StateFolder,
+    At(std::path::PathBuf),
+}
+
+pub const LOG_SIZE_BYTES_DEFAULT: u64 = 64 << 20;
 
 pub const BUFFER_BYTES_DEFAULT: u64 = 256 << 20;
 
@@ -82,6 +97,9 @@ impl Default for MountOptions {
             metrics_address: None,
             data_store: crate::backend::DataStore::Local,
             max_write_bytes: None,
+            log: LogPlace::Off,
+            log_size_bytes: LOG_SIZE_BYTES_DEFAULT,
+            checkpoint_interval: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -183,6 +201,30 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
                 return Err(UsageError(format!("max_write={v}: expected a multiple of 4 KiB from 4K to 16M")));
             }
             options.max_write_bytes = Some(bytes);
+        }
+        "log" => {
+            options.log = match need_value(value)? {
+                "off" => LogPlace::Off,
+                "on" => LogPlace::StateFolder,
+                p if p.starts_with('/') => LogPlace::At(p.into()),
+                v => return Err(UsageError(format!("log={v}: expected on, off or an absolute path"))),
+            }
+        }
+        "log_size" => {
+            let v = need_value(value)?;
+            let bytes = parse_size(v).map_err(|e| UsageError(format!("log_size={v}: {e}")))?;
+            if bytes < 1 << 20 || bytes % 4096 != 0 {
+                return Err(UsageError(format!("log_size={v}: expected at least 1M, in whole 4K blocks")));
+            }
+            options.log_size_bytes = bytes;
+        }
+        "checkpoint_interval" => {
+            let v = need_value(value)?;
+            let d = parse_duration(v).map_err(|e| UsageError(format!("checkpoint_interval={v}: {e}")))?;
+            if d.is_zero() {
+                return Err(UsageError(format!("checkpoint_interval={v}: must be more than 0")));
+            }
+            options.checkpoint_interval = d;
         }
         "threads" => options.threads = thread_count(key, need_value(value)?)?,
         k if KERNEL_FLAGS.contains(&k) && value.is_none() => options.kernel_flags.push(k.to_string()),

@@ -66,6 +66,9 @@ fn unknown_option_and_bad_values() {
     assert_fails(&coalescefs(&["mount", &b, &m, "-o", "backend=s3"]), 2, "backend=s3: expected local or null");
     assert_fails(&coalescefs(&["mount", &b, &m, "-o", "max_write=5000"]), 2, "max_write=5000: expected a multiple of 4 KiB");
     assert_fails(&coalescefs(&["mount", &b, &m, "-o", "max_write=32M"]), 2, "max_write=32M: expected a multiple of 4 KiB");
+    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "log=somewhere"]), 2, "log=somewhere: expected on, off or an absolute path");
+    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "log=on,log_size=100K"]), 2, "log_size=100K: expected at least 1M");
+    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "checkpoint_interval=0s"]), 2, "checkpoint_interval=0s: must be more than 0");
     assert_fails(&coalescefs(&["mount", &b, &m, "--bogus"]), 2, "unknown flag '--bogus'");
     assert_fails(&coalescefs(&["mount", &b]), 2, "expected BACKING_DIR and MOUNTPOINT");
     assert_fails(&coalescefs(&["frobnicate"]), 2, "unknown command");

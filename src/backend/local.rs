@@ -258,6 +258,48 @@ impl LocalBackend {
         sys::openat(node.raw(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0).map(File::from)
     }
 
+    /// The file's persistent handle (name_to_handle_at): it finds the file again after a
+    /// restart, whatever it has been renamed to, and never finds another file in its place.
+    /// Encoded as the handle type (4 bytes, little-endian) and its bytes.
+    pub fn file_handle(&self, node: &Node) -> SysResult<Vec<u8>> {
+        const MAX_HANDLE_BYTES: usize = 128;
+        let mut raw = vec![0u8; std::mem::size_of::<libc::file_handle>() + MAX_HANDLE_BYTES];
+        let handle = raw.as_mut_ptr() as *mut libc::file_handle;
+        unsafe { (*handle).handle_bytes = MAX_HANDLE_BYTES as u32 };
+        let mut mount_id = 0;
+        check(unsafe { libc::name_to_handle_at(node.raw(), c"".as_ptr(), handle, &mut mount_id, libc::AT_EMPTY_PATH) })?;
+        let (len, kind) = unsafe { ((*handle).handle_bytes as usize, (*handle).handle_type) };
+        let header = std::mem::size_of::<libc::file_handle>();
+        let mut key = kind.to_le_bytes().to_vec();
+        key.extend_from_slice(&raw[header..header + len]);
+        Ok(key)
+    }
+
+    /// Opens a file by a handle from `file_handle`; ESTALE when the file is gone.
+    pub fn open_by_handle(&self, key: &[u8], flags: i32) -> SysResult<File> {
+        let header = std::mem::size_of::<libc::file_handle>();
+        if key.len() < 4 || key.len() - 4 > 128 {
+            return Err(Errno(libc::EINVAL));
+        }
+        let mut raw = vec![0u8; header + key.len() - 4];
+        let handle = raw.as_mut_ptr() as *mut libc::file_handle;
+        raw[header..].copy_from_slice(&key[4..]);
+        unsafe {
+            (*handle).handle_bytes = (key.len() - 4) as u32;
+            (*handle).handle_type = i32::from_le_bytes(key[..4].try_into().expect("four bytes"));
+        }
+        // An O_PATH descriptor will not do for either call here.
+        let root = self.open_dir_for_sync(&self.root)?;
+        let fd = check(unsafe { libc::open_by_handle_at(root.as_raw_fd(), handle, flags | libc::O_CLOEXEC) })?;
+        Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Makes everything written to the backing file system durable, in one call.
+    pub fn sync_file_system(&self) -> SysResult<()> {
+        let root = self.open_dir_for_sync(&self.root)?;
+        check(unsafe { libc::syncfs(root.as_raw_fd()) }).map(drop)
+    }
+
     pub fn statfs(&self, node: &Node) -> SysResult<libc::statvfs> {
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
         check(unsafe { libc::fstatvfs(node.raw(), &mut st) })?;

@@ -9,7 +9,6 @@
 
 mod aio;
 pub mod local;
-#[cfg_attr(not(test), allow(dead_code))]
 pub mod log_file;
 
 use std::fs::File;

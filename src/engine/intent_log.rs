@@ -17,7 +17,10 @@ use super::log_format::{
     SUPERBLOCK_COPIES,
 };
 use crate::backend::log_file::LogFile;
+use crate::metrics::Metrics;
 use crate::sys::Errno;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
 #[derive(Clone, Debug)]
 pub enum LogError {
@@ -27,6 +30,12 @@ pub enum LogError {
     Full { needed_blocks: u64, free_blocks: u64 },
     /// The file exists with another size than asked for, or is not a log.
     Mismatch(String),
+}
+
+impl From<Errno> for LogError {
+    fn from(e: Errno) -> LogError {
+        LogError::Io("checkpoint", e)
+    }
 }
 
 impl std::fmt::Display for LogError {
@@ -72,6 +81,7 @@ struct Pending {
 
 pub struct IntentLog {
     file: LogFile,
+    metrics: Arc<Metrics>,
     ring: Mutex<Ring>,
     pending: Mutex<Pending>,
     committed: Condvar,
@@ -84,7 +94,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl IntentLog {
     /// Opens the log at `path` (creating one of `size_bytes` when there is none) and returns
     /// it with every batch written after the last checkpoint, for recovery to replay.
-    pub fn open(path: &Path, size_bytes: u64) -> Result<(IntentLog, Vec<Batch>), LogError> {
+    pub fn open(path: &Path, size_bytes: u64, metrics: Arc<Metrics>) -> Result<(IntentLog, Vec<Batch>), LogError> {
         let block = LOG_BLOCK_BYTES as u64;
         let area_blocks = size_bytes / block - SUPERBLOCK_COPIES;
         if size_bytes % block != 0 || size_bytes / block <= SUPERBLOCK_COPIES + 1 {
@@ -114,6 +124,7 @@ impl IntentLog {
         let ring = Ring { sb, next_block: contents.next_block, next_seq: contents.next_seq, starts: contents.starts.into() };
         let log = IntentLog {
             file,
+            metrics,
             ring: Mutex::new(ring),
             pending: Mutex::new(Pending { records: Vec::new(), next_ticket: 1, durable_ticket: 0, failed: Default::default(), leader_active: false }),
             committed: Condvar::new(),
@@ -177,8 +188,12 @@ impl IntentLog {
             ring.next_block = 0;
         }
         let (seq, at) = (ring.next_seq, ring.next_block);
-        self.file.write_blocks(SUPERBLOCK_COPIES + at, &encode_batch(seq, records)).map_err(|e| LogError::Io("write", e))?;
+        let bytes = encode_batch(seq, records);
+        self.file.write_blocks(SUPERBLOCK_COPIES + at, &bytes).map_err(|e| LogError::Io("write", e))?;
         self.file.sync().map_err(|e| LogError::Io("sync", e))?;
+        self.metrics.log_batches.fetch_add(1, Relaxed);
+        self.metrics.log_records.fetch_add(records.len() as u64, Relaxed);
+        self.metrics.log_write_bytes.fetch_add(bytes.len() as u64 + wrap_waste.min(1) * LOG_BLOCK_BYTES as u64, Relaxed);
         ring.starts.push_back((seq, at));
         ring.next_seq += 1;
         ring.next_block = at + blocks;
@@ -199,7 +214,19 @@ impl IntentLog {
         self.file.write_blocks(copy, &sb.encode()).map_err(|e| LogError::Io("write superblock", e))?;
         self.file.sync().map_err(|e| LogError::Io("sync", e))?;
         ring.sb = sb;
+        self.metrics.log_checkpoints.fetch_add(1, Relaxed);
         Ok(())
+    }
+
+    /// How much of the ring holds batches not yet checkpointed.
+    pub fn used_fraction(&self) -> f64 {
+        let ring = lock(&self.ring);
+        ring.used_blocks() as f64 / ring.sb.area_blocks as f64
+    }
+
+    pub fn holds_batches(&self) -> bool {
+        let ring = lock(&self.ring);
+        ring.next_seq > ring.sb.checkpoint_seq
     }
 
     /// The sequence number the next batch will get.
@@ -212,10 +239,13 @@ impl IntentLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
-    fn data(file_id: u64, offset: u64, len: usize, fill: u8) -> Record {
-        Record::Data { file_id, offset, bytes: vec![fill; len] }
+    fn metrics() -> Arc<Metrics> {
+        Arc::new(Metrics::default())
+    }
+
+    fn data(file: u64, offset: u64, len: usize, fill: u8) -> Record {
+        Record::Data { file: file.to_le_bytes().to_vec(), offset, bytes: vec![fill; len] }
     }
 
     #[test]
@@ -223,19 +253,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
         let size = 64 * LOG_BLOCK_BYTES as u64;
-        let (log, replay) = IntentLog::open(&path, size).unwrap();
+        let (log, replay) = IntentLog::open(&path, size, metrics()).unwrap();
         assert!(replay.is_empty());
         log.commit(vec![data(1, 0, 100, 1)]).unwrap();
-        log.commit(vec![data(2, 4096, 5000, 2), Record::Size { file_id: 2, size: 9096 }]).unwrap();
+        log.commit(vec![data(2, 4096, 5000, 2), Record::Size { file: 2u64.to_le_bytes().to_vec(), size: 9096 }]).unwrap();
         let kept_from = log.next_seq();
         log.commit(vec![data(1, 100, 10, 3)]).unwrap();
         drop(log);
-        let (log, replay) = IntentLog::open(&path, size).unwrap();
+        let (log, replay) = IntentLog::open(&path, size, metrics()).unwrap();
         assert_eq!(replay.len(), 3, "everything committed is read back: {replay:?}");
-        assert_eq!(replay[1].records[1], Record::Size { file_id: 2, size: 9096 });
+        assert_eq!(replay[1].records[1], Record::Size { file: 2u64.to_le_bytes().to_vec(), size: 9096 });
         log.checkpoint(kept_from).unwrap();
         drop(log);
-        let (_log, replay) = IntentLog::open(&path, size).unwrap();
+        let (_log, replay) = IntentLog::open(&path, size, metrics()).unwrap();
         assert_eq!(replay.len(), 1);
         assert_eq!(replay[0].records, vec![data(1, 100, 10, 3)]);
     }
@@ -245,7 +275,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
         let size = 18 * LOG_BLOCK_BYTES as u64; // 16 blocks of area
-        let (log, _) = IntentLog::open(&path, size).unwrap();
+        let (log, _) = IntentLog::open(&path, size, metrics()).unwrap();
         let mut seqs = Vec::new();
         for i in 0..40u64 {
             seqs.push(log.next_seq());
@@ -260,7 +290,7 @@ mod tests {
             }
         }
         drop(log);
-        let (_, replay) = IntentLog::open(&path, size).unwrap();
+        let (_, replay) = IntentLog::open(&path, size, metrics()).unwrap();
         let last = replay.last().expect("batches since the checkpoint");
         assert_eq!(last.records, vec![data(39, 0, 6000, 39)], "the newest commit is read back after many wraps");
         assert!(replay.windows(2).all(|w| w[0].seq < w[1].seq));
@@ -271,7 +301,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
         let size = 4096 * LOG_BLOCK_BYTES as u64;
-        let (log, _) = IntentLog::open(&path, size).unwrap();
+        let (log, _) = IntentLog::open(&path, size, metrics()).unwrap();
         let log = Arc::new(log);
         let threads: Vec<_> = (0..8u64)
             .map(|t| {
@@ -288,12 +318,12 @@ mod tests {
         }
         let batches_written = log.next_seq() - 1;
         drop(log);
-        let (_, replay) = IntentLog::open(&path, size).unwrap();
+        let (_, replay) = IntentLog::open(&path, size, metrics()).unwrap();
         let mut seen: Vec<(u64, u64)> = replay
             .iter()
             .flat_map(|b| &b.records)
             .map(|r| match r {
-                Record::Data { file_id, offset, .. } => (*file_id, *offset),
+                Record::Data { file, offset, .. } => (u64::from_le_bytes(file[..].try_into().unwrap()), *offset),
                 other => panic!("{other:?}"),
             })
             .collect();
@@ -309,7 +339,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
         let size = 64 * LOG_BLOCK_BYTES as u64;
-        let (log, _) = IntentLog::open(&path, size).unwrap();
+        let (log, _) = IntentLog::open(&path, size, metrics()).unwrap();
         for i in 0..3 {
             log.commit(vec![data(1, i * 100, 100, 7)]).unwrap();
         }
@@ -318,7 +348,7 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[2 * LOG_BLOCK_BYTES + 60] ^= 0x10;
         std::fs::write(&path, &bytes).unwrap();
-        match IntentLog::open(&path, size) {
+        match IntentLog::open(&path, size, metrics()) {
             Err(LogError::Corrupt(c)) => assert_eq!(c.offset, 2 * LOG_BLOCK_BYTES as u64),
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("a damaged log opened"),
@@ -329,8 +359,8 @@ mod tests {
     fn a_log_of_another_size_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
-        IntentLog::open(&path, 64 * LOG_BLOCK_BYTES as u64).unwrap();
-        match IntentLog::open(&path, 128 * LOG_BLOCK_BYTES as u64) {
+        IntentLog::open(&path, 64 * LOG_BLOCK_BYTES as u64, metrics()).unwrap();
+        match IntentLog::open(&path, 128 * LOG_BLOCK_BYTES as u64, metrics()) {
             Err(LogError::Mismatch(why)) => assert!(why.contains("not the"), "{why}"),
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("opened with the wrong size"),

@@ -122,44 +122,60 @@ impl Superblock {
     }
 }
 
-/// What a log record says happened. Data pieces name their file by the engine's file id.
+/// What a log record says happened. Files are named by an opaque key the writer chooses
+/// (the backend's persistent file handle), so that a record finds its file whatever it has
+/// been renamed to since.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
-    /// Bytes written at `offset` of file `file_id`.
-    Data { file_id: u64, offset: u64, bytes: Vec<u8> },
-    /// The file's size became `size` (truncate, or an extension with no bytes behind it).
-    Size { file_id: u64, size: u64 },
+    /// Bytes written at `offset`.
+    Data { file: Vec<u8>, offset: u64, bytes: Vec<u8> },
+    /// The file's size became exactly `size` (truncate, or an extension with no bytes behind it).
+    Size { file: Vec<u8>, size: u64 },
+    /// Everything logged for the file before this is on the backend, durably: not replayed.
+    Barrier { file: Vec<u8> },
 }
 
 const KIND_DATA: u8 = 1;
 const KIND_SIZE: u8 = 2;
+const KIND_BARRIER: u8 = 3;
 
 impl Record {
-    fn encoded_len(&self) -> usize {
-        RECORD_HEADER_BYTES
+    pub fn file(&self) -> &[u8] {
+        match self {
+            Record::Data { file, .. } | Record::Size { file, .. } | Record::Barrier { file } => file,
+        }
+    }
+
+    fn body_len(&self) -> usize {
+        4 + self.file().len()
             + match self {
-                Record::Data { bytes, .. } => 16 + bytes.len(),
-                Record::Size { .. } => 16,
+                Record::Data { bytes, .. } => 8 + bytes.len(),
+                Record::Size { .. } => 8,
+                Record::Barrier { .. } => 0,
             }
     }
 
+    fn encoded_len(&self) -> usize {
+        RECORD_HEADER_BYTES + self.body_len()
+    }
+
     fn encode_into(&self, out: &mut Vec<u8>) {
-        let (kind, body_len) = match self {
-            Record::Data { bytes, .. } => (KIND_DATA, 16 + bytes.len()),
-            Record::Size { .. } => (KIND_SIZE, 16),
+        let kind = match self {
+            Record::Data { .. } => KIND_DATA,
+            Record::Size { .. } => KIND_SIZE,
+            Record::Barrier { .. } => KIND_BARRIER,
         };
         out.extend_from_slice(&[kind, 0, 0, 0]);
-        out.extend_from_slice(&(body_len as u32).to_le_bytes());
+        out.extend_from_slice(&(self.body_len() as u32).to_le_bytes());
+        out.extend_from_slice(&(self.file().len() as u32).to_le_bytes());
+        out.extend_from_slice(self.file());
         match self {
-            Record::Data { file_id, offset, bytes } => {
-                out.extend_from_slice(&file_id.to_le_bytes());
+            Record::Data { offset, bytes, .. } => {
                 out.extend_from_slice(&offset.to_le_bytes());
                 out.extend_from_slice(bytes);
             }
-            Record::Size { file_id, size } => {
-                out.extend_from_slice(&file_id.to_le_bytes());
-                out.extend_from_slice(&size.to_le_bytes());
-            }
+            Record::Size { size, .. } => out.extend_from_slice(&size.to_le_bytes()),
+            Record::Barrier { .. } => {}
         }
     }
 
@@ -176,12 +192,15 @@ impl Record {
             let body = payload
                 .get(RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + body_len)
                 .ok_or_else(|| format!("record {i} says {body_len} bytes; the batch ends first"))?;
-            let record = match (kind, body_len) {
-                (KIND_DATA, n) if n >= 16 => {
-                    Record::Data { file_id: u64_at(body, 0), offset: u64_at(body, 8), bytes: body[16..].to_vec() }
-                }
-                (KIND_SIZE, 16) => Record::Size { file_id: u64_at(body, 0), size: u64_at(body, 8) },
-                _ => return Err(format!("record {i} has kind {kind} and {body_len} bytes: not a record")),
+            let malformed = || format!("record {i} has kind {kind} and {body_len} bytes: not a record");
+            let key_len = body.get(0..4).map(|_| u32_at(body, 0) as usize).ok_or_else(malformed)?;
+            let file = body.get(4..4 + key_len).ok_or_else(malformed)?.to_vec();
+            let rest = &body[4 + key_len..];
+            let record = match (kind, rest.len()) {
+                (KIND_DATA, n) if n >= 8 => Record::Data { file, offset: u64_at(rest, 0), bytes: rest[8..].to_vec() },
+                (KIND_SIZE, 8) => Record::Size { file, size: u64_at(rest, 0) },
+                (KIND_BARRIER, 0) => Record::Barrier { file },
+                _ => return Err(malformed()),
             };
             records.push(record);
             payload = &payload[RECORD_HEADER_BYTES + body_len..];
@@ -422,12 +441,17 @@ mod tests {
         }
     }
 
+    fn key(n: u64) -> Vec<u8> {
+        n.to_le_bytes()[..1 + (n % 8) as usize].to_vec()
+    }
+
     fn random_records(rng: &mut Rng) -> Vec<Record> {
         (0..1 + rng.below(6))
-            .map(|_| match rng.below(4) {
-                0 => Record::Size { file_id: rng.below(50), size: rng.below(1 << 40) },
+            .map(|_| match rng.below(5) {
+                0 => Record::Size { file: key(rng.below(50)), size: rng.below(1 << 40) },
+                1 => Record::Barrier { file: key(rng.below(50)) },
                 _ => Record::Data {
-                    file_id: rng.below(50),
+                    file: key(rng.below(50)),
                     offset: rng.below(1 << 40),
                     bytes: (0..rng.below(9000)).map(|_| rng.below(256) as u8).collect(),
                 },
@@ -527,11 +551,13 @@ mod tests {
     #[test]
     fn a_checksummed_batch_with_malformed_records_is_corruption() {
         let mut log = TestLog::new(16, 1, 0);
-        log.append(vec![Record::Size { file_id: 1, size: 2 }]);
+        let record = Record::Size { file: key(1), size: 2 };
+        log.append(vec![record.clone()]);
         // Re-encode batch 1 claiming two records while holding one, with a valid checksum.
-        let mut bytes = encode_batch(1, &[Record::Size { file_id: 1, size: 2 }]);
+        let mut bytes = encode_batch(1, &[record.clone()]);
         bytes[24..28].copy_from_slice(&2u32.to_le_bytes());
-        let crc = crc32c_extend(crc32c(&bytes[..BATCH_CRC_AT]), &bytes[BATCH_HEADER_BYTES..BATCH_HEADER_BYTES + 24]);
+        let payload_end = BATCH_HEADER_BYTES + record.encoded_len();
+        let crc = crc32c_extend(crc32c(&bytes[..BATCH_CRC_AT]), &bytes[BATCH_HEADER_BYTES..payload_end]);
         bytes[BATCH_CRC_AT..BATCH_HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
         log.put(0, &bytes);
         let err = read_log(&log.area, &log.sb).unwrap_err();

@@ -9,10 +9,7 @@
 pub mod buffer;
 pub mod geometry;
 pub mod inodes;
-#[cfg_attr(not(test), allow(dead_code))]
 pub mod intent_log;
-// The intent log (issue 4): its format and reader first; the writer and recovery come next.
-#[cfg_attr(not(test), allow(dead_code))]
 pub mod log_format;
 pub mod writeback;
 
@@ -27,6 +24,7 @@ use crate::backend::local::{self, data, DirEntry, LocalBackend, Node, TimesToSet
 use crate::metrics::Metrics;
 use crate::sys::{name_cstring, Errno, SysResult};
 use inodes::{Inode, InodeTable, ROOT_INO};
+use intent_log::{IntentLog, LogError};
 use writeback::{ErrorReport, FileState, Writeback, WritebackConfig};
 
 /// Who asked: files and directories created on a user's behalf belong to that user.
@@ -99,6 +97,8 @@ pub struct EngineConfig {
     pub block_size_bytes: u32,
     pub writeback: WritebackConfig,
     pub page_cache: PageCache,
+    /// The intent log's file and size, when it is on.
+    pub log: Option<(std::path::PathBuf, u64)>,
 }
 
 /// How writes use the kernel's page cache (FUSE's writeback cache).
@@ -150,12 +150,17 @@ fn key_of(st: &libc::stat) -> inodes::BackingKey {
 }
 
 impl Engine {
-    pub fn new(backend: LocalBackend, config: EngineConfig, metrics: Arc<Metrics>) -> SysResult<Engine> {
-        let root = backend.root_node()?;
-        let root_stat = backend.stat(&root)?;
+    /// The error says what stopped the start, for the person mounting.
+    pub fn new(backend: LocalBackend, config: EngineConfig, metrics: Arc<Metrics>) -> Result<Engine, String> {
+        let root = backend.root_node().map_err(|e| e.to_string())?;
+        let root_stat = backend.stat(&root).map_err(|e| e.to_string())?;
         let inodes = InodeTable::new(root, key_of(&root_stat));
         let backend = Arc::new(backend);
-        let writeback = Writeback::new(backend.clone(), config.writeback.clone(), metrics.clone());
+        let log = match &config.log {
+            Some((path, size_bytes)) => Some(recover_from_log(&backend, path, *size_bytes, &metrics)?),
+            None => None,
+        };
+        let writeback = Writeback::new(backend.clone(), config.writeback.clone(), metrics.clone(), log);
         Ok(Engine {
             backend,
             writeback,
@@ -267,7 +272,10 @@ impl Engine {
             };
             match state {
                 Some(state) => self.writeback.set_size(&state, size)?,
-                None => self.backend.truncate(&inode.node, size)?,
+                None => {
+                    self.backend.truncate(&inode.node, size)?;
+                    self.writeback.note_backend_changed(ino);
+                }
             }
         }
         if changes.times.atime.is_some() || changes.times.mtime.is_some() {
@@ -330,7 +338,9 @@ impl Engine {
         let parent = self.inode(parent)?;
         let (node, _) = self.backend.mknod(&parent.node, &name, mode, rdev)?;
         let st = self.give_to_caller(&parent, &node, caller)?;
-        Ok(self.remember(node, st))
+        let entry = self.remember(node, st);
+        self.writeback.note_created(entry.stat.st_ino);
+        Ok(entry)
     }
 
     pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> SysResult<Entry> {
@@ -457,6 +467,7 @@ impl Engine {
         )?;
         let st = self.give_to_caller(&parent_inode, &node, caller)?;
         let entry = self.remember(node, st);
+        self.writeback.note_created(entry.stat.st_ino);
         let inode = self.inode(entry.stat.st_ino)?;
         Ok((entry, self.register_file(inode, file, flags)?))
     }
@@ -508,7 +519,7 @@ impl Engine {
         self.writeback.write(state, offset, bytes, from_page_cache)?;
         if flags & libc::O_DSYNC != 0 {
             // O_SYNC and O_DSYNC writes are durable when they return.
-            self.writeback.flush_file(state, Some(flags & libc::O_SYNC != libc::O_SYNC), ErrorReport::Sync)?;
+            self.writeback.fsync(state, flags & libc::O_SYNC != libc::O_SYNC)?;
         }
         Ok(bytes.len() as u32)
     }
@@ -543,7 +554,7 @@ impl Engine {
     pub fn fsync(&self, fh: u64, data_only: bool) -> SysResult<()> {
         let open = self.open_file(fh)?;
         match &open.state {
-            Some(state) => self.writeback.flush_file(state, Some(data_only), ErrorReport::Sync),
+            Some(state) => self.writeback.fsync(state, data_only),
             None => data::sync(&open.file, data_only),
         }
     }
@@ -561,6 +572,7 @@ impl Engine {
     pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> SysResult<()> {
         let open = self.flushed(fh)?;
         data::fallocate(&open.file, mode, offset, length)?;
+        self.writeback.note_backend_changed(open.inode.ino);
         if let (Some(state), true) = (&open.state, mode & libc::FALLOC_FL_KEEP_SIZE == 0) {
             self.writeback.note_backend_size(state, offset + length);
         }
@@ -585,6 +597,7 @@ impl Engine {
         // FUSE replies carry a u32 byte count; the kernel loops for the rest.
         let length = length.min(u32::MAX as u64 & !0xfff);
         let copied = data::copy_range(&source.file, source_offset, &target.file, target_offset, length)?;
+        self.writeback.note_backend_changed(target.inode.ino);
         if let Some(state) = &target.state {
             self.writeback.note_backend_size(state, target_offset + copied as u64);
         }
@@ -677,4 +690,65 @@ impl Engine {
             lock(&self.files).len()
         );
     }
+}
+
+/// Opens the intent log and applies what it holds after its checkpoint to the backend: each
+/// file's records in order, after its last barrier; then one sync of the backing file system
+/// and a checkpoint, so the log starts empty. A file that no longer exists (its handle is
+/// stale) had been deleted: its records are dropped. Anything else stops the mount.
+fn recover_from_log(backend: &LocalBackend, path: &Path, size_bytes: u64, metrics: &Arc<Metrics>) -> Result<IntentLog, String> {
+    let (log, batches) = IntentLog::open(path, size_bytes, metrics.clone()).map_err(|e| match e {
+        LogError::Corrupt(_) => format!("{}: {e}; nothing was replayed or changed", path.display()),
+        _ => format!("{}: {e}", path.display()),
+    })?;
+    replay(backend, log, &batches, path, metrics).map_err(|e| format!("replaying the intent log {}: {e}", path.display()))
+}
+
+fn replay(backend: &LocalBackend, log: IntentLog, batches: &[log_format::Batch], path: &Path, metrics: &Arc<Metrics>) -> SysResult<IntentLog> {
+    use log_format::Record;
+    if batches.is_empty() {
+        return Ok(log);
+    }
+    let records: Vec<&Record> = batches.iter().flat_map(|b| &b.records).collect();
+    let mut last_barrier: HashMap<&[u8], usize> = HashMap::new();
+    for (i, r) in records.iter().enumerate() {
+        if let Record::Barrier { file } = r {
+            last_barrier.insert(file, i);
+        }
+    }
+    let mut files: HashMap<&[u8], Option<File>> = HashMap::new();
+    let mut applied = 0u64;
+    for (i, r) in records.iter().enumerate() {
+        if last_barrier.get(r.file()).is_some_and(|&b| i <= b) {
+            continue;
+        }
+        let file = match files.entry(r.file()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(match backend.open_by_handle(r.file(), libc::O_RDWR) {
+                Ok(f) => Some(f),
+                Err(Errno(libc::ESTALE)) | Err(Errno(libc::ENOENT)) => None,
+                Err(e) => return Err(e),
+            }),
+        };
+        let Some(file) = file else { continue };
+        match r {
+            Record::Data { offset, bytes, .. } => data::write_at(file, bytes, *offset)?,
+            Record::Size { size, .. } => data::set_len(file, *size)?,
+            Record::Barrier { .. } => {}
+        }
+        applied += 1;
+    }
+    backend.sync_file_system()?;
+    log.checkpoint(log.next_seq()).map_err(|e| {
+        log::error!("{e}");
+        Errno(libc::EIO)
+    })?;
+    metrics.log_replayed_records.fetch_add(applied, Ordering::Relaxed);
+    log::warn!(
+        "replayed {applied} intent log records ({} batches, {} files) from {}: the last mount did not end cleanly",
+        batches.len(),
+        files.len(),
+        path.display()
+    );
+    Ok(log)
 }

@@ -23,6 +23,8 @@ use super::buffer::{AlignedBuf, RangeSet};
 use super::inodes::Inode;
 use crate::backend::local::{data, LocalBackend};
 use crate::backend::DataStore;
+use super::intent_log::{IntentLog, LogError};
+use super::log_format::Record;
 use crate::metrics::Metrics;
 use crate::sys::{Errno, SysResult};
 
@@ -35,6 +37,31 @@ pub struct WritebackConfig {
     pub flush_age: Duration,
     /// Where unit bytes go: the backend's files, or nowhere (`backend=null`).
     pub store: DataStore,
+    /// With the intent log: the most buffered bytes of one file an fsync puts in the log
+    /// rather than writing them to the backend and syncing it.
+    pub log_threshold_bytes: u64,
+    /// With the intent log: the longest between checkpoints while anything waits for one.
+    pub checkpoint_interval: Duration,
+}
+
+/// What the backend holds durably for one file, beyond its FileState's lifetime: whether a
+/// log fsync can stand for a backend sync.
+#[derive(Default, Debug)]
+struct Durability {
+    /// Created by this mount since the last checkpoint: the backend may not hold it durably
+    /// (a log record finds its file by handle, which a power cut can invalidate).
+    created: bool,
+    /// Flushes that reached the backend, and how many of those a sync has made durable.
+    backend_changes: u64,
+    synced_changes: u64,
+    /// The log holds records of this file up to (and excluding) this sequence number.
+    logged_before_seq: u64,
+}
+
+impl Durability {
+    fn backend_in_sync(&self) -> bool {
+        !self.created && self.backend_changes == self.synced_changes
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -83,6 +110,8 @@ pub enum ErrorReport {
     Close = 1,
     /// fsync(2), fdatasync(2), O_SYNC/O_DSYNC writes, unmount.
     Sync = 2,
+    /// The intent log's checkpoint: it only needs to know that it must try again later.
+    Checkpoint = 3,
 }
 
 #[derive(Default)]
@@ -90,7 +119,7 @@ struct FlushErrors {
     last: Option<Errno>,
     failures: u64,
     /// For each `ErrorReport`, the number of failures it has been told of.
-    reported: [u64; 3],
+    reported: [u64; 4],
 }
 
 impl FlushErrors {
@@ -177,6 +206,11 @@ pub struct Writeback {
     /// Test-only fault injection: this many unit flushes fail with EIO before any reaches the
     /// backend (COALESCEFS_INJECT_FLUSH_ERRORS=N), to exercise the error path on a real mount.
     injected_flush_errors: std::sync::atomic::AtomicU64,
+    log: Option<IntentLog>,
+    /// Per inode number; see `Durability`. Entries go at checkpoints.
+    durability: Mutex<HashMap<u64, Durability>>,
+    /// One checkpoint at a time; fsyncs of one file never pass each other.
+    checkpointing: Mutex<()>,
 }
 
 fn align_up(x: u64, to: u64) -> u64 {
@@ -188,7 +222,12 @@ fn align_down(x: u64, to: u64) -> u64 {
 }
 
 impl Writeback {
-    pub fn new(backend: Arc<LocalBackend>, config: WritebackConfig, metrics: Arc<Metrics>) -> Arc<Writeback> {
+    pub fn new(
+        backend: Arc<LocalBackend>,
+        config: WritebackConfig,
+        metrics: Arc<Metrics>,
+        log: Option<IntentLog>,
+    ) -> Arc<Writeback> {
         assert!(config.unit_bytes.is_power_of_two() && config.logical_block_bytes.is_power_of_two());
         assert!(config.logical_block_bytes <= config.unit_bytes, "units are whole logical blocks");
         assert!(config.buffer_bytes >= config.unit_bytes, "the buffer holds at least one unit");
@@ -207,6 +246,9 @@ impl Writeback {
             injected_flush_errors: std::sync::atomic::AtomicU64::new(
                 std::env::var("COALESCEFS_INJECT_FLUSH_ERRORS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             ),
+            log,
+            durability: Mutex::new(HashMap::new()),
+            checkpointing: Mutex::new(()),
         });
         for i in 0..writeback.config.flushers {
             let wb = writeback.clone();
@@ -218,6 +260,10 @@ impl Writeback {
         }
         let wb = writeback.clone();
         std::thread::Builder::new().name("flush-age".into()).spawn(move || wb.age_loop()).expect("spawn the age timer");
+        if writeback.log.is_some() {
+            let wb = writeback.clone();
+            std::thread::Builder::new().name("checkpoint".into()).spawn(move || wb.checkpoint_loop()).expect("spawn the checkpointer");
+        }
         writeback
     }
 
@@ -444,6 +490,7 @@ impl Writeback {
         let files = self.backend_files(file, &mut inner)?;
         data::set_len(&files.buffered, size)?;
         inner.size = size;
+        self.note_backend_changed(file.inode.ino);
         Ok(())
     }
 
@@ -556,7 +603,10 @@ impl Writeback {
     fn end_flush(&self, file: &Arc<FileState>, mut inner: MutexGuard<'_, FileInner>, unit: u64, result: SysResult<()>) {
         let flown = inner.in_flight.remove(&unit).expect("a flushing unit is in flight");
         match result {
-            Ok(()) => self.release_unit_memory(),
+            Ok(()) => {
+                self.release_unit_memory();
+                self.note_backend_changed(file.inode.ino);
+            }
             Err(err) => {
                 self.metrics.flush_errors.fetch_add(1, Relaxed);
                 log::warn!("flush of unit {unit} of inode {} failed: {err}; the data stays buffered", file.inode.ino);
@@ -723,6 +773,159 @@ impl Writeback {
         }
     }
 
+    /// The backend's copy of `ino` changed in a way only a backend sync makes durable.
+    pub fn note_backend_changed(&self, ino: u64) {
+        if self.log.is_some() {
+            lock(&self.durability).entry(ino).or_default().backend_changes += 1;
+        }
+    }
+
+    /// `ino` was created by this mount.
+    pub fn note_created(&self, ino: u64) {
+        if self.log.is_some() {
+            lock(&self.durability).entry(ino).or_default().created = true;
+        }
+    }
+
+    /// fsync(2) and fdatasync(2): through the intent log when it can stand for a backend
+    /// sync, otherwise the buffered units to the backend and the backend synced.
+    pub fn fsync(&self, file: &Arc<FileState>, data_only: bool) -> SysResult<()> {
+        let Some(log) = &self.log else {
+            return self.flush_file(file, Some(data_only), ErrorReport::Sync);
+        };
+        if let Some(result) = self.fsync_through_log(file, log) {
+            return result;
+        }
+        self.flush_file(file, None, ErrorReport::Sync)?;
+        let (changes, logged) = {
+            let d = lock(&self.durability);
+            let entry = d.get(&file.inode.ino);
+            (entry.map_or(0, |e| e.backend_changes), entry.is_some_and(|e| e.logged_before_seq > 0))
+        };
+        let files = {
+            let mut inner = lock(&file.inner);
+            self.backend_files(file, &mut inner)?
+        };
+        data::sync(&files.buffered, data_only)?;
+        if logged {
+            // What the log holds for this file is older than what the backend now holds
+            // durably: replaying it after a crash would take the file back.
+            let handle = self.file_handle(file)?;
+            log.commit(vec![Record::Barrier { file: handle }]).map_err(|e| {
+                log::error!("inode {}: {e}", file.inode.ino);
+                Errno(libc::EIO)
+            })?;
+        }
+        let mut d = lock(&self.durability);
+        let entry = d.entry(file.inode.ino).or_default();
+        entry.synced_changes = entry.synced_changes.max(changes);
+        Ok(())
+    }
+
+    fn file_handle(&self, file: &FileState) -> SysResult<Vec<u8>> {
+        self.backend.file_handle(&file.inode.node)
+    }
+
+    /// The log path of fsync: None when it cannot stand for a backend sync (the file is new,
+    /// the backend holds changes not yet synced, too much is buffered, or the log refused).
+    fn fsync_through_log(&self, file: &Arc<FileState>, log: &IntentLog) -> Option<SysResult<()>> {
+        if !lock(&self.durability).get(&file.inode.ino).is_none_or(Durability::backend_in_sync) {
+            return None;
+        }
+        let handle = self.file_handle(file).ok()?;
+        let mut inner = lock(&file.inner);
+        if let Some(err) = inner.errors.report_to(ErrorReport::Sync) {
+            return Some(Err(err));
+        }
+        let unit_bytes = self.config.unit_bytes;
+        let size = inner.size;
+        // Older first: a unit in flight, then newer writes to the same unit.
+        let pieces: Vec<(u64, &[u8])> = inner
+            .in_flight
+            .iter()
+            .map(|(&k, u)| (k, &u.buf, &u.ranges))
+            .chain(inner.dirty.iter().map(|(&k, u)| (k, &u.buf, &u.ranges)))
+            .flat_map(|(unit, buf, ranges)| {
+                ranges.iter().filter_map(move |r| {
+                    let start = unit * unit_bytes + r.start;
+                    let end = (unit * unit_bytes + r.end).min(size);
+                    (start < end).then(|| (start, &buf.as_slice()[r.start as usize..(r.start + end - start) as usize]))
+                })
+            })
+            .collect();
+        let bytes: u64 = pieces.iter().map(|(_, b)| b.len() as u64).sum();
+        if bytes > self.config.log_threshold_bytes {
+            return None;
+        }
+        if pieces.is_empty() {
+            return Some(Ok(())); // nothing buffered, and the backend is in sync
+        }
+        let mut records: Vec<Record> =
+            pieces.into_iter().map(|(offset, b)| Record::Data { file: handle.clone(), offset, bytes: b.to_vec() }).collect();
+        records.push(Record::Size { file: handle, size });
+        drop(inner);
+        let committed = match log.commit(records.clone()) {
+            Err(LogError::Full { .. }) => self.checkpoint().map_err(LogError::from).and_then(|()| log.commit(records)),
+            other => other,
+        };
+        if let Err(e) = committed {
+            log::warn!("inode {}: {e}; this fsync syncs the backend instead", file.inode.ino);
+            return None;
+        }
+        let next = log.next_seq();
+        lock(&self.durability).entry(file.inode.ino).or_default().logged_before_seq = next;
+        self.metrics.log_fsyncs.fetch_add(1, Relaxed);
+        Some(Ok(()))
+    }
+
+    /// Writes everything buffered to the backend, syncs the backend file system once, and
+    /// releases the log records that held it. Order matters; see SEMANTICS.md.
+    pub fn checkpoint(&self) -> SysResult<()> {
+        let Some(log) = &self.log else { return Ok(()) };
+        let _one_at_a_time = lock(&self.checkpointing);
+        let release_before = log.next_seq();
+        let files: Vec<Arc<FileState>> = lock(&self.files).values().cloned().collect();
+        for file in files {
+            self.flush_file(&file, None, ErrorReport::Checkpoint)?;
+        }
+        let flushed: Vec<(u64, u64)> = lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
+        self.backend.sync_file_system()?;
+        log.checkpoint(release_before).map_err(|e| {
+            log::error!("{e}");
+            Errno(libc::EIO)
+        })?;
+        let mut d = lock(&self.durability);
+        for (ino, changes) in flushed {
+            if let Some(entry) = d.get_mut(&ino) {
+                entry.created = false;
+                entry.synced_changes = entry.synced_changes.max(changes);
+                if entry.logged_before_seq <= release_before {
+                    entry.logged_before_seq = 0;
+                }
+            }
+        }
+        d.retain(|_, e| !e.backend_in_sync() || e.logged_before_seq > 0);
+        Ok(())
+    }
+
+    /// Checkpoints when the log is half full, and every `checkpoint_interval` while the log
+    /// holds anything or a file waits for a backend sync to become eligible for it.
+    fn checkpoint_loop(&self) {
+        let log = self.log.as_ref().expect("the checkpointer runs with a log");
+        let mut last = Instant::now();
+        while !self.stopping.load(Relaxed) {
+            std::thread::sleep(Duration::from_millis(100).min(self.config.checkpoint_interval));
+            let waiting = log.holds_batches() || !lock(&self.durability).is_empty();
+            let due = log.used_fraction() > 0.5 || (waiting && last.elapsed() >= self.config.checkpoint_interval);
+            if due {
+                if let Err(e) = self.checkpoint() {
+                    log::warn!("checkpoint failed ({e}); the log keeps its records and it is tried again");
+                }
+                last = Instant::now();
+            }
+        }
+    }
+
     /// At unmount: flush everything, say loudly what could not be written, stop the threads.
     pub fn shut_down(&self) {
         let files: Vec<Arc<FileState>> = lock(&self.files).values().cloned().collect();
@@ -732,6 +935,9 @@ impl Writeback {
                 let bytes: u64 = inner.dirty.values().map(|u| u.ranges.bytes()).sum();
                 log::error!("inode {}: {bytes} buffered bytes could not be written at unmount: {e}", file.inode.ino);
             }
+        }
+        if let Err(e) = self.checkpoint() {
+            log::error!("the last checkpoint failed ({e}); the next mount replays the intent log");
         }
         self.stopping.store(true, Relaxed);
         self.queue_ready.notify_all();
