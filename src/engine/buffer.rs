@@ -167,6 +167,14 @@ pub struct RangeSet {
     ranges: Vec<Range<u64>>,
 }
 
+impl From<Range<u64>> for RangeSet {
+    fn from(r: Range<u64>) -> RangeSet {
+        let mut set = RangeSet::default();
+        set.insert(r);
+        set
+    }
+}
+
 impl RangeSet {
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()

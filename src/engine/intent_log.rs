@@ -76,6 +76,7 @@ struct Pending {
     durable_ticket: u64,
     /// Ticket ranges whose batch failed, and why: the newest few.
     failed: std::collections::VecDeque<(u64, u64, LogError)>,
+    failed_total: u64,
     leader_active: bool,
 }
 
@@ -126,7 +127,7 @@ impl IntentLog {
             file,
             metrics,
             ring: Mutex::new(ring),
-            pending: Mutex::new(Pending { records: Vec::new(), next_ticket: 1, durable_ticket: 0, failed: Default::default(), leader_active: false }),
+            pending: Mutex::new(Pending { records: Vec::new(), next_ticket: 1, durable_ticket: 0, failed: Default::default(), failed_total: 0, leader_active: false }),
             committed: Condvar::new(),
         };
         Ok((log, contents.batches))
@@ -154,6 +155,7 @@ impl IntentLog {
             pending.leader_active = false;
             pending.durable_ticket = last;
             if let Err(e) = result {
+                pending.failed_total += 1;
                 pending.failed.push_back((first, last, e));
                 if pending.failed.len() > 64 {
                     pending.failed.pop_front();
@@ -227,6 +229,11 @@ impl IntentLog {
     pub fn holds_batches(&self) -> bool {
         let ring = lock(&self.ring);
         ring.next_seq > ring.sb.checkpoint_seq
+    }
+
+    /// How many batches have failed since the log was opened.
+    pub fn failed_batches(&self) -> u64 {
+        lock(&self.pending).failed_total
     }
 
     /// The sequence number the next batch will get.

@@ -91,6 +91,9 @@ struct DirtyUnit {
     /// Someone wants it flushed (full, fsync, age, pressure); a job is queued or will be
     /// queued when the in-flight flush of the same unit ends.
     wanted: bool,
+    /// Ranges whose bytes, as they are now, are in the intent log: the next log fsync need not
+    /// log them again. A write takes its range out.
+    logged: RangeSet,
 }
 
 struct FlushingUnit {
@@ -396,6 +399,7 @@ impl Writeback {
                             epoch,
                             dirtied_at: Instant::now(),
                             wanted: false,
+                            logged: RangeSet::default(),
                         },
                     );
                 }
@@ -406,6 +410,9 @@ impl Writeback {
             dirty.buf.as_mut_slice()[from as usize..to as usize]
                 .copy_from_slice(&bytes[(pos - offset) as usize..(piece_end - offset) as usize]);
             dirty.ranges.insert(from..to);
+            if !dirty.logged.is_empty() {
+                dirty.logged = dirty.logged.minus(&RangeSet::from(from..to));
+            }
             let full = dirty.ranges.covers(0, unit_bytes);
             if full && !dirty.wanted {
                 dirty.wanted = true;
@@ -632,6 +639,7 @@ impl Writeback {
                             epoch: flown.epoch,
                             dirtied_at: Instant::now(),
                             wanted: false,
+                            logged: RangeSet::default(),
                         };
                         inner.dirty.insert(unit, back);
                     }
@@ -839,37 +847,60 @@ impl Writeback {
         }
         let unit_bytes = self.config.unit_bytes;
         let size = inner.size;
-        // Older first: a unit in flight, then newer writes to the same unit.
-        let pieces: Vec<(u64, &[u8])> = inner
-            .in_flight
-            .iter()
-            .map(|(&k, u)| (k, &u.buf, &u.ranges))
-            .chain(inner.dirty.iter().map(|(&k, u)| (k, &u.buf, &u.ranges)))
-            .flat_map(|(unit, buf, ranges)| {
-                ranges.iter().filter_map(move |r| {
-                    let start = unit * unit_bytes + r.start;
-                    let end = (unit * unit_bytes + r.end).min(size);
-                    (start < end).then(|| (start, &buf.as_slice()[r.start as usize..(r.start + end - start) as usize]))
-                })
-            })
-            .collect();
+        // What the log does not hold yet: units in flight whole (older), then the ranges of
+        // dirty units not logged since they were last written.
+        let failures_before = log.failed_batches();
+        let in_flight: Vec<(u64, Vec<std::ops::Range<u64>>)> =
+            inner.in_flight.iter().map(|(&k, u)| (k, u.ranges.iter().cloned().collect())).collect();
+        let dirty: Vec<(u64, Vec<std::ops::Range<u64>>)> =
+            inner.dirty.iter().map(|(&k, u)| (k, u.ranges.minus(&u.logged).iter().cloned().collect())).collect();
+        let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (unit, ranges, from_flight) in
+            in_flight.iter().map(|(k, r)| (*k, r, true)).chain(dirty.iter().map(|(k, r)| (*k, r, false)))
+        {
+            let buf = if from_flight { &inner.in_flight[&unit].buf } else { &inner.dirty[&unit].buf };
+            for r in ranges {
+                let start = unit * unit_bytes + r.start;
+                let end = (unit * unit_bytes + r.end).min(size);
+                if start < end {
+                    pieces.push((start, buf.as_slice()[r.start as usize..(r.start + end - start) as usize].to_vec()));
+                }
+            }
+        }
         let bytes: u64 = pieces.iter().map(|(_, b)| b.len() as u64).sum();
         if bytes > self.config.log_threshold_bytes {
             return None;
         }
-        if pieces.is_empty() {
-            return Some(Ok(())); // nothing buffered, and the backend is in sync
+        // Ranges marked logged may belong to another fsync's batch not yet durable: then a
+        // record of our own (the size) waits behind it.
+        if pieces.is_empty() && inner.dirty.values().all(|u| u.logged.is_empty()) {
+            return Some(Ok(())); // nothing buffered: the backend is in sync
+        }
+        // Marked now, under the lock: a write after this point takes its range out again.
+        for (unit, ranges) in &dirty {
+            let unit_state = inner.dirty.get_mut(unit).expect("listed above");
+            for r in ranges {
+                unit_state.logged.insert(r.clone());
+            }
         }
         let mut records: Vec<Record> =
-            pieces.into_iter().map(|(offset, b)| Record::Data { file: handle.clone(), offset, bytes: b.to_vec() }).collect();
+            pieces.into_iter().map(|(offset, b)| Record::Data { file: handle.clone(), offset, bytes: b }).collect();
         records.push(Record::Size { file: handle, size });
         drop(inner);
         let committed = match log.commit(records.clone()) {
             Err(LogError::Full { .. }) => self.checkpoint().map_err(LogError::from).and_then(|()| log.commit(records)),
             other => other,
         };
-        if let Err(e) = committed {
-            log::warn!("inode {}: {e}; this fsync syncs the backend instead", file.inode.ino);
+        // A failed batch may have held ranges this fsync skipped as logged by another one.
+        if committed.is_err() || log.failed_batches() != failures_before {
+            let mut inner = lock(&file.inner);
+            for unit in inner.dirty.values_mut() {
+                unit.logged = RangeSet::default();
+            }
+            drop(inner);
+            if let Err(e) = committed {
+                log::warn!("inode {}: {e}; this fsync syncs the backend instead", file.inode.ino);
+            }
             return None;
         }
         let next = log.next_seq();
