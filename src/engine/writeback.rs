@@ -837,11 +837,16 @@ impl Writeback {
     /// The log path of fsync: None when it cannot stand for a backend sync (the file is new,
     /// the backend holds changes not yet synced, too much is buffered, or the log refused).
     fn fsync_through_log(&self, file: &Arc<FileState>, log: &IntentLog) -> Option<SysResult<()>> {
+        let handle = self.file_handle(file).ok()?;
+        let mut inner = lock(&file.inner);
+        // Checked under the file's lock, which a flush holds when it records its backend
+        // change: a unit whose flush ended before this point makes the file ineligible, and one
+        // still in flight is logged whole below. Checked before taking the lock, a flush ending
+        // in between left its bytes in neither (unsynced on the backend, absent from the log),
+        // and the crash harness caught an older logged record replayed over them.
         if !lock(&self.durability).get(&file.inode.ino).is_none_or(Durability::backend_in_sync) {
             return None;
         }
-        let handle = self.file_handle(file).ok()?;
-        let mut inner = lock(&file.inner);
         if let Some(err) = inner.errors.report_to(ErrorReport::Sync) {
             return Some(Err(err));
         }
