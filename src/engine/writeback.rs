@@ -934,9 +934,13 @@ impl Writeback {
         for (ino, changes) in flushed {
             if let Some(entry) = d.get_mut(&ino) {
                 entry.created = false;
-                entry.synced_changes = entry.synced_changes.max(changes);
+                // Synced backend bytes may be newer than records of the file the log still
+                // holds: replay would put those older records over them. Such a file stays
+                // ineligible until an fsync syncs it and writes a barrier (the crash harness
+                // found the older bytes back after a log fsync that had nothing left to log).
                 if entry.logged_before_seq <= release_before {
                     entry.logged_before_seq = 0;
+                    entry.synced_changes = entry.synced_changes.max(changes);
                 }
             }
         }
