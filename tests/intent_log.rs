@@ -71,8 +71,9 @@ fn small_fsyncs_go_to_the_log_and_a_killed_daemon_loses_none_of_them() {
     assert!(fs::read(m.path("f")).unwrap() == expected, "contents differ");
 }
 
-/// Where the log cannot stand for a backend sync it is not used: a file created by this mount
-/// (a power cut could lose the file itself, which the log cannot name), and a file whose
+/// Where the log cannot stand for a backend sync it is not used: a file created in a directory
+/// created by this mount (a power cut could lose the directory, which the log does not
+/// record), and a file whose
 /// earlier flushes reached the backend unsynced. A normal fsync after logged ones writes a
 /// barrier, so that older log records are never replayed over newer synced data.
 #[test]
@@ -82,7 +83,8 @@ fn the_log_is_bypassed_where_it_cannot_stand_for_a_backend_sync() {
     }
     let options = ["log=on", "unit=64K", "flush_age=3600s", "writeback_cache=off"];
     let mut m = TestMount::with_options(&options);
-    let new = OpenOptions::new().read(true).write(true).create(true).open(m.path("new")).unwrap();
+    fs::create_dir(m.path("dir")).unwrap();
+    let new = OpenOptions::new().read(true).write(true).create(true).open(m.path("dir/new")).unwrap();
     new.write_all_at(&pattern(1000, 3), 0).unwrap();
     new.sync_all().unwrap();
     assert_eq!(m.counter("log_fsyncs_total"), 0, "a new file is synced on the backend");
@@ -106,7 +108,64 @@ fn the_log_is_bypassed_where_it_cannot_stand_for_a_backend_sync() {
     drop(old);
     m.mount();
     assert!(fs::read(m.path("old")).unwrap() == expected, "the barred record did not take the file back");
-    assert!(fs::read(m.path("new")).unwrap() == pattern(1000, 3), "contents differ");
+    assert!(fs::read(m.path("dir/new")).unwrap() == pattern(1000, 3), "contents differ");
+}
+
+fn write_and_fsync(path: &std::path::Path, bytes: &[u8]) {
+    let f = OpenOptions::new().write(true).create_new(true).open(path).unwrap();
+    f.write_all_at(bytes, 0).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// New files fsynced under a name: the log holds the name and the bytes, so they come back
+/// after a kill -9 even where the backend lost the files themselves (deleted here, as a power
+/// cut before the backing file system committed them would), with renames and unlinks applied
+/// in the order they happened.
+#[test]
+fn new_files_come_back_under_their_names_when_the_backend_lost_them() {
+    if !in_a_process_of_its_own("new_files_come_back_under_their_names_when_the_backend_lost_them") {
+        return;
+    }
+    let options = ["log=on", "unit=64K", "flush_age=3600s", "writeback_cache=off"];
+    for backend_lost in ["the files", "the rename"] {
+        let mut m = TestMount::with_options(&options);
+        fs::create_dir(m.path("d")).unwrap();
+        fs::write(m.path("d/b"), b"the old b").unwrap();
+        m.remount();
+        write_and_fsync(&m.path("d/a"), &pattern(1000, 1));
+        // tmp + rename over an existing file, the rename not fsynced: it rides along with the
+        // next log batch.
+        write_and_fsync(&m.path("d/tmp"), &pattern(3000, 2));
+        fs::rename(m.path("d/tmp"), m.path("d/b")).unwrap();
+        // A name reused: unlinked, then created again.
+        write_and_fsync(&m.path("d/again"), &pattern(500, 3));
+        fs::remove_file(m.path("d/again")).unwrap();
+        write_and_fsync(&m.path("d/again"), &pattern(700, 4));
+        assert_eq!(m.counter("log_fsyncs_total"), 4, "every fsync of a new file went to the log");
+        kill_daemon(&mut m);
+        match backend_lost {
+            "the files" => {
+                for name in ["a", "b", "again"] {
+                    fs::remove_file(m.backing_path(&format!("d/{name}"))).unwrap();
+                }
+            }
+            _ => fs::rename(m.backing_path("d/b"), m.backing_path("d/tmp")).unwrap(),
+        }
+        m.mount();
+        let listed = |m: &TestMount| {
+            let mut names: Vec<String> =
+                fs::read_dir(m.path("d")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+            names.sort();
+            names
+        };
+        assert_eq!(listed(&m), ["a", "again", "b"], "backend lost {backend_lost}: names as fsynced and renamed");
+        assert!(fs::read(m.path("d/a")).unwrap() == pattern(1000, 1), "backend lost {backend_lost}: d/a differs");
+        assert!(fs::read(m.path("d/b")).unwrap() == pattern(3000, 2), "backend lost {backend_lost}: d/b differs");
+        assert!(fs::read(m.path("d/again")).unwrap() == pattern(700, 4), "backend lost {backend_lost}: d/again differs");
+        m.remount();
+        assert_eq!(m.counter("log_replayed_records_total"), 0, "replayed once, then checkpointed");
+        assert_eq!(listed(&m), ["a", "again", "b"]);
+    }
 }
 
 /// A damaged log stops the mount with the log's path and the offset, and changes nothing.

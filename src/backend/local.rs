@@ -32,6 +32,12 @@ impl Node {
     }
 }
 
+impl AsRawFd for Node {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 /// One directory entry as the backing file system reports it.
 #[derive(Debug, Clone)]
 pub struct DirEntry {
@@ -45,6 +51,21 @@ pub struct DirEntry {
 pub struct TimesToSet {
     pub atime: Option<libc::timespec>,
     pub mtime: Option<libc::timespec>,
+}
+
+/// name_to_handle_at, encoded as the handle type (4 bytes, little-endian) and its bytes.
+fn handle_of(dir: RawFd, name: &CStr, flags: i32) -> SysResult<Vec<u8>> {
+    const MAX_HANDLE_BYTES: usize = 128;
+    let mut raw = vec![0u8; std::mem::size_of::<libc::file_handle>() + MAX_HANDLE_BYTES];
+    let handle = raw.as_mut_ptr() as *mut libc::file_handle;
+    unsafe { (*handle).handle_bytes = MAX_HANDLE_BYTES as u32 };
+    let mut mount_id = 0;
+    check(unsafe { libc::name_to_handle_at(dir, name.as_ptr(), handle, &mut mount_id, flags) })?;
+    let (len, kind) = unsafe { ((*handle).handle_bytes as usize, (*handle).handle_type) };
+    let header = std::mem::size_of::<libc::file_handle>();
+    let mut key = kind.to_le_bytes().to_vec();
+    key.extend_from_slice(&raw[header..header + len]);
+    Ok(key)
 }
 
 pub struct LocalBackend {
@@ -260,19 +281,13 @@ impl LocalBackend {
 
     /// The file's persistent handle (name_to_handle_at): it finds the file again after a
     /// restart, whatever it has been renamed to, and never finds another file in its place.
-    /// Encoded as the handle type (4 bytes, little-endian) and its bytes.
     pub fn file_handle(&self, node: &Node) -> SysResult<Vec<u8>> {
-        const MAX_HANDLE_BYTES: usize = 128;
-        let mut raw = vec![0u8; std::mem::size_of::<libc::file_handle>() + MAX_HANDLE_BYTES];
-        let handle = raw.as_mut_ptr() as *mut libc::file_handle;
-        unsafe { (*handle).handle_bytes = MAX_HANDLE_BYTES as u32 };
-        let mut mount_id = 0;
-        check(unsafe { libc::name_to_handle_at(node.raw(), c"".as_ptr(), handle, &mut mount_id, libc::AT_EMPTY_PATH) })?;
-        let (len, kind) = unsafe { ((*handle).handle_bytes as usize, (*handle).handle_type) };
-        let header = std::mem::size_of::<libc::file_handle>();
-        let mut key = kind.to_le_bytes().to_vec();
-        key.extend_from_slice(&raw[header..header + len]);
-        Ok(key)
+        handle_of(node.raw(), c"", libc::AT_EMPTY_PATH)
+    }
+
+    /// The handle of what `name` in the directory `dir` is, without following a symlink.
+    pub fn handle_at(&self, dir: &impl AsRawFd, name: &CStr) -> SysResult<Vec<u8>> {
+        handle_of(dir.as_raw_fd(), name, 0)
     }
 
     /// Opens a file by a handle from `file_handle`; ESTALE when the file is gone.
@@ -292,6 +307,12 @@ impl LocalBackend {
         let root = self.open_dir_for_sync(&self.root)?;
         let fd = check(unsafe { libc::open_by_handle_at(root.as_raw_fd(), handle, flags | libc::O_CLOEXEC) })?;
         Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// A directory found by its handle from `file_handle`, to address entries in it.
+    pub fn directory_by_handle(&self, key: &[u8]) -> SysResult<Node> {
+        let dir = self.open_by_handle(key, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        Ok(Node { fd: OwnedFd::from(dir) })
     }
 
     /// Makes everything written to the backing file system durable, in one call.

@@ -22,6 +22,9 @@ use crate::sys::Errno;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+/// Namespace records queued past this are written as a batch of their own.
+const MAX_QUEUED_RECORDS: usize = 4096;
+
 #[derive(Clone, Debug)]
 pub enum LogError {
     Io(&'static str, Errno),
@@ -155,6 +158,12 @@ impl IntentLog {
             pending.leader_active = false;
             pending.durable_ticket = last;
             if let Err(e) = result {
+                // Names go back in front of what was queued since, in their order: a later
+                // batch must not hold a create without the unlinks and renames before it.
+                // The failed callers' data is theirs to write elsewhere.
+                let mut names: Vec<Record> = records.into_iter().filter(Record::is_namespace).collect();
+                names.append(&mut pending.records);
+                pending.records = names;
                 pending.failed_total += 1;
                 pending.failed.push_back((first, last, e));
                 if pending.failed.len() > 64 {
@@ -166,6 +175,22 @@ impl IntentLog {
         match pending.failed.iter().find(|(first, last, _)| (*first..=*last).contains(&ticket)) {
             Some((_, _, why)) => Err(why.clone()),
             None => Ok(()),
+        }
+    }
+
+    /// Queues namespace records to ride along with the next batch, without waiting for it:
+    /// whatever a later commit makes durable, everything appended before it is durable too,
+    /// which is all replay needs to apply names in the order they happened.
+    pub fn append(&self, records: Vec<Record>) {
+        assert!(records.iter().all(Record::is_namespace), "only names ride along; data is committed");
+        let mut pending = lock(&self.pending);
+        pending.records.extend(records);
+        // Renames with no fsync after them would otherwise queue without bound.
+        if pending.records.len() >= MAX_QUEUED_RECORDS && !pending.leader_active {
+            drop(pending);
+            if let Err(e) = self.commit(Vec::new()) {
+                log::warn!("writing queued namespace records: {e}; they stay queued");
+            }
         }
     }
 

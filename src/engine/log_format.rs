@@ -122,9 +122,14 @@ impl Superblock {
     }
 }
 
-/// What a log record says happened. Files are named by an opaque key the writer chooses
+/// What a log record says happened. Objects are named by an opaque key the writer chooses
 /// (the backend's persistent file handle), so that a record finds its file whatever it has
-/// been renamed to since.
+/// been renamed to since; names are bytes under a parent directory's key.
+///
+/// Data, Size and Barrier are the file's contents. Create, Unlink and Rename are the namespace:
+/// a file created since the last checkpoint is only findable after a power cut if its name is
+/// in the log, and unlinks and renames are logged (riding along with the next batch) so that
+/// replay applies names in the order they happened.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     /// Bytes written at `offset`.
@@ -133,17 +138,56 @@ pub enum Record {
     Size { file: Vec<u8>, size: u64 },
     /// Everything logged for the file before this is on the backend, durably: not replayed.
     Barrier { file: Vec<u8> },
+    /// The regular file `file` was created as `name` in the directory `parent`.
+    Create { file: Vec<u8>, parent: Vec<u8>, name: Vec<u8>, mode: u32, uid: u32, gid: u32 },
+    /// `name` in `parent`, which was `file`, was removed (`directory`: by rmdir).
+    Unlink { file: Vec<u8>, parent: Vec<u8>, name: Vec<u8>, directory: bool },
+    /// `file` was renamed from `from_name` in `from_parent` to `to_name` in `to_parent`,
+    /// replacing whatever had that name.
+    Rename { file: Vec<u8>, from_parent: Vec<u8>, from_name: Vec<u8>, to_parent: Vec<u8>, to_name: Vec<u8> },
 }
 
 const KIND_DATA: u8 = 1;
 const KIND_SIZE: u8 = 2;
 const KIND_BARRIER: u8 = 3;
+const KIND_CREATE: u8 = 4;
+const KIND_UNLINK: u8 = 5;
+const KIND_RENAME: u8 = 6;
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Reads a length-prefixed byte string off the front of `rest`.
+fn take_bytes(rest: &mut &[u8]) -> Option<Vec<u8>> {
+    let len = u32_at(rest.get(..4)?, 0) as usize;
+    let bytes = rest.get(4..4 + len)?.to_vec();
+    *rest = &rest[4 + len..];
+    Some(bytes)
+}
+
+fn take_u32(rest: &mut &[u8]) -> Option<u32> {
+    let value = u32_at(rest.get(..4)?, 0);
+    *rest = &rest[4..];
+    Some(value)
+}
 
 impl Record {
     pub fn file(&self) -> &[u8] {
         match self {
-            Record::Data { file, .. } | Record::Size { file, .. } | Record::Barrier { file } => file,
+            Record::Data { file, .. }
+            | Record::Size { file, .. }
+            | Record::Barrier { file }
+            | Record::Create { file, .. }
+            | Record::Unlink { file, .. }
+            | Record::Rename { file, .. } => file,
         }
+    }
+
+    /// Whether the record is about names rather than a file's contents.
+    pub fn is_namespace(&self) -> bool {
+        matches!(self, Record::Create { .. } | Record::Unlink { .. } | Record::Rename { .. })
     }
 
     fn body_len(&self) -> usize {
@@ -152,6 +196,11 @@ impl Record {
                 Record::Data { bytes, .. } => 8 + bytes.len(),
                 Record::Size { .. } => 8,
                 Record::Barrier { .. } => 0,
+                Record::Create { parent, name, .. } => 8 + parent.len() + name.len() + 12,
+                Record::Unlink { parent, name, .. } => 8 + parent.len() + name.len() + 4,
+                Record::Rename { from_parent, from_name, to_parent, to_name, .. } => {
+                    16 + from_parent.len() + from_name.len() + to_parent.len() + to_name.len()
+                }
             }
     }
 
@@ -164,11 +213,14 @@ impl Record {
             Record::Data { .. } => KIND_DATA,
             Record::Size { .. } => KIND_SIZE,
             Record::Barrier { .. } => KIND_BARRIER,
+            Record::Create { .. } => KIND_CREATE,
+            Record::Unlink { .. } => KIND_UNLINK,
+            Record::Rename { .. } => KIND_RENAME,
         };
+        let start = out.len();
         out.extend_from_slice(&[kind, 0, 0, 0]);
         out.extend_from_slice(&(self.body_len() as u32).to_le_bytes());
-        out.extend_from_slice(&(self.file().len() as u32).to_le_bytes());
-        out.extend_from_slice(self.file());
+        put_bytes(out, self.file());
         match self {
             Record::Data { offset, bytes, .. } => {
                 out.extend_from_slice(&offset.to_le_bytes());
@@ -176,7 +228,25 @@ impl Record {
             }
             Record::Size { size, .. } => out.extend_from_slice(&size.to_le_bytes()),
             Record::Barrier { .. } => {}
+            Record::Create { parent, name, mode, uid, gid, .. } => {
+                put_bytes(out, parent);
+                put_bytes(out, name);
+                for v in [mode, uid, gid] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+            Record::Unlink { parent, name, directory, .. } => {
+                put_bytes(out, parent);
+                put_bytes(out, name);
+                out.extend_from_slice(&u32::from(*directory).to_le_bytes());
+            }
+            Record::Rename { from_parent, from_name, to_parent, to_name, .. } => {
+                for part in [from_parent, from_name, to_parent, to_name] {
+                    put_bytes(out, part);
+                }
+            }
         }
+        debug_assert_eq!(out.len() - start, self.encoded_len(), "body_len agrees with the encoding");
     }
 
     /// Parses the records of a payload whose checksum has been verified: anything malformed
@@ -193,15 +263,7 @@ impl Record {
                 .get(RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + body_len)
                 .ok_or_else(|| format!("record {i} says {body_len} bytes; the batch ends first"))?;
             let malformed = || format!("record {i} has kind {kind} and {body_len} bytes: not a record");
-            let key_len = body.get(0..4).map(|_| u32_at(body, 0) as usize).ok_or_else(malformed)?;
-            let file = body.get(4..4 + key_len).ok_or_else(malformed)?.to_vec();
-            let rest = &body[4 + key_len..];
-            let record = match (kind, rest.len()) {
-                (KIND_DATA, n) if n >= 8 => Record::Data { file, offset: u64_at(rest, 0), bytes: rest[8..].to_vec() },
-                (KIND_SIZE, 8) => Record::Size { file, size: u64_at(rest, 0) },
-                (KIND_BARRIER, 0) => Record::Barrier { file },
-                _ => return Err(malformed()),
-            };
+            let record = Self::decode_body(kind, body).ok_or_else(malformed)?;
             records.push(record);
             payload = &payload[RECORD_HEADER_BYTES + body_len..];
         }
@@ -209,6 +271,52 @@ impl Record {
             return Err(format!("{} bytes after the last of {count} records", payload.len()));
         }
         Ok(records)
+    }
+
+    /// One record's body, which must be consumed exactly.
+    fn decode_body(kind: u8, mut rest: &[u8]) -> Option<Record> {
+        let rest = &mut rest;
+        let file = take_bytes(rest)?;
+        let record = match kind {
+            KIND_DATA if rest.len() >= 8 => {
+                let record = Record::Data { file, offset: u64_at(rest, 0), bytes: rest[8..].to_vec() };
+                *rest = &[];
+                record
+            }
+            KIND_SIZE if rest.len() == 8 => {
+                let record = Record::Size { file, size: u64_at(rest, 0) };
+                *rest = &[];
+                record
+            }
+            KIND_BARRIER => Record::Barrier { file },
+            KIND_CREATE => Record::Create {
+                file,
+                parent: take_bytes(rest)?,
+                name: take_bytes(rest)?,
+                mode: take_u32(rest)?,
+                uid: take_u32(rest)?,
+                gid: take_u32(rest)?,
+            },
+            KIND_UNLINK => Record::Unlink {
+                file,
+                parent: take_bytes(rest)?,
+                name: take_bytes(rest)?,
+                directory: match take_u32(rest)? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                },
+            },
+            KIND_RENAME => Record::Rename {
+                file,
+                from_parent: take_bytes(rest)?,
+                from_name: take_bytes(rest)?,
+                to_parent: take_bytes(rest)?,
+                to_name: take_bytes(rest)?,
+            },
+            _ => return None,
+        };
+        rest.is_empty().then_some(record)
     }
 }
 
@@ -447,9 +555,30 @@ mod tests {
 
     fn random_records(rng: &mut Rng) -> Vec<Record> {
         (0..1 + rng.below(6))
-            .map(|_| match rng.below(5) {
+            .map(|_| match rng.below(8) {
                 0 => Record::Size { file: key(rng.below(50)), size: rng.below(1 << 40) },
                 1 => Record::Barrier { file: key(rng.below(50)) },
+                2 => Record::Create {
+                    file: key(rng.below(50)),
+                    parent: key(rng.below(50)),
+                    name: key(rng.below(1 << 30)),
+                    mode: rng.below(0o170000) as u32,
+                    uid: rng.below(70000) as u32,
+                    gid: rng.below(70000) as u32,
+                },
+                3 => Record::Unlink {
+                    file: key(rng.below(50)),
+                    parent: key(rng.below(50)),
+                    name: key(rng.below(1 << 30)),
+                    directory: rng.below(2) == 1,
+                },
+                4 => Record::Rename {
+                    file: key(rng.below(50)),
+                    from_parent: key(rng.below(50)),
+                    from_name: key(rng.below(1 << 30)),
+                    to_parent: key(rng.below(50)),
+                    to_name: key(rng.below(1 << 30)),
+                },
                 _ => Record::Data {
                     file: key(rng.below(50)),
                     offset: rng.below(1 << 40),

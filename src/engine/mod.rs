@@ -11,6 +11,7 @@ pub mod geometry;
 pub mod inodes;
 pub mod intent_log;
 pub mod log_format;
+mod replay;
 pub mod writeback;
 
 use std::collections::HashMap;
@@ -25,7 +26,8 @@ use crate::metrics::Metrics;
 use crate::sys::{name_cstring, Errno, SysResult};
 use inodes::{Inode, InodeTable, ROOT_INO};
 use intent_log::{IntentLog, LogError};
-use writeback::{ErrorReport, FileState, Writeback, WritebackConfig};
+use log_format::Record;
+use writeback::{ErrorReport, FileState, NameBinding, Writeback, WritebackConfig};
 
 /// Who asked: files and directories created on a user's behalf belong to that user.
 #[derive(Debug, Clone, Copy)]
@@ -339,7 +341,8 @@ impl Engine {
         let (node, _) = self.backend.mknod(&parent.node, &name, mode, rdev)?;
         let st = self.give_to_caller(&parent, &node, caller)?;
         let entry = self.remember(node, st);
-        self.writeback.note_created(entry.stat.st_ino);
+        let binding = (mode & libc::S_IFMT == libc::S_IFREG).then(|| self.name_binding(&parent, &name)).flatten();
+        self.writeback.note_created(entry.stat.st_ino, binding);
         Ok(entry)
     }
 
@@ -348,7 +351,9 @@ impl Engine {
         let parent = self.inode(parent)?;
         let (node, _) = self.backend.mkdir(&parent.node, &name, mode)?;
         let st = self.give_to_caller(&parent, &node, caller)?;
-        Ok(self.remember(node, st))
+        let entry = self.remember(node, st);
+        self.writeback.note_created(entry.stat.st_ino, None);
+        Ok(entry)
     }
 
     pub fn symlink(&self, parent: u64, name: &OsStr, target: &Path, caller: Caller) -> SysResult<Entry> {
@@ -365,19 +370,54 @@ impl Engine {
         let inode = self.inode(ino)?;
         let new_parent = self.inode(new_parent)?;
         let (node, st) = self.backend.link(&inode.node, &new_parent.node, &new_name)?;
+        // The log records one name per file: a second one only a backend sync makes durable.
+        self.writeback.note_backend_changed(ino);
+        self.writeback.note_names_changed(None, None, &[ino]);
         Ok(self.remember(node, st))
     }
 
+    /// For the intent log: the name a created file has, in the terms replay can find again.
+    fn name_binding(&self, parent: &Inode, name: &CStr) -> Option<NameBinding> {
+        if !self.writeback.logging() {
+            return None;
+        }
+        let parent_handle = self.backend.file_handle(&parent.node).ok()?;
+        Some(NameBinding { parent_ino: parent.ino, parent_handle, name: name.to_bytes().to_vec() })
+    }
+
+    /// For the intent log: what `name` in `parent` is now (its handle and inode number), if
+    /// anything, before a change removes or replaces it.
+    fn named_object(&self, parent: &Inode, name: &CStr) -> Option<(Vec<u8>, u64)> {
+        if !self.writeback.logging() {
+            return None;
+        }
+        let (node, st) = self.backend.lookup(&parent.node, name).ok()?;
+        let handle = self.backend.file_handle(&node).ok()?;
+        Some((handle, self.inodes.ino_for_listing(key_of(&st))))
+    }
+
     pub fn unlink(&self, parent: u64, name: &OsStr) -> SysResult<()> {
-        let name = Self::checked_name(parent, name, false)?;
-        let parent = self.inode(parent)?;
-        self.backend.unlink(&parent.node, &name)
+        self.remove(parent, name, false)
     }
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> SysResult<()> {
+        self.remove(parent, name, true)
+    }
+
+    fn remove(&self, parent: u64, name: &OsStr, directory: bool) -> SysResult<()> {
         let name = Self::checked_name(parent, name, false)?;
         let parent = self.inode(parent)?;
-        self.backend.rmdir(&parent.node, &name)
+        let removed = self.named_object(&parent, &name);
+        if directory {
+            self.backend.rmdir(&parent.node, &name)?;
+        } else {
+            self.backend.unlink(&parent.node, &name)?;
+        }
+        if let (Some((handle, ino)), Ok(parent_handle)) = (removed, self.backend.file_handle(&parent.node)) {
+            let record = Record::Unlink { file: handle, parent: parent_handle, name: name.to_bytes().to_vec(), directory };
+            self.writeback.note_names_changed(Some(record), None, &[ino]);
+        }
+        Ok(())
     }
 
     pub fn rename(&self, parent: u64, name: &OsStr, new_parent: u64, new_name: &OsStr, flags: u32) -> SysResult<()> {
@@ -385,7 +425,33 @@ impl Engine {
         let new_name = Self::checked_name(new_parent, new_name, true)?;
         let parent = self.inode(parent)?;
         let new_parent = self.inode(new_parent)?;
-        self.backend.rename(&parent.node, &name, &new_parent.node, &new_name, flags)
+        let moved = self.named_object(&parent, &name);
+        let replaced = self.named_object(&new_parent, &new_name);
+        self.backend.rename(&parent.node, &name, &new_parent.node, &new_name, flags)?;
+        let Some((handle, ino)) = moved else { return Ok(()) };
+        let replaced_ino = replaced.map(|(_, ino)| ino);
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            // Two names swapped: the log has no record for it, so only a backend sync makes
+            // either durable.
+            for ino in [Some(ino), replaced_ino].into_iter().flatten() {
+                self.writeback.note_backend_changed(ino);
+            }
+            self.writeback.note_names_changed(None, None, &[Some(ino), replaced_ino].into_iter().flatten().collect::<Vec<_>>());
+            return Ok(());
+        }
+        let (Ok(from_parent), Some(binding)) = (self.backend.file_handle(&parent.node), self.name_binding(&new_parent, &new_name))
+        else {
+            return Ok(());
+        };
+        let record = Record::Rename {
+            file: handle,
+            from_parent,
+            from_name: name.to_bytes().to_vec(),
+            to_parent: binding.parent_handle.clone(),
+            to_name: binding.name.clone(),
+        };
+        self.writeback.note_names_changed(Some(record), Some((ino, binding)), &replaced_ino.into_iter().collect::<Vec<_>>());
+        Ok(())
     }
 
     /// Flags for the backend's own open: the engine addresses every write by offset, so
@@ -467,7 +533,7 @@ impl Engine {
         )?;
         let st = self.give_to_caller(&parent_inode, &node, caller)?;
         let entry = self.remember(node, st);
-        self.writeback.note_created(entry.stat.st_ino);
+        self.writeback.note_created(entry.stat.st_ino, self.name_binding(&parent_inode, &name));
         let inode = self.inode(entry.stat.st_ino)?;
         Ok((entry, self.register_file(inode, file, flags)?))
     }
@@ -692,63 +758,12 @@ impl Engine {
     }
 }
 
-/// Opens the intent log and applies what it holds after its checkpoint to the backend: each
-/// file's records in order, after its last barrier; then one sync of the backing file system
-/// and a checkpoint, so the log starts empty. A file that no longer exists (its handle is
-/// stale) had been deleted: its records are dropped. Anything else stops the mount.
+/// Opens the intent log and applies what it holds after its checkpoint to the backend (see
+/// `replay`), so the log starts empty.
 fn recover_from_log(backend: &LocalBackend, path: &Path, size_bytes: u64, metrics: &Arc<Metrics>) -> Result<IntentLog, String> {
     let (log, batches) = IntentLog::open(path, size_bytes, metrics.clone()).map_err(|e| match e {
         LogError::Corrupt(_) => format!("{}: {e}; nothing was replayed or changed", path.display()),
         _ => format!("{}: {e}", path.display()),
     })?;
-    replay(backend, log, &batches, path, metrics).map_err(|e| format!("replaying the intent log {}: {e}", path.display()))
-}
-
-fn replay(backend: &LocalBackend, log: IntentLog, batches: &[log_format::Batch], path: &Path, metrics: &Arc<Metrics>) -> SysResult<IntentLog> {
-    use log_format::Record;
-    if batches.is_empty() {
-        return Ok(log);
-    }
-    let records: Vec<&Record> = batches.iter().flat_map(|b| &b.records).collect();
-    let mut last_barrier: HashMap<&[u8], usize> = HashMap::new();
-    for (i, r) in records.iter().enumerate() {
-        if let Record::Barrier { file } = r {
-            last_barrier.insert(file, i);
-        }
-    }
-    let mut files: HashMap<&[u8], Option<File>> = HashMap::new();
-    let mut applied = 0u64;
-    for (i, r) in records.iter().enumerate() {
-        if last_barrier.get(r.file()).is_some_and(|&b| i <= b) {
-            continue;
-        }
-        let file = match files.entry(r.file()) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(match backend.open_by_handle(r.file(), libc::O_RDWR) {
-                Ok(f) => Some(f),
-                Err(Errno(libc::ESTALE)) | Err(Errno(libc::ENOENT)) => None,
-                Err(e) => return Err(e),
-            }),
-        };
-        let Some(file) = file else { continue };
-        match r {
-            Record::Data { offset, bytes, .. } => data::write_at(file, bytes, *offset)?,
-            Record::Size { size, .. } => data::set_len(file, *size)?,
-            Record::Barrier { .. } => {}
-        }
-        applied += 1;
-    }
-    backend.sync_file_system()?;
-    log.checkpoint(log.next_seq()).map_err(|e| {
-        log::error!("{e}");
-        Errno(libc::EIO)
-    })?;
-    metrics.log_replayed_records.fetch_add(applied, Ordering::Relaxed);
-    log::warn!(
-        "replayed {applied} intent log records ({} batches, {} files) from {}: the last mount did not end cleanly",
-        batches.len(),
-        files.len(),
-        path.display()
-    );
-    Ok(log)
+    replay::replay(backend, log, &batches, path, metrics).map_err(|e| format!("replaying the intent log {}: {e}", path.display()))
 }

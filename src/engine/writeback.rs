@@ -49,8 +49,13 @@ pub struct WritebackConfig {
 #[derive(Default, Debug)]
 struct Durability {
     /// Created by this mount since the last checkpoint: the backend may not hold it durably
-    /// (a log record finds its file by handle, which a power cut can invalidate).
+    /// (a log record finds its file by handle, which a power cut can invalidate), so a log
+    /// fsync also logs its name, and nothing created inside it can be logged.
     created: bool,
+    /// A created file's one name, logged with it. None for a file created with no name the log
+    /// can record, or which has since gained a second name or lost its own (link, unlink,
+    /// exchange): such a file is synced on the backend path until the next checkpoint.
+    name: Option<NameBinding>,
     /// Flushes that reached the backend, and how many of those a sync has made durable.
     backend_changes: u64,
     synced_changes: u64,
@@ -60,8 +65,16 @@ struct Durability {
 
 impl Durability {
     fn backend_in_sync(&self) -> bool {
-        !self.created && self.backend_changes == self.synced_changes
+        self.backend_changes == self.synced_changes
     }
+}
+
+/// Where a created file is: its directory (inode, and backend handle for the log) and name.
+#[derive(Clone, Debug)]
+pub struct NameBinding {
+    pub parent_ino: u64,
+    pub parent_handle: Vec<u8>,
+    pub name: Vec<u8>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -788,11 +801,61 @@ impl Writeback {
         }
     }
 
-    /// `ino` was created by this mount.
-    pub fn note_created(&self, ino: u64) {
+    /// Whether namespace changes should be reported (with backend handles) for the log.
+    pub fn logging(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// `ino` was created by this mount, as `name` (None: a directory, or a name the log does
+    /// not record).
+    pub fn note_created(&self, ino: u64, name: Option<NameBinding>) {
         if self.log.is_some() {
-            lock(&self.durability).entry(ino).or_default().created = true;
+            // A fresh start: the number may be a deleted file's, whose history is not this one's.
+            lock(&self.durability).insert(ino, Durability { created: true, name, ..Durability::default() });
         }
+    }
+
+    /// A name changed on the backend: `record` (if any) says how, for replay; `moved` is the
+    /// object that now has `new_name`, `lost_names` those whose one name no longer holds.
+    /// Called after the backend change and before the caller is answered, so the record is
+    /// queued before anything that depends on it can be committed.
+    pub fn note_names_changed(&self, record: Option<Record>, moved: Option<(u64, NameBinding)>, lost_names: &[u64]) {
+        let Some(log) = &self.log else { return };
+        {
+            let mut d = lock(&self.durability);
+            for ino in lost_names {
+                if let Some(entry) = d.get_mut(ino) {
+                    entry.name = None;
+                }
+            }
+            if let Some((ino, binding)) = moved {
+                if let Some(entry) = d.get_mut(&ino).filter(|e| e.created) {
+                    entry.name = Some(binding);
+                }
+            }
+        }
+        if let Some(record) = record {
+            log.append(vec![record]);
+        }
+    }
+
+    /// Whether a log fsync can stand for a backend sync of `ino`, and the name to log with it
+    /// if it was created since the last checkpoint. Called under the file's lock.
+    fn log_eligibility(&self, ino: u64) -> Option<Option<NameBinding>> {
+        let d = lock(&self.durability);
+        let Some(entry) = d.get(&ino) else { return Some(None) };
+        if !entry.backend_in_sync() {
+            return None;
+        }
+        if !entry.created {
+            return Some(None);
+        }
+        let name = entry.name.clone()?;
+        // A file in a directory the backend may not hold yet: replay would have nowhere to put it.
+        if d.get(&name.parent_ino).is_some_and(|p| p.created) {
+            return None;
+        }
+        Some(Some(name))
     }
 
     /// fsync(2) and fdatasync(2): through the intent log when it can stand for a backend
@@ -844,9 +907,21 @@ impl Writeback {
         // still in flight is logged whole below. Checked before taking the lock, a flush ending
         // in between left its bytes in neither (unsynced on the backend, absent from the log),
         // and the crash harness caught an older logged record replayed over them.
-        if !lock(&self.durability).get(&file.inode.ino).is_none_or(Durability::backend_in_sync) {
-            return None;
-        }
+        let created_as = self.log_eligibility(file.inode.ino)?;
+        let create_record = match &created_as {
+            Some(binding) => {
+                let st = self.backend.stat(&file.inode.node).ok()?;
+                Some(Record::Create {
+                    file: handle.clone(),
+                    parent: binding.parent_handle.clone(),
+                    name: binding.name.clone(),
+                    mode: st.st_mode,
+                    uid: st.st_uid,
+                    gid: st.st_gid,
+                })
+            }
+            None => None,
+        };
         if let Some(err) = inner.errors.report_to(ErrorReport::Sync) {
             return Some(Err(err));
         }
@@ -878,7 +953,7 @@ impl Writeback {
         }
         // Ranges marked logged may belong to another fsync's batch not yet durable: then a
         // record of our own (the size) waits behind it.
-        if pieces.is_empty() && inner.dirty.values().all(|u| u.logged.is_empty()) {
+        if pieces.is_empty() && inner.dirty.values().all(|u| u.logged.is_empty()) && create_record.is_none() {
             return Some(Ok(())); // nothing buffered: the backend is in sync
         }
         // Marked now, under the lock: a write after this point takes its range out again.
@@ -888,8 +963,9 @@ impl Writeback {
                 unit_state.logged.insert(r.clone());
             }
         }
-        let mut records: Vec<Record> =
-            pieces.into_iter().map(|(offset, b)| Record::Data { file: handle.clone(), offset, bytes: b }).collect();
+        let mut records = Vec::with_capacity(pieces.len() + 2);
+        records.extend(create_record);
+        records.extend(pieces.into_iter().map(|(offset, b)| Record::Data { file: handle.clone(), offset, bytes: b }));
         records.push(Record::Size { file: handle, size });
         drop(inner);
         let committed = match log.commit(records.clone()) {
@@ -934,6 +1010,7 @@ impl Writeback {
         for (ino, changes) in flushed {
             if let Some(entry) = d.get_mut(&ino) {
                 entry.created = false;
+                entry.name = None;
                 // Synced backend bytes may be newer than records of the file the log still
                 // holds: replay would put those older records over them. Such a file stays
                 // ineligible until an fsync syncs it and writes a barrier (the crash harness
@@ -944,7 +1021,7 @@ impl Writeback {
                 }
             }
         }
-        d.retain(|_, e| !e.backend_in_sync() || e.logged_before_seq > 0);
+        d.retain(|_, e| e.created || !e.backend_in_sync() || e.logged_before_seq > 0);
         Ok(())
     }
 
