@@ -168,6 +168,26 @@ fn new_files_come_back_under_their_names_when_the_backend_lost_them() {
     }
 }
 
+/// An unlink made durable by fsync of the directory stays done: the log's record of the file's
+/// creation must not bring it back at replay.
+#[test]
+fn an_unlink_acknowledged_by_fsync_of_its_directory_is_not_undone() {
+    if !in_a_process_of_its_own("an_unlink_acknowledged_by_fsync_of_its_directory_is_not_undone") {
+        return;
+    }
+    let options = ["log=on", "flush_age=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    fs::create_dir(m.path("d")).unwrap();
+    m.remount();
+    write_and_fsync(&m.path("d/gone"), &pattern(1000, 1));
+    assert_eq!(m.counter("log_fsyncs_total"), 1, "the creation is in the log");
+    fs::remove_file(m.path("d/gone")).unwrap();
+    fs::File::open(m.path("d")).unwrap().sync_all().unwrap();
+    kill_daemon(&mut m);
+    m.mount();
+    assert!(!m.path("d/gone").exists(), "the acknowledged unlink was undone by replay");
+}
+
 /// A damaged log stops the mount with the log's path and the offset, and changes nothing.
 #[test]
 fn a_damaged_log_stops_the_mount_and_says_where() {

@@ -717,6 +717,7 @@ impl Engine {
 
     pub fn fsyncdir(&self, fh: u64, data_only: bool) -> SysResult<()> {
         let dir = self.open_dir(fh)?;
+        self.writeback.commit_queued_names()?;
         let file = self.backend.open_dir_for_sync(&dir.inode.node)?;
         data::sync(&file, data_only)
     }

@@ -839,6 +839,17 @@ impl Writeback {
         }
     }
 
+    /// For fsync of a directory: the name changes queued for the log become durable there
+    /// first. The backend sync that follows makes them durable on the backend too, and a log
+    /// that lacked them (an unlink, say) would undo them at replay.
+    pub fn commit_queued_names(&self) -> SysResult<()> {
+        let Some(log) = &self.log else { return Ok(()) };
+        log.commit(Vec::new()).map_err(|e| {
+            log::error!("committing queued name changes to the intent log: {e}");
+            Errno(libc::EIO)
+        })
+    }
+
     /// Whether a log fsync can stand for a backend sync of `ino`, and the name to log with it
     /// if it was created since the last checkpoint. Called under the file's lock.
     fn log_eligibility(&self, ino: u64) -> Option<Option<NameBinding>> {
