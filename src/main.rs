@@ -36,6 +36,7 @@ mount options (-o): allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE wo
   backend=local|null (null: names and sizes in BACKING_DIR, data counted and discarded),
   log=off|on|PATH (intent log for small fsyncs, default off; on: in BACKING_DIR/.coalescefs),
   log_size=SIZE (the intent log's ring, default 64M), checkpoint_interval=DURATION (default 30s),
+  log_threshold=SIZE, log_threshold_new=SIZE (most bytes one fsync logs, of an existing / a new file),
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
   dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.";
 
@@ -324,8 +325,8 @@ fn run_mount(request: MountRequest) -> ExitCode {
             flushers: opts.flushers,
             flush_age: opts.flush_age,
             store: opts.data_store,
-            // BlueStore's prefer_deferred_size on HDD; not yet chosen by measurement here.
-            log_threshold_bytes: 64 << 10,
+            log_threshold_bytes: opts.log_threshold_bytes,
+            log_threshold_new_bytes: opts.log_threshold_new_bytes,
             checkpoint_interval: opts.checkpoint_interval,
         },
         log: match &opts.log {

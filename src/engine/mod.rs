@@ -473,8 +473,12 @@ impl Engine {
         let st = data::stat(&file)?;
         let state = (st.st_mode & libc::S_IFMT == libc::S_IFREG)
             .then(|| self.writeback.open_file(&inode, st.st_size as u64));
+        // An empty file stays as it is: truncating it would change nothing but count as a
+        // backend change, and keep a new file's fsync off the intent log.
         if let (Some(state), true) = (&state, flags & libc::O_TRUNC != 0) {
-            self.writeback.set_size(state, 0)?;
+            if st.st_size != 0 || self.writeback.size(state) != 0 {
+                self.writeback.set_size(state, 0)?;
+            }
         }
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let mut bypass_page_cache = false;

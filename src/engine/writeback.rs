@@ -40,6 +40,8 @@ pub struct WritebackConfig {
     /// With the intent log: the most buffered bytes of one file an fsync puts in the log
     /// rather than writing them to the backend and syncing it.
     pub log_threshold_bytes: u64,
+    /// The same for a file created since the last checkpoint.
+    pub log_threshold_new_bytes: u64,
     /// With the intent log: the longest between checkpoints while anything waits for one.
     pub checkpoint_interval: Duration,
 }
@@ -959,7 +961,9 @@ impl Writeback {
             }
         }
         let bytes: u64 = pieces.iter().map(|(_, b)| b.len() as u64).sum();
-        if bytes > self.config.log_threshold_bytes {
+        let threshold =
+            if create_record.is_some() { self.config.log_threshold_new_bytes } else { self.config.log_threshold_bytes };
+        if bytes > threshold {
             return None;
         }
         // Ranges marked logged may belong to another fsync's batch not yet durable: then a
