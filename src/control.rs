@@ -1,5 +1,6 @@
 //! How the outside asks a running daemon: a Unix socket in the state folder
-//! (`.coalescefs/control.sock`, root-only like the folder) for `coalescefs stats`, and an
+//! (`.coalescefs/control.sock`, root-only like the folder) for `coalescefs stats` and
+//! `coalescefs sync`, and an
 //! optional Prometheus endpoint (`-o metrics=ADDR:PORT`). Both serve one short answer per
 //! connection, one connection at a time, with a timeout: neither can hold the daemon up.
 
@@ -19,19 +20,22 @@ pub fn socket_path(backing: &Path) -> PathBuf {
     backing.join(crate::backend::local::STATE_DIR_NAME).join(SOCKET_NAME)
 }
 
-pub fn serve_control_socket(backing: &Path, metrics: Arc<Metrics>) -> std::io::Result<()> {
+/// What `coalescefs sync` asks of the daemon: everything written made durable on the backend.
+pub type SyncAll = Box<dyn Fn() -> Result<(), String> + Send>;
+
+pub fn serve_control_socket(backing: &Path, metrics: Arc<Metrics>, sync_all: SyncAll) -> std::io::Result<()> {
     let path = socket_path(backing);
     let _ = std::fs::remove_file(&path); // a dead daemon's socket; the backing lock is ours
     let listener = UnixListener::bind(&path)?;
     std::thread::Builder::new().name("control".into()).spawn(move || {
         for stream in listener.incoming().flatten() {
-            let _ = answer_control(stream, &metrics);
+            let _ = answer_control(stream, &metrics, &sync_all);
         }
     })?;
     Ok(())
 }
 
-fn answer_control(stream: UnixStream, metrics: &Metrics) -> std::io::Result<()> {
+fn answer_control(stream: UnixStream, metrics: &Metrics, sync_all: &SyncAll) -> std::io::Result<()> {
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     let mut command = String::new();
@@ -39,15 +43,20 @@ fn answer_control(stream: UnixStream, metrics: &Metrics) -> std::io::Result<()> 
     let answer = match command.trim() {
         "stats" => metrics.render_text(),
         "metrics" => metrics.render_prometheus(),
+        "sync" => match sync_all() {
+            Ok(()) => "ok\n".to_string(),
+            Err(e) => format!("error: {e}\n"),
+        },
         other => format!("error: unknown request '{other}'\n"),
     };
     (&stream).write_all(answer.as_bytes())
 }
 
-/// The client side, for `coalescefs stats`.
+/// The client side, for `coalescefs stats` and `coalescefs sync`.
 pub fn ask(backing: &Path, command: &str) -> std::io::Result<String> {
     let mut stream = UnixStream::connect(socket_path(backing))?;
-    stream.set_read_timeout(Some(IO_TIMEOUT * 5))?;
+    // A sync takes as long as the backend needs to write everything buffered.
+    stream.set_read_timeout(if command == "sync" { None } else { Some(IO_TIMEOUT * 5) })?;
     stream.write_all(format!("{command}\n").as_bytes())?;
     let mut answer = String::new();
     stream.read_to_string(&mut answer)?;

@@ -26,6 +26,8 @@ usage:
   coalescefs mount BACKING_DIR MOUNTPOINT [-o opt,opt...] [-f|--foreground]
   coalescefs umount [-z|--lazy] MOUNTPOINT
   coalescefs stats MOUNTPOINT [--prometheus]
+  coalescefs sync MOUNTPOINT     (everything written made durable on the backend; with the
+                                  intent log, a checkpoint)
   coalescefs BACKING_DIR MOUNTPOINT -o opts        (the form mount.fuse3 uses)
 
 mount options (-o): allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE workers, default 4),
@@ -113,6 +115,7 @@ fn main() -> ExitCode {
         },
         Some("umount" | "unmount") => run_umount(&args[1..]),
         Some("stats") => run_stats(&args[1..]),
+        Some("sync") => run_sync(&args[1..]),
         Some(other) if other.starts_with('-') || args.len() < 2 => {
             usage_error(UsageError(format!("unknown command '{other}'")))
         }
@@ -344,6 +347,7 @@ fn run_mount(request: MountRequest) -> ExitCode {
         Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
     };
     let max_write = opts.max_write_bytes.unwrap_or(geometry.unit_bytes).min(fuse::MAX_WRITE_BYTES_LIMIT);
+    let engine_for_sync = engine.clone();
     let adapter = fuse::FuseAdapter::new(engine, max_write as u32);
     let source = opts.fsname.clone().unwrap_or_else(|| backing.display().to_string());
 
@@ -391,7 +395,8 @@ fn run_mount(request: MountRequest) -> ExitCode {
 
     if state_dir.is_some() {
         let _ = std::fs::write(mounts::pid_file(&backing), format!("{}\n", std::process::id()));
-        if let Err(e) = control::serve_control_socket(&backing, metrics.clone()) {
+        let sync_all: control::SyncAll = Box::new(move || engine_for_sync.sync_all().map_err(|e| e.to_string()));
+        if let Err(e) = control::serve_control_socket(&backing, metrics.clone(), sync_all) {
             log::warn!("no control socket ({e}): `coalescefs stats` will not answer");
         }
     }
@@ -470,6 +475,21 @@ fn backing_of_mount(target: &str) -> Result<(PathBuf, PathBuf), String> {
         return Err(format!("{} is a {} mount, not coalescefs", mount_point.display(), info.fs_type));
     }
     Ok((mount_point, PathBuf::from(info.source)))
+}
+
+fn run_sync(args: &[String]) -> ExitCode {
+    let [target] = args else {
+        return usage_error(UsageError("sync takes one MOUNTPOINT".into()));
+    };
+    let (mount_point, backing) = match backing_of_mount(target) {
+        Ok(found) => found,
+        Err(message) => return fail(message),
+    };
+    match control::ask(&backing, "sync") {
+        Ok(answer) if answer.trim() == "ok" => ExitCode::SUCCESS,
+        Ok(answer) => fail(format!("sync of {}: {}", mount_point.display(), answer.trim().trim_start_matches("error: "))),
+        Err(e) => fail(format!("the daemon of {} does not answer: {e}", mount_point.display())),
+    }
 }
 
 fn run_stats(args: &[String]) -> ExitCode {

@@ -188,6 +188,30 @@ fn an_unlink_acknowledged_by_fsync_of_its_directory_is_not_undone() {
     assert!(!m.path("d/gone").exists(), "the acknowledged unlink was undone by replay");
 }
 
+/// `coalescefs sync` is a checkpoint: the backend holds everything, and the log is empty, so a
+/// crash right after it has nothing to replay.
+#[test]
+fn coalescefs_sync_checkpoints_and_leaves_nothing_to_replay() {
+    if !in_a_process_of_its_own("coalescefs_sync_checkpoints_and_leaves_nothing_to_replay") {
+        return;
+    }
+    let options = ["log=on", "flush_age=3600s", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    write_and_fsync(&m.path("small"), &pattern(3000, 9));
+    assert_eq!(m.counter("log_fsyncs_total"), 1);
+    let checkpoints = m.counter("log_checkpoints_total");
+    let out = coalescefs(&["sync", &path_str(&m.mnt)]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(m.counter("log_checkpoints_total"), checkpoints + 1);
+    assert!(fs::read(m.backing_path("small")).unwrap() == pattern(3000, 9), "the backend holds the bytes");
+    kill_daemon(&mut m);
+    m.mount();
+    assert_eq!(m.counter("log_replayed_records_total"), 0, "nothing left to replay");
+    assert!(fs::read(m.path("small")).unwrap() == pattern(3000, 9), "contents differ");
+    let out = coalescefs(&["sync", "/"]);
+    assert!(!out.status.success() && stderr_of(&out).contains("/"), "sync of a non-mount fails with a message");
+}
+
 /// A damaged log stops the mount with the log's path and the offset, and changes nothing.
 #[test]
 fn a_damaged_log_stops_the_mount_and_says_where() {

@@ -751,6 +751,12 @@ impl Engine {
         self.backend.remove_xattr(&inode.node, name)
     }
 
+    /// `coalescefs sync`: everything written so far made durable on the backend (with the
+    /// intent log, a checkpoint, which also empties the log).
+    pub fn sync_all(&self) -> SysResult<()> {
+        self.writeback.sync_all()
+    }
+
     /// Called once the kernel has let go of the mount: nothing may stay only in memory.
     pub fn shut_down(&self) {
         self.writeback.shut_down();

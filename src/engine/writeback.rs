@@ -1040,6 +1040,19 @@ impl Writeback {
         Ok(())
     }
 
+    /// Every buffered unit written to the backend and the backend synced once: a checkpoint
+    /// where there is a log.
+    pub fn sync_all(&self) -> SysResult<()> {
+        if self.log.is_some() {
+            return self.checkpoint();
+        }
+        let files: Vec<Arc<FileState>> = lock(&self.files).values().cloned().collect();
+        for file in files {
+            self.flush_file(&file, None, ErrorReport::Sync)?;
+        }
+        self.backend.sync_file_system()
+    }
+
     /// Checkpoints when the log is half full, and every `checkpoint_interval` while the log
     /// holds anything or a file waits for a backend sync to become eligible for it.
     fn checkpoint_loop(&self) {
