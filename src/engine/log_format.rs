@@ -143,8 +143,15 @@ pub enum Record {
     /// `name` in `parent`, which was `file`, was removed (`directory`: by rmdir).
     Unlink { file: Vec<u8>, parent: Vec<u8>, name: Vec<u8>, directory: bool },
     /// `file` was renamed from `from_name` in `from_parent` to `to_name` in `to_parent`,
-    /// replacing whatever had that name.
-    Rename { file: Vec<u8>, from_parent: Vec<u8>, from_name: Vec<u8>, to_parent: Vec<u8>, to_name: Vec<u8> },
+    /// replacing `replaced` (empty: the name was free).
+    Rename {
+        file: Vec<u8>,
+        from_parent: Vec<u8>,
+        from_name: Vec<u8>,
+        to_parent: Vec<u8>,
+        to_name: Vec<u8>,
+        replaced: Vec<u8>,
+    },
 }
 
 const KIND_DATA: u8 = 1;
@@ -198,8 +205,8 @@ impl Record {
                 Record::Barrier { .. } => 0,
                 Record::Create { parent, name, .. } => 8 + parent.len() + name.len() + 12,
                 Record::Unlink { parent, name, .. } => 8 + parent.len() + name.len() + 4,
-                Record::Rename { from_parent, from_name, to_parent, to_name, .. } => {
-                    16 + from_parent.len() + from_name.len() + to_parent.len() + to_name.len()
+                Record::Rename { from_parent, from_name, to_parent, to_name, replaced, .. } => {
+                    20 + from_parent.len() + from_name.len() + to_parent.len() + to_name.len() + replaced.len()
                 }
             }
     }
@@ -240,8 +247,8 @@ impl Record {
                 put_bytes(out, name);
                 out.extend_from_slice(&u32::from(*directory).to_le_bytes());
             }
-            Record::Rename { from_parent, from_name, to_parent, to_name, .. } => {
-                for part in [from_parent, from_name, to_parent, to_name] {
+            Record::Rename { from_parent, from_name, to_parent, to_name, replaced, .. } => {
+                for part in [from_parent, from_name, to_parent, to_name, replaced] {
                     put_bytes(out, part);
                 }
             }
@@ -313,6 +320,7 @@ impl Record {
                 from_name: take_bytes(rest)?,
                 to_parent: take_bytes(rest)?,
                 to_name: take_bytes(rest)?,
+                replaced: take_bytes(rest)?,
             },
             _ => return None,
         };
@@ -578,6 +586,7 @@ mod tests {
                     from_name: key(rng.below(1 << 30)),
                     to_parent: key(rng.below(50)),
                     to_name: key(rng.below(1 << 30)),
+                    replaced: if rng.below(2) == 0 { Vec::new() } else { key(rng.below(50)) },
                 },
                 _ => Record::Data {
                     file: key(rng.below(50)),

@@ -340,9 +340,11 @@ impl Engine {
         let parent = self.inode(parent)?;
         let (node, _) = self.backend.mknod(&parent.node, &name, mode, rdev)?;
         let st = self.give_to_caller(&parent, &node, caller)?;
+        let regular = mode & libc::S_IFMT == libc::S_IFREG;
+        let created_record = regular.then(|| self.create_record(&node, &parent, &name, &st)).flatten();
         let entry = self.remember(node, st);
-        let binding = (mode & libc::S_IFMT == libc::S_IFREG).then(|| self.name_binding(&parent, &name)).flatten();
-        self.writeback.note_created(entry.stat.st_ino, binding);
+        let binding = regular.then(|| self.name_binding(&parent, &name)).flatten();
+        self.writeback.note_created(entry.stat.st_ino, binding, created_record);
         Ok(entry)
     }
 
@@ -352,7 +354,7 @@ impl Engine {
         let (node, _) = self.backend.mkdir(&parent.node, &name, mode)?;
         let st = self.give_to_caller(&parent, &node, caller)?;
         let entry = self.remember(node, st);
-        self.writeback.note_created(entry.stat.st_ino, None);
+        self.writeback.note_created(entry.stat.st_ino, None, None);
         Ok(entry)
     }
 
@@ -383,6 +385,22 @@ impl Engine {
         }
         let parent_handle = self.backend.file_handle(&parent.node).ok()?;
         Some(NameBinding { parent_ino: parent.ino, parent_handle, name: name.to_bytes().to_vec() })
+    }
+
+    /// For the intent log: the record of a regular file's creation, queued when it happens, so
+    /// that the log holds names in the order they came to be (replay relies on it).
+    fn create_record(&self, node: &Node, parent: &Inode, name: &CStr, st: &libc::stat) -> Option<Record> {
+        if !self.writeback.logging() {
+            return None;
+        }
+        Some(Record::Create {
+            file: self.backend.file_handle(node).ok()?,
+            parent: self.backend.file_handle(&parent.node).ok()?,
+            name: name.to_bytes().to_vec(),
+            mode: st.st_mode,
+            uid: st.st_uid,
+            gid: st.st_gid,
+        })
     }
 
     /// For the intent log: what `name` in `parent` is now (its handle and inode number), if
@@ -429,8 +447,8 @@ impl Engine {
         let replaced = self.named_object(&new_parent, &new_name);
         self.backend.rename(&parent.node, &name, &new_parent.node, &new_name, flags)?;
         let Some((handle, ino)) = moved else { return Ok(()) };
-        let replaced_ino = replaced.map(|(_, ino)| ino);
         if flags & libc::RENAME_EXCHANGE != 0 {
+            let replaced_ino = replaced.map(|(_, ino)| ino);
             // Two names swapped: the log has no record for it, so only a backend sync makes
             // either durable.
             for ino in [Some(ino), replaced_ino].into_iter().flatten() {
@@ -443,12 +461,14 @@ impl Engine {
         else {
             return Ok(());
         };
+        let (replaced_handle, replaced_ino) = replaced.map_or((Vec::new(), None), |(h, ino)| (h, Some(ino)));
         let record = Record::Rename {
             file: handle,
             from_parent,
             from_name: name.to_bytes().to_vec(),
             to_parent: binding.parent_handle.clone(),
             to_name: binding.name.clone(),
+            replaced: replaced_handle,
         };
         self.writeback.note_names_changed(Some(record), Some((ino, binding)), &replaced_ino.into_iter().collect::<Vec<_>>());
         Ok(())
@@ -536,8 +556,9 @@ impl Engine {
             mode,
         )?;
         let st = self.give_to_caller(&parent_inode, &node, caller)?;
+        let created_record = self.create_record(&node, &parent_inode, &name, &st);
         let entry = self.remember(node, st);
-        self.writeback.note_created(entry.stat.st_ino, self.name_binding(&parent_inode, &name));
+        self.writeback.note_created(entry.stat.st_ino, self.name_binding(&parent_inode, &name), created_record);
         let inode = self.inode(entry.stat.st_ino)?;
         Ok((entry, self.register_file(inode, file, flags)?))
     }

@@ -1,19 +1,23 @@
 //! Recovery: what the intent log holds after its checkpoint, applied to the backend at mount.
 //!
-//! The backend's state after a crash is the last checkpoint plus any subset of what happened
-//! since (on a journaling file system, a prefix); the log holds a prefix of what happened since,
-//! in order. Replay applies the log's prefix over the backend's state, every record only where
-//! the backend shows it has not happened yet, so a record the backend already holds (or has
-//! gone past) changes nothing:
+//! The log holds the mount's name changes in the order they happened (creations, unlinks and
+//! renames are queued as they happen and ride along with the next batch; every backend sync the
+//! mount issues commits the queue first), and the bytes of every fsync it answered. After a
+//! power cut a journaling backing file system (ext4, XFS) holds the last checkpoint plus a
+//! prefix of the name changes since, which may be shorter or longer than the log's.
 //!
-//! - Data and Size, in order, after the file's last Barrier (a backend sync made everything
-//!   before it durable there). A file that no longer exists had been deleted: dropped.
-//! - Create: nothing if the file still exists (the backend kept its creation, and its names
-//!   are at least as new as the log's). Otherwise the file is made again under its logged name,
-//!   and its records go to the new file. If the name is taken, the backend holds a later state
-//!   of that name (every unlink and rename before the create is in the log, in front of it,
-//!   and was applied first): the older file is not put back, and the mount says so.
-//! - Unlink and Rename: applied only if the name still refers to the logged object.
+//! 1. Where the backend is: the last name record whose effect the backend shows (a created
+//!    file that exists, a renamed object under its new name). The backend holds every change
+//!    up to that one, so name records before it are not applied: they would undo later changes
+//!    the log may not hold (a file made again after it was replaced, say).
+//! 2. From there on, each name record only where the backend shows it has not happened yet:
+//!    - Create: a file that is gone is made again under its logged name, mode and owner, and
+//!      the file's records go to it; a name that is taken is never taken from its holder.
+//!    - Unlink: only if the name still refers to the logged object.
+//!    - Rename: only if the source name still refers to the logged object and the target name
+//!      is free or holds what the rename replaced.
+//! 3. Data and sizes in order, after the file's last Barrier (a backend sync made everything
+//!    before it durable there). A file that no longer exists had been deleted: dropped.
 //!
 //! Then one sync of the backing file system and a checkpoint, so the log starts empty.
 
@@ -111,6 +115,25 @@ impl Replay<'_> {
         Ok(true)
     }
 
+    /// Whether the backend shows this name record's effect (see the module's step 1).
+    fn shows(&mut self, record: &Record) -> SysResult<bool> {
+        Ok(match record {
+            Record::Create { file, .. } => match self.backend.open_by_handle(file, libc::O_PATH) {
+                Ok(_) => true,
+                Err(e) if means_state_moved_on(e) => false,
+                Err(e) => return Err(e),
+            },
+            Record::Rename { file, to_parent, to_name, .. } => {
+                let to_name = CString::new(to_name.as_slice()).map_err(|_| Errno(libc::EINVAL))?;
+                match self.directory(to_parent)? {
+                    Some(dir) => self.names(&dir, &to_name, file),
+                    None => false,
+                }
+            }
+            _ => false,
+        })
+    }
+
     fn apply(&mut self, record: &Record) -> SysResult<bool> {
         match record {
             Record::Data { file, offset, bytes } => match self.file(file)? {
@@ -135,7 +158,7 @@ impl Replay<'_> {
                     self.backend.unlink(&dir, &name)
                 })
             }
-            Record::Rename { file, from_parent, from_name, to_parent, to_name } => {
+            Record::Rename { file, from_parent, from_name, to_parent, to_name, replaced } => {
                 let from_name = CString::new(from_name.as_slice()).map_err(|_| Errno(libc::EINVAL))?;
                 let to_name = CString::new(to_name.as_slice()).map_err(|_| Errno(libc::EINVAL))?;
                 let (Some(from), Some(to)) = (self.directory(from_parent)?, self.directory(to_parent)?) else {
@@ -144,8 +167,28 @@ impl Replay<'_> {
                 if !self.names(&from, &from_name, file) {
                     return Ok(false);
                 }
+                let target_free = self.backend.handle_at(&to, &to_name).is_err();
+                if !target_free && (replaced.is_empty() || !self.names(&to, &to_name, replaced)) {
+                    return Ok(false); // the target holds a later object than the one replaced
+                }
                 Self::skip_if_moved_on(self.backend.rename(&from, &from_name, &to, &to_name, 0))
             }
+        }
+    }
+}
+
+/// One line for the debug log: what a record is, without its bytes.
+fn describe(record: &Record) -> String {
+    let key = |k: &[u8]| k.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let name = |n: &[u8]| String::from_utf8_lossy(n).into_owned();
+    match record {
+        Record::Data { file, offset, bytes } => format!("data {} {}+{}", key(file), offset, bytes.len()),
+        Record::Size { file, size } => format!("size {} {size}", key(file)),
+        Record::Barrier { file } => format!("barrier {}", key(file)),
+        Record::Create { file, parent, name: n, .. } => format!("create {} as {}/{}", key(file), key(parent), name(n)),
+        Record::Unlink { file, parent, name: n, .. } => format!("unlink {} at {}/{}", key(file), key(parent), name(n)),
+        Record::Rename { file, from_name, to_name, replaced, .. } => {
+            format!("rename {} {} -> {} (replacing {})", key(file), name(from_name), name(to_name), key(replaced))
         }
     }
 }
@@ -169,14 +212,28 @@ pub fn replay(backend: &LocalBackend, log: IntentLog, batches: &[Batch], path: &
         recreated_files: 0,
         not_restored: Vec::new(),
     };
+    let mut backend_holds_names_up_to = 0;
+    for (i, r) in records.iter().enumerate() {
+        if r.is_namespace() && replay.shows(r)? {
+            backend_holds_names_up_to = i;
+        }
+    }
     for (i, r) in records.iter().enumerate() {
         let contents = matches!(r, Record::Data { .. } | Record::Size { .. });
         if contents && last_barrier.get(r.file()).is_some_and(|&b| i <= b) {
             continue;
         }
-        if replay.apply(r)? {
+        if r.is_namespace() && i < backend_holds_names_up_to {
+            // The file of a Create the backend has gone past: its records find it by handle
+            // (or it is gone, and they are dropped).
+            log::debug!("replay {i}: behind the backend: {}", describe(r));
+            continue;
+        }
+        let applied = replay.apply(r)?;
+        if applied {
             replay.applied += 1;
         }
+        log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, describe(r));
     }
     backend.sync_file_system()?;
     log.checkpoint(log.next_seq()).map_err(|e| {

@@ -815,11 +815,14 @@ impl Writeback {
     }
 
     /// `ino` was created by this mount, as `name` (None: a directory, or a name the log does
-    /// not record).
-    pub fn note_created(&self, ino: u64, name: Option<NameBinding>) {
-        if self.log.is_some() {
+    /// not record); `record` says so in the log.
+    pub fn note_created(&self, ino: u64, name: Option<NameBinding>, record: Option<Record>) {
+        if let Some(log) = &self.log {
             // A fresh start: the number may be a deleted file's, whose history is not this one's.
             lock(&self.durability).insert(ino, Durability { created: true, name, ..Durability::default() });
+            if let Some(record) = record {
+                log.append(vec![record]);
+            }
         }
     }
 
@@ -829,8 +832,13 @@ impl Writeback {
     /// queued before anything that depends on it can be committed.
     pub fn note_names_changed(&self, record: Option<Record>, moved: Option<(u64, NameBinding)>, lost_names: &[u64]) {
         let Some(log) = &self.log else { return };
+        // Replacing or removing a file created since the last checkpoint: its creation is in
+        // the log, and a replay that does not know it is gone would make it again. The record
+        // is committed before the caller is answered.
+        let destroys_logged_file;
         {
             let mut d = lock(&self.durability);
+            destroys_logged_file = lost_names.iter().any(|ino| d.get(ino).is_some_and(|e| e.created));
             for ino in lost_names {
                 if let Some(entry) = d.get_mut(ino) {
                     entry.name = None;
@@ -842,20 +850,32 @@ impl Writeback {
                 }
             }
         }
-        if let Some(record) = record {
-            log.append(vec![record]);
+        match record {
+            Some(record) if destroys_logged_file => {
+                if let Err(e) = log.commit(vec![record]) {
+                    log::warn!("committing a name change to the intent log: {e}; it stays queued");
+                }
+            }
+            Some(record) => log.append(vec![record]),
+            None => {}
         }
     }
 
-    /// For fsync of a directory: the name changes queued for the log become durable there
-    /// first. The backend sync that follows makes them durable on the backend too, and a log
-    /// that lacked them (an unlink, say) would undo them at replay.
+    /// Before any backend sync this mount issues (fsync of a file or directory, a checkpoint's
+    /// syncfs): the name changes queued for the log become durable there first. The backend
+    /// sync makes them durable on the backend too, and a log that lacked them (an unlink, say)
+    /// would undo them at replay.
     pub fn commit_queued_names(&self) -> SysResult<()> {
         let Some(log) = &self.log else { return Ok(()) };
-        log.commit(Vec::new()).map_err(|e| {
-            log::error!("committing queued name changes to the intent log: {e}");
-            Errno(libc::EIO)
-        })
+        match log.commit(Vec::new()) {
+            Ok(()) => Ok(()),
+            // No room: a checkpoint makes them durable on the backend instead, and frees the ring.
+            Err(LogError::Full { .. }) => self.checkpoint(),
+            Err(e) => {
+                log::error!("committing queued name changes to the intent log: {e}");
+                Err(Errno(libc::EIO))
+            }
+        }
     }
 
     /// Whether a log fsync can stand for a backend sync of `ino`, and the name to log with it
@@ -896,6 +916,9 @@ impl Writeback {
             let mut inner = lock(&file.inner);
             self.backend_files(file, &mut inner)?
         };
+        // The backend sync may make name changes durable there (ext4 commits its whole
+        // journal); the log must not be behind it.
+        self.commit_queued_names()?;
         data::sync(&files.buffered, data_only)?;
         if logged {
             // What the log holds for this file is older than what the backend now holds
@@ -926,21 +949,9 @@ impl Writeback {
         // still in flight is logged whole below. Checked before taking the lock, a flush ending
         // in between left its bytes in neither (unsynced on the backend, absent from the log),
         // and the crash harness caught an older logged record replayed over them.
-        let created_as = self.log_eligibility(file.inode.ino)?;
-        let create_record = match &created_as {
-            Some(binding) => {
-                let st = self.backend.stat(&file.inode.node).ok()?;
-                Some(Record::Create {
-                    file: handle.clone(),
-                    parent: binding.parent_handle.clone(),
-                    name: binding.name.clone(),
-                    mode: st.st_mode,
-                    uid: st.st_uid,
-                    gid: st.st_gid,
-                })
-            }
-            None => None,
-        };
+        // A file created since the last checkpoint: its Create record was queued when it was
+        // created and goes into the log with this batch, ahead of its bytes.
+        let created = self.log_eligibility(file.inode.ino)?.is_some();
         if let Some(err) = inner.errors.report_to(ErrorReport::Sync) {
             return Some(Err(err));
         }
@@ -968,13 +979,13 @@ impl Writeback {
         }
         let bytes: u64 = pieces.iter().map(|(_, b)| b.len() as u64).sum();
         let threshold =
-            if create_record.is_some() { self.config.log_threshold_new_bytes } else { self.config.log_threshold_bytes };
+            if created { self.config.log_threshold_new_bytes } else { self.config.log_threshold_bytes };
         if bytes > threshold {
             return None;
         }
         // Ranges marked logged may belong to another fsync's batch not yet durable: then a
         // record of our own (the size) waits behind it.
-        if pieces.is_empty() && inner.dirty.values().all(|u| u.logged.is_empty()) && create_record.is_none() {
+        if pieces.is_empty() && inner.dirty.values().all(|u| u.logged.is_empty()) && !created {
             return Some(Ok(())); // nothing buffered: the backend is in sync
         }
         // Marked now, under the lock: a write after this point takes its range out again.
@@ -984,8 +995,7 @@ impl Writeback {
                 unit_state.logged.insert(r.clone());
             }
         }
-        let mut records = Vec::with_capacity(pieces.len() + 2);
-        records.extend(create_record);
+        let mut records = Vec::with_capacity(pieces.len() + 1);
         records.extend(pieces.into_iter().map(|(offset, b)| Record::Data { file: handle.clone(), offset, bytes: b }));
         records.push(Record::Size { file: handle, size });
         drop(inner);
@@ -1022,6 +1032,14 @@ impl Writeback {
             self.flush_file(&file, None, ErrorReport::Checkpoint)?;
         }
         let flushed: Vec<(u64, u64)> = lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
+        match log.commit(Vec::new()) {
+            // No room for them: the syncfs below makes them durable on the backend anyway.
+            Ok(()) | Err(LogError::Full { .. }) => {}
+            Err(e) => {
+                log::error!("committing queued name changes to the intent log: {e}");
+                return Err(Errno(libc::EIO));
+            }
+        }
         self.backend.sync_file_system()?;
         log.checkpoint(release_before).map_err(|e| {
             log::error!("{e}");
