@@ -206,8 +206,11 @@ pub fn run_as(uid: u32, gid: u32, program: &str, args: &[&str]) -> Output {
 
 /// Whether a process has finished: gone, or a zombie its parent has not reaped yet.
 pub fn process_gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    // A zombie leader is not enough: its other threads may still be finishing a system call,
+    // and the process's files (the backing directory's lock) stay open until the last one ends.
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return true };
+    tasks.flatten().all(|task| match std::fs::read_to_string(task.path().join("stat")) {
         Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
         Err(_) => true,
-    }
+    })
 }
