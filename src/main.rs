@@ -28,6 +28,8 @@ usage:
   coalescefs stats MOUNTPOINT [--prometheus]
   coalescefs sync MOUNTPOINT     (everything written made durable on the backend; with the
                                   intent log, a checkpoint)
+  coalescefs recover BACKING_DIR [--log PATH]   (not mounted: applies every intact batch of a
+                                  damaged intent log, says which were lost, empties the log)
   coalescefs BACKING_DIR MOUNTPOINT -o opts        (the form mount.fuse3 uses)
 
 mount options (-o): allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE workers, default 4),
@@ -116,6 +118,7 @@ fn main() -> ExitCode {
         Some("umount" | "unmount") => run_umount(&args[1..]),
         Some("stats") => run_stats(&args[1..]),
         Some("sync") => run_sync(&args[1..]),
+        Some("recover") => run_recover(&args[1..]),
         Some(other) if other.starts_with('-') || args.len() < 2 => {
             usage_error(UsageError(format!("unknown command '{other}'")))
         }
@@ -475,6 +478,50 @@ fn backing_of_mount(target: &str) -> Result<(PathBuf, PathBuf), String> {
         return Err(format!("{} is a {} mount, not coalescefs", mount_point.display(), info.fs_type));
     }
     Ok((mount_point, PathBuf::from(info.source)))
+}
+
+fn run_recover(args: &[String]) -> ExitCode {
+    let (backing, log_path) = match args {
+        [backing] => (backing, None),
+        [backing, flag, path] if flag == "--log" => (backing, Some(std::path::PathBuf::from(path))),
+        _ => return usage_error(UsageError("recover takes BACKING_DIR [--log PATH]".into())),
+    };
+    let backing = match mounts::check_backing_dir(std::path::Path::new(backing), false) {
+        Ok(path) => path,
+        Err(message) => return fail(message),
+    };
+    let backend = match backend::local::LocalBackend::open_dir(&backing) {
+        Ok(backend) => backend,
+        Err(e) => return fail(format!("cannot open backing directory {}: {e}", backing.display())),
+    };
+    let state_dir = match backend.open_state_dir() {
+        Ok(dir) => dir,
+        Err(e) => return fail(format!("cannot open the state folder {}/.coalescefs: {e}", backing.display())),
+    };
+    // Held while recovering: a mount of the same directory now would replay the same log.
+    let _lock = match mounts::lock_backing_dir(&state_dir, &backing) {
+        Ok(lock) => lock,
+        Err(message) => return fail(format!("{message}: unmount it first")),
+    };
+    let log_path = log_path.unwrap_or_else(|| backing.join(backend::local::STATE_DIR_NAME).join("intent.log"));
+    if !log_path.exists() {
+        return fail(format!("no intent log at {}", log_path.display()));
+    }
+    match engine::salvage_log(backend, &log_path) {
+        Ok(lost) if lost.is_empty() => {
+            println!("{}: every batch intact and applied; the log is empty", log_path.display());
+            ExitCode::SUCCESS
+        }
+        Ok(lost) => {
+            println!("{}: every intact batch applied; the log is empty. Could not be read:", log_path.display());
+            for line in &lost {
+                println!("  {line}");
+            }
+            println!("Files those batches held fsynced bytes for may have older contents.");
+            ExitCode::SUCCESS
+        }
+        Err(message) => fail(message),
+    }
 }
 
 fn run_sync(args: &[String]) -> ExitCode {

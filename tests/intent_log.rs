@@ -205,6 +205,8 @@ fn coalescefs_sync_checkpoints_and_leaves_nothing_to_replay() {
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert_eq!(m.counter("log_checkpoints_total"), checkpoints + 1);
     assert!(fs::read(m.backing_path("small")).unwrap() == pattern(3000, 9), "the backend holds the bytes");
+    let out = coalescefs(&["recover", &path_str(&m.backing)]);
+    assert!(!out.status.success() && stderr_of(&out).contains("unmount it first"), "recover refuses a mounted directory");
     kill_daemon(&mut m);
     m.mount();
     assert_eq!(m.counter("log_replayed_records_total"), 0, "nothing left to replay");
@@ -213,7 +215,8 @@ fn coalescefs_sync_checkpoints_and_leaves_nothing_to_replay() {
     assert!(!out.status.success() && stderr_of(&out).contains("/"), "sync of a non-mount fails with a message");
 }
 
-/// A damaged log stops the mount with the log's path and the offset, and changes nothing.
+/// A damaged log stops the mount with the log's path and the offset, and changes nothing;
+/// `coalescefs recover` then salvages the rest.
 #[test]
 fn a_damaged_log_stops_the_mount_and_says_where() {
     if !in_a_process_of_its_own("a_damaged_log_stops_the_mount_and_says_where") {
@@ -243,4 +246,21 @@ fn a_damaged_log_stops_the_mount_and_says_where() {
     let message = stderr_of(&out);
     assert!(message.contains("intent.log") && message.contains(&format!("corrupt at byte {first_batch}")), "{message}");
     assert!(fs::read(m.backing_path("f")).unwrap() == before, "nothing was replayed");
+
+    // `coalescefs recover` applies the intact batches, names the damaged one, empties the log.
+    let out = coalescefs(&["recover", &path_str(&m.backing)]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(report.contains("Could not be read") && report.contains("batches"), "{report}");
+    let mut expected = before.clone();
+    for i in 1..3u64 {
+        expected[i as usize * 1000..i as usize * 1000 + 300].copy_from_slice(&pattern(300, i as u8));
+    }
+    assert!(fs::read(m.backing_path("f")).unwrap() == expected, "the two intact fsyncs applied, the damaged one not");
+    m.mount();
+    assert_eq!(m.counter("log_replayed_records_total"), 0, "the log was emptied");
+    assert!(fs::read(m.path("f")).unwrap() == expected, "contents differ");
+    m.unmount();
+    let out = coalescefs(&["recover", &path_str(&m.backing)]);
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("every batch intact"), "{}", stderr_of(&out));
 }

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use super::log_format::{
-    batch_blocks, encode_batch, encode_wrap, read_log, Batch, Corruption, Record, Superblock, LOG_BLOCK_BYTES,
+    batch_blocks, encode_batch, encode_wrap, read_log, salvage_log, Batch, Corruption, Record, Superblock, LOG_BLOCK_BYTES,
     SUPERBLOCK_COPIES,
 };
 use crate::backend::log_file::LogFile;
@@ -99,6 +99,22 @@ impl IntentLog {
     /// Opens the log at `path` (creating one of `size_bytes` when there is none) and returns
     /// it with every batch written after the last checkpoint, for recovery to replay.
     pub fn open(path: &Path, size_bytes: u64, metrics: Arc<Metrics>) -> Result<(IntentLog, Vec<Batch>), LogError> {
+        Self::open_reading(path, size_bytes, metrics, false).map(|(log, batches, _)| (log, batches))
+    }
+
+    /// For `coalescefs recover`: opens an existing log whose reading may stop at damage, and
+    /// returns every intact batch after the checkpoint, with a line for each one lost.
+    pub fn salvage(path: &Path, metrics: Arc<Metrics>) -> Result<(IntentLog, Vec<Batch>, Vec<String>), LogError> {
+        let size_bytes = std::fs::metadata(path).map_err(|e| LogError::Io("open", Errno::from(e)))?.len();
+        Self::open_reading(path, size_bytes, metrics, true)
+    }
+
+    fn open_reading(
+        path: &Path,
+        size_bytes: u64,
+        metrics: Arc<Metrics>,
+        salvage: bool,
+    ) -> Result<(IntentLog, Vec<Batch>, Vec<String>), LogError> {
         let block = LOG_BLOCK_BYTES as u64;
         let area_blocks = size_bytes / block - SUPERBLOCK_COPIES;
         if size_bytes % block != 0 || size_bytes / block <= SUPERBLOCK_COPIES + 1 {
@@ -124,7 +140,15 @@ impl IntentLog {
         if sb.area_blocks != area_blocks {
             return Err(LogError::Mismatch(format!("{} says {} blocks, the file holds {area_blocks}", path.display(), sb.area_blocks)));
         }
-        let contents = read_log(&bytes[2 * LOG_BLOCK_BYTES..], &sb).map_err(LogError::Corrupt)?;
+        let area = &bytes[2 * LOG_BLOCK_BYTES..];
+        let (contents, lost) = match read_log(area, &sb) {
+            Ok(contents) => (contents, Vec::new()),
+            Err(_) if salvage => {
+                let salvaged = salvage_log(area, &sb);
+                (salvaged.contents, salvaged.lost)
+            }
+            Err(corruption) => return Err(LogError::Corrupt(corruption)),
+        };
         let ring = Ring { sb, next_block: contents.next_block, next_seq: contents.next_seq, starts: contents.starts.into() };
         let log = IntentLog {
             file,
@@ -133,7 +157,7 @@ impl IntentLog {
             pending: Mutex::new(Pending { records: Vec::new(), next_ticket: 1, durable_ticket: 0, failed: Default::default(), failed_total: 0, leader_active: false }),
             committed: Condvar::new(),
         };
-        Ok((log, contents.batches))
+        Ok((log, contents.batches, lost))
     }
 
     /// Makes `records` durable in the log; returns once they are. Concurrent callers share

@@ -474,6 +474,52 @@ pub fn read_log(area: &[u8], sb: &Superblock) -> Result<LogContents, Corruption>
     Ok(LogContents { batches, starts, next_seq: seq, next_block: block })
 }
 
+/// What `coalescefs recover` takes from a log whose reading stopped at damage: every intact
+/// batch after the checkpoint, wherever it is, in sequence order, and what could not be read.
+#[derive(Debug)]
+pub struct Salvage {
+    pub contents: LogContents,
+    /// One line per batch lost: its sequence number, and where or why.
+    pub lost: Vec<String>,
+}
+
+pub fn salvage_log(area: &[u8], sb: &Superblock) -> Salvage {
+    let mut found: Vec<(u64, u64, ValidBatch)> = Vec::new(); // (seq, block, batch)
+    let mut block = 0;
+    while block < sb.area_blocks {
+        match batch_at(area, sb.area_blocks, block) {
+            Some(b) if b.seq >= sb.checkpoint_seq => {
+                let next = block + b.blocks;
+                found.push((b.seq, block, b));
+                block = next;
+            }
+            _ => block += 1,
+        }
+    }
+    found.sort_by_key(|(seq, _, _)| *seq);
+    found.dedup_by_key(|(seq, _, _)| *seq);
+    let mut lost = Vec::new();
+    let mut batches = Vec::new();
+    let mut starts = Vec::new();
+    let mut expected = sb.checkpoint_seq;
+    let (mut next_seq, mut next_block) = (sb.checkpoint_seq, sb.checkpoint_block);
+    for (seq, block, b) in found {
+        if seq > expected {
+            lost.push(format!("batches {expected} to {}: damaged or missing (nothing intact carries them)", seq - 1));
+        }
+        match b.records {
+            Ok(records) if !b.wrap => batches.push(Batch { seq, records }),
+            Ok(_) => {}
+            Err(reason) => lost.push(format!("batch {seq} at byte {}: {reason}", file_offset(block))),
+        }
+        starts.push((seq, block));
+        expected = seq + 1;
+        next_seq = seq + 1;
+        next_block = if b.wrap { 0 } else { block + b.blocks };
+    }
+    Salvage { contents: LogContents { batches, starts, next_seq, next_block }, lost }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -683,6 +729,29 @@ mod tests {
                 }
                 Err(c) => assert!(c.offset >= 2 * LOG_BLOCK_BYTES as u64 && !c.reason.is_empty()),
             }
+        }
+    }
+
+    #[test]
+    fn salvage_takes_every_intact_batch_and_names_the_damaged_one() {
+        let mut rng = Rng(7);
+        for _ in 0..50 {
+            let mut log = random_log(&mut rng);
+            let intact = read_log(&log.area, &log.sb).expect("an intact log");
+            if intact.batches.len() < 3 {
+                continue;
+            }
+            let victim = rng.below(intact.batches.len() as u64 - 1) as usize;
+            let (seq, block) = *intact.starts.iter().find(|(s, _)| *s == intact.batches[victim].seq).unwrap();
+            log.area[block as usize * LOG_BLOCK_BYTES + 30] ^= 0x01;
+            assert!(read_log(&log.area, &log.sb).is_err(), "damage before the tail stops the normal reader");
+            let salvage = salvage_log(&log.area, &log.sb);
+            let mut expected = intact.batches.clone();
+            expected.remove(victim);
+            assert_eq!(salvage.contents.batches, expected, "every other batch, in order");
+            assert_eq!(salvage.lost.len(), 1, "{:?}", salvage.lost);
+            assert!(salvage.lost[0].contains(&format!("batches {seq} to {seq}")), "{:?}", salvage.lost);
+            assert_eq!(salvage.contents.next_seq, intact.next_seq);
         }
     }
 

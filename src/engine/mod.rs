@@ -790,6 +790,15 @@ impl Engine {
     }
 }
 
+/// `coalescefs recover`: applies every intact batch of a damaged intent log to the backend and
+/// empties the log. Returns a line for each batch that could not be read.
+pub fn salvage_log(backend: LocalBackend, path: &Path) -> Result<Vec<String>, String> {
+    let metrics = Arc::new(Metrics::default());
+    let (log, batches, lost) = IntentLog::salvage(path, metrics.clone()).map_err(|e| format!("{}: {e}", path.display()))?;
+    replay::replay(&backend, log, &batches, path, &metrics).map_err(|e| format!("replaying {}: {e}", path.display()))?;
+    Ok(lost)
+}
+
 /// Opens the intent log and applies what it holds after its checkpoint to the backend (see
 /// `replay`), so the log starts empty.
 fn recover_from_log(backend: &LocalBackend, path: &Path, size_bytes: u64, metrics: &Arc<Metrics>) -> Result<IntentLog, String> {
