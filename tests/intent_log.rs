@@ -169,6 +169,58 @@ fn new_files_come_back_under_their_names_when_the_backend_lost_them() {
     }
 }
 
+/// Recovery killed part way, several times over (as a kill -9 or a power cut during the mount
+/// would): the next recovery still brings back every fsynced name and byte, once.
+#[test]
+fn recovery_interrupted_again_and_again_still_recovers_everything() {
+    if !in_a_process_of_its_own("recovery_interrupted_again_and_again_still_recovers_everything") {
+        return;
+    }
+    let options = ["log=on", "unit=64K", "flush_age=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    fs::create_dir(m.path("d")).unwrap();
+    m.remount();
+    let mut expected = Vec::new();
+    for i in 0..6u8 {
+        let name = format!("d/f{i}");
+        write_and_fsync(&m.path(&name), &pattern(700 + 1000 * i as usize, i));
+        expected.push((name, pattern(700 + 1000 * i as usize, i)));
+    }
+    write_and_fsync(&m.path("d/tmp"), &pattern(5000, 50));
+    fs::rename(m.path("d/tmp"), m.path("d/f0")).unwrap();
+    expected[0].1 = pattern(5000, 50);
+    fs::File::open(m.path("d")).unwrap().sync_all().unwrap();
+    kill_daemon(&mut m);
+    for (name, _) in &expected {
+        fs::remove_file(m.backing_path(name)).unwrap(); // the power cut lost them all
+    }
+    let mut stopped = 0;
+    for stop in [1, 3, 4, 8, 12] {
+        let args = ["mount", &path_str(&m.backing), &path_str(&m.mnt), "-o", &options.join(",")];
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_coalescefs"))
+            .args(args)
+            .env("COALESCEFS_INJECT_REPLAY_STOP", stop.to_string())
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            stopped += 1;
+        } else {
+            let out = coalescefs(&["umount", &path_str(&m.mnt)]);
+            assert!(out.status.success(), "{}", stderr_of(&out));
+            break;
+        }
+    }
+    assert!(stopped >= 3, "recovery was interrupted only {stopped} times");
+    m.mount();
+    for (name, bytes) in &expected {
+        assert!(fs::read(m.path(name)).unwrap() == *bytes, "{name} differs after interrupted recoveries");
+    }
+    let mut names: Vec<String> = fs::read_dir(m.path("d")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["f0", "f1", "f2", "f3", "f4", "f5"], "each file once, no leftovers");
+    assert!(!m.backing_path(".coalescefs/intent.log.replay-map").exists(), "the map goes with the log's records");
+}
+
 /// An unlink made durable by fsync of the directory stays done: the log's record of the file's
 /// creation must not bring it back at replay.
 #[test]

@@ -420,6 +420,13 @@ pub mod data {
         sys::fstat_fd(file)
     }
 
+    /// Appends `bytes` and makes them durable before returning.
+    pub fn append_synced(mut file: &File, bytes: &[u8]) -> SysResult<()> {
+        use std::io::Write;
+        file.write_all(bytes).map_err(Errno::from)?;
+        sync(file, true)
+    }
+
     pub fn set_len(file: &File, size: u64) -> SysResult<()> {
         check(unsafe { libc::ftruncate(file.as_raw_fd(), size as libc::off_t) }).map(drop)
     }

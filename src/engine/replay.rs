@@ -20,6 +20,12 @@
 //!    before it durable there). A file that no longer exists had been deleted: dropped.
 //!
 //! Then one sync of the backing file system and a checkpoint, so the log starts empty.
+//!
+//! A replay can itself be interrupted (kill -9, a power cut). Everything it does is applied
+//! again by the next one the same way, except making a file again: that gives the file a new
+//! handle, which the log does not know. So each file made again is written, with its logged
+//! handle, to a map beside the log (`LOG.replay-map`) and the map synced before the file is
+//! used; the next replay starts from the map, and the map goes once the log is empty.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -42,6 +48,8 @@ fn means_state_moved_on(e: Errno) -> bool {
 
 struct Replay<'a> {
     backend: &'a LocalBackend,
+    /// Files made again, durably: appended (and synced) before each one is used.
+    map: File,
     /// Every object a record named, once looked for: its file if it exists (None: gone, or not
     /// a regular file).
     files: HashMap<Vec<u8>, Option<File>>,
@@ -95,6 +103,17 @@ impl Replay<'_> {
         if self.files.contains_key(key) || self.file(key)?.is_some() {
             return Ok(false);
         }
+        // Made again by a replay that was interrupted: that file is this one.
+        if let Some(made) = self.recreated.get(key) {
+            match self.backend.open_by_handle(made, libc::O_RDWR) {
+                Ok(f) => {
+                    self.files.insert(key.to_vec(), Some(f));
+                    return Ok(false);
+                }
+                Err(e) if means_state_moved_on(e) => {}
+                Err(e) => return Err(e),
+            }
+        }
         let shown = String::from_utf8_lossy(name).into_owned();
         let name = CString::new(name).map_err(|_| Errno(libc::EINVAL))?;
         let Some(dir) = self.directory(parent)? else {
@@ -109,7 +128,14 @@ impl Replay<'_> {
         let (file, node, _) = self.backend.create(&dir, &name, flags, mode & 0o7777)?;
         self.backend.chown(&node, Some(uid), Some(gid))?;
         self.backend.chmod(&node, mode & 0o7777)?;
-        self.recreated.insert(key.to_vec(), self.backend.file_handle(&node)?);
+        let new_key = self.backend.file_handle(&node)?;
+        let mut entry = Vec::new();
+        for k in [key, new_key.as_slice()] {
+            entry.extend_from_slice(&(k.len() as u32).to_le_bytes());
+            entry.extend_from_slice(k);
+        }
+        data::append_synced(&self.map, &entry)?;
+        self.recreated.insert(key.to_vec(), new_key);
         self.files.insert(key.to_vec(), Some(file));
         self.recreated_files += 1;
         Ok(true)
@@ -177,6 +203,42 @@ impl Replay<'_> {
     }
 }
 
+fn replay_map_path(log: &Path) -> std::path::PathBuf {
+    let mut name = log.as_os_str().to_owned();
+    name.push(".replay-map");
+    name.into()
+}
+
+/// The map of files made again by earlier, interrupted replays of this log (logged handle ->
+/// the new file's), and the file to append to. A torn last entry (the replay died writing it)
+/// is dropped: its file was not used yet.
+fn open_replay_map(path: &Path) -> SysResult<(File, HashMap<Vec<u8>, Vec<u8>>)> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(Errno::from(e)),
+    };
+    let mut map = HashMap::new();
+    let mut rest = bytes.as_slice();
+    let take = |rest: &mut &[u8]| -> Option<Vec<u8>> {
+        let len = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+        let key = rest.get(4..4 + len)?.to_vec();
+        *rest = &rest[4 + len..];
+        Some(key)
+    };
+    while let (Some(old), Some(new)) = (take(&mut rest), take(&mut rest)) {
+        map.insert(old, new);
+    }
+    let existed = !bytes.is_empty() || path.exists();
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(Errno::from)?;
+    if !existed {
+        // Its name must survive a power cut as its entries will.
+        let dir = path.parent().unwrap_or(Path::new("/"));
+        data::sync(&File::open(dir).map_err(Errno::from)?, false)?;
+    }
+    Ok((file, map))
+}
+
 /// One line for the debug log: what a record is, without its bytes.
 fn describe(record: &Record) -> String {
     let key = |k: &[u8]| k.iter().map(|b| format!("{b:02x}")).collect::<String>();
@@ -195,6 +257,8 @@ fn describe(record: &Record) -> String {
 
 pub fn replay(backend: &LocalBackend, log: IntentLog, batches: &[Batch], path: &Path, metrics: &Arc<Metrics>) -> SysResult<IntentLog> {
     if batches.is_empty() {
+        // A map left by a replay that emptied the log and stopped before removing it.
+        let _ = std::fs::remove_file(replay_map_path(path));
         return Ok(log);
     }
     let records: Vec<&Record> = batches.iter().flat_map(|b| &b.records).collect();
@@ -204,14 +268,19 @@ pub fn replay(backend: &LocalBackend, log: IntentLog, batches: &[Batch], path: &
             last_barrier.insert(file, i);
         }
     }
+    let map_path = replay_map_path(path);
+    let (map, recreated) = open_replay_map(&map_path)?;
     let mut replay = Replay {
         backend,
+        map,
         files: HashMap::new(),
-        recreated: HashMap::new(),
+        recreated,
         applied: 0,
         recreated_files: 0,
         not_restored: Vec::new(),
     };
+    // Fault injection for tests: die in the middle of replay, as a kill -9 or a power cut would.
+    let stop_after: Option<u64> = std::env::var("COALESCEFS_INJECT_REPLAY_STOP").ok().and_then(|v| v.parse().ok());
     let mut backend_holds_names_up_to = 0;
     for (i, r) in records.iter().enumerate() {
         if r.is_namespace() && replay.shows(r)? {
@@ -232,6 +301,10 @@ pub fn replay(backend: &LocalBackend, log: IntentLog, batches: &[Batch], path: &
         let applied = replay.apply(r)?;
         if applied {
             replay.applied += 1;
+            if stop_after.is_some_and(|n| replay.applied >= n) {
+                log::error!("COALESCEFS_INJECT_REPLAY_STOP: stopping after {} records", replay.applied);
+                std::process::abort();
+            }
         }
         log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, describe(r));
     }
@@ -240,6 +313,8 @@ pub fn replay(backend: &LocalBackend, log: IntentLog, batches: &[Batch], path: &
         log::error!("{e}");
         Errno(libc::EIO)
     })?;
+    // The log is empty: nothing will look the made-again files up by their old handles.
+    std::fs::remove_file(&map_path).map_err(Errno::from)?;
     metrics.log_replayed_records.fetch_add(replay.applied, Ordering::Relaxed);
     log::warn!(
         "replayed {} of {} intent log records ({} batches, {} files made again) from {}: the last mount did not end cleanly",
