@@ -54,22 +54,22 @@ impl LogFile {
                     let _ = std::fs::remove_file(path);
                 })?;
                 if let Some(parent) = path.parent() {
-                    let dir = File::open(parent).map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+                    let dir = File::open(parent).map_err(Errno::from)?;
                     check(unsafe { libc::fsync(dir.as_raw_fd()) })?;
                 }
                 true
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
-            Err(e) => return Err(Errno(e.raw_os_error().unwrap_or(libc::EIO))),
+            Err(e) => return Err(Errno::from(e)),
         };
         let open = |flags: i32| OpenOptions::new().read(true).write(true).custom_flags(flags).open(path);
         // O_DIRECT where the file system takes it; otherwise the page cache and fdatasync.
         let (file, direct) = match open(libc::O_DIRECT) {
             Ok(f) => (f, true),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                (open(0).map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?, false)
+                (open(0).map_err(Errno::from)?, false)
             }
-            Err(e) => return Err(Errno(e.raw_os_error().unwrap_or(libc::EIO))),
+            Err(e) => return Err(Errno::from(e)),
         };
         Ok((LogFile { file, path: path.to_path_buf(), block_bytes, direct }, created))
     }
@@ -99,7 +99,7 @@ impl LogFile {
     /// The whole file, through the page cache's sibling path: recovery reads it once at mount.
     pub fn read_all(&self) -> SysResult<Vec<u8>> {
         let mut buf = vec![0u8; self.size_bytes()? as usize];
-        let plain = File::open(&self.path).map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        let plain = File::open(&self.path).map_err(Errno::from)?;
         let n = sys::pread_full(plain.as_raw_fd(), &mut buf, 0)?;
         buf.truncate(n);
         Ok(buf)

@@ -333,9 +333,7 @@ mod tests {
         let path = dir.path().join("log");
         let size = 18 * LOG_BLOCK_BYTES as u64; // 16 blocks of area
         let (log, _) = IntentLog::open(&path, size, metrics()).unwrap();
-        let mut seqs = Vec::new();
         for i in 0..40u64 {
-            seqs.push(log.next_seq());
             match log.commit(vec![data(i, 0, 6000, i as u8)]) {
                 Ok(()) => {}
                 Err(LogError::Full { .. }) => {
