@@ -27,7 +27,7 @@ use crate::sys::{name_cstring, Errno, SysResult};
 use inodes::{Inode, InodeTable, ROOT_INO};
 use intent_log::{IntentLog, LogError};
 use log_format::Record;
-use writeback::{ErrorReport, FileState, NameBinding, Writeback, WritebackConfig};
+use writeback::{ErrorReport, FileState, Writeback, WritebackConfig};
 
 /// Who asked: files and directories created on a user's behalf belong to that user.
 #[derive(Debug, Clone, Copy)]
@@ -343,8 +343,7 @@ impl Engine {
         let regular = mode & libc::S_IFMT == libc::S_IFREG;
         let created_record = regular.then(|| self.create_record(&node, &parent, &name, &st)).flatten();
         let entry = self.remember(node, st);
-        let binding = regular.then(|| self.name_binding(&parent, &name)).flatten();
-        self.writeback.note_created(entry.stat.st_ino, binding, created_record);
+        self.writeback.note_created(entry.stat.st_ino, regular.then_some(parent.ino), created_record);
         Ok(entry)
     }
 
@@ -376,15 +375,6 @@ impl Engine {
         self.writeback.note_backend_changed(ino);
         self.writeback.note_names_changed(None, None, &[ino]);
         Ok(self.remember(node, st))
-    }
-
-    /// For the intent log: the name a created file has, in the terms replay can find again.
-    fn name_binding(&self, parent: &Inode, name: &CStr) -> Option<NameBinding> {
-        if !self.writeback.logging() {
-            return None;
-        }
-        let parent_handle = self.backend.file_handle(&parent.node).ok()?;
-        Some(NameBinding { parent_ino: parent.ino, parent_handle, name: name.to_bytes().to_vec() })
     }
 
     /// For the intent log: the record of a regular file's creation, queued when it happens, so
@@ -457,7 +447,7 @@ impl Engine {
             self.writeback.note_names_changed(None, None, &[Some(ino), replaced_ino].into_iter().flatten().collect::<Vec<_>>());
             return Ok(());
         }
-        let (Ok(from_parent), Some(binding)) = (self.backend.file_handle(&parent.node), self.name_binding(&new_parent, &new_name))
+        let (Ok(from_parent), Ok(to_parent)) = (self.backend.file_handle(&parent.node), self.backend.file_handle(&new_parent.node))
         else {
             return Ok(());
         };
@@ -466,11 +456,11 @@ impl Engine {
             file: handle,
             from_parent,
             from_name: name.to_bytes().to_vec(),
-            to_parent: binding.parent_handle.clone(),
-            to_name: binding.name.clone(),
+            to_parent,
+            to_name: new_name.to_bytes().to_vec(),
             replaced: replaced_handle,
         };
-        self.writeback.note_names_changed(Some(record), Some((ino, binding)), &replaced_ino.into_iter().collect::<Vec<_>>());
+        self.writeback.note_names_changed(Some(record), Some((ino, new_parent.ino)), &replaced_ino.into_iter().collect::<Vec<_>>());
         Ok(())
     }
 
@@ -558,7 +548,7 @@ impl Engine {
         let st = self.give_to_caller(&parent_inode, &node, caller)?;
         let created_record = self.create_record(&node, &parent_inode, &name, &st);
         let entry = self.remember(node, st);
-        self.writeback.note_created(entry.stat.st_ino, self.name_binding(&parent_inode, &name), created_record);
+        self.writeback.note_created(entry.stat.st_ino, Some(parent_inode.ino), created_record);
         let inode = self.inode(entry.stat.st_ino)?;
         Ok((entry, self.register_file(inode, file, flags)?))
     }

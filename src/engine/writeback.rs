@@ -51,13 +51,14 @@ pub struct WritebackConfig {
 #[derive(Default, Debug)]
 struct Durability {
     /// Created by this mount since the last checkpoint: the backend may not hold it durably
-    /// (a log record finds its file by handle, which a power cut can invalidate), so a log
-    /// fsync also logs its name, and nothing created inside it can be logged.
+    /// (a log record finds its file by handle, which a power cut can invalidate), so the log
+    /// holds its Create record, and nothing created inside it (a directory) can be logged.
     created: bool,
-    /// A created file's one name, logged with it. None for a file created with no name the log
-    /// can record, or which has since gained a second name or lost its own (link, unlink,
-    /// exchange): such a file is synced on the backend path until the next checkpoint.
-    name: Option<NameBinding>,
+    /// For a created file: the directory inode holding its one name, which the log's Create
+    /// and Rename records say. None for a file created with no name the log records, or which
+    /// has since gained a second name or lost its own (link, unlink, exchange): such a file is
+    /// synced on the backend path until the next checkpoint.
+    named_in: Option<u64>,
     /// Flushes that reached the backend, and how many of those a sync has made durable.
     backend_changes: u64,
     synced_changes: u64,
@@ -69,14 +70,6 @@ impl Durability {
     fn backend_in_sync(&self) -> bool {
         self.backend_changes == self.synced_changes
     }
-}
-
-/// Where a created file is: its directory (inode, and backend handle for the log) and name.
-#[derive(Clone, Debug)]
-pub struct NameBinding {
-    pub parent_ino: u64,
-    pub parent_handle: Vec<u8>,
-    pub name: Vec<u8>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -814,12 +807,12 @@ impl Writeback {
         self.log.is_some()
     }
 
-    /// `ino` was created by this mount, as `name` (None: a directory, or a name the log does
-    /// not record); `record` says so in the log.
-    pub fn note_created(&self, ino: u64, name: Option<NameBinding>, record: Option<Record>) {
+    /// `ino` was created by this mount, named in the directory `named_in` (None: a directory,
+    /// or a name the log does not record); `record` says so in the log.
+    pub fn note_created(&self, ino: u64, named_in: Option<u64>, record: Option<Record>) {
         if let Some(log) = &self.log {
             // A fresh start: the number may be a deleted file's, whose history is not this one's.
-            lock(&self.durability).insert(ino, Durability { created: true, name, ..Durability::default() });
+            lock(&self.durability).insert(ino, Durability { created: true, named_in, ..Durability::default() });
             if let Some(record) = record {
                 log.append(vec![record]);
             }
@@ -827,10 +820,10 @@ impl Writeback {
     }
 
     /// A name changed on the backend: `record` (if any) says how, for replay; `moved` is the
-    /// object that now has `new_name`, `lost_names` those whose one name no longer holds.
+    /// object renamed and its new directory, `lost_names` those whose one name no longer holds.
     /// Called after the backend change and before the caller is answered, so the record is
     /// queued before anything that depends on it can be committed.
-    pub fn note_names_changed(&self, record: Option<Record>, moved: Option<(u64, NameBinding)>, lost_names: &[u64]) {
+    pub fn note_names_changed(&self, record: Option<Record>, moved: Option<(u64, u64)>, lost_names: &[u64]) {
         let Some(log) = &self.log else { return };
         // Replacing or removing a file created since the last checkpoint: its creation is in
         // the log, and a replay that does not know it is gone would make it again. The record
@@ -841,12 +834,12 @@ impl Writeback {
             destroys_logged_file = lost_names.iter().any(|ino| d.get(ino).is_some_and(|e| e.created));
             for ino in lost_names {
                 if let Some(entry) = d.get_mut(ino) {
-                    entry.name = None;
+                    entry.named_in = None;
                 }
             }
-            if let Some((ino, binding)) = moved {
+            if let Some((ino, new_parent)) = moved {
                 if let Some(entry) = d.get_mut(&ino).filter(|e| e.created) {
-                    entry.name = Some(binding);
+                    entry.named_in = Some(new_parent);
                 }
             }
         }
@@ -877,23 +870,23 @@ impl Writeback {
         }
     }
 
-    /// Whether a log fsync can stand for a backend sync of `ino`, and the name to log with it
-    /// if it was created since the last checkpoint. Called under the file's lock.
-    fn log_eligibility(&self, ino: u64) -> Option<Option<NameBinding>> {
+    /// Whether a log fsync can stand for a backend sync of `ino` (None: it cannot), and
+    /// whether the file was created since the last checkpoint. Called under the file's lock.
+    fn log_eligibility(&self, ino: u64) -> Option<bool> {
         let d = lock(&self.durability);
-        let Some(entry) = d.get(&ino) else { return Some(None) };
+        let Some(entry) = d.get(&ino) else { return Some(false) };
         if !entry.backend_in_sync() {
             return None;
         }
         if !entry.created {
-            return Some(None);
+            return Some(false);
         }
-        let name = entry.name.clone()?;
+        let parent = entry.named_in?;
         // A file in a directory the backend may not hold yet: replay would have nowhere to put it.
-        if d.get(&name.parent_ino).is_some_and(|p| p.created) {
+        if d.get(&parent).is_some_and(|p| p.created) {
             return None;
         }
-        Some(Some(name))
+        Some(true)
     }
 
     /// fsync(2) and fdatasync(2): through the intent log when it can stand for a backend
@@ -951,7 +944,7 @@ impl Writeback {
         // and the crash harness caught an older logged record replayed over them.
         // A file created since the last checkpoint: its Create record was queued when it was
         // created and goes into the log with this batch, ahead of its bytes.
-        let created = self.log_eligibility(file.inode.ino)?.is_some();
+        let created = self.log_eligibility(file.inode.ino)?;
         if let Some(err) = inner.errors.report_to(ErrorReport::Sync) {
             return Some(Err(err));
         }
@@ -1049,7 +1042,7 @@ impl Writeback {
         for (ino, changes) in flushed {
             if let Some(entry) = d.get_mut(&ino) {
                 entry.created = false;
-                entry.name = None;
+                entry.named_in = None;
                 // Synced backend bytes may be newer than records of the file the log still
                 // holds: replay would put those older records over them. Such a file stays
                 // ineligible until an fsync syncs it and writes a barrier (the crash harness
