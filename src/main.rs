@@ -266,9 +266,9 @@ fn run_mount(request: MountRequest) -> ExitCode {
         Ok(path) => path,
         Err(message) => return fail(message),
     };
-    let backend = match backend::local::LocalBackend::open_dir(&backing) {
+    let backend = match open_backend(&backing) {
         Ok(backend) => backend,
-        Err(e) => return fail(format!("cannot open backing directory {}: {e}", backing.display())),
+        Err(message) => return fail(message),
     };
     let state_dir = match backend.open_state_dir() {
         Ok(dir) => Some(dir),
@@ -480,6 +480,11 @@ fn backing_of_mount(target: &str) -> Result<(PathBuf, PathBuf), String> {
     Ok((mount_point, PathBuf::from(info.source)))
 }
 
+fn open_backend(backing: &std::path::Path) -> Result<backend::local::LocalBackend, String> {
+    backend::local::LocalBackend::open_dir(backing)
+        .map_err(|e| format!("cannot open backing directory {}: {e}", backing.display()))
+}
+
 fn run_recover(args: &[String]) -> ExitCode {
     let (backing, log_path) = match args {
         [backing] => (backing, None),
@@ -490,9 +495,9 @@ fn run_recover(args: &[String]) -> ExitCode {
         Ok(path) => path,
         Err(message) => return fail(message),
     };
-    let backend = match backend::local::LocalBackend::open_dir(&backing) {
+    let backend = match open_backend(&backing) {
         Ok(backend) => backend,
-        Err(e) => return fail(format!("cannot open backing directory {}: {e}", backing.display())),
+        Err(message) => return fail(message),
     };
     let state_dir = match backend.open_state_dir() {
         Ok(dir) => dir,
