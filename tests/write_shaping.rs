@@ -60,6 +60,23 @@ fn small_sequential_writes_become_whole_units() {
     assert_eq!(s["backend_direct_write_requests_total"], 4);
 }
 
+/// A file smaller than one unit goes through the backend's page cache: O_DIRECT into newly
+/// allocated blocks would make ext4 journal the extent conversion too, for no stream to protect.
+#[test]
+fn a_file_smaller_than_a_unit_is_written_through_the_page_cache() {
+    if !in_a_process_of_its_own("a_file_smaller_than_a_unit_is_written_through_the_page_cache") {
+        return;
+    }
+    let m = TestMount::with_options(&["unit=256K", "writeback_cache=off"]);
+    let f = File::create(m.path("small")).unwrap();
+    f.write_all_at(&pattern(40_960, 3), 0).unwrap();
+    f.sync_all().unwrap();
+    let s = m.stats();
+    assert_eq!(s["backend_write_bytes_total"], 40_960, "{s:?}");
+    assert_eq!(s["backend_direct_write_requests_total"], 0, "{s:?}");
+    assert!(fs::read(m.backing_path("small")).unwrap() == pattern(40_960, 3), "contents differ");
+}
+
 #[test]
 fn readers_see_buffered_data_before_the_backend_has_it() {
     let m = TestMount::with_options(&["unit=1M", "flush_age=3600s"]);

@@ -684,12 +684,13 @@ impl Writeback {
         let limit = size.saturating_sub(unit_start).min(unit_bytes);
         let whole = limit > 0 && flying.ranges.covers(0, limit);
         let buf = flying.buf.as_slice();
-        // A file smaller than one unit, flushed before it filled one, goes through the page
-        // cache whole: O_DIRECT into blocks ext4 has just allocated makes it journal the
-        // unwritten-extent conversion on top of the allocation, ~4 KiB more per fsynced new
-        // file (64 KiB files: 1.571 device bytes per byte O_DIRECT, 1.506 buffered), and there
-        // is no large stream to keep out of the page cache. A whole unit always goes direct.
-        let direct_file = if !whole && size < unit_bytes { None } else { files.direct.as_ref() };
+        // A file smaller than one unit goes through the page cache whole: O_DIRECT into blocks
+        // ext4 has just allocated makes it journal the unwritten-extent conversion on top of
+        // the allocation, ~4 KiB more per fsynced new file (64 KiB files: 1.571 device bytes
+        // per byte O_DIRECT, 1.506 buffered), and there is no large stream to keep out of the
+        // page cache. (Strictly smaller: a growing file's first unit, flushed the moment it
+        // fills, is a stream's and goes direct.)
+        let direct_file = if size < unit_bytes { None } else { files.direct.as_ref() };
         // Sub-block edges go through the page cache as they come; the aligned interiors are
         // gathered and go to the O_DIRECT file together, all in flight at once.
         let mut direct_pieces: Vec<(&[u8], u64)> = Vec::new();
