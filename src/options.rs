@@ -62,7 +62,7 @@ pub const LOG_THRESHOLD_BYTES_DEFAULT: u64 = 64 << 10;
 /// For a new file the log's price is its bytes twice (log, then checkpoint) and the backend
 /// path's is its bytes once plus one journal commit. bench's logthreshold case on ext4
 /// (bench/results/2026-11-23-intent-log): device bytes log / backend 0.77x at 16 KiB, 0.96x at
-/// 24 KiB, 1.08x at 32 KiB, 1.39x at 64 KiB; the largest measured size the log wins is the
+/// 24 KiB, 1.09x at 32 KiB, 1.39x at 64 KiB; the largest measured size the log wins is the
 /// default.
 pub const LOG_THRESHOLD_NEW_BYTES_DEFAULT: u64 = 24 << 10;
 
