@@ -958,25 +958,32 @@ impl Writeback {
             inner.in_flight.iter().map(|(&k, u)| (k, u.ranges.iter().cloned().collect())).collect();
         let dirty: Vec<(u64, Vec<std::ops::Range<u64>>)> =
             inner.dirty.iter().map(|(&k, u)| (k, u.ranges.minus(&u.logged).iter().cloned().collect())).collect();
-        let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
+        // Measured before anything is copied: a file with more buffered than the threshold
+        // goes to the backend, and its buffer is not copied for nothing.
+        let mut spans: Vec<(u64, std::ops::Range<u64>, bool)> = Vec::new(); // unit, range in it, in flight
         for (unit, ranges, from_flight) in
             in_flight.iter().map(|(k, r)| (*k, r, true)).chain(dirty.iter().map(|(k, r)| (*k, r, false)))
         {
-            let buf = if from_flight { &inner.in_flight[&unit].buf } else { &inner.dirty[&unit].buf };
             for r in ranges {
-                let start = unit * unit_bytes + r.start;
-                let end = (unit * unit_bytes + r.end).min(size);
-                if start < end {
-                    pieces.push((start, buf.as_slice()[r.start as usize..(r.start + end - start) as usize].to_vec()));
+                let end = r.end.min(size.saturating_sub(unit * unit_bytes));
+                if r.start < end {
+                    spans.push((unit, r.start..end, from_flight));
                 }
             }
         }
-        let bytes: u64 = pieces.iter().map(|(_, b)| b.len() as u64).sum();
+        let bytes: u64 = spans.iter().map(|(_, r, _)| r.end - r.start).sum();
         let threshold =
             if created { self.config.log_threshold_new_bytes } else { self.config.log_threshold_bytes };
         if bytes > threshold {
             return None;
         }
+        let pieces: Vec<(u64, Vec<u8>)> = spans
+            .iter()
+            .map(|(unit, r, from_flight)| {
+                let buf = if *from_flight { &inner.in_flight[unit].buf } else { &inner.dirty[unit].buf };
+                (unit * unit_bytes + r.start, buf.as_slice()[r.start as usize..r.end as usize].to_vec())
+            })
+            .collect();
         // Ranges marked logged may belong to another fsync's batch not yet durable: then a
         // record of our own (the size) waits behind it.
         if pieces.is_empty() && inner.dirty.values().all(|u| u.logged.is_empty()) && !created {
