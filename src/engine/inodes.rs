@@ -7,9 +7,10 @@
 //! get numbers from a synthetic range. The root is always FUSE inode 1.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::backend::local::Node;
+use crate::backend::local::{LocalBackend, Node};
+use crate::sys::SysResult;
 
 pub const ROOT_INO: u64 = 1;
 /// Synthetic numbers start here; backing file systems do not hand out inode numbers this high.
@@ -23,6 +24,23 @@ pub struct Inode {
     pub ino: u64,
     pub key: BackingKey,
     pub node: Node,
+    /// The object's persistent backend handle, which the intent log names it by: it never
+    /// changes while the node pins the object, so it is asked for once.
+    handle: OnceLock<Vec<u8>>,
+}
+
+impl Inode {
+    fn new(ino: u64, key: BackingKey, node: Node) -> Inode {
+        Inode { ino, key, node, handle: OnceLock::new() }
+    }
+
+    pub fn backend_handle(&self, backend: &LocalBackend) -> SysResult<Vec<u8>> {
+        if let Some(handle) = self.handle.get() {
+            return Ok(handle.clone());
+        }
+        let handle = backend.file_handle(&self.node)?;
+        Ok(self.handle.get_or_init(|| handle).clone())
+    }
 }
 
 struct Slot {
@@ -43,7 +61,7 @@ pub struct InodeTable {
 
 impl InodeTable {
     pub fn new(root: Node, root_key: BackingKey) -> InodeTable {
-        let root = Arc::new(Inode { ino: ROOT_INO, key: root_key, node: root });
+        let root = Arc::new(Inode::new(ROOT_INO, root_key, root));
         let mut by_ino = HashMap::new();
         // The root is never forgotten: one lookup that no forget will ever balance.
         by_ino.insert(ROOT_INO, Slot { inode: root, lookups: 1 });
@@ -100,7 +118,7 @@ impl InodeTable {
             }
         };
         assert!(!table.by_ino.contains_key(&ino), "inode number {ino} already stands for another object");
-        let inode = Arc::new(Inode { ino, key, node });
+        let inode = Arc::new(Inode::new(ino, key, node));
         table.by_ino.insert(ino, Slot { inode: inode.clone(), lookups: 1 });
         table.by_key.insert(key, ino);
         inode

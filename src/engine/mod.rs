@@ -341,8 +341,8 @@ impl Engine {
         let (node, _) = self.backend.mknod(&parent.node, &name, mode, rdev)?;
         let st = self.give_to_caller(&parent, &node, caller)?;
         let regular = mode & libc::S_IFMT == libc::S_IFREG;
-        let created_record = regular.then(|| self.create_record(&node, &parent, &name, &st)).flatten();
         let entry = self.remember(node, st);
+        let created_record = regular.then(|| self.create_record(entry.stat.st_ino, &parent, &name, &st)).flatten();
         self.writeback.note_created(entry.stat.st_ino, regular.then_some(parent.ino), created_record);
         Ok(entry)
     }
@@ -379,13 +379,13 @@ impl Engine {
 
     /// For the intent log: the record of a regular file's creation, queued when it happens, so
     /// that the log holds names in the order they came to be (replay relies on it).
-    fn create_record(&self, node: &Node, parent: &Inode, name: &CStr, st: &libc::stat) -> Option<Record> {
+    fn create_record(&self, ino: u64, parent: &Inode, name: &CStr, st: &libc::stat) -> Option<Record> {
         if !self.writeback.logging() {
             return None;
         }
         Some(Record::Create {
-            file: self.backend.file_handle(node).ok()?,
-            parent: self.backend.file_handle(&parent.node).ok()?,
+            file: self.inode(ino).ok()?.backend_handle(&self.backend).ok()?,
+            parent: parent.backend_handle(&self.backend).ok()?,
             name: name.to_bytes().to_vec(),
             mode: st.st_mode,
             uid: st.st_uid,
@@ -421,7 +421,7 @@ impl Engine {
         } else {
             self.backend.unlink(&parent.node, &name)?;
         }
-        if let (Some((handle, ino)), Ok(parent_handle)) = (removed, self.backend.file_handle(&parent.node)) {
+        if let (Some((handle, ino)), Ok(parent_handle)) = (removed, parent.backend_handle(&self.backend)) {
             let record = Record::Unlink { file: handle, parent: parent_handle, name: name.to_bytes().to_vec(), directory };
             self.writeback.note_names_changed(Some(record), None, &[ino]);
         }
@@ -447,7 +447,7 @@ impl Engine {
             self.writeback.note_names_changed(None, None, &[Some(ino), replaced_ino].into_iter().flatten().collect::<Vec<_>>());
             return Ok(());
         }
-        let (Ok(from_parent), Ok(to_parent)) = (self.backend.file_handle(&parent.node), self.backend.file_handle(&new_parent.node))
+        let (Ok(from_parent), Ok(to_parent)) = (parent.backend_handle(&self.backend), new_parent.backend_handle(&self.backend))
         else {
             return Ok(());
         };
@@ -546,8 +546,8 @@ impl Engine {
             mode,
         )?;
         let st = self.give_to_caller(&parent_inode, &node, caller)?;
-        let created_record = self.create_record(&node, &parent_inode, &name, &st);
         let entry = self.remember(node, st);
+        let created_record = self.create_record(entry.stat.st_ino, &parent_inode, &name, &st);
         self.writeback.note_created(entry.stat.st_ino, Some(parent_inode.ino), created_record);
         let inode = self.inode(entry.stat.st_ino)?;
         Ok((entry, self.register_file(inode, file, flags)?))

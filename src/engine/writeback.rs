@@ -930,7 +930,7 @@ impl Writeback {
     }
 
     fn file_handle(&self, file: &FileState) -> SysResult<Vec<u8>> {
-        self.backend.file_handle(&file.inode.node)
+        file.inode.backend_handle(&self.backend)
     }
 
     /// The log path of fsync: None when it cannot stand for a backend sync (the file is new,
