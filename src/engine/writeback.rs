@@ -366,7 +366,7 @@ impl Writeback {
     }
 
     fn flush_everything_wanted(&self) {
-        let files: Vec<Arc<FileState>> = lock(&self.files).values().cloned().collect();
+        let files = self.open_files();
         for file in files {
             let mut inner = lock(&file.inner);
             self.want_all(&file, &mut inner, u64::MAX);
@@ -777,7 +777,7 @@ impl Writeback {
         let tick = (self.config.flush_age / 2).max(Duration::from_millis(50));
         while !self.stopping.load(Relaxed) {
             std::thread::sleep(tick);
-            let files: Vec<Arc<FileState>> = lock(&self.files).values().cloned().collect();
+            let files = self.open_files();
             for file in files {
                 let mut inner = lock(&file.inner);
                 let old: Vec<u64> = inner
@@ -1028,10 +1028,7 @@ impl Writeback {
         let Some(log) = &self.log else { return Ok(()) };
         let _one_at_a_time = lock(&self.checkpointing);
         let release_before = log.next_seq();
-        let files: Vec<Arc<FileState>> = lock(&self.files).values().cloned().collect();
-        for file in files {
-            self.flush_file(&file, None, ErrorReport::Checkpoint)?;
-        }
+        self.flush_every_file(ErrorReport::Checkpoint)?;
         let flushed: Vec<(u64, u64)> = lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
         match log.commit(Vec::new()) {
             // No room for them: the syncfs below makes them durable on the backend anyway.
@@ -1065,16 +1062,26 @@ impl Writeback {
         Ok(())
     }
 
+    /// The files with write state now, taken out of the lock so each can be worked on alone.
+    fn open_files(&self) -> Vec<Arc<FileState>> {
+        lock(&self.files).values().cloned().collect()
+    }
+
+    /// Every buffered unit of every file written to the backend (not synced), each file waited for.
+    fn flush_every_file(&self, report: ErrorReport) -> SysResult<()> {
+        for file in self.open_files() {
+            self.flush_file(&file, None, report)?;
+        }
+        Ok(())
+    }
+
     /// Every buffered unit written to the backend and the backend synced once: a checkpoint
     /// where there is a log.
     pub fn sync_all(&self) -> SysResult<()> {
         if self.log.is_some() {
             return self.checkpoint();
         }
-        let files: Vec<Arc<FileState>> = lock(&self.files).values().cloned().collect();
-        for file in files {
-            self.flush_file(&file, None, ErrorReport::Sync)?;
-        }
+        self.flush_every_file(ErrorReport::Sync)?;
         self.backend.sync_file_system()
     }
 
@@ -1098,7 +1105,7 @@ impl Writeback {
 
     /// At unmount: flush everything, say loudly what could not be written, stop the threads.
     pub fn shut_down(&self) {
-        let files: Vec<Arc<FileState>> = lock(&self.files).values().cloned().collect();
+        let files = self.open_files();
         for file in files {
             if let Err(e) = self.flush_file(&file, Some(true), ErrorReport::Sync) {
                 let inner = lock(&file.inner);
