@@ -338,7 +338,7 @@ fn run_mount(request: MountRequest) -> ExitCode {
         log: match &opts.log {
             options::LogPlace::Off => None,
             options::LogPlace::StateFolder => {
-                Some((backing.join(backend::local::STATE_DIR_NAME).join("intent.log"), opts.log_size_bytes))
+                Some((backend::local::default_log_path(&backing), opts.log_size_bytes))
             }
             options::LogPlace::At(path) => Some((path.clone(), opts.log_size_bytes)),
         },
@@ -508,7 +508,7 @@ fn run_recover(args: &[String]) -> ExitCode {
         Ok(lock) => lock,
         Err(message) => return fail(format!("{message}: unmount it first")),
     };
-    let log_path = log_path.unwrap_or_else(|| backing.join(backend::local::STATE_DIR_NAME).join("intent.log"));
+    let log_path = log_path.unwrap_or_else(|| backend::local::default_log_path(&backing));
     if !log_path.exists() {
         return fail(format!("no intent log at {}", log_path.display()));
     }

@@ -17,6 +17,10 @@ use crate::sys::{self, check, check_size, retry_eintr, Errno, SysResult, EMPTY};
 
 /// Name of the daemon's own folder inside the backing directory; the mount never shows it.
 pub const STATE_DIR_NAME: &str = ".coalescefs";
+/// The intent log's file in the state folder, unless `-o log=PATH` puts it elsewhere.
+pub fn default_log_path(backing: &Path) -> std::path::PathBuf {
+    backing.join(STATE_DIR_NAME).join("intent.log")
+}
 
 /// A handle on one object of the backing directory: an `O_PATH | O_NOFOLLOW` fd. It pins the
 /// backing inode (so its number is never reused while we hold it) and lets every later call
