@@ -314,6 +314,16 @@ pub fn parse_mount_args(args: &[String]) -> Result<MountRequest, UsageError> {
             unit_bytes.max(4096)
         )));
     }
+    // One fsync's batch must fit the ring with room to spare: past half full the checkpointer
+    // empties it, and a batch larger than that would only ever fall back to the backend.
+    for (key, bytes) in [("log_threshold", options.log_threshold_bytes), ("log_threshold_new", options.log_threshold_new_bytes)] {
+        if bytes > options.log_size_bytes / 4 {
+            return Err(UsageError(format!(
+                "{key}={bytes} must be at most a quarter of log_size={} (raise log_size or lower {key})",
+                options.log_size_bytes
+            )));
+        }
+    }
     Ok(MountRequest {
         backing_dir: PathBuf::from(&positional[0]),
         mount_point: PathBuf::from(&positional[1]),
@@ -360,6 +370,13 @@ mod tests {
         let err = parse_mount_args(&args(&["a", "b", "-o", "unit=3M"])).unwrap_err();
         assert_eq!(err.0, "unit=3145728: must be a power of two from 4K to 64M");
         assert!(parse_mount_args(&args(&["a", "b", "-o", "unit=lots"])).is_err());
+    }
+
+    #[test]
+    fn a_log_threshold_must_fit_a_quarter_of_the_log() {
+        assert!(parse_mount_args(&args(&["a", "b", "-o", "log=on,log_size=1M,log_threshold=256K"])).is_ok());
+        let err = parse_mount_args(&args(&["a", "b", "-o", "log=on,log_size=1M,log_threshold_new=512K"])).unwrap_err();
+        assert_eq!(err.0, "log_threshold_new=524288 must be at most a quarter of log_size=1048576 (raise log_size or lower log_threshold_new)");
     }
 
     #[test]
