@@ -1030,14 +1030,9 @@ impl Writeback {
         let release_before = log.next_seq();
         self.flush_every_file(ErrorReport::Checkpoint)?;
         let flushed: Vec<(u64, u64)> = lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
-        match log.commit(Vec::new()) {
-            // No room for them: the syncfs below makes them durable on the backend anyway.
-            Ok(()) | Err(LogError::Full { .. }) => {}
-            Err(e) => {
-                log::error!("committing queued name changes to the intent log: {e}");
-                return Err(Errno(libc::EIO));
-            }
-        }
+        // Written to the log here they would sit after the checkpoint, for the next mount to
+        // find (and call the last unmount unclean); the sync below makes them durable instead.
+        log.drop_queued_names();
         self.backend.sync_file_system()?;
         log.checkpoint(release_before).map_err(|e| {
             log::error!("{e}");
