@@ -73,6 +73,38 @@ fn small_fsyncs_go_to_the_log_and_a_killed_daemon_loses_none_of_them() {
     assert!(fs::read(m.path("f")).unwrap() == expected, "contents differ");
 }
 
+/// What close acknowledged survives a daemon crash with the log as without it: for a file with
+/// records in the log, close syncs (through the log), so a replay cannot take its bytes back
+/// to the last fsynced ones.
+#[test]
+fn bytes_acknowledged_by_close_after_a_logged_fsync_survive_a_killed_daemon() {
+    if !in_a_process_of_its_own("bytes_acknowledged_by_close_after_a_logged_fsync_survive_a_killed_daemon") {
+        return;
+    }
+    let options = ["log=on", "unit=64K", "flush_age=3600s", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    let mut expected = pattern(300_000, 20);
+    fs::write(m.path("f"), &expected).unwrap();
+    m.remount();
+    let f = OpenOptions::new().write(true).open(m.path("f")).unwrap();
+    f.write_all_at(&pattern(700, 21), 1000).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(m.counter("log_fsyncs_total"), 1);
+    f.write_all_at(&pattern(700, 22), 1200).unwrap();
+    drop(f);
+    expected[1000..1700].copy_from_slice(&pattern(700, 21));
+    expected[1200..1900].copy_from_slice(&pattern(700, 22));
+    kill_daemon(&mut m);
+    m.mount();
+    assert!(fs::read(m.path("f")).unwrap() == expected, "the bytes close acknowledged were taken back");
+    // A file the log holds nothing for is only flushed by close: no log write.
+    let batches = m.counter("log_batches_total");
+    let g = OpenOptions::new().write(true).open(m.path("f")).unwrap();
+    g.write_all_at(&pattern(10, 23), 0).unwrap();
+    drop(g);
+    assert_eq!(m.counter("log_batches_total"), batches, "close wrote to the log for a file it held nothing of");
+}
+
 /// Where the log cannot stand for a backend sync it is not used: a file created in a directory
 /// created by this mount (a power cut could lose the directory, which the log does not
 /// record), and a file whose

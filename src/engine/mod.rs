@@ -610,7 +610,7 @@ impl Engine {
     pub fn flush(&self, fh: u64) -> SysResult<()> {
         let open = self.open_file(fh)?;
         match &open.state {
-            Some(state) if open.writable => self.writeback.flush_file(state, None, ErrorReport::Close),
+            Some(state) if open.writable => self.writeback.close_file(state),
             _ => Ok(()),
         }
     }

@@ -893,13 +893,39 @@ impl Writeback {
     /// fsync(2) and fdatasync(2): through the intent log when it can stand for a backend
     /// sync, otherwise the buffered units to the backend and the backend synced.
     pub fn fsync(&self, file: &Arc<FileState>, data_only: bool) -> SysResult<()> {
-        let Some(log) = &self.log else {
-            return self.flush_file(file, Some(data_only), ErrorReport::Sync);
+        self.sync_file(file, data_only, ErrorReport::Sync)
+    }
+
+    /// close(2): the buffered data goes to the backend. A file with records in the intent log
+    /// is synced instead (through the log where it can be): unsynced bytes on the backend
+    /// would be taken back to the logged ones by a replay after a daemon crash, and what close
+    /// acknowledged survives a daemon crash, with the log as without it.
+    pub fn close_file(&self, file: &Arc<FileState>) -> SysResult<()> {
+        // Only when something newer than the log's records would be left unsynced: a close
+        // right after an fsync costs nothing more.
+        let backend_behind = match lock(&self.durability).get(&file.inode.ino) {
+            Some(entry) if self.log.is_some() && entry.logged_before_seq > 0 => Some(!entry.backend_in_sync()),
+            _ => None,
         };
-        if let Some(result) = self.fsync_through_log(file, log) {
+        let must_sync = backend_behind.is_some_and(|behind| {
+            let inner = lock(&file.inner);
+            behind || !inner.in_flight.is_empty() || inner.dirty.values().any(|u| !u.ranges.minus(&u.logged).is_empty())
+        });
+        if must_sync {
+            self.sync_file(file, true, ErrorReport::Close)
+        } else {
+            self.flush_file(file, None, ErrorReport::Close)
+        }
+    }
+
+    fn sync_file(&self, file: &Arc<FileState>, data_only: bool, report: ErrorReport) -> SysResult<()> {
+        let Some(log) = &self.log else {
+            return self.flush_file(file, Some(data_only), report);
+        };
+        if let Some(result) = self.fsync_through_log(file, log, report) {
             return result;
         }
-        self.flush_file(file, None, ErrorReport::Sync)?;
+        self.flush_file(file, None, report)?;
         let (changes, logged) = {
             let d = lock(&self.durability);
             let entry = d.get(&file.inode.ino);
@@ -935,7 +961,7 @@ impl Writeback {
 
     /// The log path of fsync: None when it cannot stand for a backend sync (the file is new,
     /// the backend holds changes not yet synced, too much is buffered, or the log refused).
-    fn fsync_through_log(&self, file: &Arc<FileState>, log: &IntentLog) -> Option<SysResult<()>> {
+    fn fsync_through_log(&self, file: &Arc<FileState>, log: &IntentLog, report: ErrorReport) -> Option<SysResult<()>> {
         let handle = self.file_handle(file).ok()?;
         let mut inner = lock(&file.inner);
         // Checked under the file's lock, which a flush holds when it records its backend
@@ -946,7 +972,7 @@ impl Writeback {
         // A file created since the last checkpoint: its Create record was queued when it was
         // created and goes into the log with this batch, ahead of its bytes.
         let created = self.log_eligibility(file.inode.ino)?;
-        if let Some(err) = inner.errors.report_to(ErrorReport::Sync) {
+        if let Some(err) = inner.errors.report_to(report) {
             return Some(Err(err));
         }
         let unit_bytes = self.config.unit_bytes;
