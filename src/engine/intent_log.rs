@@ -219,15 +219,6 @@ impl IntentLog {
         }
     }
 
-    /// Forgets the namespace records queued and not yet taken into a batch. For a checkpoint,
-    /// before its backend sync: each was queued after its change was made on the backend, so
-    /// the sync makes every one of them durable there, and the log need not hold them.
-    pub fn drop_queued_names(&self) -> usize {
-        let mut pending = lock(&self.pending);
-        debug_assert!(pending.records.iter().all(Record::is_namespace), "data is never left queued");
-        std::mem::take(&mut pending.records).len()
-    }
-
     fn write_batch(&self, records: &[Record]) -> Result<(), LogError> {
         let mut ring = lock(&self.ring);
         let blocks = batch_blocks(records);

@@ -1053,12 +1053,23 @@ impl Writeback {
     pub fn checkpoint(&self) -> SysResult<()> {
         let Some(log) = &self.log else { return Ok(()) };
         let _one_at_a_time = lock(&self.checkpointing);
+        // The queued name records go into the log first, in a batch this checkpoint releases:
+        // each change was made on the backend before it was queued, so the sync below makes it
+        // durable there. Written after the release point, they would outlive the checkpoint (a
+        // clean unmount would leave a batch for the next mount, which called it unclean).
+        // Dropping them instead is not safe: a concurrent fsync may be acknowledged by a batch
+        // holding a new file's bytes before that sync has made the file's creation durable.
+        match log.commit(Vec::new()) {
+            // No room for them: the sync below makes them durable on the backend anyway.
+            Ok(()) | Err(LogError::Full { .. }) => {}
+            Err(e) => {
+                log::error!("committing queued name changes to the intent log: {e}");
+                return Err(Errno(libc::EIO));
+            }
+        }
         let release_before = log.next_seq();
         self.flush_every_file(ErrorReport::Checkpoint)?;
         let flushed: Vec<(u64, u64)> = lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
-        // Written to the log here they would sit after the checkpoint, for the next mount to
-        // find (and call the last unmount unclean); the sync below makes them durable instead.
-        log.drop_queued_names();
         self.backend.sync_file_system()?;
         log.checkpoint(release_before).map_err(|e| {
             log::error!("{e}");
