@@ -105,6 +105,69 @@ fn bytes_acknowledged_by_close_after_a_logged_fsync_survive_a_killed_daemon() {
     assert_eq!(m.counter("log_batches_total"), batches, "close wrote to the log for a file it held nothing of");
 }
 
+/// A log batch reported failed may still have reached the log (EIO after the bytes landed),
+/// at the position and sequence number the next batch gets. The fsync falls back to the
+/// backend; a replay must never put that batch's bytes over newer ones made durable since.
+#[test]
+fn a_failed_log_batch_that_landed_is_not_replayed_over_newer_durable_bytes() {
+    if !in_a_process_of_its_own("a_failed_log_batch_that_landed_is_not_replayed_over_newer_durable_bytes") {
+        return;
+    }
+    let options = ["log=on", "unit=64K", "flush_age=3600s", "checkpoint_interval=3600s", "writeback_cache=off"];
+    // The file exists before the mount, so that nothing else is logged before the fsync.
+    let backing = tempfile::tempdir().unwrap();
+    let mut expected = pattern(300_000, 30);
+    fs::write(backing.path().join("f"), &expected).unwrap();
+
+    // The batch lands but fails; the backend sync and barrier that follow succeed, and the
+    // barrier goes over it.
+    let mut m = TestMount::build(&options, &[("COALESCEFS_INJECT_LOG_ERRORS", "landed")], Some(backing.path()));
+    let f = OpenOptions::new().write(true).open(m.path("f")).unwrap();
+    f.write_all_at(&pattern(700, 31), 1000).unwrap();
+    f.sync_all().expect("a failed log batch falls back to the backend");
+    assert_eq!(m.counter("log_fsyncs_total"), 0, "the log batch was reported failed");
+    let newer = pattern(100_000, 32); // above log_threshold: the backend path
+    f.write_all_at(&newer, 0).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    expected[..100_000].copy_from_slice(&newer);
+    kill_daemon(&mut m);
+    drop(m);
+    let m2 = TestMount::build(&options, &[], Some(backing.path()));
+    assert!(fs::read(m2.path("f")).unwrap() == expected, "the failed batch was replayed over newer fsynced bytes");
+    drop(m2);
+
+    // The batch lands but fails, and so does the barrier after the backend sync, without
+    // landing: the fsync fails. Newer bytes then made durable by a checkpoint must not be
+    // taken back by the batch left where the log will be read from. No child process runs
+    // while the file is open (its exec would close the descriptor: a FLUSH, which syncs the
+    // file and writes over the batch), so the checkpoints are counted over HTTP.
+    let options = ["log=on", "unit=64K", "flush_age=3600s", "checkpoint_interval=100ms", "writeback_cache=off", "metrics=127.0.0.1:39178"];
+    let mut m = TestMount::build(&options, &[("COALESCEFS_INJECT_LOG_ERRORS", "landed,lost")], Some(backing.path()));
+    let f = OpenOptions::new().write(true).open(m.path("f")).unwrap();
+    f.write_all_at(&pattern(700, 33), 1000).unwrap();
+    assert!(f.sync_all().is_err(), "the barrier could not be written");
+    f.write_all_at(&pattern(700, 34), 1000).unwrap();
+    expected[1000..1700].copy_from_slice(&pattern(700, 34));
+    let checkpoints = checkpoints_over_http(39178);
+    wait_for(|| checkpoints_over_http(39178) >= checkpoints + 2, "two checkpoints after the write");
+    kill_daemon(&mut m);
+    drop(f);
+    drop(m);
+    let m3 = TestMount::build(&options, &[], Some(backing.path()));
+    assert!(fs::read(m3.path("f")).unwrap() == expected, "the failed batch was replayed over checkpointed bytes");
+}
+
+fn checkpoints_over_http(port: u16) -> u64 {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    let line = answer.lines().find(|l| l.starts_with("coalescefs_log_checkpoints_total ")).expect("the counter is served");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
 /// Where the log cannot stand for a backend sync it is not used: a file created in a directory
 /// created by this mount (a power cut could lose the directory, which the log does not
 /// record), and a file whose

@@ -60,6 +60,10 @@ struct Ring {
     next_seq: u64,
     /// Where each batch since the checkpoint starts, by sequence number (for checkpoints).
     starts: std::collections::VecDeque<(u64, u64)>,
+    /// A batch write failed at the next position: its bytes may still have landed there, with
+    /// the sequence number a reader expects next. Until a batch is written over it, it could
+    /// be replayed, though nobody was told it was durable.
+    failed_write_at_next: bool,
 }
 
 impl Ring {
@@ -86,6 +90,10 @@ struct Pending {
 pub struct IntentLog {
     file: LogFile,
     metrics: Arc<Metrics>,
+    /// Test-only fault injection: the next batch writes fail, one per entry, each as a device
+    /// that says EIO after the bytes landed (`landed`) or before any did (`lost`), from
+    /// COALESCEFS_INJECT_LOG_ERRORS=landed,lost,...
+    injected_errors: Mutex<std::collections::VecDeque<InjectedError>>,
     ring: Mutex<Ring>,
     pending: Mutex<Pending>,
     committed: Condvar,
@@ -149,10 +157,17 @@ impl IntentLog {
             }
             Err(corruption) => return Err(LogError::Corrupt(corruption)),
         };
-        let ring = Ring { sb, next_block: contents.next_block, next_seq: contents.next_seq, starts: contents.starts.into() };
+        let ring = Ring {
+            sb,
+            next_block: contents.next_block,
+            next_seq: contents.next_seq,
+            starts: contents.starts.into(),
+            failed_write_at_next: false,
+        };
         let log = IntentLog {
             file,
             metrics,
+            injected_errors: Mutex::new(injected_errors_from_env()),
             ring: Mutex::new(ring),
             pending: Mutex::new(Pending { records: Vec::new(), next_ticket: 1, durable_ticket: 0, failed: Default::default(), failed_total: 0, leader_active: false }),
             committed: Condvar::new(),
@@ -221,6 +236,17 @@ impl IntentLog {
 
     fn write_batch(&self, records: &[Record]) -> Result<(), LogError> {
         let mut ring = lock(&self.ring);
+        let result = self.write_batch_locked(&mut ring, records);
+        // Refusing for want of room writes nothing; any other failure may have written.
+        match &result {
+            Ok(()) => ring.failed_write_at_next = false,
+            Err(LogError::Full { .. }) => {}
+            Err(_) => ring.failed_write_at_next = true,
+        }
+        result
+    }
+
+    fn write_batch_locked(&self, ring: &mut Ring, records: &[Record]) -> Result<(), LogError> {
         let blocks = batch_blocks(records);
         let area = ring.sb.area_blocks;
         let wrap_waste = if ring.next_block + blocks > area { area - ring.next_block } else { 0 };
@@ -241,8 +267,16 @@ impl IntentLog {
         }
         let (seq, at) = (ring.next_seq, ring.next_block);
         let bytes = encode_batch(seq, records);
+        assert_eq!(bytes.len() as u64, blocks * LOG_BLOCK_BYTES as u64, "a batch is the whole blocks it was given room for");
+        let injected = lock(&self.injected_errors).pop_front();
+        if injected == Some(InjectedError::Lost) {
+            return Err(LogError::Io("write (injected)", Errno(libc::EIO)));
+        }
         self.file.write_blocks(SUPERBLOCK_COPIES + at, &bytes).map_err(|e| LogError::Io("write", e))?;
         self.file.sync().map_err(|e| LogError::Io("sync", e))?;
+        if injected == Some(InjectedError::Landed) {
+            return Err(LogError::Io("sync (injected)", Errno(libc::EIO)));
+        }
         self.metrics.log_batches.fetch_add(1, Relaxed);
         self.metrics.log_records.fetch_add(records.len() as u64, Relaxed);
         self.metrics.log_write_bytes.fetch_add(bytes.len() as u64 + wrap_waste.min(1) * LOG_BLOCK_BYTES as u64, Relaxed);
@@ -257,6 +291,12 @@ impl IntentLog {
     pub fn checkpoint(&self, first_kept_seq: u64) -> Result<(), LogError> {
         let mut ring = lock(&self.ring);
         assert!(first_kept_seq <= ring.next_seq, "checkpoint past the log's end");
+        if ring.failed_write_at_next {
+            // A failed batch that landed would be read after this checkpoint, its older bytes
+            // over what the caller has just made durable: an empty batch goes over it first.
+            self.write_batch_locked(&mut ring, &[])?;
+            ring.failed_write_at_next = false;
+        }
         while ring.starts.front().is_some_and(|&(seq, _)| seq < first_kept_seq) {
             ring.starts.pop_front();
         }
@@ -291,6 +331,24 @@ impl IntentLog {
         lock(&self.ring).next_seq
     }
 
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum InjectedError {
+    Landed,
+    Lost,
+}
+
+fn injected_errors_from_env() -> std::collections::VecDeque<InjectedError> {
+    let Ok(spec) = std::env::var("COALESCEFS_INJECT_LOG_ERRORS") else { return Default::default() };
+    spec.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| match s {
+            "landed" => InjectedError::Landed,
+            "lost" => InjectedError::Lost,
+            other => panic!("COALESCEFS_INJECT_LOG_ERRORS: {other:?} is neither landed nor lost"),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -408,6 +466,29 @@ mod tests {
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("a damaged log opened"),
         }
+    }
+
+    #[test]
+    fn a_failed_batch_that_landed_is_written_over_before_a_checkpoint_releases_past_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let size = 64 * LOG_BLOCK_BYTES as u64;
+        let (log, _) = IntentLog::open(&path, size, metrics()).unwrap();
+        log.commit(vec![data(1, 0, 100, 1)]).unwrap();
+        lock(&log.injected_errors).push_back(InjectedError::Landed);
+        assert!(matches!(log.commit(vec![data(1, 0, 100, 2)]), Err(LogError::Io(..))));
+        drop(log);
+        // Nothing released it: the landed batch is read back like any other.
+        let (log, replay) = IntentLog::open(&path, size, metrics()).unwrap();
+        assert_eq!(replay.iter().map(|b| b.records.clone()).collect::<Vec<_>>(), vec![vec![data(1, 0, 100, 1)], vec![data(1, 0, 100, 2)]]);
+        log.checkpoint(log.next_seq()).unwrap();
+        lock(&log.injected_errors).push_back(InjectedError::Landed);
+        assert!(log.commit(vec![data(1, 0, 100, 3)]).is_err());
+        // The caller made everything durable elsewhere, and releases the whole log.
+        log.checkpoint(log.next_seq()).unwrap();
+        drop(log);
+        let (_, replay) = IntentLog::open(&path, size, metrics()).unwrap();
+        assert!(replay.iter().all(|b| b.records.is_empty()), "the failed batch was read after the checkpoint: {replay:?}");
     }
 
     #[test]
