@@ -55,6 +55,10 @@ struct Replay<'a> {
     files: HashMap<Vec<u8>, Option<File>>,
     /// Objects made again by replay: the logged handle, and the new object's.
     recreated: HashMap<Vec<u8>, Vec<u8>>,
+    /// The new objects' handles. One may equal the logged handle of another object whose
+    /// creation the crash lost: XFS gives a freed inode number back with its generation plus
+    /// one, so the file replay makes can have exactly the handle a lost file had.
+    made_by_replay: std::collections::HashSet<Vec<u8>>,
     applied: u64,
     recreated_files: u64,
     not_restored: Vec<String>,
@@ -63,19 +67,27 @@ struct Replay<'a> {
 impl Replay<'_> {
     fn file(&mut self, key: &[u8]) -> SysResult<Option<&File>> {
         if !self.files.contains_key(key) {
-            let found = match self.backend.open_by_handle(key, libc::O_RDWR) {
-                Ok(f) => Some(f),
-                Err(e) if means_state_moved_on(e) => None,
-                Err(e) => return Err(e),
+            let found = match self.current_handle(key) {
+                Some(handle) => match self.backend.open_by_handle(handle, libc::O_RDWR) {
+                    Ok(f) => Some(f),
+                    Err(e) if means_state_moved_on(e) => None,
+                    Err(e) => return Err(e),
+                },
+                None => None,
             };
             self.files.insert(key.to_vec(), found);
         }
         Ok(self.files[key].as_ref())
     }
 
-    /// The handle the object logged as `key` has now.
-    fn current_handle<'k>(&'k self, key: &'k [u8]) -> &'k [u8] {
-        self.recreated.get(key).map_or(key, Vec::as_slice)
+    /// The handle the object logged as `key` has now; None when it is gone and its logged
+    /// handle now names an object replay made for another record.
+    fn current_handle<'k>(&'k self, key: &'k [u8]) -> Option<&'k [u8]> {
+        match self.recreated.get(key) {
+            Some(made) => Some(made),
+            None if self.made_by_replay.contains(key) => None,
+            None => Some(key),
+        }
     }
 
     fn directory(&self, key: &[u8]) -> SysResult<Option<Node>> {
@@ -88,7 +100,7 @@ impl Replay<'_> {
 
     /// Whether `name` in `dir` is the object logged as `key`.
     fn names(&self, dir: &Node, name: &CString, key: &[u8]) -> bool {
-        self.backend.handle_at(dir, name).is_ok_and(|h| h == self.current_handle(key))
+        self.current_handle(key).is_some_and(|current| self.backend.handle_at(dir, name).is_ok_and(|h| h == current))
     }
 
     fn skip_if_moved_on(result: SysResult<()>) -> SysResult<bool> {
@@ -100,19 +112,9 @@ impl Replay<'_> {
     }
 
     fn create(&mut self, key: &[u8], parent: &[u8], name: &[u8], mode: u32, uid: u32, gid: u32) -> SysResult<bool> {
+        // There, or made again by a replay that was interrupted (that file is this one).
         if self.files.contains_key(key) || self.file(key)?.is_some() {
             return Ok(false);
-        }
-        // Made again by a replay that was interrupted: that file is this one.
-        if let Some(made) = self.recreated.get(key) {
-            match self.backend.open_by_handle(made, libc::O_RDWR) {
-                Ok(f) => {
-                    self.files.insert(key.to_vec(), Some(f));
-                    return Ok(false);
-                }
-                Err(e) if means_state_moved_on(e) => {}
-                Err(e) => return Err(e),
-            }
         }
         let shown = String::from_utf8_lossy(name).into_owned();
         let name = CString::new(name).map_err(|_| Errno(libc::EINVAL))?;
@@ -135,6 +137,7 @@ impl Replay<'_> {
             entry.extend_from_slice(k);
         }
         data::append_synced(&self.map, &entry)?;
+        self.made_by_replay.insert(new_key.clone());
         self.recreated.insert(key.to_vec(), new_key);
         self.files.insert(key.to_vec(), Some(file));
         self.recreated_files += 1;
@@ -144,6 +147,9 @@ impl Replay<'_> {
     /// Whether the backend shows this name record's effect (see the module's step 1).
     fn shows(&mut self, record: &Record) -> SysResult<bool> {
         Ok(match record {
+            // Made by this mount, not by replay: an object replay made is not the logged one,
+            // whatever handle it has.
+            Record::Create { file, .. } if self.made_by_replay.contains(file) || self.recreated.contains_key(file) => false,
             Record::Create { file, .. } => match self.backend.open_by_handle(file, libc::O_PATH) {
                 Ok(_) => true,
                 Err(e) if means_state_moved_on(e) => false,
@@ -274,6 +280,7 @@ pub fn replay(backend: &LocalBackend, log: IntentLog, batches: &[Batch], path: &
         backend,
         map,
         files: HashMap::new(),
+        made_by_replay: recreated.values().cloned().collect(),
         recreated,
         applied: 0,
         recreated_files: 0,
