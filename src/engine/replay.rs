@@ -147,8 +147,8 @@ impl Replay<'_> {
     /// Whether the backend shows this name record's effect (see the module's step 1).
     fn shows(&mut self, record: &Record) -> SysResult<bool> {
         Ok(match record {
-            // Made by this mount, not by replay: an object replay made is not the logged one,
-            // whatever handle it has.
+            // Only the backend's own evidence counts: an object replay made (an interrupted one,
+            // before this) is not the logged one, whatever handle it has.
             Record::Create { file, .. } if self.made_by_replay.contains(file) || self.recreated.contains_key(file) => false,
             Record::Create { file, .. } => match self.backend.open_by_handle(file, libc::O_PATH) {
                 Ok(_) => true,
