@@ -316,6 +316,35 @@ fn recovery_interrupted_again_and_again_still_recovers_everything() {
     assert!(!m.backing_path(".coalescefs/intent.log.replay-map").exists(), "the map goes with the log's records");
 }
 
+/// Files created and removed before any log batch carried their creation cost the log
+/// nothing: the log never knew them (rm -rf of a fresh tree). Once a batch has carried a
+/// file's creation, its removal is committed before the caller is answered.
+#[test]
+fn files_removed_before_the_log_knew_them_cost_no_log_write() {
+    if !in_a_process_of_its_own("files_removed_before_the_log_knew_them_cost_no_log_write") {
+        return;
+    }
+    let options = ["log=on", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    for i in 0..300 {
+        fs::write(m.path(&format!("f{i}")), pattern(100, i as u8)).unwrap();
+    }
+    for i in 0..300 {
+        fs::remove_file(m.path(&format!("f{i}"))).unwrap();
+    }
+    assert_eq!(m.counter("log_batches_total"), 0, "removing files the log never knew wrote to it");
+    fs::write(m.path("g"), pattern(100, 1)).unwrap();
+    write_and_fsync(&m.path("h"), &pattern(3000, 2)); // its batch carries g's creation too
+    let batches = m.counter("log_batches_total");
+    assert_eq!(batches, 1);
+    fs::remove_file(m.path("g")).unwrap();
+    assert_eq!(m.counter("log_batches_total"), batches + 1, "the removal of a logged file was not committed");
+    kill_daemon(&mut m);
+    m.mount();
+    assert!(!m.path("g").exists() && !m.path("f0").exists(), "a removed file came back");
+    assert!(fs::read(m.path("h")).unwrap() == pattern(3000, 2), "contents differ");
+}
+
 /// An unlink made durable by fsync of the directory stays done: the log's record of the file's
 /// creation must not bring it back at replay.
 #[test]

@@ -234,6 +234,28 @@ impl IntentLog {
         }
     }
 
+    /// Takes back the queued Create record of `file` if no batch has taken it yet and nothing
+    /// else queued refers to the file: the log never knew the file, so its removal need not be
+    /// logged either. Returns whether it did.
+    pub fn cancel_queued_create(&self, file: &[u8]) -> bool {
+        let mut pending = lock(&self.pending);
+        let mut at = None;
+        for (i, record) in pending.records.iter().enumerate() {
+            match record {
+                Record::Create { file: created, .. } if created == file && at.is_none() => at = Some(i),
+                other if other.mentions(file) => return false,
+                _ => {}
+            }
+        }
+        match at {
+            Some(i) => {
+                pending.records.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
     fn write_batch(&self, records: &[Record]) -> Result<(), LogError> {
         let mut ring = lock(&self.ring);
         let result = self.write_batch_locked(&mut ring, records);

@@ -192,6 +192,18 @@ impl Record {
         }
     }
 
+    /// Whether the record refers to the object `handle` in any role.
+    pub fn mentions(&self, handle: &[u8]) -> bool {
+        self.file() == handle
+            || match self {
+                Record::Create { parent, .. } | Record::Unlink { parent, .. } => parent == handle,
+                Record::Rename { from_parent, to_parent, replaced, .. } => {
+                    from_parent == handle || to_parent == handle || replaced == handle
+                }
+                _ => false,
+            }
+    }
+
     /// Whether the record is about names rather than a file's contents.
     pub fn is_namespace(&self) -> bool {
         matches!(self, Record::Create { .. } | Record::Unlink { .. } | Record::Rename { .. })

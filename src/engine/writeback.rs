@@ -845,6 +845,10 @@ impl Writeback {
             }
         }
         match record {
+            // Removed before any batch carried its creation: nothing in the log or acknowledged
+            // by it knows the file, so neither record is needed (rm -rf of a fresh tree would
+            // otherwise cost a log write per file).
+            Some(Record::Unlink { ref file, directory: false, .. }) if destroys_logged_file && log.cancel_queued_create(file) => {}
             Some(record) if destroys_logged_file => {
                 if let Err(e) = log.commit(vec![record]) {
                     log::warn!("committing a name change to the intent log: {e}; it stays queued");
