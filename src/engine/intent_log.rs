@@ -353,6 +353,14 @@ impl IntentLog {
         lock(&self.ring).next_seq
     }
 
+    /// Every batch a reader could find lies before this sequence number: `next_seq`, or one
+    /// more while a failed batch may sit at the next position (an error reported after its
+    /// bytes landed), until a batch or a checkpoint is written over it.
+    pub fn readable_before_seq(&self) -> u64 {
+        let ring = lock(&self.ring);
+        ring.next_seq + u64::from(ring.failed_write_at_next)
+    }
+
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]

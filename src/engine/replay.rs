@@ -55,9 +55,10 @@ struct Replay<'a> {
     files: HashMap<Vec<u8>, Option<File>>,
     /// Objects made again by replay: the logged handle, and the new object's.
     recreated: HashMap<Vec<u8>, Vec<u8>>,
-    /// The new objects' handles. One may equal the logged handle of another object whose
-    /// creation the crash lost: XFS gives a freed inode number back with its generation plus
-    /// one, so the file replay makes can have exactly the handle a lost file had.
+    /// The new objects' handles (an index of `recreated`'s values, kept with it: a log can
+    /// hold many thousands of Creates). One may equal the logged handle of another object
+    /// whose creation the crash lost: XFS gives a freed inode number back with its generation
+    /// plus one, so the file replay makes can have exactly the handle a lost file had.
     made_by_replay: std::collections::HashSet<Vec<u8>>,
     applied: u64,
     recreated_files: u64,

@@ -1041,12 +1041,11 @@ impl Writeback {
                 unit.logged = RangeSet::default();
             }
             drop(inner);
-            // It may also have landed (EIO after the bytes were written), at the sequence
-            // number the next batch gets: the backend sync below must then be followed by a
-            // barrier, which is written over it.
+            // It may also have landed (EIO after the bytes were written): the backend sync
+            // below must then be followed by a barrier, which is written over it.
             let mut d = lock(&self.durability);
             let entry = d.entry(file.inode.ino).or_default();
-            entry.logged_before_seq = entry.logged_before_seq.max(log.next_seq() + 1);
+            entry.logged_before_seq = entry.logged_before_seq.max(log.readable_before_seq());
             drop(d);
             if let Err(e) = committed {
                 log::warn!("inode {}: {e}; this fsync syncs the backend instead", file.inode.ino);
