@@ -133,10 +133,16 @@ fn main() -> ExitCode {
 /// The parent's side of daemonizing: waits until the child reports the mount ready or failed,
 /// so that `coalescefs mount` returns only once the mount can be used, with the child's error
 /// and a non-zero status otherwise.
-fn wait_for_daemon(read_end: OwnedFd) -> ExitCode {
+fn wait_for_daemon(read_end: OwnedFd, daemon: libc::pid_t) -> ExitCode {
     let mut pipe = std::fs::File::from(read_end);
     let mut report = String::new();
     let _ = pipe.read_to_string(&mut report);
+    if !report.starts_with("ok") {
+        // A daemon that failed still holds the backing directory's lock until it has exited:
+        // a `coalescefs recover` run right after this failure would find it taken.
+        let mut status = 0;
+        while unsafe { libc::waitpid(daemon, &mut status, 0) } == -1 && sys::Errno::last().0 == libc::EINTR {}
+    }
     match report.strip_prefix("ok") {
         Some(warnings) => {
             for line in warnings.lines().filter(|l| !l.is_empty()) {
@@ -295,9 +301,9 @@ fn run_mount(request: MountRequest) -> ExitCode {
                 detach_stdio(state_dir.as_ref());
                 ready = ReadyReport(Some(std::fs::File::from(write_end)));
             }
-            _child => {
+            child => {
                 drop(write_end);
-                return wait_for_daemon(read_end);
+                return wait_for_daemon(read_end, child);
             }
         }
     }
