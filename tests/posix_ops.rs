@@ -449,3 +449,19 @@ fn a_unit_above_the_kernel_request_ceiling_is_named_with_the_sysctl_to_raise() {
     let want = format!("sysctl fs.fuse.max_pages_limit={}", unit.min(16 << 20) / 4096);
     assert!(log.contains(&want), "daemon log lacks {want:?}:\n{log}");
 }
+
+/// SQLite opens every database with O_NOFOLLOW, rsync its temporary files too: the kernel has
+/// resolved the name, so the daemon's reopen of the object must not refuse it as a link.
+#[test]
+fn open_with_o_nofollow_opens_a_regular_file_and_still_refuses_a_symlink() {
+    let m = TestMount::new();
+    fs::write(m.path("f"), b"hi").unwrap();
+    std::os::unix::fs::symlink("f", m.path("link")).unwrap();
+    for flags in [libc::O_RDONLY, libc::O_WRONLY, libc::O_RDWR, libc::O_RDWR | libc::O_NOATIME] {
+        let fd = unsafe { libc::open(cstr(&m.path("f")).as_ptr(), flags | libc::O_NOFOLLOW) };
+        assert!(fd >= 0, "open(O_NOFOLLOW | {flags:#o}) of a regular file: errno {}", errno());
+        unsafe { libc::close(fd) };
+    }
+    let fd = unsafe { libc::open(cstr(&m.path("link")).as_ptr(), libc::O_RDONLY | libc::O_NOFOLLOW) };
+    assert_eq!((fd, errno()), (-1, libc::ELOOP), "O_NOFOLLOW of a symlink is the kernel's ELOOP");
+}

@@ -57,6 +57,7 @@ pub struct TimesToSet {
     pub mtime: Option<libc::timespec>,
 }
 
+
 /// name_to_handle_at, encoded as the handle type (4 bytes, little-endian) and its bytes.
 fn handle_of(dir: RawFd, name: &CStr, flags: i32) -> SysResult<Vec<u8>> {
     const MAX_HANDLE_BYTES: usize = 128;
@@ -163,9 +164,16 @@ impl LocalBackend {
     /// Opens the object a node refers to for I/O, by its `/proc/self/fd` path: the same inode,
     /// never a name resolved again.
     pub fn open(&self, node: &Node, flags: i32) -> SysResult<File> {
+        debug_assert_eq!(flags & (libc::O_CREAT | libc::O_NOFOLLOW), 0, "a reopen of a resolved object: {flags:#o}");
         let path = sys::proc_fd_path(&node.fd);
-        let fd = sys::openat(libc::AT_FDCWD, &path, flags & !libc::O_CREAT, 0)?;
-        Ok(File::from(fd))
+        match sys::openat(libc::AT_FDCWD, &path, flags, 0) {
+            // O_NOATIME is only for the file's owner (or CAP_FOWNER): a daemon without it
+            // reads with atime updates rather than not at all.
+            Err(Errno(libc::EPERM)) if flags & libc::O_NOATIME != 0 => {
+                sys::openat(libc::AT_FDCWD, &path, flags & !libc::O_NOATIME, 0).map(File::from)
+            }
+            result => result.map(File::from),
+        }
     }
 
     pub fn truncate(&self, node: &Node, size: u64) -> SysResult<()> {

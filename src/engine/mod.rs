@@ -464,19 +464,30 @@ impl Engine {
         Ok(())
     }
 
-    /// Flags for the backend's own open: the engine addresses every write by offset, so
-    /// O_APPEND (which makes Linux pwrite ignore the offset) is the kernel's business, as are
-    /// O_CREAT/O_EXCL/O_NOCTTY. O_DIRECT is for the engine to choose, not the application.
-    /// Write-only opens are opened read-write on the backend: with the kernel's writeback
-    /// cache the kernel reads partly written pages through whichever handle it holds, a
-    /// write-only one included. The kernel has checked the application's access mode already.
+    /// Flags for the backend's own open of an object the kernel has already resolved. Only
+    /// what still means something for that reopen is kept; every other flag the kernel passes
+    /// was the kernel's to act on, or is the engine's decision:
+    ///
+    /// | flag | why it is not passed on |
+    /// |---|---|
+    /// | O_NOFOLLOW, O_DIRECTORY | the kernel resolved the path; the reopen goes through `/proc/self/fd`, a link that O_NOFOLLOW would refuse (ELOOP: SQLite's and rsync's opens) |
+    /// | O_CREAT, O_EXCL, O_NOCTTY, O_TMPFILE | the kernel's (create is its own request) |
+    /// | O_TRUNC | FUSE_ATOMIC_O_TRUNC: the engine truncates through the write buffer |
+    /// | O_APPEND | the kernel sends the offset; Linux pwrite on an O_APPEND file would ignore it |
+    /// | O_SYNC, O_DSYNC | the engine makes such writes durable (through the log or the backend) |
+    /// | O_DIRECT | the engine chooses how units reach the backend |
+    /// | O_NONBLOCK, O_ASYNC, kernel-internal bits | mean nothing for a regular file's reopen |
+    ///
+    /// Kept: O_NOATIME (the application asked that its reads leave atime alone). Write-only
+    /// opens are opened read-write: with the kernel's writeback cache the kernel reads partly
+    /// written pages through whichever handle it holds, a write-only one included. The kernel
+    /// has checked the application's access mode already.
     fn backend_open_flags(flags: i32) -> i32 {
-        let mut flags =
-            flags & !(libc::O_APPEND | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY | libc::O_DIRECT | libc::O_TRUNC);
-        if flags & libc::O_ACCMODE == libc::O_WRONLY {
-            flags = (flags & !libc::O_ACCMODE) | libc::O_RDWR;
-        }
-        flags
+        let access = match flags & libc::O_ACCMODE {
+            libc::O_RDONLY => libc::O_RDONLY,
+            _ => libc::O_RDWR,
+        };
+        access | (flags & libc::O_NOATIME)
     }
 
     fn register_file(&self, inode: Arc<Inode>, file: File, flags: i32) -> SysResult<Opened> {
