@@ -465,3 +465,49 @@ fn open_with_o_nofollow_opens_a_regular_file_and_still_refuses_a_symlink() {
     let fd = unsafe { libc::open(cstr(&m.path("link")).as_ptr(), libc::O_RDONLY | libc::O_NOFOLLOW) };
     assert_eq!((fd, errno()), (-1, libc::ELOOP), "O_NOFOLLOW of a symlink is the kernel's ELOOP");
 }
+
+/// Drops the kernel's caches, so that the next stat asks the daemon instead of the kernel's
+/// cached attributes. None where this process may not (not root): the caller skips.
+fn drop_kernel_caches() -> Option<()> {
+    unsafe { libc::sync() };
+    fs::write("/proc/sys/vm/drop_caches", "3\n").ok()
+}
+
+/// GNU tar writes each file, sets the archived times with futimens, then closes it: the flush
+/// at close must not stamp the file with the flush time. Checked after the kernel has dropped
+/// its cached attributes, in the mount and in the backing directory, with every writeback
+/// cache mode, for a small file and one of several units still being flushed.
+#[test]
+fn times_set_between_the_last_write_and_close_survive_the_flush() {
+    for mode in ["auto", "off", "on"] {
+        let options = [format!("writeback_cache={mode}"), "unit=64K".to_string()];
+        let m = TestMount::with_options(&options.iter().map(String::as_str).collect::<Vec<_>>());
+        for (name, len) in [("small", 1000usize), ("large", 1 << 20)] {
+            let p = m.path(name);
+            let mut f = File::create(&p).unwrap();
+            f.write_all(&vec![7u8; len]).unwrap();
+            let times = [
+                libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 5 },
+                libc::timespec { tv_sec: 1_200_000_000, tv_nsec: 700 },
+            ];
+            assert_eq!(unsafe { libc::futimens(f.as_raw_fd(), times.as_ptr()) }, 0);
+            drop(f);
+        }
+        if drop_kernel_caches().is_none() {
+            eprintln!("skipped: dropping the kernel's caches needs root");
+            return;
+        }
+        for name in ["small", "large"] {
+            for (where_, md) in [("mount", fs::metadata(m.path(name)).unwrap()), ("backing", fs::metadata(m.backing_path(name)).unwrap())] {
+                assert_eq!((md.mtime(), md.mtime_nsec()), (1_200_000_000, 700), "{name} mtime in the {where_}, writeback_cache={mode}");
+                assert_eq!((md.atime(), md.atime_nsec()), (1_000_000_000, 5), "{name} atime in the {where_}, writeback_cache={mode}");
+            }
+        }
+        // A write after the times were set is a new modification: its time wins again.
+        let mut f = OpenOptions::new().append(true).open(m.path("small")).unwrap();
+        f.write_all(b"more").unwrap();
+        drop(f);
+        drop_kernel_caches();
+        assert!(fs::metadata(m.path("small")).unwrap().mtime() > 1_600_000_000, "writeback_cache={mode}");
+    }
+}

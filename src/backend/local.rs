@@ -57,6 +57,15 @@ pub struct TimesToSet {
     pub mtime: Option<libc::timespec>,
 }
 
+impl TimesToSet {
+    /// The same times with UTIME_NOW replaced by `now`, so that they can be set again later.
+    pub fn resolved_now(self, now: std::time::SystemTime) -> TimesToSet {
+        let since_epoch = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let now = libc::timespec { tv_sec: since_epoch.as_secs() as i64, tv_nsec: since_epoch.subsec_nanos() as i64 };
+        let resolve = |t: Option<libc::timespec>| t.map(|t| if t.tv_nsec == libc::UTIME_NOW { now } else { t });
+        TimesToSet { atime: resolve(self.atime), mtime: resolve(self.mtime) }
+    }
+}
 
 /// name_to_handle_at, encoded as the handle type (4 bytes, little-endian) and its bytes.
 fn handle_of(dir: RawFd, name: &CStr, flags: i32) -> SysResult<Vec<u8>> {

@@ -281,7 +281,12 @@ impl Engine {
             }
         }
         if changes.times.atime.is_some() || changes.times.mtime.is_some() {
-            self.backend.set_times(&inode.node, changes.times)?;
+            // "Now" is fixed here: flushes may set the times again later (see note_times_set).
+            let times = changes.times.resolved_now(std::time::SystemTime::now());
+            self.backend.set_times(&inode.node, times)?;
+            if let Some(state) = self.writeback.file(ino) {
+                self.writeback.note_times_set(&state, times);
+            }
         }
         self.getattr(ino)
     }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::buffer::{AlignedBuf, RangeSet};
 use super::inodes::Inode;
-use crate::backend::local::{data, LocalBackend};
+use crate::backend::local::{data, LocalBackend, TimesToSet};
 use crate::backend::DataStore;
 use super::intent_log::{IntentLog, LogError};
 use super::log_format::Record;
@@ -160,6 +160,11 @@ struct FileInner {
     epoch: u64,
     open_handles: u64,
     last_write: Option<SystemTime>,
+    /// Access and modification times an application set (utimensat, futimens) after its last
+    /// write, while written data was still buffered: every flush that ends afterwards sets them
+    /// on the backend file again, or the flush's own write would stamp it with the flush time
+    /// (GNU tar writes, sets the archived mtime, then closes). The next write clears them.
+    times_set: Option<TimesToSet>,
     backend_files: Option<Arc<BackendFiles>>,
     /// Units whose backend bytes a reader is reading through the page cache, and how many
     /// readers. A unit is never flushed while read there, nor read there while flushed: after
@@ -292,6 +297,7 @@ impl Writeback {
                     epoch: 0,
                     open_handles: 0,
                     last_write: None,
+                    times_set: None,
                     backend_files: None,
                     backend_readers: BTreeMap::new(),
                 }),
@@ -430,6 +436,11 @@ impl Writeback {
             }
             inner.size = inner.size.max(piece_end);
             inner.last_write = Some(SystemTime::now());
+            // The kernel's own writeback of its cache is not a new write: in that mode the
+            // kernel keeps the times and sends them itself.
+            if !from_page_cache {
+                inner.times_set = None;
+            }
             pos = piece_end;
         }
         Ok(())
@@ -474,6 +485,21 @@ impl Writeback {
 
     pub fn last_write(&self, file: &FileState) -> Option<SystemTime> {
         lock(&file.inner).last_write
+    }
+
+    /// An application set the file's times (already on the backend, with no UTIME_NOW left in
+    /// them): they outrank the last buffered write's time, and flushes still to come of data
+    /// written before now must not overwrite them (see `FileInner::times_set`).
+    pub fn note_times_set(&self, file: &FileState, times: TimesToSet) {
+        let mut inner = lock(&file.inner);
+        inner.last_write = None;
+        if inner.dirty.is_empty() && inner.in_flight.is_empty() {
+            inner.times_set = None;
+            return;
+        }
+        let earlier = inner.times_set.unwrap_or_default();
+        inner.times_set =
+            Some(TimesToSet { atime: times.atime.or(earlier.atime), mtime: times.mtime.or(earlier.mtime) });
     }
 
     /// A size change: buffered data beyond the new size is dropped (after waiting for units in
@@ -621,6 +647,13 @@ impl Writeback {
             Ok(()) => {
                 self.release_unit_memory();
                 self.note_backend_changed(file.inode.ino);
+                // Under the file's lock: no write since the times were set, so the data just
+                // written is older than them.
+                if let Some(times) = inner.times_set {
+                    if let Err(e) = self.backend.set_times(&file.inode.node, times) {
+                        log::warn!("inode {}: setting its times again after a flush failed: {e}", file.inode.ino);
+                    }
+                }
             }
             Err(err) => {
                 self.metrics.flush_errors.fetch_add(1, Relaxed);
