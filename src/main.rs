@@ -183,14 +183,24 @@ fn pipe() -> (OwnedFd, OwnedFd) {
     unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
 }
 
-fn raise_fd_limit() {
+/// Raises the descriptor limit to the hard limit and returns how many descriptors the backend
+/// may keep open for objects the kernel has cached: half of the limit, less a reserve, so that
+/// the files applications open, the write buffer's backend files and the log keep the rest.
+fn node_fd_budget() -> usize {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 256;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
         }
     }
+    let soft = limit.rlim_cur.min(1 << 24) as usize;
+    (soft.saturating_sub(512) / 2).max(64)
 }
 
 /// Sends the daemon's stdio away from the terminal; errors go to the state folder's log.
@@ -272,7 +282,8 @@ fn run_mount(request: MountRequest) -> ExitCode {
         Ok(path) => path,
         Err(message) => return fail(message),
     };
-    let backend = match open_backend(&backing) {
+    let metrics = Arc::new(metrics::Metrics::default());
+    let backend = match open_backend(&backing, &metrics) {
         Ok(backend) => backend,
         Err(message) => return fail(message),
     };
@@ -311,7 +322,6 @@ fn run_mount(request: MountRequest) -> ExitCode {
     block_termination_signals();
     // Modes arrive already masked by the kernel; the daemon's own umask must not mask twice.
     unsafe { libc::umask(0) };
-    raise_fd_limit();
 
     let geometry = engine::geometry::discover(&backing, opts.unit_bytes);
     log::info!(
@@ -350,7 +360,6 @@ fn run_mount(request: MountRequest) -> ExitCode {
         },
         page_cache: opts.writeback_cache,
     };
-    let metrics = Arc::new(metrics::Metrics::default());
     let engine = match engine::Engine::new(backend, engine_config, metrics.clone()) {
         Ok(engine) => Arc::new(engine),
         Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
@@ -486,8 +495,8 @@ fn backing_of_mount(target: &str) -> Result<(PathBuf, PathBuf), String> {
     Ok((mount_point, PathBuf::from(info.source)))
 }
 
-fn open_backend(backing: &std::path::Path) -> Result<backend::local::LocalBackend, String> {
-    backend::local::LocalBackend::open_dir(backing)
+fn open_backend(backing: &Path, metrics: &Arc<metrics::Metrics>) -> Result<backend::local::LocalBackend, String> {
+    backend::local::LocalBackend::open_dir(backing, node_fd_budget(), metrics.clone())
         .map_err(|e| format!("cannot open backing directory {}: {e}", backing.display()))
 }
 
@@ -501,7 +510,7 @@ fn run_recover(args: &[String]) -> ExitCode {
         Ok(path) => path,
         Err(message) => return fail(message),
     };
-    let backend = match open_backend(&backing) {
+    let backend = match open_backend(&backing, &Arc::new(metrics::Metrics::default())) {
         Ok(backend) => backend,
         Err(message) => return fail(message),
     };

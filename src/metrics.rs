@@ -66,6 +66,11 @@ pub struct Metrics {
     pub log_checkpoints: AtomicU64,
     /// Records applied to the backend from the log at mount, after a crash.
     pub log_replayed_records: AtomicU64,
+    /// Descriptors the backend keeps open for objects the kernel has cached, and its bound.
+    pub node_fds_open: AtomicU64,
+    pub node_fds_limit: AtomicU64,
+    /// Objects opened again by file handle after their descriptor was closed to stay in bound.
+    pub node_fds_reopened: AtomicU64,
 }
 
 impl Metrics {
@@ -108,6 +113,9 @@ impl Metrics {
             ("log_write_bytes_total", "Bytes written to the intent log", self.log_write_bytes.load(Relaxed)),
             ("log_checkpoints_total", "Checkpoints that released intent log space", self.log_checkpoints.load(Relaxed)),
             ("log_replayed_records_total", "Intent log records replayed at mount", self.log_replayed_records.load(Relaxed)),
+            ("node_fds_open", "Descriptors held for objects the kernel has cached", self.node_fds_open.load(Relaxed)),
+            ("node_fds_limit", "The bound on descriptors held for cached objects", self.node_fds_limit.load(Relaxed)),
+            ("node_fds_reopened_total", "Cached objects opened again by file handle", self.node_fds_reopened.load(Relaxed)),
         ]
     }
 

@@ -6,13 +6,24 @@
 //! symlink inside the backing directory can never make the daemon touch a path outside it.
 //! Must not: decide anything (caching, ownership policy, hiding the state folder): the engine
 //! does that.
+//!
+//! Descriptors are bounded. The kernel may keep a million inodes cached, and each is a `Node`
+//! here; a node holds the object's persistent file handle (`name_to_handle_at`), and its
+//! `O_PATH` descriptor lives in `NodeFds`, a least-recently-used cache of at most `capacity`
+//! descriptors. A node whose descriptor was closed is opened again by its handle
+//! (`open_by_handle_at`): the same inode, never a name resolved again, and ESTALE once the
+//! object is gone. Where handles cannot be used (no CAP_DAC_READ_SEARCH, a file system without
+//! them, an object on another device) the node pins its descriptor, as every node once did.
 
 use std::ffi::{CStr, CString, OsStr, OsString};
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
+use crate::metrics::Metrics;
 use crate::sys::{self, check, check_size, retry_eintr, Errno, SysResult, EMPTY};
 
 /// Name of the daemon's own folder inside the backing directory; the mount never shows it.
@@ -22,32 +33,195 @@ pub fn default_log_path(backing: &Path) -> std::path::PathBuf {
     backing.join(STATE_DIR_NAME).join("intent.log")
 }
 
-/// A handle on one object of the backing directory: an `O_PATH | O_NOFOLLOW` fd. It pins the
-/// backing inode (so its number is never reused while we hold it) and lets every later call
-/// address that exact inode without resolving a name again.
-#[derive(Debug)]
+/// The open `O_PATH` descriptors of nodes, the least recently used closed first beyond
+/// `capacity`. A descriptor in use stays open until its user is done (`NodeFd` shares it).
+pub struct NodeFds {
+    open: Mutex<lru::LruCache<u64, Arc<OwnedFd>>>,
+    capacity: usize,
+    next_id: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+impl NodeFds {
+    fn new(capacity: usize, metrics: Arc<Metrics>) -> NodeFds {
+        metrics.node_fds_limit.store(capacity as u64, Ordering::Relaxed);
+        NodeFds { open: Mutex::new(lru::LruCache::unbounded()), capacity: capacity.max(1), next_id: AtomicU64::new(1), metrics }
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, lru::LruCache<u64, Arc<OwnedFd>>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, id: u64) -> Option<Arc<OwnedFd>> {
+        self.cache().get(&id).cloned()
+    }
+
+    fn insert(&self, id: u64, fd: Arc<OwnedFd>) {
+        let mut cache = self.cache();
+        cache.put(id, fd);
+        while cache.len() > self.capacity {
+            cache.pop_lru();
+        }
+        self.metrics.node_fds_open.store(cache.len() as u64, Ordering::Relaxed);
+    }
+
+    fn forget(&self, id: u64) {
+        let mut cache = self.cache();
+        cache.pop(&id);
+        self.metrics.node_fds_open.store(cache.len() as u64, Ordering::Relaxed);
+    }
+
+    /// The process ran out of descriptors (files the applications hold open count too): half
+    /// of the cached ones are closed, so that the call can be tried again.
+    fn shed_half(&self) -> usize {
+        let mut cache = self.cache();
+        let shed = cache.len().div_ceil(2);
+        for _ in 0..shed {
+            cache.pop_lru();
+        }
+        self.metrics.node_fds_open.store(cache.len() as u64, Ordering::Relaxed);
+        shed
+    }
+}
+
+/// One object of the backing directory. It finds the object again by its file handle (so no
+/// name is resolved again) through a descriptor from `NodeFds`, or holds its descriptor
+/// itself (`pinned`) where there is no handle to find it by.
 pub struct Node {
-    fd: OwnedFd,
+    /// Unique for the daemon's life: the descriptor cache's key.
+    id: u64,
+    /// `name_to_handle_at`, encoded as the handle type (4 bytes, little-endian) and its bytes.
+    handle: Option<Box<[u8]>>,
+    pinned: Option<OwnedFd>,
+    fds: Arc<NodeFds>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Node({}, {})", self.id, if self.pinned.is_some() { "pinned" } else { "by handle" })
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if self.pinned.is_none() {
+            self.fds.forget(self.id);
+        }
+    }
 }
 
 impl Node {
-    pub fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
+    /// Whether two nodes stand for the same object. Only handles can tell: an inode number
+    /// freed by a deleted file is given to the next new one, while the kernel may still hold
+    /// the old object under that number. A node that pins its descriptor keeps its inode
+    /// alive, so its number cannot have been given away.
+    pub fn is_same_object(&self, other: &Node) -> bool {
+        match (&self.handle, &other.handle) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        }
     }
 }
 
-impl AsRawFd for Node {
+/// A node's open descriptor, for the length of one call.
+pub enum NodeFd<'a> {
+    Pinned(&'a OwnedFd),
+    Cached(Arc<OwnedFd>),
+}
+
+impl AsRawFd for NodeFd<'_> {
     fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        match self {
+            NodeFd::Pinned(fd) => fd.as_raw_fd(),
+            NodeFd::Cached(fd) => fd.as_raw_fd(),
+        }
     }
 }
 
-/// One directory entry as the backing file system reports it.
+/// One directory entry as the backing file system reports it, with the position after it.
 #[derive(Debug, Clone)]
 pub struct DirEntry {
     pub name: OsString,
     pub backing_ino: u64,
     pub kind: u8, // DT_* from getdents
+    /// Where reading continues after this entry: the backing file system's own cookie
+    /// (`d_off`), valid for `seekdir` on this directory for as long as the entry exists.
+    pub next_offset: u64,
+}
+
+/// An open directory, read a bounded number of entries at a time from any offset it gave
+/// out. Nothing is copied whole: a directory of a million entries costs one descriptor and a
+/// batch of entries.
+pub struct DirStream {
+    dir: std::ptr::NonNull<libc::DIR>,
+    /// Entries read but not yet taken (a reply holds fewer than a batch), the first of them at
+    /// offset `buffered_from`: the next request, from where the last reply ended, starts there.
+    buffered: std::collections::VecDeque<DirEntry>,
+    buffered_from: u64,
+    /// The offset the next `readdir64` continues from; None: unknown, seek first.
+    position: Option<u64>,
+}
+
+// The stream is owned by one open directory handle and used under its lock.
+unsafe impl Send for DirStream {}
+
+impl Drop for DirStream {
+    fn drop(&mut self) {
+        unsafe { libc::closedir(self.dir.as_ptr()) };
+    }
+}
+
+impl DirStream {
+    /// Up to `max` entries from `offset` (0: the start; else an entry's `next_offset`), "."
+    /// and ".." included. Fewer than `max` means the end of the directory.
+    pub fn read(&mut self, offset: u64, max: usize) -> SysResult<Vec<DirEntry>> {
+        assert!(max > 0, "a read of no entries would look like the end of the directory");
+        // Entries a reply took before `offset` are dropped; any other offset starts afresh.
+        let taken = if self.buffered_from == offset {
+            Some(0)
+        } else {
+            self.buffered.iter().position(|e| e.next_offset == offset).map(|i| i + 1)
+        };
+        match taken {
+            Some(n) => {
+                self.buffered.drain(..n);
+                self.buffered_from = offset;
+            }
+            None => {
+                self.buffered.clear();
+                self.buffered_from = offset;
+            }
+        }
+        // With nothing buffered the directory must continue exactly at `offset`.
+        if self.buffered.is_empty() && self.position != Some(offset) {
+            unsafe { libc::seekdir(self.dir.as_ptr(), offset as libc::c_long) };
+            self.position = Some(offset);
+        }
+        while self.buffered.len() < max {
+            unsafe { *libc::__errno_location() = 0 };
+            let ent = unsafe { libc::readdir64(self.dir.as_ptr()) };
+            if ent.is_null() {
+                let err = unsafe { *libc::__errno_location() };
+                if err != 0 {
+                    self.buffered.clear();
+                    self.position = None;
+                    return Err(Errno(err));
+                }
+                break;
+            }
+            let ent = unsafe { &*ent };
+            let name = unsafe { CStr::from_ptr(ent.d_name.as_ptr()) };
+            let next_offset = ent.d_off as u64;
+            self.position = Some(next_offset);
+            self.buffered.push_back(DirEntry {
+                name: OsStr::from_bytes(name.to_bytes()).to_os_string(),
+                backing_ino: ent.d_ino,
+                kind: ent.d_type,
+                next_offset,
+            });
+        }
+        Ok(self.buffered.iter().cloned().collect())
+    }
 }
 
 /// Attributes to set; `None` leaves a field as it is.
@@ -82,9 +256,46 @@ fn handle_of(dir: RawFd, name: &CStr, flags: i32) -> SysResult<Vec<u8>> {
     Ok(key)
 }
 
+/// open_by_handle_at of a handle from `handle_of`, on the file system `mount_fd` is on.
+fn open_handle_at(mount_fd: &OwnedFd, key: &[u8], flags: i32) -> SysResult<OwnedFd> {
+    let header = std::mem::size_of::<libc::file_handle>();
+    if key.len() < 4 || key.len() - 4 > 128 {
+        return Err(Errno(libc::EINVAL));
+    }
+    let mut raw = vec![0u8; header + key.len() - 4];
+    let handle = raw.as_mut_ptr() as *mut libc::file_handle;
+    raw[header..].copy_from_slice(&key[4..]);
+    unsafe {
+        (*handle).handle_bytes = (key.len() - 4) as u32;
+        (*handle).handle_type = i32::from_le_bytes(key[..4].try_into().expect("four bytes"));
+    }
+    let fd = check(unsafe { libc::open_by_handle_at(mount_fd.as_raw_fd(), handle, flags | libc::O_CLOEXEC) })?;
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether open_by_handle_at works on this file system for this process (it needs
+/// CAP_DAC_READ_SEARCH, and a file system that gives out handles).
+fn handles_work(mount_fd: &OwnedFd) -> bool {
+    handle_of(mount_fd.as_raw_fd(), EMPTY, libc::AT_EMPTY_PATH)
+        .and_then(|handle| open_handle_at(mount_fd, &handle, libc::O_PATH))
+        .is_ok()
+}
+
+/// Whether `err` says the process (or the system) has no descriptor left.
+fn out_of_descriptors(err: Errno) -> bool {
+    matches!(err.0, libc::EMFILE | libc::ENFILE)
+}
+
 pub struct LocalBackend {
     root: Node,
     root_path: std::path::PathBuf,
+    /// The backing file system's device: handles are used for objects on it.
+    root_dev: u64,
+    /// A directory descriptor (not O_PATH) on the backing file system, for open_by_handle_at.
+    mount_fd: OwnedFd,
+    /// Whether nodes find their objects by handle (else every node pins its descriptor).
+    by_handle: bool,
+    fds: Arc<NodeFds>,
 }
 
 fn is_symlink(st: &libc::stat) -> bool {
@@ -93,11 +304,25 @@ fn is_symlink(st: &libc::stat) -> bool {
 
 impl LocalBackend {
     /// Opens the backing directory. The path is resolved once, here, by the kernel, as the user
-    /// gave it; from then on only the handle is used.
-    pub fn open_dir(root_path: &Path) -> SysResult<LocalBackend> {
+    /// gave it; from then on only the handle is used. At most `fd_budget` descriptors are kept
+    /// open for cached objects.
+    pub fn open_dir(root_path: &Path, fd_budget: usize, metrics: Arc<Metrics>) -> SysResult<LocalBackend> {
         let path = sys::path_cstring(root_path)?;
         let fd = sys::openat(libc::AT_FDCWD, &path, libc::O_PATH | libc::O_DIRECTORY, 0)?;
-        Ok(LocalBackend { root: Node { fd }, root_path: root_path.to_path_buf() })
+        let root_dev = sys::fstat_fd(&fd)?.st_dev;
+        let mount_fd = sys::openat(fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        let fds = Arc::new(NodeFds::new(fd_budget, metrics));
+        let by_handle = handles_work(&mount_fd);
+        if !by_handle {
+            log::warn!(
+                "file handles cannot be used on {} (the daemon needs CAP_DAC_READ_SEARCH, and the file system \
+                 must support them): every object the kernel caches holds a descriptor, and past the \
+                 descriptor limit the mount fails with EMFILE",
+                root_path.display()
+            );
+        }
+        let root = Node { id: fds.next_id.fetch_add(1, Ordering::Relaxed), handle: None, pinned: Some(fd), fds: fds.clone() };
+        Ok(LocalBackend { root, root_path: root_path.to_path_buf(), root_dev, mount_fd, by_handle, fds })
     }
 
     pub fn root_path(&self) -> &Path {
@@ -106,45 +331,83 @@ impl LocalBackend {
 
     /// A second handle on the root, for the engine's inode table.
     pub fn root_node(&self) -> SysResult<Node> {
-        self.reopen_path(&self.root)
+        let fd = check(unsafe { libc::fcntl(self.fd(&self.root)?.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
+        Ok(self.pinned_node(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
-    fn reopen_path(&self, node: &Node) -> SysResult<Node> {
-        let fd = check(unsafe { libc::fcntl(node.raw(), libc::F_DUPFD_CLOEXEC, 0) })?;
-        Ok(Node { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    fn pinned_node(&self, fd: OwnedFd) -> Node {
+        Node { id: self.fds.next_id.fetch_add(1, Ordering::Relaxed), handle: None, pinned: Some(fd), fds: self.fds.clone() }
+    }
+
+    /// Makes a node of a descriptor just opened on the object (`O_PATH | O_NOFOLLOW`).
+    fn adopt(&self, fd: OwnedFd, st: &libc::stat) -> Node {
+        if !self.by_handle || st.st_dev != self.root_dev {
+            return self.pinned_node(fd);
+        }
+        match handle_of(fd.as_raw_fd(), EMPTY, libc::AT_EMPTY_PATH) {
+            Ok(handle) => {
+                let id = self.fds.next_id.fetch_add(1, Ordering::Relaxed);
+                self.fds.insert(id, Arc::new(fd));
+                Node { id, handle: Some(handle.into_boxed_slice()), pinned: None, fds: self.fds.clone() }
+            }
+            Err(_) => self.pinned_node(fd),
+        }
+    }
+
+    /// Runs `call` once more after closing half of the cached descriptors, when it failed for
+    /// want of one.
+    fn with_descriptor<T>(&self, mut call: impl FnMut() -> SysResult<T>) -> SysResult<T> {
+        match call() {
+            Err(e) if out_of_descriptors(e) && self.fds.shed_half() > 0 => {
+                log::debug!("out of descriptors ({e}): closed half of the cached ones");
+                call()
+            }
+            other => other,
+        }
+    }
+
+    /// The node's open descriptor: its own, a cached one, or one opened again by its handle.
+    pub fn fd<'a>(&self, node: &'a Node) -> SysResult<NodeFd<'a>> {
+        if let Some(fd) = &node.pinned {
+            return Ok(NodeFd::Pinned(fd));
+        }
+        if let Some(fd) = self.fds.get(node.id) {
+            return Ok(NodeFd::Cached(fd));
+        }
+        let handle = node.handle.as_deref().expect("a node without a pinned descriptor has a handle");
+        let fd = Arc::new(OwnedFd::from(self.with_descriptor(|| self.open_handle(handle, libc::O_PATH))?));
+        self.fds.metrics.node_fds_reopened.fetch_add(1, Ordering::Relaxed);
+        self.fds.insert(node.id, fd.clone());
+        Ok(NodeFd::Cached(fd))
     }
 
     pub fn lookup(&self, parent: &Node, name: &CStr) -> SysResult<(Node, libc::stat)> {
-        let fd = sys::openat(parent.raw(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let dir = self.fd(parent)?;
+        let fd = self.with_descriptor(|| sys::openat(dir.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0))?;
         let st = sys::fstat_fd(&fd)?;
-        Ok((Node { fd }, st))
+        Ok((self.adopt(fd, &st), st))
     }
 
     pub fn stat(&self, node: &Node) -> SysResult<libc::stat> {
-        sys::fstat_fd(&node.fd)
+        sys::fstat_fd(&self.fd(node)?)
     }
 
     pub fn chmod(&self, node: &Node, mode: u32) -> SysResult<()> {
-        let st = self.stat(node)?;
-        if is_symlink(&st) {
+        let fd = self.fd(node)?;
+        if is_symlink(&sys::fstat_fd(&fd)?) {
             // Linux has no symlink modes; chmod through a link name would follow it.
             return Err(Errno(libc::EOPNOTSUPP));
         }
-        let path = sys::proc_fd_path(&node.fd);
+        let path = sys::proc_fd_path(&fd);
         check(unsafe { libc::chmod(path.as_ptr(), mode as libc::mode_t) }).map(drop)
     }
 
     pub fn chown(&self, node: &Node, uid: Option<u32>, gid: Option<u32>) -> SysResult<()> {
         let uid = uid.unwrap_or(u32::MAX);
         let gid = gid.unwrap_or(u32::MAX);
+        let fd = self.fd(node)?;
         check(unsafe {
-            libc::fchownat(
-                node.raw(),
-                EMPTY.as_ptr(),
-                uid,
-                gid,
-                libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
-            )
+            libc::fchownat(fd.as_raw_fd(), EMPTY.as_ptr(), uid, gid, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
         })
         .map(drop)
     }
@@ -152,11 +415,11 @@ impl LocalBackend {
     pub fn set_times(&self, node: &Node, times: TimesToSet) -> SysResult<()> {
         let omit = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
         let spec = [times.atime.unwrap_or(omit), times.mtime.unwrap_or(omit)];
-        let st = self.stat(node)?;
-        if is_symlink(&st) {
+        let fd = self.fd(node)?;
+        if is_symlink(&sys::fstat_fd(&fd)?) {
             check(unsafe {
                 libc::utimensat(
-                    node.raw(),
+                    fd.as_raw_fd(),
                     EMPTY.as_ptr(),
                     spec.as_ptr(),
                     libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
@@ -164,9 +427,8 @@ impl LocalBackend {
             })
             .map(drop)
         } else {
-            let path = sys::proc_fd_path(&node.fd);
-            check(unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), spec.as_ptr(), 0) })
-                .map(drop)
+            let path = sys::proc_fd_path(&fd);
+            check(unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), spec.as_ptr(), 0) }).map(drop)
         }
     }
 
@@ -174,13 +436,13 @@ impl LocalBackend {
     /// never a name resolved again.
     pub fn open(&self, node: &Node, flags: i32) -> SysResult<File> {
         debug_assert_eq!(flags & (libc::O_CREAT | libc::O_NOFOLLOW), 0, "a reopen of a resolved object: {flags:#o}");
-        let path = sys::proc_fd_path(&node.fd);
-        match sys::openat(libc::AT_FDCWD, &path, flags, 0) {
+        let fd = self.fd(node)?;
+        let path = sys::proc_fd_path(&fd);
+        let open = |flags| self.with_descriptor(|| sys::openat(libc::AT_FDCWD, &path, flags, 0));
+        match open(flags) {
             // O_NOATIME is only for the file's owner (or CAP_FOWNER): a daemon without it
             // reads with atime updates rather than not at all.
-            Err(Errno(libc::EPERM)) if flags & libc::O_NOATIME != 0 => {
-                sys::openat(libc::AT_FDCWD, &path, flags & !libc::O_NOATIME, 0).map(File::from)
-            }
+            Err(Errno(libc::EPERM)) if flags & libc::O_NOATIME != 0 => open(flags & !libc::O_NOATIME).map(File::from),
             result => result.map(File::from),
         }
     }
@@ -190,176 +452,138 @@ impl LocalBackend {
         check(unsafe { libc::ftruncate(file.as_raw_fd(), size as libc::off_t) }).map(drop)
     }
 
-    pub fn create(
-        &self,
-        parent: &Node,
-        name: &CStr,
-        flags: i32,
-        mode: u32,
-    ) -> SysResult<(File, Node, libc::stat)> {
-        let fd = sys::openat(parent.raw(), name, flags | libc::O_CREAT | libc::O_NOFOLLOW, mode)?;
+    pub fn create(&self, parent: &Node, name: &CStr, flags: i32, mode: u32) -> SysResult<(File, Node, libc::stat)> {
+        let dir = self.fd(parent)?;
+        let fd = self.with_descriptor(|| sys::openat(dir.as_raw_fd(), name, flags | libc::O_CREAT | libc::O_NOFOLLOW, mode))?;
         let file = File::from(fd);
         let (node, st) = self.lookup(parent, name)?;
         Ok((file, node, st))
     }
 
     pub fn mknod(&self, parent: &Node, name: &CStr, mode: u32, rdev: u64) -> SysResult<(Node, libc::stat)> {
-        check(unsafe { libc::mknodat(parent.raw(), name.as_ptr(), mode, rdev) })?;
+        check(unsafe { libc::mknodat(self.fd(parent)?.as_raw_fd(), name.as_ptr(), mode, rdev) })?;
         self.lookup(parent, name)
     }
 
     pub fn mkdir(&self, parent: &Node, name: &CStr, mode: u32) -> SysResult<(Node, libc::stat)> {
-        check(unsafe { libc::mkdirat(parent.raw(), name.as_ptr(), mode) })?;
+        check(unsafe { libc::mkdirat(self.fd(parent)?.as_raw_fd(), name.as_ptr(), mode) })?;
         self.lookup(parent, name)
     }
 
     pub fn symlink(&self, parent: &Node, name: &CStr, target: &CStr) -> SysResult<(Node, libc::stat)> {
-        check(unsafe { libc::symlinkat(target.as_ptr(), parent.raw(), name.as_ptr()) })?;
+        check(unsafe { libc::symlinkat(target.as_ptr(), self.fd(parent)?.as_raw_fd(), name.as_ptr()) })?;
         self.lookup(parent, name)
     }
 
     pub fn link(&self, node: &Node, new_parent: &Node, new_name: &CStr) -> SysResult<(Node, libc::stat)> {
         // Through /proc/self/fd with AT_SYMLINK_FOLLOW: links the exact inode the handle holds,
         // and works without CAP_DAC_READ_SEARCH (which AT_EMPTY_PATH would need).
-        let path = sys::proc_fd_path(&node.fd);
+        let fd = self.fd(node)?;
+        let path = sys::proc_fd_path(&fd);
+        let dir = self.fd(new_parent)?;
         check(unsafe {
-            libc::linkat(
-                libc::AT_FDCWD,
-                path.as_ptr(),
-                new_parent.raw(),
-                new_name.as_ptr(),
-                libc::AT_SYMLINK_FOLLOW,
-            )
+            libc::linkat(libc::AT_FDCWD, path.as_ptr(), dir.as_raw_fd(), new_name.as_ptr(), libc::AT_SYMLINK_FOLLOW)
         })?;
         self.lookup(new_parent, new_name)
     }
 
     pub fn readlink(&self, node: &Node) -> SysResult<Vec<u8>> {
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+        let fd = self.fd(node)?;
         let n = check_size(unsafe {
-            libc::readlinkat(node.raw(), EMPTY.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            libc::readlinkat(fd.as_raw_fd(), EMPTY.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
         })?;
         buf.truncate(n);
         Ok(buf)
     }
 
     pub fn unlink(&self, parent: &Node, name: &CStr) -> SysResult<()> {
-        check(unsafe { libc::unlinkat(parent.raw(), name.as_ptr(), 0) }).map(drop)
+        check(unsafe { libc::unlinkat(self.fd(parent)?.as_raw_fd(), name.as_ptr(), 0) }).map(drop)
     }
 
     pub fn rmdir(&self, parent: &Node, name: &CStr) -> SysResult<()> {
-        check(unsafe { libc::unlinkat(parent.raw(), name.as_ptr(), libc::AT_REMOVEDIR) }).map(drop)
+        check(unsafe { libc::unlinkat(self.fd(parent)?.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) }).map(drop)
     }
 
-    pub fn rename(
-        &self,
-        parent: &Node,
-        name: &CStr,
-        new_parent: &Node,
-        new_name: &CStr,
-        flags: u32,
-    ) -> SysResult<()> {
+    pub fn rename(&self, parent: &Node, name: &CStr, new_parent: &Node, new_name: &CStr, flags: u32) -> SysResult<()> {
+        let (from, to) = (self.fd(parent)?, self.fd(new_parent)?);
         check(unsafe {
-            libc::renameat2(parent.raw(), name.as_ptr(), new_parent.raw(), new_name.as_ptr(), flags)
+            libc::renameat2(from.as_raw_fd(), name.as_ptr(), to.as_raw_fd(), new_name.as_ptr(), flags)
         })
         .map(drop)
     }
 
-    /// Reads a whole directory. FUSE readdir is offset-addressed; a snapshot taken at
-    /// opendir/rewind gives stable offsets, which POSIX allows (entries added later may or may
-    /// not appear).
-    pub fn read_dir(&self, node: &Node) -> SysResult<Vec<DirEntry>> {
-        let fd = sys::openat(node.raw(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    /// Opens a directory for reading in pieces (see `DirStream`).
+    pub fn open_dir_stream(&self, node: &Node) -> SysResult<DirStream> {
+        let fd = self.with_descriptor(|| sys::openat(self.fd(node)?.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0))?;
         let dir = unsafe { libc::fdopendir(fd.as_raw_fd()) };
-        if dir.is_null() {
-            return Err(Errno::last());
-        }
-        // fdopendir owns the fd from here on; closedir closes it.
+        let dir = std::ptr::NonNull::new(dir).ok_or_else(Errno::last)?;
+        // fdopendir owns the descriptor from here on; closedir closes it.
         std::mem::forget(fd);
-        let mut entries = Vec::new();
-        let result = loop {
-            unsafe { *libc::__errno_location() = 0 };
-            let ent = unsafe { libc::readdir64(dir) };
-            if ent.is_null() {
-                let err = unsafe { *libc::__errno_location() };
-                break if err == 0 { Ok(()) } else { Err(Errno(err)) };
-            }
-            let ent = unsafe { &*ent };
-            let name = unsafe { CStr::from_ptr(ent.d_name.as_ptr()) };
-            let name = OsStr::from_bytes(name.to_bytes());
-            if name == "." || name == ".." {
-                continue;
-            }
-            entries.push(DirEntry { name: name.to_os_string(), backing_ino: ent.d_ino, kind: ent.d_type });
-        };
-        unsafe { libc::closedir(dir) };
-        result.map(|()| entries)
+        Ok(DirStream { dir, buffered: Default::default(), buffered_from: 0, position: Some(0) })
     }
 
     pub fn open_dir_for_sync(&self, node: &Node) -> SysResult<File> {
-        sys::openat(node.raw(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0).map(File::from)
+        let fd = self.fd(node)?;
+        self.with_descriptor(|| sys::openat(fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)).map(File::from)
     }
 
     /// The file's persistent handle (name_to_handle_at): it finds the file again after a
     /// restart, whatever it has been renamed to, and never finds another file in its place.
     pub fn file_handle(&self, node: &Node) -> SysResult<Vec<u8>> {
-        handle_of(node.raw(), c"", libc::AT_EMPTY_PATH)
+        match &node.handle {
+            Some(handle) => Ok(handle.to_vec()),
+            None => handle_of(self.fd(node)?.as_raw_fd(), EMPTY, libc::AT_EMPTY_PATH),
+        }
     }
 
     /// The handle of what `name` in the directory `dir` is, without following a symlink.
-    pub fn handle_at(&self, dir: &impl AsRawFd, name: &CStr) -> SysResult<Vec<u8>> {
-        handle_of(dir.as_raw_fd(), name, 0)
+    pub fn handle_at(&self, dir: &Node, name: &CStr) -> SysResult<Vec<u8>> {
+        handle_of(self.fd(dir)?.as_raw_fd(), name, 0)
+    }
+
+    fn open_handle(&self, key: &[u8], flags: i32) -> SysResult<OwnedFd> {
+        open_handle_at(&self.mount_fd, key, flags)
     }
 
     /// Opens a file by a handle from `file_handle`; ESTALE when the file is gone.
     pub fn open_by_handle(&self, key: &[u8], flags: i32) -> SysResult<File> {
-        let header = std::mem::size_of::<libc::file_handle>();
-        if key.len() < 4 || key.len() - 4 > 128 {
-            return Err(Errno(libc::EINVAL));
-        }
-        let mut raw = vec![0u8; header + key.len() - 4];
-        let handle = raw.as_mut_ptr() as *mut libc::file_handle;
-        raw[header..].copy_from_slice(&key[4..]);
-        unsafe {
-            (*handle).handle_bytes = (key.len() - 4) as u32;
-            (*handle).handle_type = i32::from_le_bytes(key[..4].try_into().expect("four bytes"));
-        }
-        // An O_PATH descriptor will not do for either call here.
-        let root = self.open_dir_for_sync(&self.root)?;
-        let fd = check(unsafe { libc::open_by_handle_at(root.as_raw_fd(), handle, flags | libc::O_CLOEXEC) })?;
-        Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+        self.with_descriptor(|| self.open_handle(key, flags)).map(File::from)
     }
 
     /// A directory found by its handle from `file_handle`, to address entries in it.
     pub fn directory_by_handle(&self, key: &[u8]) -> SysResult<Node> {
-        let dir = self.open_by_handle(key, libc::O_RDONLY | libc::O_DIRECTORY)?;
-        Ok(Node { fd: OwnedFd::from(dir) })
+        let dir = self.with_descriptor(|| self.open_handle(key, libc::O_PATH | libc::O_DIRECTORY))?;
+        let st = sys::fstat_fd(&dir)?;
+        Ok(self.adopt(dir, &st))
     }
 
     /// Makes everything written to the backing file system durable, in one call.
     pub fn sync_file_system(&self) -> SysResult<()> {
-        let root = self.open_dir_for_sync(&self.root)?;
-        check(unsafe { libc::syncfs(root.as_raw_fd()) }).map(drop)
+        check(unsafe { libc::syncfs(self.mount_fd.as_raw_fd()) }).map(drop)
     }
 
     pub fn statfs(&self, node: &Node) -> SysResult<libc::statvfs> {
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        check(unsafe { libc::fstatvfs(node.raw(), &mut st) })?;
+        check(unsafe { libc::fstatvfs(self.fd(node)?.as_raw_fd(), &mut st) })?;
         Ok(st)
     }
 
-    fn xattr_path(&self, node: &Node) -> SysResult<CString> {
-        let st = self.stat(node)?;
-        if is_symlink(&st) {
+    /// The `/proc/self/fd` path of a node, with the descriptor it names, which must stay open
+    /// while the path is used.
+    fn xattr_path<'a>(&self, node: &'a Node) -> SysResult<(NodeFd<'a>, CString)> {
+        let fd = self.fd(node)?;
+        if is_symlink(&sys::fstat_fd(&fd)?) {
             // The /proc/self/fd path of a symlink would be followed; user xattrs are not allowed
             // on symlinks anyway.
             return Err(Errno(libc::EPERM));
         }
-        Ok(sys::proc_fd_path(&node.fd))
+        let path = sys::proc_fd_path(&fd);
+        Ok((fd, path))
     }
 
     pub fn set_xattr(&self, node: &Node, name: &CStr, value: &[u8], flags: i32) -> SysResult<()> {
-        let path = self.xattr_path(node)?;
+        let (_fd, path) = self.xattr_path(node)?;
         check(unsafe {
             libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags)
         })
@@ -368,7 +592,7 @@ impl LocalBackend {
 
     /// With `size == 0` returns the value's size (FUSE's size probe); otherwise the value.
     pub fn get_xattr(&self, node: &Node, name: &CStr, size: usize) -> SysResult<XattrReply> {
-        let path = self.xattr_path(node)?;
+        let (_fd, path) = self.xattr_path(node)?;
         let mut buf = vec![0u8; size];
         let n = check_size(unsafe {
             libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
@@ -377,8 +601,8 @@ impl LocalBackend {
     }
 
     pub fn list_xattr(&self, node: &Node, size: usize) -> SysResult<XattrReply> {
-        let path = match self.xattr_path(node) {
-            Ok(p) => p,
+        let (_fd, path) = match self.xattr_path(node) {
+            Ok(found) => found,
             Err(_) => return Ok(if size == 0 { XattrReply::Size(0) } else { XattrReply::Data(vec![]) }),
         };
         let mut buf = vec![0u8; size];
@@ -387,7 +611,7 @@ impl LocalBackend {
     }
 
     pub fn remove_xattr(&self, node: &Node, name: &CStr) -> SysResult<()> {
-        let path = self.xattr_path(node)?;
+        let (_fd, path) = self.xattr_path(node)?;
         check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
     }
 
@@ -395,11 +619,12 @@ impl LocalBackend {
     /// mode 0700; a symlink or file in its place is refused rather than followed.
     pub fn open_state_dir(&self) -> SysResult<OwnedFd> {
         let name = CString::new(STATE_DIR_NAME).expect("constant has no NUL");
-        match check(unsafe { libc::mkdirat(self.root.raw(), name.as_ptr(), 0o700) }) {
+        let root = self.fd(&self.root)?;
+        match check(unsafe { libc::mkdirat(root.as_raw_fd(), name.as_ptr(), 0o700) }) {
             Ok(_) | Err(Errno(libc::EEXIST)) => {}
             Err(e) => return Err(e),
         }
-        sys::openat(self.root.raw(), &name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
+        sys::openat(root.as_raw_fd(), &name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
     }
 }
 

@@ -102,17 +102,26 @@ impl InodeTable {
     }
 
     /// Records one kernel lookup of the object `node` refers to. If the object is already in the
-    /// table, the new handle is dropped and the existing inode returned.
+    /// table, the new node is dropped and the existing inode returned.
+    ///
+    /// The backing inode number alone does not name an object: nodes do not pin their inodes
+    /// (see `backend::local`), so a file deleted while the kernel still holds its inode frees
+    /// its number, and the next file created may get it. That new object gets a synthetic
+    /// number, and the key then leads to it; the old one keeps its number until forgotten.
     pub fn remember(&self, node: Node, key: BackingKey) -> Arc<Inode> {
         let mut table = self.table();
+        let mut number_taken = false;
         if let Some(&ino) = table.by_key.get(&key) {
             let slot = table.by_ino.get_mut(&ino).expect("by_key and by_ino agree");
-            slot.lookups += 1;
-            return slot.inode.clone();
+            if slot.inode.node.is_same_object(&node) {
+                slot.lookups += 1;
+                return slot.inode.clone();
+            }
+            number_taken = true;
         }
         let ino = match self.natural_ino(key) {
-            Some(ino) => ino,
-            None => {
+            Some(ino) if !number_taken && !table.by_ino.contains_key(&ino) => ino,
+            _ => {
                 table.next_synthetic += 1;
                 table.next_synthetic
             }
@@ -134,7 +143,10 @@ impl InodeTable {
         slot.lookups = slot.lookups.saturating_sub(count);
         if slot.lookups == 0 {
             let slot = table.by_ino.remove(&ino).expect("present above");
-            table.by_key.remove(&slot.inode.key);
+            // The key may lead to a newer object by now (see `remember`).
+            if table.by_key.get(&slot.inode.key) == Some(&ino) {
+                table.by_key.remove(&slot.inode.key);
+            }
         }
     }
 

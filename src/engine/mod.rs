@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::backend::local::{self, data, DirEntry, LocalBackend, Node, TimesToSet, XattrReply, STATE_DIR_NAME};
+use crate::backend::local::{self, data, DirStream, LocalBackend, Node, TimesToSet, XattrReply, STATE_DIR_NAME};
 use crate::metrics::Metrics;
 use crate::sys::{name_cstring, Errno, SysResult};
 use inodes::{Inode, InodeTable, ROOT_INO};
@@ -89,9 +89,14 @@ impl OpenFile {
 
 struct OpenDir {
     inode: Arc<Inode>,
-    /// Snapshot taken at opendir and at every rewind (offset 0).
-    entries: Mutex<Vec<DirEntry>>,
+    /// Read a batch at a time from the offset the kernel asks for: nothing of the directory is
+    /// copied whole, whatever its size.
+    stream: Mutex<DirStream>,
 }
+
+/// Directory entries read from the backend for one readdir request: about what a 4 KiB
+/// request holds when names are short (a readdirplus request holds fewer).
+const READDIR_BATCH: usize = 128;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -703,43 +708,37 @@ impl Engine {
 
     pub fn opendir(&self, ino: u64) -> SysResult<u64> {
         let inode = self.inode(ino)?;
-        let entries = self.backend.read_dir(&inode.node)?;
+        let stream = self.backend.open_dir_stream(&inode.node)?;
         let fh = self.new_handle();
-        lock(&self.dirs).insert(fh, Arc::new(OpenDir { inode, entries: Mutex::new(entries) }));
+        lock(&self.dirs).insert(fh, Arc::new(OpenDir { inode, stream: Mutex::new(stream) }));
         Ok(fh)
     }
 
-    /// Entries from `offset` on: "." and ".." first (offsets 1 and 2), then the backing
-    /// directory's entries without the state folder.
+    /// Up to `READDIR_BATCH` entries from `offset` on (0: the start; otherwise an entry's
+    /// `next_offset`, which is the backing file system's own cookie), without the state folder.
+    /// An empty answer is the end of the directory.
     pub fn readdir(&self, fh: u64, offset: u64) -> SysResult<Vec<ListedEntry>> {
         let dir = self.open_dir(fh)?;
-        let mut entries = lock(&dir.entries);
-        if offset == 0 {
-            *entries = self.backend.read_dir(&dir.inode.node)?;
-        }
+        let entries = lock(&dir.stream).read(offset, READDIR_BATCH)?;
         let dir_ino = dir.inode.ino;
-        let mut listed = Vec::new();
-        let dot_entries = [(".", dir_ino), ("..", dir_ino)];
-        for (i, (name, ino)) in dot_entries.iter().enumerate() {
-            let next_offset = i as u64 + 1;
-            if offset < next_offset {
-                listed.push(ListedEntry { ino: *ino, next_offset, kind: libc::DT_DIR, name: (*name).into() });
-            }
-        }
         let dev = dir.inode.key.0;
-        for (i, entry) in entries.iter().enumerate() {
-            let next_offset = i as u64 + 3;
-            if offset >= next_offset || Self::is_state_dir(dir_ino, &entry.name) {
-                continue;
-            }
-            listed.push(ListedEntry {
-                ino: self.inodes.ino_for_listing((dev, entry.backing_ino)),
-                next_offset,
+        // A batch of two or more cannot consist of the state folder alone: filtering never
+        // turns a full batch into a false end.
+        Ok(entries
+            .into_iter()
+            .filter(|entry| !Self::is_state_dir(dir_ino, &entry.name))
+            .map(|entry| ListedEntry {
+                // ".." is reported as the directory itself: the kernel takes neither number.
+                ino: if entry.name == "." || entry.name == ".." {
+                    dir_ino
+                } else {
+                    self.inodes.ino_for_listing((dev, entry.backing_ino))
+                },
+                next_offset: entry.next_offset,
                 kind: entry.kind,
-                name: entry.name.clone(),
-            });
-        }
-        Ok(listed)
+                name: entry.name,
+            })
+            .collect())
     }
 
     pub fn releasedir(&self, fh: u64) -> SysResult<()> {

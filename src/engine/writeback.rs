@@ -549,10 +549,13 @@ impl Writeback {
         let buffered = self.backend.open(&file.inode.node, libc::O_RDWR)?;
         let direct = match self.backend.open(&file.inode.node, libc::O_WRONLY | libc::O_DIRECT) {
             Ok(f) => Some(f),
-            Err(e) => {
-                log::info!("no O_DIRECT on the backing file system ({e}); flushing through the page cache");
+            // EINVAL is the file system refusing O_DIRECT; anything else (EMFILE) is this
+            // attempt failing, and the next flush tries again.
+            Err(Errno(libc::EINVAL)) => {
+                log::info!("no O_DIRECT on the backing file system (EINVAL); flushing through the page cache");
                 None
             }
+            Err(e) => return Err(e),
         };
         let files = Arc::new(BackendFiles { buffered, direct });
         inner.backend_files = Some(files.clone());

@@ -50,6 +50,8 @@ pub struct TestMount {
     pub mnt: PathBuf,
     options: Vec<String>,
     env: Vec<(String, String)>,
+    /// RLIMIT_NOFILE (soft and hard) for the daemon, when the test sets one.
+    fd_limit: Option<u64>,
     mounted: bool,
 }
 
@@ -64,6 +66,15 @@ impl TestMount {
 
     /// A mount with extra environment for the daemon, over `backing` if given (it must exist).
     pub fn build(options: &[&str], env: &[(&str, &str)], backing: Option<&Path>) -> TestMount {
+        Self::build_limited(options, env, backing, None)
+    }
+
+    /// A mount whose daemon may open at most `fd_limit` descriptors (soft and hard limit).
+    pub fn with_descriptor_limit(options: &[&str], fd_limit: u64) -> TestMount {
+        Self::build_limited(options, &[], None, Some(fd_limit))
+    }
+
+    fn build_limited(options: &[&str], env: &[(&str, &str)], backing: Option<&Path>, fd_limit: Option<u64>) -> TestMount {
         let dir = tempfile::Builder::new().prefix("coalescefs-test-").tempdir().expect("tempdir");
         let backing = backing.map(Path::to_path_buf).unwrap_or_else(|| dir.path().join("backing"));
         let mnt = dir.path().join("mnt");
@@ -81,6 +92,7 @@ impl TestMount {
             mnt,
             options: options.iter().map(|s| s.to_string()).collect(),
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            fd_limit,
             mounted: false,
         };
         m.mount();
@@ -94,7 +106,20 @@ impl TestMount {
             args.push("-o".into());
             args.push(self.options.join(","));
         }
-        let out = Command::new(BIN).args(&args).envs(self.env.iter().cloned()).output().expect("run coalescefs mount");
+        let mut command = Command::new(BIN);
+        command.args(&args).envs(self.env.iter().cloned());
+        if let Some(limit) = self.fd_limit {
+            use std::os::unix::process::CommandExt;
+            let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+            // Between fork and exec only async-signal-safe calls: setrlimit is one.
+            unsafe {
+                command.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                });
+            }
+        }
+        let out = command.output().expect("run coalescefs mount");
         assert!(out.status.success(), "mount failed: {}", stderr_of(&out));
         self.mounted = true;
     }
