@@ -17,12 +17,9 @@ use fuser::{
 
 use crate::backend::local::{TimesToSet, XattrReply};
 use crate::engine::{AttrChanges, Caller, Engine, Opened, PageCache};
+use crate::metrics::{FuseOp, Metrics};
 use crate::sys::{Errno, SysResult};
 
-/// How long the kernel may trust names and attributes. Only this mount changes the backing
-/// directory while it is mounted, so caching is safe; one second bounds the surprise for
-/// someone who edits the backing directory underneath anyway.
-const TTL: Duration = Duration::from_secs(1);
 
 /// fuser's (and the kernel protocol's practical) ceiling for one write request.
 pub const MAX_WRITE_BYTES_LIMIT: u64 = 16 << 20;
@@ -40,12 +37,15 @@ fn granted_max_write_bytes(requested: u32) -> u32 {
 
 pub struct FuseAdapter {
     engine: Arc<Engine>,
+    metrics: Arc<Metrics>,
     max_write_bytes: u32,
+    /// How long the kernel may trust the names and attributes it is told (`cache_timeout=`).
+    ttl: Duration,
 }
 
 impl FuseAdapter {
-    pub fn new(engine: Arc<Engine>, max_write_bytes: u32) -> FuseAdapter {
-        FuseAdapter { engine, max_write_bytes }
+    pub fn new(engine: Arc<Engine>, metrics: Arc<Metrics>, max_write_bytes: u32, ttl: Duration) -> FuseAdapter {
+        FuseAdapter { engine, metrics, max_write_bytes, ttl }
     }
 }
 
@@ -132,9 +132,9 @@ fn xattr_name(name: &OsStr) -> SysResult<CString> {
     CString::new(name.as_bytes()).map_err(|_| Errno(libc::EINVAL))
 }
 
-fn reply_entry(reply: ReplyEntry, result: SysResult<crate::engine::Entry>) {
+fn reply_entry(reply: ReplyEntry, ttl: &Duration, result: SysResult<crate::engine::Entry>) {
     match result {
-        Ok(entry) => reply.entry(&TTL, &attr_of(&entry.stat), Generation(0)),
+        Ok(entry) => reply.entry(ttl, &attr_of(&entry.stat), Generation(0)),
         Err(e) => reply.error(fuse_errno(e)),
     }
 }
@@ -208,16 +208,19 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        reply_entry(reply, self.engine.lookup(parent.0, name));
+        let _served = self.metrics.fuse_requests.start(FuseOp::Lookup);
+        reply_entry(reply, &self.ttl, self.engine.lookup(parent.0, name));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Forget);
         self.engine.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Getattr);
         match self.engine.getattr(ino.0) {
-            Ok(st) => reply.attr(&TTL, &attr_of(&st)),
+            Ok(st) => reply.attr(&self.ttl, &attr_of(&st)),
             Err(e) => reply.error(fuse_errno(e)),
         }
     }
@@ -240,6 +243,7 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Setattr);
         let changes = AttrChanges {
             mode,
             uid,
@@ -254,12 +258,13 @@ impl Filesystem for FuseAdapter {
                     || (mode, uid, gid, atime, mtime) == (None, None, None, None, None)),
         };
         match self.engine.setattr(ino.0, fh.map(|fh| fh.0), changes) {
-            Ok(st) => reply.attr(&TTL, &attr_of(&st)),
+            Ok(st) => reply.attr(&self.ttl, &attr_of(&st)),
             Err(e) => reply.error(fuse_errno(e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Readlink);
         match self.engine.readlink(ino.0) {
             Ok(target) => reply.data(&target),
             Err(e) => reply.error(fuse_errno(e)),
@@ -276,23 +281,28 @@ impl Filesystem for FuseAdapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        reply_entry(reply, self.engine.mknod(parent.0, name, mode, rdev as u64, caller(req)));
+        let _served = self.metrics.fuse_requests.start(FuseOp::Mknod);
+        reply_entry(reply, &self.ttl, self.engine.mknod(parent.0, name, mode, rdev as u64, caller(req)));
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
-        reply_entry(reply, self.engine.mkdir(parent.0, name, mode, caller(req)));
+        let _served = self.metrics.fuse_requests.start(FuseOp::Mkdir);
+        reply_entry(reply, &self.ttl, self.engine.mkdir(parent.0, name, mode, caller(req)));
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Unlink);
         reply_empty(reply, self.engine.unlink(parent.0, name));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Rmdir);
         reply_empty(reply, self.engine.rmdir(parent.0, name));
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        reply_entry(reply, self.engine.symlink(parent.0, link_name, target, caller(req)));
+        let _served = self.metrics.fuse_requests.start(FuseOp::Symlink);
+        reply_entry(reply, &self.ttl, self.engine.symlink(parent.0, link_name, target, caller(req)));
     }
 
     fn rename(
@@ -305,14 +315,17 @@ impl Filesystem for FuseAdapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Rename);
         reply_empty(reply, self.engine.rename(parent.0, name, newparent.0, newname, flags.bits()));
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        reply_entry(reply, self.engine.link(ino.0, newparent.0, newname));
+        let _served = self.metrics.fuse_requests.start(FuseOp::Link);
+        reply_entry(reply, &self.ttl, self.engine.link(ino.0, newparent.0, newname));
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Open);
         // An unprivileged O_TRUNC open comes with FUSE_OPEN_KILL_SUIDGID, which fuser hides;
         // as for truncate, a caller other than root stands for it.
         match self.engine.open(ino.0, flags.0, req.uid() != 0) {
@@ -332,6 +345,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Read);
         match self.engine.read(fh.0, offset, size) {
             Ok(bytes) => reply.data(&bytes),
             Err(e) => reply.error(fuse_errno(e)),
@@ -350,6 +364,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Write);
         let drop_set_id_bits = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         let from_page_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         match self.engine.write(fh.0, offset, data, flags.0, drop_set_id_bits, from_page_cache) {
@@ -359,6 +374,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Flush);
         reply_empty(reply, self.engine.flush(fh.0));
     }
 
@@ -372,14 +388,17 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Release);
         reply_empty(reply, self.engine.release(fh.0));
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Fsync);
         reply_empty(reply, self.engine.fsync(fh.0, datasync));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Opendir);
         match self.engine.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(fuse_errno(e)),
@@ -387,6 +406,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Readdir);
         match self.engine.readdir(fh.0, offset) {
             Ok(entries) => {
                 for entry in entries {
@@ -408,6 +428,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Readdirplus);
         let entries = match self.engine.readdir(fh.0, offset) {
             Ok(entries) => entries,
             Err(e) => return reply.error(fuse_errno(e)),
@@ -416,7 +437,7 @@ impl Filesystem for FuseAdapter {
             if entry.name == "." || entry.name == ".." {
                 // The kernel does not link "." and ".." from readdirplus; no lookup is owed.
                 let Ok(st) = self.engine.getattr(ino.0) else { continue };
-                if reply.add(INodeNo(entry.ino), entry.next_offset, &entry.name, &TTL, &attr_of(&st), Generation(0)) {
+                if reply.add(INodeNo(entry.ino), entry.next_offset, &entry.name, &self.ttl, &attr_of(&st), Generation(0)) {
                     break;
                 }
                 continue;
@@ -427,7 +448,7 @@ impl Filesystem for FuseAdapter {
                 INodeNo(found.stat.st_ino),
                 entry.next_offset,
                 &entry.name,
-                &TTL,
+                &self.ttl,
                 &attr_of(&found.stat),
                 Generation(0),
             ) {
@@ -440,14 +461,17 @@ impl Filesystem for FuseAdapter {
     }
 
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Releasedir);
         reply_empty(reply, self.engine.releasedir(fh.0));
     }
 
     fn fsyncdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Fsyncdir);
         reply_empty(reply, self.engine.fsyncdir(fh.0, datasync));
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Statfs);
         match self.engine.statfs(ino.0) {
             Ok(st) => reply.statfs(
                 st.f_blocks,
@@ -473,20 +497,24 @@ impl Filesystem for FuseAdapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Setxattr);
         let result = xattr_name(name).and_then(|name| self.engine.set_xattr(ino.0, &name, value, flags));
         reply_empty(reply, result);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Getxattr);
         let result = xattr_name(name).and_then(|name| self.engine.get_xattr(ino.0, &name, size));
         reply_xattr(reply, result);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Listxattr);
         reply_xattr(reply, self.engine.list_xattr(ino.0, size));
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Removexattr);
         let result = xattr_name(name).and_then(|name| self.engine.remove_xattr(ino.0, &name));
         reply_empty(reply, result);
     }
@@ -501,9 +529,10 @@ impl Filesystem for FuseAdapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Create);
         match self.engine.create(parent.0, name, mode, flags, caller(req)) {
             Ok((entry, opened)) => reply.created(
-                &TTL,
+                &self.ttl,
                 &attr_of(&entry.stat),
                 Generation(0),
                 FileHandle(opened.fh),
@@ -523,10 +552,12 @@ impl Filesystem for FuseAdapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Fallocate);
         reply_empty(reply, self.engine.fallocate(fh.0, offset, length, mode));
     }
 
     fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::Lseek);
         match self.engine.lseek(fh.0, offset, whence) {
             Ok(offset) => reply.offset(offset),
             Err(e) => reply.error(fuse_errno(e)),
@@ -546,6 +577,7 @@ impl Filesystem for FuseAdapter {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        let _served = self.metrics.fuse_requests.start(FuseOp::CopyFileRange);
         match self.engine.copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(fuse_errno(e)),

@@ -37,6 +37,7 @@ mount options (-o): allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE wo
   buffer=SIZE (write buffer bound, default 256M), flushers=N (default: cores, 2..8),
   flush_age=DURATION (default 5s), writeback_cache[=auto|on|off] (default auto), metrics=ADDR:PORT (Prometheus text),
   max_write=SIZE (largest FUSE write request; default the unit, at most 16M),
+  cache_timeout=DURATION (how long the kernel trusts names and attributes, default 60s),
   backend=local|null (null: names and sizes in BACKING_DIR, data counted and discarded),
   log=off|on|PATH (intent log for small fsyncs, default off; on: in BACKING_DIR/.coalescefs),
   log_size=SIZE (the intent log's ring, default 64M), checkpoint_interval=DURATION (default 30s),
@@ -366,7 +367,7 @@ fn run_mount(request: MountRequest) -> ExitCode {
     };
     let max_write = opts.max_write_bytes.unwrap_or(geometry.unit_bytes).min(fuse::MAX_WRITE_BYTES_LIMIT);
     let engine_for_sync = engine.clone();
-    let adapter = fuse::FuseAdapter::new(engine, max_write as u32);
+    let adapter = fuse::FuseAdapter::new(engine, metrics.clone(), max_write as u32, opts.cache_timeout);
     let source = opts.fsname.clone().unwrap_or_else(|| backing.display().to_string());
 
     let acl = if opts.allow_other {

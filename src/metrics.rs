@@ -33,6 +33,82 @@ impl Histogram {
     }
 }
 
+/// The kinds of FUSE request the adapter serves: what a workload costs in round trips.
+#[derive(Clone, Copy, Debug)]
+pub enum FuseOp {
+    Lookup,
+    Forget,
+    Getattr,
+    Setattr,
+    Readlink,
+    Mknod,
+    Mkdir,
+    Unlink,
+    Rmdir,
+    Symlink,
+    Rename,
+    Link,
+    Open,
+    Read,
+    Write,
+    Flush,
+    Release,
+    Fsync,
+    Opendir,
+    Readdir,
+    Readdirplus,
+    Releasedir,
+    Fsyncdir,
+    Statfs,
+    Setxattr,
+    Getxattr,
+    Listxattr,
+    Removexattr,
+    Create,
+    Fallocate,
+    Lseek,
+    CopyFileRange,
+}
+
+const FUSE_OP_COUNT: usize = 32;
+const FUSE_OP_NAMES: [&str; FUSE_OP_COUNT] = ["lookup", "forget", "getattr", "setattr", "readlink", "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename", "link", "open", "read", "write", "flush", "release", "fsync", "opendir", "readdir", "readdirplus", "releasedir", "fsyncdir", "statfs", "setxattr", "getxattr", "listxattr", "removexattr", "create", "fallocate", "lseek", "copy_file_range"];
+
+/// Requests served and the time spent serving them, per kind of request.
+#[derive(Default)]
+pub struct FuseRequests {
+    count: [AtomicU64; FUSE_OP_COUNT],
+    busy_us: [AtomicU64; FUSE_OP_COUNT],
+}
+
+/// Counts one request when dropped, with the time since it was made.
+pub struct RequestTimer<'a> {
+    requests: &'a FuseRequests,
+    op: FuseOp,
+    started: std::time::Instant,
+}
+
+impl Drop for RequestTimer<'_> {
+    fn drop(&mut self) {
+        let i = self.op as usize;
+        self.requests.count[i].fetch_add(1, Relaxed);
+        self.requests.busy_us[i].fetch_add(self.started.elapsed().as_micros() as u64, Relaxed);
+    }
+}
+
+impl FuseRequests {
+    pub fn start(&self, op: FuseOp) -> RequestTimer<'_> {
+        RequestTimer { requests: self, op, started: std::time::Instant::now() }
+    }
+
+    /// (name, requests, microseconds spent) for every kind served at least once.
+    pub fn served(&self) -> Vec<(&'static str, u64, u64)> {
+        (0..FUSE_OP_COUNT)
+            .map(|i| (FUSE_OP_NAMES[i], self.count[i].load(Relaxed), self.busy_us[i].load(Relaxed)))
+            .filter(|&(_, n, _)| n > 0)
+            .collect()
+    }
+}
+
 #[derive(Default)]
 pub struct Metrics {
     pub application_write_bytes: AtomicU64,
@@ -71,6 +147,7 @@ pub struct Metrics {
     pub node_fds_limit: AtomicU64,
     /// Objects opened again by file handle after their descriptor was closed to stay in bound.
     pub node_fds_reopened: AtomicU64,
+    pub fuse_requests: FuseRequests,
 }
 
 impl Metrics {
@@ -131,6 +208,10 @@ impl Metrics {
             let _ = writeln!(out, "{:<40} {mean}", "flush_latency_us_mean");
         }
         let _ = writeln!(out, "{:<40} {:.3}", "write_amplification", self.amplification());
+        for (op, count, busy_us) in self.fuse_requests.served() {
+            let _ = writeln!(out, "{:<40} {count}", format!("fuse_{op}_total"));
+            let _ = writeln!(out, "{:<40} {busy_us}", format!("fuse_{op}_busy_us_total"));
+        }
         for (label, hist) in [("application", &self.application_write_sizes), ("backend", &self.backend_write_sizes)] {
             let _ = writeln!(out, "{label} write sizes:");
             for (i, count) in hist.counts().iter().enumerate().filter(|(_, &c)| c > 0) {
@@ -148,6 +229,15 @@ impl Metrics {
             let _ = writeln!(out, "# HELP coalescefs_{name} {help}\n# TYPE coalescefs_{name} {kind}\ncoalescefs_{name} {value}");
         }
         let _ = writeln!(out, "# HELP coalescefs_write_amplification Backend bytes over application bytes\n# TYPE coalescefs_write_amplification gauge\ncoalescefs_write_amplification {}", self.amplification());
+        let served = self.fuse_requests.served();
+        let _ = writeln!(out, "# HELP coalescefs_fuse_requests_total FUSE requests served, by kind\n# TYPE coalescefs_fuse_requests_total counter");
+        for (op, count, _) in &served {
+            let _ = writeln!(out, "coalescefs_fuse_requests_total{{op=\"{op}\"}} {count}");
+        }
+        let _ = writeln!(out, "# HELP coalescefs_fuse_busy_us_total Microseconds spent serving FUSE requests, by kind\n# TYPE coalescefs_fuse_busy_us_total counter");
+        for (op, _, busy_us) in &served {
+            let _ = writeln!(out, "coalescefs_fuse_busy_us_total{{op=\"{op}\"}} {busy_us}");
+        }
         for (name, hist) in [("application_write_size_bytes", &self.application_write_sizes), ("backend_write_size_bytes", &self.backend_write_sizes)] {
             let _ = writeln!(out, "# HELP coalescefs_{name} Write request sizes\n# TYPE coalescefs_{name} histogram");
             let mut cumulative = 0;

@@ -24,6 +24,8 @@ pub struct MountOptions {
     pub kernel_flags: Vec<String>,
     /// FUSE worker threads.
     pub threads: usize,
+    /// `cache_timeout=DURATION`: how long the kernel may trust names and attributes.
+    pub cache_timeout: std::time::Duration,
     /// `mount -o remount,...`: change the flags of an existing mount, start nothing.
     pub remount: bool,
     /// `unit=SIZE`: the unit size, instead of the one discovered from the backing device.
@@ -77,6 +79,13 @@ pub const LOG_SIZE_BYTES_DEFAULT: u64 = 64 << 20;
 
 pub const BUFFER_BYTES_DEFAULT: u64 = 256 << 20;
 
+/// Only this mount changes the backing directory while it is mounted (the state folder's lock
+/// keeps a second mount out), so what the kernel was told stays true until the mount itself
+/// changes it, and the kernel then learns of it. Every expiry costs a LOOKUP or GETATTR round
+/// trip per cached object (git status lstat()s every file); the timeout bounds how long
+/// someone who edits the backing directory underneath anyway sees the old state.
+pub const CACHE_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(60);
+
 fn default_flushers() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(2, 8)
 }
@@ -103,6 +112,7 @@ impl Default for MountOptions {
             fsname: None,
             kernel_flags: Vec::new(),
             threads: 4,
+            cache_timeout: CACHE_TIMEOUT_DEFAULT,
             remount: false,
             unit_bytes: None,
             buffer_bytes: BUFFER_BYTES_DEFAULT,
@@ -256,6 +266,10 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
             options.checkpoint_interval = d;
         }
         "threads" => options.threads = thread_count(key, need_value(value)?)?,
+        "cache_timeout" => {
+            let v = need_value(value)?;
+            options.cache_timeout = parse_duration(v).map_err(|e| UsageError(format!("cache_timeout={v}: {e}")))?;
+        }
         k if KERNEL_FLAGS.contains(&k) && value.is_none() => options.kernel_flags.push(k.to_string()),
         k if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") || k == "comment" => {}
         // What the kernel shows for a mounted FUSE file system, which mount(8) hands back on

@@ -229,6 +229,10 @@ pub struct Writeback {
     checkpointing: Mutex<()>,
 }
 
+/// The most dirty units a waiting caller (close, fsync) writes itself rather than hand to the
+/// flushers.
+const INLINE_FLUSH_UNITS: usize = 2;
+
 fn align_up(x: u64, to: u64) -> u64 {
     x.div_ceil(to) * to
 }
@@ -453,6 +457,22 @@ impl Writeback {
         let mut inner = lock(&file.inner);
         let target = inner.epoch;
         inner.epoch += 1;
+        // A few units (a small file's close, the tail of a stream) are written by the caller,
+        // who waits for them anyway: handing them to a flusher costs two thread switches, the
+        // larger part of a small file's close. More go to the flushers, in parallel.
+        let waiting: Vec<u64> = inner
+            .dirty
+            .iter()
+            .filter(|&(unit, dirty)| dirty.epoch <= target && !inner.in_flight.contains_key(unit))
+            .map(|(&unit, _)| unit)
+            .collect();
+        if !waiting.is_empty() && waiting.len() <= INLINE_FLUSH_UNITS {
+            drop(inner);
+            for unit in waiting {
+                self.flush_unit(file, unit);
+            }
+            inner = lock(&file.inner);
+        }
         self.want_all(file, &mut inner, target);
         loop {
             let pending = inner.dirty.values().any(|u| u.epoch <= target)
