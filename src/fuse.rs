@@ -139,12 +139,18 @@ fn reply_entry(reply: ReplyEntry, ttl: &Duration, result: SysResult<crate::engin
     }
 }
 
+/// Only this mount changes the backing files, and the kernel learns of every change it makes
+/// (or drops the pages itself: truncate, hole punching, copy_file_range, uncached writes under
+/// FUSE_DIRECT_IO_ALLOW_MMAP), so what it has cached stays true across opens: without
+/// FOPEN_KEEP_CACHE every open would throw the file's pages away, and git reading the files
+/// tar has just written would ask the daemon for each again. A reader's close flushes
+/// nothing here: no FLUSH round trip for it (FOPEN_NOFLUSH).
 fn open_flags_of(opened: Opened) -> FopenFlags {
-    if opened.bypass_page_cache {
-        FopenFlags::FOPEN_DIRECT_IO
-    } else {
-        FopenFlags::empty()
+    let mut flags = if opened.bypass_page_cache { FopenFlags::FOPEN_DIRECT_IO } else { FopenFlags::FOPEN_KEEP_CACHE };
+    if !opened.writable {
+        flags |= FopenFlags::FOPEN_NOFLUSH;
     }
+    flags
 }
 
 fn reply_empty(reply: ReplyEmpty, result: SysResult<()>) {
@@ -190,7 +196,9 @@ impl Filesystem for FuseAdapter {
             // set-user-ID/set-group-ID after unprivileged writes and truncates is ours.
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             // O_TRUNC arrives with the open, so the engine sees a file emptied on open as empty.
-            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            // Link targets stay in the page cache (only this mount changes them).
+            | InitFlags::FUSE_CACHE_SYMLINKS;
         match self.engine.page_cache() {
             PageCache::Off => {}
             PageCache::On => wanted |= InitFlags::FUSE_WRITEBACK_CACHE,
@@ -400,7 +408,9 @@ impl Filesystem for FuseAdapter {
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Opendir);
         match self.engine.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            // Listings stay cached until the kernel itself changes the directory (see
+            // open_flags_of): rm -rf and git status list every directory.
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(fuse_errno(e)),
         }
     }

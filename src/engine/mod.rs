@@ -132,6 +132,8 @@ pub enum PageCache {
 pub struct Opened {
     pub fh: u64,
     pub bypass_page_cache: bool,
+    /// Opened for writing: its close has buffered data to flush and errors to report.
+    pub writable: bool,
 }
 
 pub struct Engine {
@@ -524,7 +526,7 @@ impl Engine {
         }
         let fh = self.new_handle();
         lock(&self.files).insert(fh, Arc::new(OpenFile { inode, file, state, writable }));
-        Ok(Opened { fh, bypass_page_cache })
+        Ok(Opened { fh, bypass_page_cache, writable })
     }
 
     /// Whether a partial-page write into this file could make the kernel read old data:
