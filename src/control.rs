@@ -1,41 +1,41 @@
-//! How the outside asks a running daemon: a Unix socket in the state folder
-//! (`.coalescefs/control.sock`, root-only like the folder) for `coalescefs stats` and
-//! `coalescefs sync`, and an
+//! How the outside asks a running daemon: a Unix socket in its runtime directory
+//! (`control.sock`, readable by the daemon's user only, see `runtime`) for `coalescefs stats`
+//! and `coalescefs sync` (and, when fault injection is on, `inject` and `clear`), and an
 //! optional Prometheus endpoint (`-o metrics=ADDR:PORT`). Both serve one short answer per
 //! connection, one connection at a time, with a timeout: neither can hold the daemon up.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::faults::Faults;
 use crate::metrics::Metrics;
 
-pub const SOCKET_NAME: &str = "control.sock";
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
-
-pub fn socket_path(backing: &Path) -> PathBuf {
-    backing.join(crate::backend::local::STATE_DIR_NAME).join(SOCKET_NAME)
-}
 
 /// What `coalescefs sync` asks of the daemon: everything written made durable on the backend.
 pub type SyncAll = Box<dyn Fn() -> Result<(), String> + Send>;
 
-pub fn serve_control_socket(backing: &Path, metrics: Arc<Metrics>, sync_all: SyncAll) -> std::io::Result<()> {
-    let path = socket_path(backing);
-    let _ = std::fs::remove_file(&path); // a dead daemon's socket; the backing lock is ours
-    let listener = UnixListener::bind(&path)?;
+pub fn serve_control_socket(
+    path: &Path,
+    metrics: Arc<Metrics>,
+    sync_all: SyncAll,
+    faults: Option<Arc<Faults>>,
+) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(path); // a dead daemon's socket; the backing lock is ours
+    let listener = UnixListener::bind(path)?;
     std::thread::Builder::new().name("control".into()).spawn(move || {
         for stream in listener.incoming().flatten() {
-            let _ = answer_control(stream, &metrics, &sync_all);
+            let _ = answer_control(stream, &metrics, &sync_all, faults.as_deref());
         }
     })?;
     Ok(())
 }
 
-fn answer_control(stream: UnixStream, metrics: &Metrics, sync_all: &SyncAll) -> std::io::Result<()> {
+fn answer_control(stream: UnixStream, metrics: &Metrics, sync_all: &SyncAll, faults: Option<&Faults>) -> std::io::Result<()> {
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     let mut command = String::new();
@@ -47,14 +47,21 @@ fn answer_control(stream: UnixStream, metrics: &Metrics, sync_all: &SyncAll) -> 
             Ok(()) => "ok\n".to_string(),
             Err(e) => format!("error: {e}\n"),
         },
+        request if request == "clear" || request.starts_with("inject ") => match faults {
+            Some(faults) => match faults.control(request) {
+                Ok(()) => "ok\n".to_string(),
+                Err(e) => format!("error: {e}\n"),
+            },
+            None => "error: fault injection is off (start the daemon with COALESCEFS_FAULTS)\n".to_string(),
+        },
         other => format!("error: unknown request '{other}'\n"),
     };
     (&stream).write_all(answer.as_bytes())
 }
 
 /// The client side, for `coalescefs stats` and `coalescefs sync`.
-pub fn ask(backing: &Path, command: &str) -> std::io::Result<String> {
-    let mut stream = UnixStream::connect(socket_path(backing))?;
+pub fn ask(socket: &Path, command: &str) -> std::io::Result<String> {
+    let mut stream = UnixStream::connect(socket)?;
     // A sync takes as long as the backend needs to write everything buffered.
     stream.set_read_timeout(if command == "sync" { None } else { Some(IO_TIMEOUT * 5) })?;
     stream.write_all(format!("{command}\n").as_bytes())?;

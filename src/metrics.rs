@@ -133,6 +133,12 @@ pub struct Metrics {
     pub buffer_bytes_used: AtomicU64,
     pub buffer_bytes_limit: AtomicU64,
     pub buffer_waits: AtomicU64,
+    /// Buffer memory held by units the backend refused (still buffered, retried with backoff).
+    pub buffer_refused_bytes: AtomicU64,
+    /// Written bytes the backend refused and the buffer discarded after their writer was told.
+    pub buffer_discarded_bytes: AtomicU64,
+    /// Written bytes that could not be written before the daemon exited.
+    pub unmount_dropped_bytes: AtomicU64,
     pub unit_bytes: AtomicU64,
     /// fsyncs made durable by the intent log instead of the backend.
     pub log_fsyncs: AtomicU64,
@@ -148,6 +154,8 @@ pub struct Metrics {
     /// Objects opened again by file handle after their descriptor was closed to stay in bound.
     pub node_fds_reopened: AtomicU64,
     pub fuse_requests: FuseRequests,
+    /// The daemon's process id, for tools that signal it.
+    pub daemon_pid: AtomicU64,
 }
 
 impl Metrics {
@@ -183,7 +191,10 @@ impl Metrics {
             ("buffer_bytes_used", "Write buffer memory in use", self.buffer_bytes_used.load(Relaxed)),
             ("buffer_bytes_limit", "Write buffer memory bound", self.buffer_bytes_limit.load(Relaxed)),
             ("buffer_waits_total", "Writes that waited for buffer memory", self.buffer_waits.load(Relaxed)),
+            ("buffer_refused_bytes", "Buffer memory held by data the backend refused, retried with backoff", self.buffer_refused_bytes.load(Relaxed)),
+            ("buffer_discarded_bytes_total", "Refused bytes discarded after their writer was told, to make room", self.buffer_discarded_bytes.load(Relaxed)),
             ("unit_bytes", "Unit size", self.unit_bytes.load(Relaxed)),
+            ("daemon_pid", "The daemon's process id", self.daemon_pid.load(Relaxed)),
             ("log_fsyncs_total", "fsyncs made durable by the intent log", self.log_fsyncs.load(Relaxed)),
             ("log_batches_total", "Batches (group commits) written to the intent log", self.log_batches.load(Relaxed)),
             ("log_records_total", "Records written to the intent log", self.log_records.load(Relaxed)),

@@ -17,6 +17,9 @@ pub struct MountInfo {
     pub mount_point: PathBuf,
     pub fs_type: String,
     pub source: String,
+    /// The minor number of the mount's device: for a FUSE mount, its connection's number in
+    /// /sys/fs/fuse/connections.
+    pub device_minor: u32,
 }
 
 /// mountinfo escapes space, tab, newline and backslash as \ooo.
@@ -43,6 +46,7 @@ pub fn read_mounts() -> Vec<MountInfo> {
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
             let mount_point = left.split(' ').nth(4)?;
+            let device_minor = left.split(' ').nth(2)?.split_once(':')?.1.parse().ok()?;
             let mut right = right.split(' ');
             let fs_type = right.next()?;
             let source = right.next().unwrap_or("");
@@ -50,6 +54,7 @@ pub fn read_mounts() -> Vec<MountInfo> {
                 mount_point: PathBuf::from(unescape(mount_point)),
                 fs_type: fs_type.to_string(),
                 source: unescape(source),
+                device_minor,
             })
         })
         .collect()
@@ -136,7 +141,7 @@ pub fn lock_backing_dir(state_dir: &OwnedFd, backing: &Path) -> Result<BackingLo
     let fd = sys::openat(state_dir.as_raw_fd(), c"lock", libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW, 0o600)
         .map_err(|e| format!("cannot create the lock file in {}/.coalescefs: {e}", backing.display()))?;
     if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let holder = read_pid_file(backing).map(|pid| format!(" (pid {pid})")).unwrap_or_default();
+        let holder = crate::runtime::RuntimeDir::of(backing).read_pid().map(|pid| format!(" (pid {pid})")).unwrap_or_default();
         let place = read_mounts()
             .into_iter()
             .find(|m| m.fs_type == FS_TYPE && Path::new(&m.source) == backing)
@@ -150,12 +155,20 @@ pub fn lock_backing_dir(state_dir: &OwnedFd, backing: &Path) -> Result<BackingLo
     Ok(BackingLock { _file: File::from(fd) })
 }
 
-pub fn pid_file(backing: &Path) -> PathBuf {
-    backing.join(crate::backend::local::STATE_DIR_NAME).join("pid")
-}
-
-pub fn read_pid_file(backing: &Path) -> Option<i32> {
-    std::fs::read_to_string(pid_file(backing)).ok()?.trim().parse().ok()
+/// Aborts FUSE connection `connection` (fusectl, mounted first if it is not): every request
+/// waiting on it fails at once and the session ends. The last resort of a daemon that must exit.
+pub fn abort_connection(connection: u32) -> std::io::Result<()> {
+    let control = Path::new("/sys/fs/fuse/connections");
+    let abort = control.join(connection.to_string()).join("abort");
+    if !abort.exists() {
+        let ret = unsafe {
+            libc::mount(c"fusectl".as_ptr(), c"/sys/fs/fuse/connections".as_ptr(), c"fusectl".as_ptr(), 0, std::ptr::null())
+        };
+        if ret != 0 && Errno::last().0 != libc::EBUSY {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    std::fs::write(abort, "1\n")
 }
 
 /// Alive means running: a zombie has finished its work, whenever its parent gets to reap it

@@ -26,6 +26,8 @@ pub struct MountOptions {
     pub threads: usize,
     /// `cache_timeout=DURATION`: how long the kernel may trust names and attributes.
     pub cache_timeout: std::time::Duration,
+    /// `io_timeout=DURATION`: how long a request waits for a backend that finishes nothing.
+    pub io_timeout: std::time::Duration,
     /// `mount -o remount,...`: change the flags of an existing mount, start nothing.
     pub remount: bool,
     /// `unit=SIZE`: the unit size, instead of the one discovered from the backing device.
@@ -113,6 +115,7 @@ impl Default for MountOptions {
             kernel_flags: Vec::new(),
             threads: 4,
             cache_timeout: CACHE_TIMEOUT_DEFAULT,
+            io_timeout: std::time::Duration::from_secs(30),
             remount: false,
             unit_bytes: None,
             buffer_bytes: BUFFER_BYTES_DEFAULT,
@@ -266,6 +269,14 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
             options.checkpoint_interval = d;
         }
         "threads" => options.threads = thread_count(key, need_value(value)?)?,
+        "io_timeout" => {
+            let v = need_value(value)?;
+            let d = parse_duration(v).map_err(|e| UsageError(format!("io_timeout={v}: {e}")))?;
+            if d.is_zero() {
+                return Err(UsageError(format!("io_timeout={v}: must be more than 0")));
+            }
+            options.io_timeout = d;
+        }
         "cache_timeout" => {
             let v = need_value(value)?;
             options.cache_timeout = parse_duration(v).map_err(|e| UsageError(format!("cache_timeout={v}: {e}")))?;

@@ -121,7 +121,7 @@ fn umount_of_something_not_mounted() {
 }
 
 fn daemon_pid(backing: &std::path::Path) -> i32 {
-    fs::read_to_string(backing.join(".coalescefs/pid")).unwrap().trim().parse().unwrap()
+    fs::read_to_string(runtime_dir(backing).join("pid")).unwrap().trim().parse().unwrap()
 }
 
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -168,7 +168,8 @@ fn sigterm_and_sigint_unmount_cleanly() {
         unsafe { libc::kill(pid, signal) };
         wait_until("the daemon to exit", || process_gone(pid));
         assert!(!is_mounted(&mnt), "signal {signal} left the mount behind");
-        assert!(!m.backing_path(".coalescefs/pid").exists(), "the daemon removes its pid file on a clean exit");
+        assert!(!m.runtime_dir().join("pid").exists(), "the daemon removes its pid file on a clean exit");
+        assert!(!m.runtime_dir().join("control.sock").exists(), "and its control socket");
         m.assume_unmounted();
     }
 }

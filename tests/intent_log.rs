@@ -383,7 +383,7 @@ fn coalescefs_sync_checkpoints_and_leaves_nothing_to_replay() {
     assert_eq!(m.counter("log_replayed_records_total"), 0, "nothing left to replay");
     assert!(fs::read(m.path("small")).unwrap() == pattern(3000, 9), "contents differ");
     assert!(fs::read(m.path("moved")).unwrap() == pattern(200_000, 10), "contents differ");
-    let daemon_log = fs::read_to_string(m.backing_path(".coalescefs/daemon.log")).unwrap();
+    let daemon_log = m.daemon_log();
     assert!(!daemon_log.contains("intent log records"), "the log held records after the checkpoint:\n{daemon_log}");
     let out = coalescefs(&["sync", "/"]);
     assert!(!out.status.success() && stderr_of(&out).contains("/"), "sync of a non-mount fails with a message");

@@ -166,7 +166,7 @@ fn a_backend_eio_under_the_kernel_writeback_cache_drops_nothing_either() {
     if !in_a_process_of_its_own("a_backend_eio_under_the_kernel_writeback_cache_drops_nothing_either") {
         return;
     }
-    let m = TestMount::build(&["unit=64K", "flush_age=3600s", "writeback_cache=on"], &[("COALESCEFS_INJECT_FLUSH_ERRORS", "1")], None);
+    let m = TestMount::build(&["unit=64K", "flush_age=3600s", "writeback_cache=on"], &[("COALESCEFS_FAULTS", "write=EIO*1")], None);
     let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("f")).unwrap();
     let data = pattern(100_000, 17);
     let write_back = |from: usize, to: usize| {
@@ -191,7 +191,7 @@ fn a_backend_eio_reaches_close_and_fsync_each_once() {
         return;
     }
     let options = ["unit=64K", "flush_age=3600s", "writeback_cache=off"]; // the write reaches the engine now
-    let m = TestMount::build(&options, &[("COALESCEFS_INJECT_FLUSH_ERRORS", "1")], None);
+    let m = TestMount::build(&options, &[("COALESCEFS_FAULTS", "write=EIO*1")], None);
     let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("f")).unwrap();
     let data = pattern(65_536, 23);
     f.write_all_at(&data, 0).unwrap(); // a whole unit: flushed at once, and the flush fails
@@ -207,7 +207,7 @@ fn a_backend_eio_reaches_close_and_fsync_each_once() {
 
 fn check_backend_eio(extra: &[&str]) {
     let options: Vec<&str> = ["unit=64K", "flush_age=3600s"].iter().chain(extra).copied().collect();
-    let m = TestMount::build(&options, &[("COALESCEFS_INJECT_FLUSH_ERRORS", "2")], None);
+    let m = TestMount::build(&options, &[("COALESCEFS_FAULTS", "write=EIO*2")], None);
     let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("f")).unwrap();
     let data = pattern(100_000, 11);
     f.write_all_at(&data, 0).unwrap();
@@ -226,35 +226,6 @@ fn check_backend_eio(extra: &[&str]) {
     }
     assert_eq!(fs::read(m.backing_path("f")).unwrap(), data);
     assert!(m.stats()["flush_errors_total"] >= 1);
-}
-
-struct SmallFileSystem {
-    dir: tempfile::TempDir,
-}
-
-impl SmallFileSystem {
-    /// A real, small ext4 on a loop device: a backend that genuinely runs out of space.
-    fn new(mib: u64) -> SmallFileSystem {
-        let dir = tempfile::tempdir().unwrap();
-        let image = dir.path().join("fs.img");
-        let f = File::create(&image).unwrap();
-        f.set_len(mib << 20).unwrap();
-        let ok = Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0"]).arg(&image).status().unwrap().success();
-        assert!(ok);
-        fs::create_dir(dir.path().join("fs")).unwrap();
-        let ok = Command::new("mount").args(["-o", "loop"]).arg(&image).arg(dir.path().join("fs")).status().unwrap().success();
-        assert!(ok, "loop mount");
-        SmallFileSystem { dir }
-    }
-    fn path(&self) -> std::path::PathBuf {
-        self.dir.path().join("fs")
-    }
-}
-
-impl Drop for SmallFileSystem {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.path()).status();
-    }
 }
 
 #[test]

@@ -528,6 +528,13 @@ impl LocalBackend {
         self.with_descriptor(|| sys::openat(fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)).map(File::from)
     }
 
+    /// Where the object is now, as the kernel sees it (`/proc/self/fd`): for log lines and
+    /// fault rules, never to open anything by.
+    pub fn path_of(&self, node: &Node) -> Option<std::path::PathBuf> {
+        let fd = self.fd(node).ok()?;
+        std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()
+    }
+
     /// The file's persistent handle (name_to_handle_at): it finds the file again after a
     /// restart, whatever it has been renamed to, and never finds another file in its place.
     pub fn file_handle(&self, node: &Node) -> SysResult<Vec<u8>> {

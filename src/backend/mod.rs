@@ -8,6 +8,7 @@
 //! same directory for names and attributes, nowhere for data.
 
 mod aio;
+pub mod faults;
 pub mod local;
 pub mod log_file;
 

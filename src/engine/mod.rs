@@ -27,7 +27,8 @@ use crate::sys::{name_cstring, Errno, SysResult};
 use inodes::{Inode, InodeTable, ROOT_INO};
 use intent_log::{IntentLog, LogError};
 use log_format::Record;
-use writeback::{ErrorReport, FileState, Writeback, WritebackConfig};
+use crate::backend::faults::{FaultOp, Faults};
+use writeback::{ErrorReport, FileState, Unwritten, Writeback, WritebackConfig};
 
 /// Who asked: files and directories created on a user's behalf belong to that user.
 #[derive(Debug, Clone, Copy)]
@@ -137,6 +138,8 @@ pub struct Opened {
 }
 
 pub struct Engine {
+    /// Test-only fault injection at the backend boundary (see `backend::faults`).
+    faults: Option<Arc<Faults>>,
     backend: Arc<LocalBackend>,
     writeback: Arc<Writeback>,
     metrics: Arc<Metrics>,
@@ -160,7 +163,12 @@ fn key_of(st: &libc::stat) -> inodes::BackingKey {
 
 impl Engine {
     /// The error says what stopped the start, for the person mounting.
-    pub fn new(backend: LocalBackend, config: EngineConfig, metrics: Arc<Metrics>) -> Result<Engine, String> {
+    pub fn new(
+        backend: LocalBackend,
+        config: EngineConfig,
+        metrics: Arc<Metrics>,
+        faults: Option<Arc<Faults>>,
+    ) -> Result<Engine, String> {
         let root = backend.root_node().map_err(|e| e.to_string())?;
         let root_stat = backend.stat(&root).map_err(|e| e.to_string())?;
         let inodes = InodeTable::new(root, key_of(&root_stat));
@@ -169,8 +177,9 @@ impl Engine {
             Some((path, size_bytes)) => Some(recover_from_log(&backend, path, *size_bytes, &metrics)?),
             None => None,
         };
-        let writeback = Writeback::new(backend.clone(), config.writeback.clone(), metrics.clone(), log);
+        let writeback = Writeback::new(backend.clone(), config.writeback.clone(), metrics.clone(), log, faults.clone());
         Ok(Engine {
+            faults,
             backend,
             writeback,
             metrics,
@@ -182,6 +191,14 @@ impl Engine {
             dirs: Mutex::new(HashMap::new()),
             writer_modes: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Fault injection's check before a backend call (`node`: the object it is about).
+    fn fault(&self, op: FaultOp, node: Option<&Node>) -> SysResult<()> {
+        match &self.faults {
+            Some(faults) => faults.check(op, node.and_then(|n| self.backend.path_of(n)).as_deref()),
+            None => Ok(()),
+        }
     }
 
     /// The page-cache policy; the FUSE adapter negotiates the kernel flags it needs.
@@ -350,6 +367,7 @@ impl Engine {
     pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, rdev: u64, caller: Caller) -> SysResult<Entry> {
         let name = Self::checked_name(parent, name, true)?;
         let parent = self.inode(parent)?;
+        self.fault(FaultOp::Create, Some(&parent.node))?;
         let (node, _) = self.backend.mknod(&parent.node, &name, mode, rdev)?;
         let st = self.give_to_caller(&parent, &node, caller)?;
         let regular = mode & libc::S_IFMT == libc::S_IFREG;
@@ -362,6 +380,7 @@ impl Engine {
     pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> SysResult<Entry> {
         let name = Self::checked_name(parent, name, true)?;
         let parent = self.inode(parent)?;
+        self.fault(FaultOp::Create, Some(&parent.node))?;
         let (node, _) = self.backend.mkdir(&parent.node, &name, mode)?;
         let st = self.give_to_caller(&parent, &node, caller)?;
         let entry = self.remember(node, st);
@@ -373,6 +392,7 @@ impl Engine {
         let name = Self::checked_name(parent, name, true)?;
         let target = local::symlink_target(target)?;
         let parent = self.inode(parent)?;
+        self.fault(FaultOp::Create, Some(&parent.node))?;
         let (node, _) = self.backend.symlink(&parent.node, &name, &target)?;
         let st = self.give_to_caller(&parent, &node, caller)?;
         Ok(self.remember(node, st))
@@ -382,6 +402,7 @@ impl Engine {
         let new_name = Self::checked_name(new_parent, new_name, true)?;
         let inode = self.inode(ino)?;
         let new_parent = self.inode(new_parent)?;
+        self.fault(FaultOp::Create, Some(&new_parent.node))?;
         let (node, st) = self.backend.link(&inode.node, &new_parent.node, &new_name)?;
         // The log records one name per file: a second one only a backend sync makes durable.
         self.writeback.note_backend_changed(ino);
@@ -428,10 +449,22 @@ impl Engine {
         let name = Self::checked_name(parent, name, false)?;
         let parent = self.inode(parent)?;
         let removed = self.named_object(&parent, &name);
+        // A file released with data still buffered (its flush refused, or not yet due): once its
+        // last name goes, that data can never be read and its descriptors keep the backend's
+        // space allocated, so both go. Looked up only when there is such a file.
+        let lingering = (!directory && self.writeback.has_lingering_files())
+            .then(|| self.backend.lookup(&parent.node, &name).ok())
+            .flatten()
+            .filter(|(_, st)| self.writeback.is_lingering(self.inodes.ino_for_listing(key_of(st))));
         if directory {
             self.backend.rmdir(&parent.node, &name)?;
         } else {
             self.backend.unlink(&parent.node, &name)?;
+        }
+        if let Some((node, st)) = lingering {
+            if self.backend.stat(&node).is_ok_and(|now| now.st_nlink == 0) {
+                self.writeback.forget_file(self.inodes.ino_for_listing(key_of(&st)));
+            }
         }
         if let (Some((handle, ino)), Ok(parent_handle)) = (removed, parent.backend_handle(&self.backend)) {
             let record = Record::Unlink { file: handle, parent: parent_handle, name: name.to_bytes().to_vec(), directory };
@@ -562,6 +595,7 @@ impl Engine {
     ) -> SysResult<(Entry, Opened)> {
         let name = Self::checked_name(parent, name, true)?;
         let parent_inode = self.inode(parent)?;
+        self.fault(FaultOp::Create, Some(&parent_inode.node))?;
         let (file, node, _) = self.backend.create(
             &parent_inode.node,
             &name,
@@ -579,6 +613,7 @@ impl Engine {
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> SysResult<Vec<u8>> {
         let open = self.open_file(fh)?;
         let Some(state) = &open.state else {
+            self.fault(FaultOp::Read, Some(&open.inode.node))?;
             let mut buf = vec![0u8; size as usize];
             let n = data::read_at(&open.file, &mut buf, offset)?;
             buf.truncate(n);
@@ -586,7 +621,8 @@ impl Engine {
         };
         // The overlay is taken before the backend is read: a unit whose flush ends in between
         // is then in both, never in neither.
-        let (logical_size, overlay, _reading) = self.writeback.snapshot_overlay(state, offset, size as u64);
+        let (logical_size, overlay, _reading) = self.writeback.snapshot_overlay(state, offset, size as u64)?;
+        self.fault(FaultOp::Read, Some(&open.inode.node))?;
         let len = logical_size.saturating_sub(offset).min(size as u64) as usize;
         let mut buf = vec![0u8; len];
         data::read_at(&open.file, &mut buf, offset)?; // short where the backend is shorter: zeros
@@ -617,15 +653,15 @@ impl Engine {
         if drop_set_id_bits {
             self.drop_set_id_bits(&open.inode)?;
         }
-        self.metrics.application_write_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        let taken = self.writeback.write(state, offset, bytes, from_page_cache)?;
+        self.metrics.application_write_bytes.fetch_add(taken as u64, Ordering::Relaxed);
         self.metrics.application_write_requests.fetch_add(1, Ordering::Relaxed);
-        self.metrics.application_write_sizes.record(bytes.len() as u64);
-        self.writeback.write(state, offset, bytes, from_page_cache)?;
+        self.metrics.application_write_sizes.record(taken as u64);
         if flags & libc::O_DSYNC != 0 {
             // O_SYNC and O_DSYNC writes are durable when they return.
             self.writeback.fsync(state, flags & libc::O_SYNC != libc::O_SYNC)?;
         }
-        Ok(bytes.len() as u32)
+        Ok(taken as u32)
     }
 
     /// close(2): the file's buffered data goes to the backend, and a flush error is reported
@@ -750,6 +786,7 @@ impl Engine {
     pub fn fsyncdir(&self, fh: u64, data_only: bool) -> SysResult<()> {
         let dir = self.open_dir(fh)?;
         self.writeback.commit_queued_names()?;
+        self.fault(FaultOp::Sync, Some(&dir.inode.node))?;
         let file = self.backend.open_dir_for_sync(&dir.inode.node)?;
         data::sync(&file, data_only)
     }
@@ -785,15 +822,17 @@ impl Engine {
         self.writeback.sync_all()
     }
 
-    /// Called once the kernel has let go of the mount: nothing may stay only in memory.
-    pub fn shut_down(&self) {
-        self.writeback.shut_down();
+    /// Called once the kernel has let go of the mount: nothing may stay only in memory. Returns
+    /// what could not be written (see `Writeback::shut_down`); later calls return the same.
+    pub fn shut_down(&self) -> Vec<Unwritten> {
+        let unwritten = self.writeback.shut_down();
         log::info!(
             "unmounting {}: {} inodes, {} open files",
             self.backend.root_path().display(),
             self.inodes.len(),
             lock(&self.files).len()
         );
+        unwritten
     }
 }
 

@@ -20,6 +20,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::buffer::{AlignedBuf, RangeSet};
+use crate::backend::faults::{FaultOp, Faults};
 use super::inodes::Inode;
 use crate::backend::local::{data, LocalBackend, TimesToSet};
 use crate::backend::DataStore;
@@ -44,6 +45,9 @@ pub struct WritebackConfig {
     pub log_threshold_new_bytes: u64,
     /// With the intent log: the longest between checkpoints while anything waits for one.
     pub checkpoint_interval: Duration,
+    /// The longest a request waits for the backend without any progress (a flush that does
+    /// not end, memory that is not freed) before it fails with EIO.
+    pub io_timeout: Duration,
 }
 
 /// What the backend holds durably for one file, beyond its FileState's lifetime: whether a
@@ -102,6 +106,8 @@ struct DirtyUnit {
     /// Ranges whose bytes, as they are now, are in the intent log: the next log fsync need not
     /// log them again. A write takes its range out.
     logged: RangeSet,
+    /// Its last flush failed: it holds bytes the backend refused (see `Writeback::refused`).
+    refused: bool,
 }
 
 struct FlushingUnit {
@@ -139,6 +145,13 @@ impl FlushErrors {
         self.failures += 1;
     }
 
+    /// Whether the file's writer has heard of its latest failure, in any of the ways a writer
+    /// hears (write, close, fsync).
+    fn writer_told(&self) -> bool {
+        let told = |who: ErrorReport| self.reported[who as usize] == self.failures;
+        self.failures > 0 && (told(ErrorReport::Write) || told(ErrorReport::Close) || told(ErrorReport::Sync))
+    }
+
     /// The latest error, if this kind of caller has not been told of every failure yet.
     fn report_to(&mut self, who: ErrorReport) -> Option<Errno> {
         let reported = &mut self.reported[who as usize];
@@ -166,6 +179,17 @@ struct FileInner {
     /// (GNU tar writes, sets the archived mtime, then closes). The next write clears them.
     times_set: Option<TimesToSet>,
     backend_files: Option<Arc<BackendFiles>>,
+    /// After a failed flush: no retry before this (except one an application asks for with
+    /// fsync or close), and the wait before the next one (see `Writeback::note_failure`).
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    /// The file is gone (its last name unlinked, no handle open): nothing of it is written
+    /// any more, and a flush still in flight drops its unit when it ends.
+    forgotten: bool,
+    /// Flushes of this file that have ended, for waiters to see progress by.
+    flushes_ended: u64,
+    /// Released by its last handle with data still buffered (`Writeback::lingering` counts it).
+    lingering: bool,
     /// Units whose backend bytes a reader is reading through the page cache, and how many
     /// readers. A unit is never flushed while read there, nor read there while flushed: after
     /// an O_DIRECT write the kernel must drop the cached pages it covers, and a page a reader
@@ -219,9 +243,15 @@ pub struct Writeback {
     stopping: AtomicBool,
     /// Joined at shut-down, so that each flusher's resources are gone before the daemon exits.
     flusher_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    /// Test-only fault injection: this many unit flushes fail with EIO before any reaches the
-    /// backend (COALESCEFS_INJECT_FLUSH_ERRORS=N), to exercise the error path on a real mount.
-    injected_flush_errors: std::sync::atomic::AtomicU64,
+    /// Files with data buffered and no handle open (see `forget_file`).
+    lingering: std::sync::atomic::AtomicUsize,
+    /// What shut-down could not write, once it has run.
+    shut_down_report: Mutex<Option<Vec<Unwritten>>>,
+    /// Test-only fault injection at the backend boundary (see `backend::faults`).
+    faults: Option<Arc<Faults>>,
+    /// Bytes of buffer memory held by units the backend refused (`DirtyUnit::refused`), and
+    /// the error it refused the last one with.
+    refused: Mutex<RefusedMemory>,
     log: Option<IntentLog>,
     /// Per inode number; see `Durability`. Entries go at checkpoints.
     durability: Mutex<HashMap<u64, Durability>>,
@@ -229,9 +259,30 @@ pub struct Writeback {
     checkpointing: Mutex<()>,
 }
 
-/// The most dirty units a waiting caller (close, fsync) writes itself rather than hand to the
-/// flushers.
-const INLINE_FLUSH_UNITS: usize = 2;
+
+/// Retries of a refused flush wait this long at first, twice as long after each failure that
+/// follows, and at most `RETRY_BACKOFF_MAX`: a full disk is tried again every 30 s, not spun on.
+const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Data a file still held in the write buffer when the daemon had to stop.
+#[derive(Clone, Debug)]
+pub struct Unwritten {
+    /// The file's backing path (or inode number).
+    pub name: String,
+    /// Written bytes lost: never acknowledged by fsync (an fsync that could not write them
+    /// failed).
+    pub bytes: u64,
+    /// Bytes acknowledged through the intent log, which keeps them for the next mount.
+    pub in_log: u64,
+    pub error: Errno,
+}
+
+#[derive(Default)]
+struct RefusedMemory {
+    bytes: u64,
+    last_error: Option<Errno>,
+}
 
 fn align_up(x: u64, to: u64) -> u64 {
     x.div_ceil(to) * to
@@ -247,6 +298,7 @@ impl Writeback {
         config: WritebackConfig,
         metrics: Arc<Metrics>,
         log: Option<IntentLog>,
+        faults: Option<Arc<Faults>>,
     ) -> Arc<Writeback> {
         assert!(config.unit_bytes.is_power_of_two() && config.logical_block_bytes.is_power_of_two());
         assert!(config.logical_block_bytes <= config.unit_bytes, "units are whole logical blocks");
@@ -263,9 +315,10 @@ impl Writeback {
             files: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
             flusher_threads: Mutex::new(Vec::new()),
-            injected_flush_errors: std::sync::atomic::AtomicU64::new(
-                std::env::var("COALESCEFS_INJECT_FLUSH_ERRORS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
-            ),
+            faults,
+            refused: Mutex::new(RefusedMemory::default()),
+            lingering: std::sync::atomic::AtomicUsize::new(0),
+            shut_down_report: Mutex::new(None),
             log,
             durability: Mutex::new(HashMap::new()),
             checkpointing: Mutex::new(()),
@@ -302,13 +355,21 @@ impl Writeback {
                     open_handles: 0,
                     last_write: None,
                     times_set: None,
+                    retry_at: None,
+                    backoff: Duration::ZERO,
+                    forgotten: false,
+                    flushes_ended: 0,
+                    lingering: false,
                     backend_files: None,
                     backend_readers: BTreeMap::new(),
                 }),
                 flush_ended: Condvar::new(),
             })
         });
-        lock(&file.inner).open_handles += 1;
+        let mut inner = lock(&file.inner);
+        self.stop_lingering(&mut inner);
+        inner.open_handles += 1;
+        drop(inner);
         file.clone()
     }
 
@@ -322,8 +383,67 @@ impl Writeback {
         let mut files = lock(&self.files);
         let mut inner = lock(&file.inner);
         inner.open_handles = inner.open_handles.saturating_sub(1);
-        if inner.open_handles == 0 && inner.dirty.is_empty() && inner.in_flight.is_empty() {
+        if inner.open_handles == 0 {
+            if inner.dirty.is_empty() && inner.in_flight.is_empty() {
+                files.remove(&file.inode.ino);
+            } else if !inner.lingering {
+                inner.lingering = true;
+                self.lingering.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// A file nobody holds open whose buffered data has all reached the backend: its state
+    /// goes (the age timer or a retry wrote what its last close could not).
+    fn drop_if_idle(&self, file: &Arc<FileState>) {
+        let mut files = lock(&self.files);
+        let mut inner = lock(&file.inner);
+        let idle = inner.open_handles == 0 && inner.dirty.is_empty() && inner.in_flight.is_empty() && !inner.forgotten;
+        if idle && files.get(&file.inode.ino).is_some_and(|f| Arc::ptr_eq(f, file)) {
             files.remove(&file.inode.ino);
+            self.stop_lingering(&mut inner);
+        }
+    }
+
+    fn stop_lingering(&self, inner: &mut FileInner) {
+        if inner.lingering {
+            inner.lingering = false;
+            self.lingering.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Whether some file nobody holds open still has data buffered (see `forget_file`).
+    pub fn has_lingering_files(&self) -> bool {
+        self.lingering.load(Relaxed) > 0
+    }
+
+    /// Whether `ino` is such a file.
+    pub fn is_lingering(&self, ino: u64) -> bool {
+        self.file(ino).is_some_and(|f| lock(&f.inner).open_handles == 0)
+    }
+
+    /// The file's last name is gone and no handle is open: its buffered data can never be read
+    /// or written again, refused data included. It is dropped with the file's backend
+    /// descriptors, so the backend frees the space (a flush still in flight finishes first).
+    pub fn forget_file(&self, ino: u64) {
+        let mut files = lock(&self.files);
+        let Some(file) = files.get(&ino).cloned() else { return };
+        let mut inner = lock(&file.inner);
+        if inner.open_handles > 0 || inner.forgotten {
+            return;
+        }
+        let mut dropped = 0;
+        for (_, unit) in std::mem::take(&mut inner.dirty) {
+            dropped += unit.ranges.bytes();
+            self.unmark_refused(&unit);
+            self.release_unit_memory();
+        }
+        inner.forgotten = true;
+        inner.backend_files = None;
+        files.remove(&ino);
+        self.stop_lingering(&mut inner);
+        if dropped > 0 {
+            log::info!("inode {ino}: deleted with {dropped} bytes still buffered; they are dropped");
         }
     }
 
@@ -344,27 +464,135 @@ impl Writeback {
         }
     }
 
-    fn acquire_unit_memory(&self) {
+    /// Takes a unit's worth of buffer memory for a writer. The bound holds for every byte,
+    /// refused ones included (SEMANTICS.md, "Data the backend refuses"): the writer waits while
+    /// memory can come free (flushes under way or possible), at most `io_timeout` without any
+    /// coming free; refused data whose writers have been told is discarded for it; and when
+    /// all that is left is refused data whose writer has not been told yet, it fails at once
+    /// with the backend's error rather than wait for a retry that may never succeed.
+    fn acquire_unit_memory(&self) -> SysResult<()> {
         let unit = self.config.unit_bytes;
-        let mut used = lock(&self.budget.used_bytes);
         let mut waited = false;
+        let mut last_progress = Instant::now();
+        let mut used = lock(&self.budget.used_bytes);
+        let mut least_used = *used;
         while *used + unit > self.budget.limit_bytes {
             if !waited {
                 self.metrics.buffer_waits.fetch_add(1, Relaxed);
                 waited = true;
             }
+            if *used < least_used {
+                least_used = *used;
+                last_progress = Instant::now();
+            }
             // Memory pressure: partial units go to the flushers too. Done without holding the
             // budget lock, since it takes file locks.
             drop(used);
             self.flush_everything_wanted();
+            let (refused, last_error) = {
+                let r = lock(&self.refused);
+                (r.bytes, r.last_error)
+            };
             used = lock(&self.budget.used_bytes);
             if *used + unit <= self.budget.limit_bytes {
                 break;
+            }
+            if used.saturating_sub(refused) < unit {
+                drop(used);
+                if self.discard_told_refusals() == 0 {
+                    return Err(last_error.unwrap_or(Errno(libc::EIO)));
+                }
+                used = lock(&self.budget.used_bytes);
+                continue;
+            }
+            if last_progress.elapsed() > self.config.io_timeout {
+                log::error!(
+                    "no write buffer memory came free for {} s (the backend takes nothing): a write fails with EIO",
+                    self.config.io_timeout.as_secs()
+                );
+                return Err(last_error.unwrap_or(Errno(libc::EIO)));
             }
             used = self.budget.freed.wait_timeout(used, Duration::from_millis(50)).unwrap_or_else(|p| p.into_inner()).0;
         }
         *used += unit;
         self.metrics.buffer_bytes_used.store(*used, Relaxed);
+        Ok(())
+    }
+
+    /// Counts a unit's memory as refused by the backend (`err`), once.
+    fn mark_refused(&self, unit: &mut DirtyUnit, err: Errno) {
+        let mut refused = lock(&self.refused);
+        if !unit.refused {
+            unit.refused = true;
+            refused.bytes += self.config.unit_bytes;
+        }
+        refused.last_error = Some(err);
+        self.metrics.buffer_refused_bytes.store(refused.bytes, Relaxed);
+    }
+
+    /// A unit leaves the dirty set (flushed, dropped or discarded): its memory, if refused,
+    /// no longer is.
+    fn unmark_refused(&self, unit: &DirtyUnit) {
+        if unit.refused {
+            let mut refused = lock(&self.refused);
+            refused.bytes -= self.config.unit_bytes;
+            self.metrics.buffer_refused_bytes.store(refused.bytes, Relaxed);
+        }
+    }
+
+    /// Frees the memory of refused units whose files' writers have been told of the failure,
+    /// except bytes the intent log acknowledged (fsynced through the log: never dropped).
+    /// Counted and logged; returns the bytes of memory freed.
+    fn discard_told_refusals(&self) -> u64 {
+        let mut freed = 0;
+        for file in self.open_files() {
+            let mut inner = lock(&file.inner);
+            if !inner.errors.writer_told() {
+                continue;
+            }
+            let doomed: Vec<u64> = inner
+                .dirty
+                .iter()
+                .filter(|(_, u)| u.refused && u.logged.is_empty())
+                .map(|(&k, _)| k)
+                .collect();
+            if doomed.is_empty() {
+                continue;
+            }
+            let mut lost = 0;
+            for unit in doomed {
+                let dirty = inner.dirty.remove(&unit).expect("listed above");
+                lost += dirty.ranges.bytes();
+                self.unmark_refused(&dirty);
+                self.release_unit_memory();
+                freed += self.config.unit_bytes;
+            }
+            self.shrink_to_what_remains(&file, &mut inner);
+            self.metrics.buffer_discarded_bytes.fetch_add(lost, Relaxed);
+            log::warn!(
+                "{}: {lost} written bytes the backend refused ({}) were discarded to make room in the write buffer; \
+                 the file's writer had been told",
+                self.name_of(&file),
+                inner.errors.last.unwrap_or(Errno(libc::EIO))
+            );
+        }
+        freed
+    }
+
+    /// After buffered data was dropped: the logical size comes back to what is left, the
+    /// backend's bytes and the buffer's.
+    fn shrink_to_what_remains(&self, file: &FileState, inner: &mut FileInner) {
+        let unit_bytes = self.config.unit_bytes;
+        let buffered_end = inner
+            .dirty
+            .iter()
+            .map(|(&k, u)| (k, u.ranges.iter().last().map_or(0, |r| r.end)))
+            .chain(inner.in_flight.iter().map(|(&k, u)| (k, u.ranges.iter().last().map_or(0, |r| r.end))))
+            .map(|(unit, end)| unit * unit_bytes + end)
+            .max()
+            .unwrap_or(0);
+        let backend_size = self.backend.stat(&file.inode.node).map_or(0, |st| st.st_size as u64);
+        inner.size = inner.size.min(backend_size.max(buffered_end));
     }
 
     fn release_unit_memory(&self) {
@@ -375,10 +603,16 @@ impl Writeback {
         self.budget.freed.notify_all();
     }
 
+    /// Memory pressure: every buffered unit to the flushers, except those of files waiting to
+    /// retry a refused flush (see `note_failure`).
     fn flush_everything_wanted(&self) {
         let files = self.open_files();
+        let now = Instant::now();
         for file in files {
             let mut inner = lock(&file.inner);
+            if inner.retry_at.is_some_and(|at| at > now) {
+                continue;
+            }
             self.want_all(&file, &mut inner, u64::MAX);
         }
     }
@@ -387,7 +621,9 @@ impl Writeback {
     /// `from_page_cache`: the kernel writing back its cache, not an application's write(2). A
     /// pending flush error is then left for fsync or close: refused, the kernel would drop
     /// those pages, and the bytes with them.
-    pub fn write(&self, file: &Arc<FileState>, offset: u64, bytes: &[u8], from_page_cache: bool) -> SysResult<()> {
+    /// Returns how many bytes were taken: all of them, or fewer when buffer memory ran out part
+    /// way (the next write then hears why).
+    pub fn write(&self, file: &Arc<FileState>, offset: u64, bytes: &[u8], from_page_cache: bool) -> SysResult<usize> {
         if !from_page_cache {
             if let Some(err) = lock(&file.inner).errors.report_to(ErrorReport::Write) {
                 return Err(err);
@@ -403,7 +639,10 @@ impl Writeback {
             let mut inner = lock(&file.inner);
             if !inner.dirty.contains_key(&unit) {
                 drop(inner);
-                self.acquire_unit_memory();
+                if let Err(e) = self.acquire_unit_memory() {
+                    let taken = (pos - offset) as usize;
+                    return if taken > 0 { Ok(taken) } else { Err(e) };
+                }
                 inner = lock(&file.inner);
                 if inner.dirty.contains_key(&unit) {
                     self.release_unit_memory(); // another writer made it meanwhile
@@ -418,6 +657,7 @@ impl Writeback {
                             dirtied_at: Instant::now(),
                             wanted: false,
                             logged: RangeSet::default(),
+                            refused: false,
                         },
                     );
                 }
@@ -447,7 +687,61 @@ impl Writeback {
             }
             pos = piece_end;
         }
-        Ok(())
+        Ok(bytes.len())
+    }
+
+    /// Waits on the file's flushes while `busy` says so. A backend that answers nothing (no
+    /// flush of the file ends) for `io_timeout` makes the wait fail with EIO: the request
+    /// returns, its process stays killable, and the flush goes on.
+    fn wait_for_flushes<'a>(
+        &self,
+        file: &'a FileState,
+        mut inner: MutexGuard<'a, FileInner>,
+        what: &str,
+        mut busy: impl FnMut(&mut FileInner) -> Result<bool, Errno>,
+    ) -> SysResult<MutexGuard<'a, FileInner>> {
+        let mut seen = inner.flushes_ended;
+        let mut since = Instant::now();
+        while busy(&mut inner)? {
+            if inner.flushes_ended != seen {
+                seen = inner.flushes_ended;
+                since = Instant::now();
+            } else if since.elapsed() >= self.config.io_timeout {
+                log::error!(
+                    "{}: {what} waited {} s for the backend, which finished nothing: EIO",
+                    self.name_of(file),
+                    self.config.io_timeout.as_secs()
+                );
+                return Err(Errno(libc::EIO));
+            }
+            let step = self.config.io_timeout.saturating_sub(since.elapsed()).min(Duration::from_secs(1));
+            inner = file.flush_ended.wait_timeout(inner, step.max(Duration::from_millis(1))).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        Ok(inner)
+    }
+
+    /// How a file is named in the daemon's log: its backing path, else its inode number.
+    fn name_of(&self, file: &FileState) -> String {
+        match self.backend.path_of(&file.inode.node) {
+            Some(path) => path.display().to_string(),
+            None => format!("inode {}", file.inode.ino),
+        }
+    }
+
+    /// fsync or fdatasync of a file's backend copy.
+    fn sync_backend_file(&self, file: &FileState, files: &BackendFiles, data_only: bool) -> SysResult<()> {
+        if let Some(faults) = &self.faults {
+            faults.check(FaultOp::Sync, self.backend.path_of(&file.inode.node).as_deref())?;
+        }
+        data::sync(&files.buffered, data_only)
+    }
+
+    /// syncfs of the backing file system.
+    fn sync_backend(&self) -> SysResult<()> {
+        if let Some(faults) = &self.faults {
+            faults.check(FaultOp::Sync, None)?;
+        }
+        self.backend.sync_file_system()
     }
 
     /// Flushes every unit of `file` dirty now and waits for them; with `sync_backend`, then
@@ -457,40 +751,21 @@ impl Writeback {
         let mut inner = lock(&file.inner);
         let target = inner.epoch;
         inner.epoch += 1;
-        // A few units (a small file's close, the tail of a stream) are written by the caller,
-        // who waits for them anyway: handing them to a flusher costs two thread switches, the
-        // larger part of a small file's close. More go to the flushers, in parallel.
-        let waiting: Vec<u64> = inner
-            .dirty
-            .iter()
-            .filter(|&(unit, dirty)| dirty.epoch <= target && !inner.in_flight.contains_key(unit))
-            .map(|(&unit, _)| unit)
-            .collect();
-        if !waiting.is_empty() && waiting.len() <= INLINE_FLUSH_UNITS {
-            drop(inner);
-            for unit in waiting {
-                self.flush_unit(file, unit);
-            }
-            inner = lock(&file.inner);
-        }
+        // The caller only waits (with a bound, see wait_for_flushes) while flushers make the
+        // backend calls: a backend call that never returns must not take the request with it.
         self.want_all(file, &mut inner, target);
-        loop {
-            let pending = inner.dirty.values().any(|u| u.epoch <= target)
-                || inner.in_flight.values().any(|u| u.epoch <= target);
+        let mut inner = self.wait_for_flushes(file, inner, "a flush", |inner| {
             if let Some(err) = inner.errors.report_to(report) {
                 return Err(err);
             }
-            if !pending {
-                break;
-            }
-            inner = file.flush_ended.wait_timeout(inner, Duration::from_secs(1)).unwrap_or_else(|p| p.into_inner()).0;
-        }
+            Ok(inner.dirty.values().any(|u| u.epoch <= target) || inner.in_flight.values().any(|u| u.epoch <= target))
+        })?;
         let Some(data_only) = sync_backend else { return Ok(()) };
         // Also when this mount never wrote the file: an earlier mount may have left its data
         // written but not yet durable.
         let files = self.backend_files(file, &mut inner)?;
         drop(inner);
-        data::sync(&files.buffered, data_only)
+        self.sync_backend_file(file, &files, data_only)
     }
 
     pub fn size(&self, file: &FileState) -> u64 {
@@ -527,25 +802,23 @@ impl Writeback {
     pub fn set_size(&self, file: &Arc<FileState>, size: u64) -> SysResult<()> {
         let unit_bytes = self.config.unit_bytes;
         let first_affected = size / unit_bytes;
-        let mut inner = lock(&file.inner);
-        while inner.in_flight.range(first_affected..).next().is_some() {
-            inner = file.flush_ended.wait(inner).unwrap_or_else(|p| p.into_inner());
-        }
+        let inner = lock(&file.inner);
+        let mut inner = self.wait_for_flushes(file, inner, "a truncate", |inner| {
+            Ok(inner.in_flight.range(first_affected..).next().is_some())
+        })?;
         let beyond: Vec<u64> = inner.dirty.range(first_affected..).map(|(&k, _)| k).collect();
         for unit in beyond {
             let unit_start = unit * unit_bytes;
-            if unit_start >= size {
-                inner.dirty.remove(&unit);
-                self.release_unit_memory();
-            } else {
-                let dirty = inner.dirty.get_mut(&unit).expect("listed above");
+            let dirty = inner.dirty.get_mut(&unit).expect("listed above");
+            if unit_start < size {
                 let keep = size - unit_start;
                 dirty.ranges.clip_end(keep);
                 dirty.buf.as_mut_slice()[keep as usize..].fill(0);
-                if dirty.ranges.is_empty() {
-                    inner.dirty.remove(&unit);
-                    self.release_unit_memory();
-                }
+            }
+            if unit_start >= size || dirty.ranges.is_empty() {
+                let dropped = inner.dirty.remove(&unit).expect("listed above");
+                self.unmark_refused(&dropped);
+                self.release_unit_memory();
             }
         }
         let files = self.backend_files(file, &mut inner)?;
@@ -592,15 +865,15 @@ impl Writeback {
         file: &'a FileState,
         offset: u64,
         len: u64,
-    ) -> (u64, Vec<(u64, Vec<u8>)>, BackendRead<'a>) {
+    ) -> SysResult<(u64, Vec<(u64, Vec<u8>)>, BackendRead<'a>)> {
         let unit_bytes = self.config.unit_bytes;
-        let mut inner = lock(&file.inner);
         let end = offset + len;
         let first = offset / unit_bytes;
         let last = end.saturating_sub(1) / unit_bytes;
-        while inner.in_flight.range(first..=last).next().is_some() {
-            inner = file.flush_ended.wait(inner).unwrap_or_else(|p| p.into_inner());
-        }
+        let inner = lock(&file.inner);
+        let mut inner = self.wait_for_flushes(file, inner, "a read", |inner| {
+            Ok(inner.in_flight.range(first..=last).next().is_some())
+        })?;
         for unit in first..=last {
             *inner.backend_readers.entry(unit).or_insert(0) += 1;
         }
@@ -618,7 +891,7 @@ impl Writeback {
                 }
             }
         }
-        (inner.size, pieces, reading)
+        Ok((inner.size, pieces, reading))
     }
 
     fn flusher_loop(&self) {
@@ -650,38 +923,60 @@ impl Writeback {
         if inner.in_flight.contains_key(&unit) {
             return; // another flusher took it while this one waited
         }
+        if inner.forgotten {
+            return;
+        }
         let Some(dirty) = inner.dirty.remove(&unit) else { return };
+        self.unmark_refused(&dirty);
         let flying = Arc::new(FlushingUnit { buf: dirty.buf, ranges: dirty.ranges, epoch: dirty.epoch });
         inner.in_flight.insert(unit, flying.clone());
         let size = inner.size;
         let files = self.backend_files(file, &mut inner);
         drop(inner);
         let started = Instant::now();
-        let result = files.and_then(|files| self.write_unit(&files, unit, &flying, size));
+        let result = files.and_then(|files| self.write_unit(file, &files, unit, &flying, size));
         self.metrics.record_flush_latency(started.elapsed().as_micros() as u64);
         drop(flying); // end_flush takes the unit back on failure: no other reference may remain
+        let succeeded = result.is_ok();
         let inner = lock(&file.inner);
         self.end_flush(file, inner, unit, result);
+        if succeeded {
+            self.drop_if_idle(file);
+        }
     }
 
     fn end_flush(&self, file: &Arc<FileState>, mut inner: MutexGuard<'_, FileInner>, unit: u64, result: SysResult<()>) {
         let flown = inner.in_flight.remove(&unit).expect("a flushing unit is in flight");
+        inner.flushes_ended += 1;
         match result {
             Ok(()) => {
                 self.release_unit_memory();
                 self.note_backend_changed(file.inode.ino);
+                inner.retry_at = None;
+                inner.backoff = Duration::ZERO;
                 // Under the file's lock: no write since the times were set, so the data just
                 // written is older than them.
                 if let Some(times) = inner.times_set {
                     if let Err(e) = self.backend.set_times(&file.inode.node, times) {
-                        log::warn!("inode {}: setting its times again after a flush failed: {e}", file.inode.ino);
+                        log::warn!("{}: setting its times again after a flush failed: {e}", self.name_of(file));
                     }
                 }
             }
+            Err(_) if inner.forgotten => {
+                // Nobody can read or write the file any more: its data has nowhere to go.
+                self.release_unit_memory();
+            }
             Err(err) => {
                 self.metrics.flush_errors.fetch_add(1, Relaxed);
-                log::warn!("flush of unit {unit} of inode {} failed: {err}; the data stays buffered", file.inode.ino);
                 inner.errors.record(err);
+                let backoff = (inner.backoff * 2).clamp(RETRY_BACKOFF_MIN, RETRY_BACKOFF_MAX);
+                inner.backoff = backoff;
+                inner.retry_at = Some(Instant::now() + backoff);
+                log::warn!(
+                    "{}: flush of unit {unit} failed: {err}; the data stays buffered, retried in {} ms",
+                    self.name_of(file),
+                    backoff.as_millis()
+                );
                 let flown = Arc::try_unwrap(flown).unwrap_or_else(|_| panic!("no reader keeps a flushing unit"));
                 match inner.dirty.get_mut(&unit) {
                     Some(newer) => {
@@ -694,17 +989,20 @@ impl Writeback {
                         }
                         newer.epoch = newer.epoch.min(flown.epoch);
                         newer.wanted = false;
+                        self.mark_refused(newer, err);
                         self.release_unit_memory();
                     }
                     None => {
-                        let back = DirtyUnit {
+                        let mut back = DirtyUnit {
                             buf: flown.buf,
                             ranges: flown.ranges,
                             epoch: flown.epoch,
                             dirtied_at: Instant::now(),
                             wanted: false,
                             logged: RangeSet::default(),
+                            refused: false,
                         };
+                        self.mark_refused(&mut back, err);
                         inner.dirty.insert(unit, back);
                     }
                 }
@@ -729,10 +1027,9 @@ impl Writeback {
 
     /// Writes one unit's dirty ranges, clipped to the logical size: aligned interiors with
     /// O_DIRECT, sub-block edges through the page cache. Reads nothing.
-    fn write_unit(&self, files: &BackendFiles, unit: u64, flying: &FlushingUnit, size: u64) -> SysResult<()> {
-        let injected = self.injected_flush_errors.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
-        if injected.is_ok() {
-            return Err(Errno(libc::EIO));
+    fn write_unit(&self, file: &FileState, files: &BackendFiles, unit: u64, flying: &FlushingUnit, size: u64) -> SysResult<()> {
+        if let Some(faults) = &self.faults {
+            faults.check(FaultOp::Write, self.backend.path_of(&file.inode.node).as_deref())?;
         }
         let unit_bytes = self.config.unit_bytes;
         let block = self.config.logical_block_bytes;
@@ -830,16 +1127,22 @@ impl Writeback {
     /// Partial units older than the age limit go to the flushers; so do units that failed
     /// before, which is how a transient backend error heals without the application's help.
     fn age_loop(&self) {
-        let tick = (self.config.flush_age / 2).max(Duration::from_millis(50));
+        let tick = (self.config.flush_age / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
         while !self.stopping.load(Relaxed) {
             std::thread::sleep(tick);
             let files = self.open_files();
+            let now = Instant::now();
             for file in files {
                 let mut inner = lock(&file.inner);
+                // A file whose last flush was refused waits out its backoff; then its refused
+                // units are tried again, whatever their age.
+                if inner.retry_at.is_some_and(|at| at > now) {
+                    continue;
+                }
                 let old: Vec<u64> = inner
                     .dirty
                     .iter()
-                    .filter(|(_, u)| !u.wanted && u.dirtied_at.elapsed() >= self.config.flush_age)
+                    .filter(|(_, u)| !u.wanted && (u.refused || u.dirtied_at.elapsed() >= self.config.flush_age))
                     .map(|(&k, _)| k)
                     .collect();
                 for unit in old {
@@ -999,7 +1302,7 @@ impl Writeback {
         // above log_threshold_new, and one more log write per file would cost more than the
         // log saves. What the backend may then hold ahead of the log is safe for replay:
         // unlinks and replacements of files the log created were committed when they happened.
-        data::sync(&files.buffered, data_only)?;
+        self.sync_backend_file(file, &files, data_only)?;
         if logged {
             // What the log holds for this file is older than what the backend now holds
             // durably: replaying it after a crash would take the file back.
@@ -1136,7 +1439,7 @@ impl Writeback {
         let release_before = log.next_seq();
         self.flush_every_file(ErrorReport::Checkpoint)?;
         let flushed: Vec<(u64, u64)> = lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
-        self.backend.sync_file_system()?;
+        self.sync_backend()?;
         log.checkpoint(release_before).map_err(|e| {
             log::error!("{e}");
             Errno(libc::EIO)
@@ -1180,7 +1483,7 @@ impl Writeback {
             return self.checkpoint();
         }
         self.flush_every_file(ErrorReport::Sync)?;
-        self.backend.sync_file_system()
+        self.sync_backend()
     }
 
     /// Checkpoints when the log is half full, and every `checkpoint_interval` while the log
@@ -1201,23 +1504,59 @@ impl Writeback {
         }
     }
 
-    /// At unmount: flush everything, say loudly what could not be written, stop the threads.
-    pub fn shut_down(&self) {
-        let files = self.open_files();
-        for file in files {
-            if let Err(e) = self.flush_file(&file, Some(true), ErrorReport::Sync) {
-                let inner = lock(&file.inner);
-                let bytes: u64 = inner.dirty.values().map(|u| u.ranges.bytes()).sum();
-                log::error!("inode {}: {bytes} buffered bytes could not be written at unmount: {e}", file.inode.ino);
+    /// At unmount: every file's buffered data written and synced, each given `io_timeout`
+    /// without progress at most (so a backend that answers nothing cannot hold the daemon);
+    /// then the last checkpoint; then the threads stopped. Returns what could not be written,
+    /// per file, once (later calls return the same).
+    pub fn shut_down(&self) -> Vec<Unwritten> {
+        let mut report = lock(&self.shut_down_report);
+        if let Some(done) = &*report {
+            return done.clone();
+        }
+        let mut unwritten = Vec::new();
+        let deadline = Instant::now() + self.config.io_timeout;
+        for file in self.open_files() {
+            // Past the deadline the backend has shown it takes nothing: no more waiting.
+            let result = if Instant::now() < deadline {
+                self.flush_file(&file, Some(true), ErrorReport::Sync)
+            } else {
+                Err(Errno(libc::EIO))
+            };
+            let Err(e) = result else { continue };
+            let inner = lock(&file.inner);
+            let in_log: u64 = inner.dirty.values().map(|u| u.ranges.bytes().min(u.logged.bytes())).sum();
+            let bytes: u64 = inner.dirty.values().map(|u| u.ranges.minus(&u.logged).bytes()).sum::<u64>()
+                + inner.in_flight.values().map(|u| u.ranges.bytes()).sum::<u64>();
+            if bytes + in_log == 0 {
+                continue;
             }
+            let name = self.name_of(&file);
+            log::error!(
+                "{name}: {bytes} written bytes could not be written before unmount ({e}) and are lost{}",
+                if in_log > 0 { format!("; {in_log} fsynced bytes stay in the intent log for the next mount") } else { String::new() }
+            );
+            self.metrics.unmount_dropped_bytes.fetch_add(bytes, Relaxed);
+            unwritten.push(Unwritten { name, bytes, in_log, error: e });
         }
         if let Err(e) = self.checkpoint() {
             log::error!("the last checkpoint failed ({e}); the next mount replays the intent log");
         }
         self.stopping.store(true, Relaxed);
         self.queue_ready.notify_all();
-        for thread in lock(&self.flusher_threads).drain(..) {
-            let _ = thread.join();
+        // A flusher stuck in a backend call that never returns is left behind, not waited for.
+        let flushers: Vec<_> = lock(&self.flusher_threads).drain(..).collect();
+        let stop_deadline = Instant::now() + self.config.io_timeout;
+        for thread in flushers {
+            while !thread.is_finished() && Instant::now() < stop_deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            } else {
+                log::error!("a flusher is still in a backend call after {} s; the daemon exits without it", self.config.io_timeout.as_secs());
+            }
         }
+        *report = Some(unwritten.clone());
+        unwritten
     }
 }

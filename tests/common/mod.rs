@@ -151,6 +151,16 @@ impl TestMount {
         self.backing.join(rel)
     }
 
+    /// The daemon's runtime directory (log, pid, control socket; see src/runtime.rs).
+    pub fn runtime_dir(&self) -> PathBuf {
+        runtime_dir(&self.backing)
+    }
+
+    /// What the daemon has logged so far.
+    pub fn daemon_log(&self) -> String {
+        std::fs::read_to_string(self.runtime_dir().join("daemon.log")).unwrap_or_default()
+    }
+
     /// `coalescefs stats`, as name -> value.
     pub fn stats(&self) -> std::collections::HashMap<String, u64> {
         let out = coalescefs(&["stats", &path_str(&self.mnt)]);
@@ -169,7 +179,7 @@ impl TestMount {
     /// file system sees as a close).
     pub fn counter(&self, name: &str) -> u64 {
         use std::io::{Read, Write};
-        let socket = self.backing.join(".coalescefs/control.sock");
+        let socket = self.runtime_dir().join("control.sock");
         let mut stream = std::os::unix::net::UnixStream::connect(&socket).expect("control socket");
         stream.write_all(b"stats\n").unwrap();
         let mut answer = String::new();
@@ -183,8 +193,51 @@ impl TestMount {
             .unwrap_or_else(|| panic!("no counter {name} in:\n{answer}"))
     }
 
+    /// A request to the daemon's control socket, answered with its reply.
+    pub fn control(&self, request: &str) -> String {
+        use std::io::{Read, Write};
+        let mut stream = std::os::unix::net::UnixStream::connect(self.runtime_dir().join("control.sock")).expect("control socket");
+        stream.write_all(format!("{request}\n").as_bytes()).unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    /// Adds a fault rule (see src/backend/faults.rs); the mount must run with COALESCEFS_FAULTS.
+    pub fn inject(&self, rule: &str) {
+        let answer = self.control(&format!("inject {rule}"));
+        assert_eq!(answer.trim(), "ok", "inject {rule}");
+    }
+
+    pub fn clear_faults(&self) {
+        assert_eq!(self.control("clear").trim(), "ok");
+    }
+
+    /// `coalescefs umount`, its output returned whatever its status: the test judges it.
+    pub fn unmount_reporting(&mut self) -> Output {
+        assert!(self.mounted);
+        let out = coalescefs(&["umount", &path_str(&self.mnt)]);
+        self.mounted = false;
+        out
+    }
+
+    /// Aborts the mount's FUSE connection (fusectl): every request waiting on it fails, and
+    /// processes stuck on it can die. For a test that found the mount frozen.
+    pub fn abort_connection(&self) {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mnt = path_str(&self.mnt);
+        let Some(minor) = info.lines().find_map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            (fields.get(4) == Some(&mnt.as_str())).then(|| fields[2].split_once(':').unwrap().1.to_string())
+        }) else {
+            return;
+        };
+        let _ = std::process::Command::new("mount").args(["-t", "fusectl", "none", "/sys/fs/fuse/connections"]).output();
+        let _ = std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1\n");
+    }
+
     pub fn daemon_pid(&self) -> i32 {
-        std::fs::read_to_string(self.backing.join(".coalescefs/pid")).unwrap().trim().parse().unwrap()
+        std::fs::read_to_string(self.runtime_dir().join("pid")).unwrap().trim().parse().unwrap()
     }
 }
 
@@ -197,6 +250,27 @@ impl Drop for TestMount {
             }
         }
     }
+}
+
+/// The runtime directory of the mount of `backing`, as src/runtime.rs names it: under
+/// /run/coalescefs (root), the canonical backing path escaped as `systemd-escape --path` does.
+pub fn runtime_dir(backing: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let canonical = std::fs::canonicalize(backing).unwrap_or_else(|_| backing.to_path_buf());
+    let bytes = canonical.as_os_str().as_bytes();
+    let trimmed: Vec<u8> = bytes.iter().copied().skip_while(|&b| b == b'/').collect();
+    let trimmed = &trimmed[..trimmed.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1)];
+    let mut name = String::new();
+    for (i, &b) in trimmed.iter().enumerate() {
+        match b {
+            b'/' => name.push('-'),
+            b'.' if i > 0 => name.push('.'),
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b':' | b'_' => name.push(b as char),
+            other => name.push_str(&format!("\\x{other:02x}")),
+        }
+    }
+    assert_eq!(unsafe { libc::geteuid() }, 0, "the runtime directory of a non-root daemon is elsewhere");
+    PathBuf::from("/run/coalescefs").join(if name.is_empty() { "-".to_string() } else { name })
 }
 
 pub fn path_str(p: &Path) -> String {
@@ -239,3 +313,33 @@ pub fn process_gone(pid: i32) -> bool {
         Err(_) => true,
     })
 }
+
+/// A real, small ext4 on a loop device: a backend that genuinely runs out of space.
+pub struct SmallFileSystem {
+    pub dir: tempfile::TempDir,
+}
+
+impl SmallFileSystem {
+    pub fn new(mib: u64) -> SmallFileSystem {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("fs.img");
+        let f = std::fs::File::create(&image).unwrap();
+        f.set_len(mib << 20).unwrap();
+        let ok = std::process::Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0"]).arg(&image).status().unwrap().success();
+        assert!(ok);
+        std::fs::create_dir(dir.path().join("fs")).unwrap();
+        let ok = std::process::Command::new("mount").args(["-o", "loop"]).arg(&image).arg(dir.path().join("fs")).status().unwrap().success();
+        assert!(ok, "loop mount");
+        SmallFileSystem { dir }
+    }
+    pub fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("fs")
+    }
+}
+
+impl Drop for SmallFileSystem {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(self.path()).status();
+    }
+}
+

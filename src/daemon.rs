@@ -1,0 +1,393 @@
+//! The daemon: everything `coalescefs mount` does after parsing. Check the directories, take
+//! the backing directory's lock, detach from the terminal (reporting to the parent once the
+//! mount answers or fails), wire the engine to a FUSE session, serve until unmounted, and tear
+//! down within a bounded time, saying what could not be written.
+//!
+//! Termination: SIGINT, SIGTERM and SIGHUP unmount (lazily when files are open); if the session
+//! has not ended `ABORT_AFTER` later (a process keeps the mount busy, or a request waits on a
+//! backend that answers nothing), the FUSE connection is aborted, so the daemon always exits.
+
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::faults::Faults;
+use crate::options::{LogPlace, MountOptions, MountRequest};
+use crate::runtime::RuntimeDir;
+use crate::{backend, control, engine, fail, fuse, logging, metrics, mounts, sys};
+
+/// After a termination signal's unmount, the longest the daemon waits for the session to end
+/// before it aborts the FUSE connection.
+const ABORT_AFTER: Duration = Duration::from_secs(10);
+
+/// What a successful `prepare` holds for the daemon: the backing directory opened and locked.
+struct Prepared {
+    backing: PathBuf,
+    mount_point: PathBuf,
+    runtime: RuntimeDir,
+    metrics: Arc<metrics::Metrics>,
+    backend: backend::local::LocalBackend,
+    /// Held as long as the daemon runs: a second mount of the same directory is refused.
+    _lock: Option<mounts::BackingLock>,
+}
+
+pub fn run_mount(request: MountRequest) -> ExitCode {
+    let opts = &request.options;
+    if opts.remount {
+        return match mounts::remount(&mounts::absolute(&request.mount_point), opts) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(message) => fail(message),
+        };
+    }
+    let prepared = match prepare(&request) {
+        Ok(prepared) => prepared,
+        Err(message) => return fail(message),
+    };
+    let mut ready = ReadyReport(None);
+    if !request.foreground {
+        let (read_end, write_end) = pipe();
+        // No thread exists yet, so fork is safe.
+        match unsafe { libc::fork() } {
+            -1 => return fail(format!("fork failed: {}", sys::Errno::last())),
+            0 => {
+                drop(read_end);
+                unsafe { libc::setsid() };
+                detach_stdio(&prepared.runtime.log_path());
+                ready = ReadyReport(Some(std::fs::File::from(write_end)));
+            }
+            child => {
+                drop(write_end);
+                return wait_for_daemon(read_end, child, &prepared.runtime.log_path());
+            }
+        }
+    }
+    serve(prepared, opts, ready)
+}
+
+/// Everything that can fail before the daemon detaches, with a message for the user.
+fn prepare(request: &MountRequest) -> Result<Prepared, String> {
+    let opts = &request.options;
+    let backing = mounts::check_backing_dir(&request.backing_dir, opts.read_only)?;
+    let mount_point = mounts::check_mount_point(&request.mount_point, &backing)?;
+    let runtime = RuntimeDir::of(&backing);
+    runtime.create().map_err(|e| format!("cannot create the runtime directory {}: {e}", runtime.path().display()))?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let backend = crate::open_backend(&backing, &metrics)?;
+    let state_dir = match backend.open_state_dir() {
+        Ok(dir) => Some(dir),
+        Err(e) if opts.read_only => {
+            log::warn!("no state folder in a read-only backing directory ({e}); mounting without one");
+            None
+        }
+        Err(e) => return Err(format!("cannot create the state folder {}/.coalescefs: {e}", backing.display())),
+    };
+    let lock = state_dir.as_ref().map(|dir| mounts::lock_backing_dir(dir, &backing)).transpose()?;
+    // The last daemon's report was read by its `coalescefs umount`, or is out of date now.
+    let _ = std::fs::remove_file(runtime.unmount_report_path());
+    Ok(Prepared { backing, mount_point, runtime, metrics, backend, _lock: lock })
+}
+
+fn engine_config(opts: &MountOptions, backing: &Path, geometry: &engine::geometry::Geometry) -> engine::EngineConfig {
+    engine::EngineConfig {
+        // st_blksize = unit: stdio-buffered writers (Perl print, fwrite, cp) then write whole units.
+        block_size_bytes: geometry.unit_bytes as u32,
+        writeback: engine::writeback::WritebackConfig {
+            unit_bytes: geometry.unit_bytes,
+            logical_block_bytes: geometry.logical_block_bytes,
+            buffer_bytes: opts.buffer_bytes,
+            flushers: opts.flushers,
+            flush_age: opts.flush_age,
+            store: opts.data_store,
+            log_threshold_bytes: opts.log_threshold_bytes,
+            log_threshold_new_bytes: opts.log_threshold_new_bytes,
+            checkpoint_interval: opts.checkpoint_interval,
+            io_timeout: opts.io_timeout,
+        },
+        log: match &opts.log {
+            LogPlace::Off => None,
+            LogPlace::StateFolder => Some((backend::local::default_log_path(backing), opts.log_size_bytes)),
+            LogPlace::At(path) => Some((path.clone(), opts.log_size_bytes)),
+        },
+        page_cache: opts.writeback_cache,
+    }
+}
+
+/// The daemon proper (also in the foreground): runs until unmounted, then tears down.
+fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> ExitCode {
+    let Prepared { backing, mount_point, runtime, metrics, backend, _lock } = prepared;
+    block_termination_signals();
+    // Modes arrive already masked by the kernel; the daemon's own umask must not mask twice.
+    unsafe { libc::umask(0) };
+
+    let geometry = engine::geometry::discover(&backing, opts.unit_bytes);
+    log::info!(
+        "unit {} bytes ({:?}), logical block {} bytes",
+        geometry.unit_bytes,
+        geometry.unit_source,
+        geometry.logical_block_bytes
+    );
+    // A discovered unit larger than half the buffer would leave writers nothing to work with.
+    if opts.buffer_bytes < 2 * geometry.unit_bytes {
+        return ready.error(&format!(
+            "buffer={} must hold at least two units of {} bytes (give a larger buffer= or a smaller unit=)",
+            opts.buffer_bytes, geometry.unit_bytes
+        ));
+    }
+    let faults = match Faults::from_env() {
+        Ok(faults) => faults.map(Arc::new),
+        Err(e) => return ready.error(&format!("COALESCEFS_FAULTS: {e}")),
+    };
+    if faults.is_some() {
+        log::warn!("fault injection is on (COALESCEFS_FAULTS): for tests only");
+    }
+    let config = engine_config(opts, &backing, &geometry);
+    let engine = match engine::Engine::new(backend, config, metrics.clone(), faults.clone()) {
+        Ok(engine) => Arc::new(engine),
+        Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
+    };
+    let max_write = opts.max_write_bytes.unwrap_or(geometry.unit_bytes).min(fuse::MAX_WRITE_BYTES_LIMIT);
+    let adapter = fuse::FuseAdapter::new(engine.clone(), metrics.clone(), max_write as u32, opts.cache_timeout);
+    let session = match start_session(adapter, &backing, &mount_point, opts) {
+        Ok(session) => session,
+        Err(message) => return ready.error(&message),
+    };
+
+    metrics.daemon_pid.store(std::process::id() as u64, std::sync::atomic::Ordering::Relaxed);
+    if let Err(e) = runtime.write_pid() {
+        log::warn!("cannot write {} ({e}): `coalescefs umount` will not wait for this daemon", runtime.pid_path().display());
+    }
+    let engine_for_sync = engine.clone();
+    let sync_all: control::SyncAll = Box::new(move || engine_for_sync.sync_all().map_err(|e| e.to_string()));
+    if let Err(e) = control::serve_control_socket(&runtime.socket_path(), metrics.clone(), sync_all, faults) {
+        log::warn!("no control socket ({e}): `coalescefs stats` and `sync` will not answer");
+    }
+    if let Some(address) = opts.metrics_address {
+        if let Err(e) = control::serve_prometheus(address, metrics.clone()) {
+            let _ = mounts::unmount(&mount_point, true);
+            return ready.error(&format!("metrics={address}: cannot listen: {e}"));
+        }
+    }
+    log::info!("mounted {} at {}", backing.display(), mount_point.display());
+    // Signals are taken over before the parent returns: a SIGINT right after `coalescefs mount`
+    // must unmount, not kill the daemon and leave a dead mount behind.
+    let session_ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    unmount_on_signal(mount_point.clone(), mounts::mount_at(&mount_point).map(|m| m.device_minor), session_ended.clone());
+    ready.ok();
+    let result = session.run();
+    session_ended.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The kernel's DESTROY usually ran this already; after an aborted connection it did not.
+    let unwritten = engine.shut_down();
+    runtime.remove_runtime_files();
+    let exit = report_unwritten(&runtime, &unwritten);
+    match result {
+        Ok(()) => log::info!("unmounted {}", mount_point.display()),
+        Err(e) => log::info!("the session on {} ended: {e}", mount_point.display()),
+    }
+    exit
+}
+
+fn start_session(
+    adapter: fuse::FuseAdapter,
+    backing: &Path,
+    mount_point: &Path,
+    opts: &MountOptions,
+) -> Result<fuser::Session<fuse::FuseAdapter>, String> {
+    let source = opts.fsname.clone().unwrap_or_else(|| backing.display().to_string());
+    let acl = if opts.allow_other {
+        fuser::SessionACL::All
+    } else if opts.allow_root {
+        fuser::SessionACL::RootAndOwner
+    } else {
+        fuser::SessionACL::Owner
+    };
+    let mut config = fuser::Config::default();
+    config.acl = acl;
+    config.n_threads = Some(opts.threads);
+    config.clone_fd = true;
+    if unsafe { libc::geteuid() } == 0 {
+        let fd = mounts::mount_direct(&source, mount_point, opts)?;
+        return fuser::Session::from_fd(adapter, fd, acl, config).map_err(|e| {
+            let _ = mounts::unmount(mount_point, true);
+            format!("FUSE handshake failed: {e}")
+        });
+    }
+    config.mount_options = vec![
+        fuser::MountOption::FSName(source),
+        fuser::MountOption::Subtype("coalescefs".into()),
+        fuser::MountOption::DefaultPermissions,
+        // Whatever helper mounts it: the documented default.
+        fuser::MountOption::NoDev,
+        fuser::MountOption::NoSuid,
+    ];
+    if opts.read_only {
+        config.mount_options.push(fuser::MountOption::RO);
+    }
+    for flag in &opts.kernel_flags {
+        config.mount_options.push(fuser::MountOption::CUSTOM(flag.clone()));
+    }
+    fuser::Session::new(adapter, mount_point, &config).map_err(|e| format!("mount of {} failed: {e}", mount_point.display()))
+}
+
+/// Says what could not be written, in the log and in the runtime directory's report that
+/// `coalescefs umount` prints; exit status 1 when anything was lost.
+fn report_unwritten(runtime: &RuntimeDir, unwritten: &[engine::writeback::Unwritten]) -> ExitCode {
+    if unwritten.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    let lost: u64 = unwritten.iter().map(|u| u.bytes).sum();
+    let mut report = format!("{lost} written bytes in {} file(s) could not be written before unmount:\n", unwritten.len());
+    for u in unwritten {
+        report += &format!("  {}: {} bytes lost ({})", u.name, u.bytes, u.error);
+        if u.in_log > 0 {
+            report += &format!(", {} fsynced bytes kept in the intent log for the next mount", u.in_log);
+        }
+        report.push('\n');
+    }
+    log::error!("{}", report.trim_end());
+    if let Err(e) = std::fs::write(runtime.unmount_report_path(), &report) {
+        log::error!("cannot write {}: {e}", runtime.unmount_report_path().display());
+    }
+    ExitCode::from(crate::EXIT_FAILURE)
+}
+
+/// The parent's side of daemonizing: waits until the child reports the mount ready or failed,
+/// so that `coalescefs mount` returns only once the mount can be used, with the child's error
+/// and a non-zero status otherwise.
+fn wait_for_daemon(read_end: OwnedFd, daemon: libc::pid_t, log_path: &Path) -> ExitCode {
+    let mut pipe = std::fs::File::from(read_end);
+    let mut report = String::new();
+    let _ = pipe.read_to_string(&mut report);
+    if !report.starts_with("ok") {
+        // A daemon that failed still holds the backing directory's lock until it has exited:
+        // a `coalescefs recover` run right after this failure would find it taken.
+        let mut status = 0;
+        while unsafe { libc::waitpid(daemon, &mut status, 0) } == -1 && sys::Errno::last().0 == libc::EINTR {}
+    }
+    match report.strip_prefix("ok") {
+        Some(warnings) => {
+            for line in warnings.lines().filter(|l| !l.is_empty()) {
+                eprintln!("coalescefs: {line}");
+            }
+            ExitCode::SUCCESS
+        }
+        None if report.is_empty() => {
+            fail(format!("the daemon exited before the mount was ready (see {})", log_path.display()))
+        }
+        None => fail(report.trim_start_matches("error:").trim()),
+    }
+}
+
+/// Where the daemon tells its parent how mounting went; `None` in the foreground.
+struct ReadyReport(Option<std::fs::File>);
+
+impl ReadyReport {
+    fn ok(&mut self) {
+        if let Some(mut pipe) = self.0.take() {
+            let warnings = logging::take_warnings();
+            let _ = pipe.write_all(format!("ok\n{}", warnings.join("\n")).as_bytes());
+        }
+    }
+    fn error(&mut self, message: &str) -> ExitCode {
+        match self.0.take() {
+            Some(mut pipe) => {
+                let _ = pipe.write_all(format!("error:{message}").as_bytes());
+                ExitCode::from(crate::EXIT_FAILURE)
+            }
+            None => fail(message),
+        }
+    }
+}
+
+fn pipe() -> (OwnedFd, OwnedFd) {
+    let mut fds = [0; 2];
+    let ret = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    assert_eq!(ret, 0, "pipe2 failed: {}", sys::Errno::last());
+    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+}
+
+/// Sends the daemon's stdio away from the terminal: stdin and stdout to /dev/null, stderr (a
+/// panic's last words) and the log to the runtime directory's log file.
+fn detach_stdio(log_path: &Path) {
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::dup2(null, 1);
+            libc::dup2(null, 2);
+            libc::close(null);
+        }
+    }
+    if let Ok(path) = sys::path_cstring(log_path) {
+        let log = unsafe {
+            libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC, 0o600)
+        };
+        if log >= 0 {
+            unsafe {
+                libc::dup2(log, 2);
+                libc::close(log);
+            }
+        }
+    }
+    if let Err(e) = logging::to_file(log_path.to_path_buf()) {
+        eprintln!("coalescefs: cannot log to {}: {e}", log_path.display());
+    }
+}
+
+fn termination_signals() -> libc::sigset_t {
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, signal);
+        }
+        set
+    }
+}
+
+/// Blocks the termination signals in this thread and so in every thread started after it:
+/// called before the first thread exists, so that no flusher can be picked to die by one.
+fn block_termination_signals() {
+    let set = termination_signals();
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// Waits for the termination signals on a thread of their own, which unmounts: the session
+/// then ends and the write buffer is flushed. When it has not ended `ABORT_AFTER` later, the
+/// connection (`connection`: the mount's device minor, its fusectl number) is aborted.
+fn unmount_on_signal(mount_point: PathBuf, connection: Option<u32>, session_ended: Arc<std::sync::atomic::AtomicBool>) {
+    let set = termination_signals();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || loop {
+            let mut signal = 0;
+            if unsafe { libc::sigwait(&set, &mut signal) } != 0 {
+                continue;
+            }
+            log::info!("signal {signal}: unmounting {}", mount_point.display());
+            if mounts::unmount(&mount_point, false).is_err() {
+                // Files are still open: detach now, finish when they close.
+                let _ = mounts::unmount(&mount_point, true);
+            }
+            if let Some(connection) = connection {
+                let session_ended = session_ended.clone();
+                std::thread::spawn(move || {
+                    std::thread::sleep(ABORT_AFTER);
+                    if session_ended.load(std::sync::atomic::Ordering::Relaxed) {
+                        return;
+                    }
+                    log::warn!(
+                        "the mount has not let go {} s after the signal (open files, or requests waiting on the backend): \
+                         aborting its FUSE connection",
+                        ABORT_AFTER.as_secs()
+                    );
+                    if let Err(e) = mounts::abort_connection(connection) {
+                        log::error!("cannot abort FUSE connection {connection}: {e}");
+                    }
+                });
+            }
+        })
+        .expect("spawn the signal thread");
+}

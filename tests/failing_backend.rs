@@ -1,0 +1,335 @@
+//! A full or failing backend never freezes the mount (SEMANTICS.md, "Data the backend
+//! refuses"): the writer gets the error within a bounded time, `ls` and other files keep
+//! answering, memory stays within its bound, removing the file frees the space and the mount
+//! recovers when the backend does, unmount finishes and says what it could not write, and
+//! every fsync-acknowledged byte survives.
+//!
+//! The matrix: a real 64 MiB ext4 that runs full (ENOSPC) and a backend failing every write and
+//! sync (EIO, by fault injection), under streaming writes and under small fsynced writes, with
+//! the intent log off and on. Workloads run as child processes under `timeout`: a mount that
+//! froze would fail the test, not hang it.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The longest the writer may wait for its error, and any other request for its answer.
+const ANSWER_WITHIN: Duration = Duration::from_secs(15);
+const BUFFER_MIB: u64 = 8;
+/// The README's bound on the daemon's memory: the buffer plus a fixed overhead.
+const OVERHEAD_MIB: u64 = 48;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fault {
+    /// The backing file system runs out of space for real.
+    Full,
+    /// Every write and sync of the backend fails (fault injection).
+    Eio,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Workload {
+    /// 1 MiB writes, far more than the backend takes.
+    Streaming,
+    /// 4 KiB writes, each fsynced.
+    SmallFsynced,
+}
+
+/// Runs a command, and returns its output and how long it took. Past `seconds` the command
+/// is killed; if it cannot die (stuck in the kernel on a mount that does not answer), the
+/// mount's FUSE connection is aborted so that it can, and the test fails.
+fn timed(m: &TestMount, seconds: u64, program: &str, args: &[&str]) -> (Output, Duration) {
+    let started = Instant::now();
+    let mut child = Command::new(program)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = started + Duration::from_secs(seconds);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            std::thread::sleep(Duration::from_secs(2));
+            if child.try_wait().unwrap().is_none() {
+                m.abort_connection();
+            }
+            let out = child.wait_with_output().unwrap();
+            panic!("{program} {args:?} did not finish in {seconds} s (the mount froze): {out:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let took = started.elapsed();
+    (child.wait_with_output().unwrap(), took)
+}
+
+/// Small fsynced writes to `path` (appended, 4 KiB each, the k-th filled with byte k % 251 + 1)
+/// until one fails or `count` succeed; prints the number of acknowledged writes, exits 1 on error.
+const SMALL_FSYNCS: &str = r#"
+import os, sys
+path, count = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+acked = 0
+try:
+    for k in range(count):
+        os.write(fd, bytes([k % 251 + 1]) * 4096)
+        os.fsync(fd)
+        acked += 1
+    os.close(fd)
+    print(acked)
+except OSError as e:
+    print(acked)
+    print(e, file=sys.stderr)
+    sys.exit(1)
+"#;
+
+fn pattern_of_small_fsyncs(acked: usize) -> Vec<u8> {
+    (0..acked).flat_map(|k| vec![(k % 251 + 1) as u8; 4096]).collect()
+}
+
+fn peak_rss_mib(pid: i32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib / 1024
+}
+
+fn available_bytes(path: &Path) -> u64 {
+    let c = cstr(path);
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st.f_bavail * st.f_frsize
+}
+
+fn run_case(fault: Fault, workload: Workload, log: bool) {
+    let case = format!("{fault:?}, {workload:?}, log={}", if log { "on" } else { "off" });
+    let small = SmallFileSystem::new(64);
+    let backing = small.path().join("backing");
+    fs::create_dir(&backing).unwrap();
+    let buffer = format!("buffer={BUFFER_MIB}M");
+    let mut options = vec![buffer.as_str(), "unit=1M", "io_timeout=5s", "flush_age=500ms"];
+    if log {
+        options.extend(["log=on", "log_size=16M", "checkpoint_interval=1s"]);
+    }
+    // Fault injection on (no rule yet), so that rules can be added while mounted.
+    let env = [("COALESCEFS_FAULTS", "")];
+    let mut m = TestMount::build(&options, &env, Some(&backing));
+
+    // Acknowledged before anything fails: fsynced, then checked at the very end.
+    let acked = pattern(300_000, 41);
+    write_fsynced(&m.path("acked"), &acked);
+    fs::write(m.path("readable"), pattern(50_000, 42)).unwrap();
+    let victim = m.path("victim");
+    let victim_s = path_str(&victim);
+
+    // The fault, and the workload that meets it.
+    let filler = m.path("filler");
+    match (fault, workload) {
+        (Fault::Eio, _) => {
+            m.inject("write=EIO");
+            m.inject("sync=EIO");
+        }
+        (Fault::Full, Workload::SmallFsynced) => {
+            // Most of the space taken by a file made through the mount, so that removing it
+            // through the mount gives the space back.
+            let (out, _) = timed(&m, 60, "dd", &["if=/dev/zero", &format!("of={}", path_str(&filler)), "bs=1M", "count=200", "conv=fsync"]);
+            assert!(!out.status.success(), "{case}: the filler was meant to fill the file system");
+        }
+        (Fault::Full, Workload::Streaming) => {}
+    }
+    let (out, took) = match workload {
+        Workload::Streaming => timed(&m, 60, "dd", &["if=/dev/zero", &format!("of={victim_s}"), "bs=1M", "count=400"]),
+        Workload::SmallFsynced => timed(&m, 60, "python3", &["-c", SMALL_FSYNCS, &victim_s, "3000"]),
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let acked_fsyncs: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0);
+    // With the log, small fsyncs may all be answered by it while the backend refuses: they are
+    // acknowledged, and must survive. Otherwise the writer hears of the failure.
+    let logged_them_all = log && workload == Workload::SmallFsynced && out.status.success();
+    if !logged_them_all {
+        assert!(!out.status.success(), "{case}: the writer never heard of the failure");
+        let expected = if fault == Fault::Full { "No space left on device" } else { "Input/output error" };
+        assert!(stderr.contains(expected), "{case}: the writer got {stderr:?}, not {expected:?}");
+    }
+    assert!(took < ANSWER_WITHIN, "{case}: the writer waited {took:?}");
+    let writer_took = took;
+
+    // The mount keeps answering: a listing, a read of another file, a write to another file.
+    let (out, took) = timed(&m, 30, "ls", &["-l", &path_str(&m.mnt)]);
+    assert!(out.status.success() && took < ANSWER_WITHIN, "{case}: ls took {took:?}: {out:?}");
+    let (out, took) = timed(&m, 30, "cmp", &[&path_str(&m.path("readable")), "-"]);
+    let _ = out;
+    assert!(took < ANSWER_WITHIN, "{case}: reading another file took {took:?}");
+    assert_eq!(fs::read(m.path("readable")).unwrap(), pattern(50_000, 42), "{case}");
+    let (out, took) = timed(&m, 30, "sh", &["-c", &format!("echo other > {}", path_str(&m.path("other")))]);
+    let _ = out; // it may well fail (the backend is full or failing); it must answer
+    assert!(took < ANSWER_WITHIN, "{case}: a write to another file took {took:?}");
+
+    let rss = peak_rss_mib(m.daemon_pid());
+    eprintln!(
+        "{case}: the writer {} after {writer_took:?} ({acked_fsyncs} small fsyncs acknowledged); peak RSS {rss} MiB; \
+         refused bytes buffered {}, flush errors {}",
+        if logged_them_all { "was answered by the log every time" } else { "got its error" },
+        m.counter("buffer_refused_bytes"),
+        m.counter("flush_errors_total")
+    );
+    assert!(rss <= BUFFER_MIB + OVERHEAD_MIB, "{case}: the daemon's peak resident memory {rss} MiB is past the bound");
+    let log_text = m.daemon_log();
+    let warnings = log_text.lines().filter(|l| l.contains("flush of unit")).count();
+    assert!(warnings <= 20, "{case}: {warnings} log lines about refused flushes: repeats are not rate-limited");
+    assert!(log_text.lines().all(|l| l.starts_with("20")), "{case}: a log line without a timestamp:\n{log_text}");
+
+    if fault == Fault::Full {
+        // Removing the file (dd's, or the filler) gives the space back at once, and the mount
+        // recovers: a new file is written and fsynced.
+        let removed = if workload == Workload::Streaming { &victim } else { &filler };
+        let before = available_bytes(&small.path());
+        fs::remove_file(removed).unwrap();
+        wait_for(|| available_bytes(&small.path()) > before + (20 << 20), "the removed file's space to come back");
+        write_fsynced(&m.path("after"), &pattern(100_000, 43));
+        if workload == Workload::SmallFsynced {
+            // The victim's refused writes are retried and drain now that there is room.
+            let (out, _) = timed(&m, 30, "python3", &["-c", SMALL_FSYNCS, &victim_s, "1"]);
+            assert!(out.status.success(), "{case}: fsync after room was made: {out:?}");
+        }
+        let out = m.unmount_reporting();
+        assert!(out.status.success(), "{case}: the backend recovered, yet unmount reports: {}", stderr_of(&out));
+    } else {
+        // Unmount while the backend still fails: it finishes, and says what it could not write
+        // (the victim's refused bytes, or another writer's that replaced them in the buffer).
+        let refused = m.counter("buffer_refused_bytes");
+        let started = Instant::now();
+        let out = m.unmount_reporting();
+        assert!(started.elapsed() < Duration::from_secs(30), "{case}: unmount took {:?}", started.elapsed());
+        let said = stderr_of(&out);
+        if refused > 0 {
+            assert!(!out.status.success(), "{case}: {refused} refused bytes were buffered, yet unmount reported nothing");
+            assert!(said.contains("could not be written before unmount"), "{case}: unmount said {said:?}");
+        }
+    }
+
+    // Every acknowledged byte survived: the fsynced file, and the small writes the log answered.
+    let m = TestMount::build(&options, &[], Some(&backing));
+    assert!(fs::read(m.path("acked")).unwrap() == acked, "{case}: fsynced bytes were lost");
+    if workload == Workload::SmallFsynced && acked_fsyncs > 0 {
+        let now = fs::read(m.path("victim")).unwrap_or_default();
+        let want = pattern_of_small_fsyncs(acked_fsyncs);
+        assert!(now.len() >= want.len() && now[..want.len()] == want[..], "{case}: {acked_fsyncs} acknowledged small writes not all there");
+    }
+    drop(m);
+}
+
+fn write_fsynced(path: &Path, bytes: &[u8]) {
+    use std::io::Write;
+    let mut f = fs::File::create(path).unwrap();
+    f.write_all(bytes).unwrap();
+    f.sync_all().unwrap();
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| seed.wrapping_add((i % 251) as u8)).collect()
+}
+
+#[test]
+fn full_backend_streaming_writes() {
+    run_case(Fault::Full, Workload::Streaming, false);
+}
+
+#[test]
+fn full_backend_small_fsynced_writes() {
+    run_case(Fault::Full, Workload::SmallFsynced, false);
+}
+
+#[test]
+fn full_backend_streaming_writes_with_the_log() {
+    run_case(Fault::Full, Workload::Streaming, true);
+}
+
+#[test]
+fn full_backend_small_fsynced_writes_with_the_log() {
+    run_case(Fault::Full, Workload::SmallFsynced, true);
+}
+
+#[test]
+fn failing_backend_streaming_writes() {
+    run_case(Fault::Eio, Workload::Streaming, false);
+}
+
+#[test]
+fn failing_backend_small_fsynced_writes() {
+    run_case(Fault::Eio, Workload::SmallFsynced, false);
+}
+
+#[test]
+fn failing_backend_streaming_writes_with_the_log() {
+    run_case(Fault::Eio, Workload::Streaming, true);
+}
+
+#[test]
+fn failing_backend_small_fsynced_writes_with_the_log() {
+    run_case(Fault::Eio, Workload::SmallFsynced, true);
+}
+
+/// A backend whose writes do not return: fsync fails with EIO after io_timeout instead of
+/// waiting forever, `ls` answers meanwhile, and once the backend answers again the data drains.
+#[test]
+fn a_stalled_backend_fails_the_waiting_request_after_io_timeout() {
+    let options = ["unit=1M", "io_timeout=2s", "flush_age=3600s"];
+    let mut m = TestMount::build(&options, &[("COALESCEFS_FAULTS", "")], None);
+    let data = pattern(300_000, 44);
+    fs::write(m.path("f"), &data).unwrap();
+    m.inject("write=stall:120s");
+    let (out, took) = timed(&m, 60, "python3", &["-c", SMALL_FSYNCS, &path_str(&m.path("f")), "1"]);
+    assert!(!out.status.success(), "fsync succeeded on a backend that takes nothing: {out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Input/output error"), "{out:?}");
+    assert!(took >= Duration::from_secs(2) && took < ANSWER_WITHIN, "fsync waited {took:?} for io_timeout=2s");
+    let (out, took) = timed(&m, 30, "ls", &[&path_str(&m.mnt)]);
+    assert!(out.status.success() && took < Duration::from_secs(5), "ls took {took:?}");
+    m.clear_faults();
+    let (out, _) = timed(&m, 30, "python3", &["-c", SMALL_FSYNCS, &path_str(&m.path("f")), "1"]);
+    assert!(out.status.success(), "the backend answers again, yet fsync fails: {out:?}");
+    let mut expected = data;
+    expected.extend(pattern_of_small_fsyncs(1));
+    expected.extend(pattern_of_small_fsyncs(1));
+    m.unmount();
+    assert!(fs::read(m.backing_path("f")).unwrap() == expected);
+}
+
+/// SIGTERM while a process keeps a file open on the mount and the backend answers nothing:
+/// the daemon unmounts lazily, and when the mount has not let go ten seconds later it aborts
+/// the FUSE connection, so it exits (the process gets ENOTCONN) and says what it could not
+/// write.
+#[test]
+fn sigterm_ends_the_daemon_even_when_the_mount_stays_busy() {
+    let options = ["unit=1M", "io_timeout=2s", "flush_age=3600s", "writeback_cache=off"];
+    let mut m = TestMount::build(&options, &[("COALESCEFS_FAULTS", "write=stall:600s")], None);
+    let mut holder = Command::new("python3")
+        .args(["-c", "import os, sys, time\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)\nos.write(fd, b'x' * 100000)\nprint('open', flush=True)\ntime.sleep(600)", &path_str(&m.path("held"))])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()), &mut line).unwrap();
+    assert_eq!(line.trim(), "open");
+    let pid = m.daemon_pid();
+    let started = Instant::now();
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    while !process_gone(pid) {
+        assert!(started.elapsed() < Duration::from_secs(40), "the daemon still runs {:?} after SIGTERM", started.elapsed());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = started.elapsed();
+    assert!(took >= Duration::from_secs(9), "the daemon exited after {took:?}: before it waited for the busy mount");
+    let log = m.daemon_log();
+    assert!(log.contains("aborting its FUSE connection"), "{log}");
+    assert!(log.contains("could not be written before unmount") && log.contains("held"), "{log}");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    m.assume_unmounted();
+    // Lazily detached by the daemon, the mount point is free again.
+    assert!(!fs::read_to_string("/proc/self/mountinfo").unwrap().contains(&path_str(&m.mnt)));
+}
