@@ -17,7 +17,42 @@ use std::time::Duration;
 use crate::backend::faults::Faults;
 use crate::options::{LogPlace, MountOptions, MountRequest};
 use crate::runtime::RuntimeDir;
-use crate::{backend, control, engine, fail, fuse, logging, metrics, mounts, sys};
+use crate::{backend, control, engine, fuse, logging, metrics, mounts, sys};
+
+/// The exit status of a command that met a condition (usage errors exit 2).
+pub const EXIT_FAILURE: u8 = 1;
+
+/// Says what went wrong on stderr; exit status 1.
+pub fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("coalescefs: {message}");
+    ExitCode::from(EXIT_FAILURE)
+}
+
+/// Raises the descriptor limit to the hard limit and returns how many descriptors the backend
+/// may keep open for objects the kernel has cached: half of the limit, less a reserve, so that
+/// the files applications open, the write buffer's backend files and the log keep the rest.
+fn node_fd_budget() -> usize {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 256;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    let soft = limit.rlim_cur.min(1 << 24) as usize;
+    (soft.saturating_sub(512) / 2).max(64)
+}
+
+/// The local backend over the backing directory, with its descriptor budget.
+pub fn open_backend(backing: &Path, metrics: &Arc<metrics::Metrics>) -> Result<backend::local::LocalBackend, String> {
+    backend::local::LocalBackend::open_dir(backing, node_fd_budget(), metrics.clone())
+        .map_err(|e| format!("cannot open backing directory {}: {e}", backing.display()))
+}
 
 /// After a termination signal's unmount, the longest the daemon waits for the session to end
 /// before it aborts the FUSE connection.
@@ -75,7 +110,7 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
     let runtime = RuntimeDir::of(&backing);
     runtime.create().map_err(|e| format!("cannot create the runtime directory {}: {e}", runtime.path().display()))?;
     let metrics = Arc::new(metrics::Metrics::default());
-    let backend = crate::open_backend(&backing, &metrics)?;
+    let backend = open_backend(&backing, &metrics)?;
     let state_dir = match backend.open_state_dir() {
         Ok(dir) => Some(dir),
         Err(e) if opts.read_only => {
@@ -250,7 +285,7 @@ fn report_unwritten(runtime: &RuntimeDir, unwritten: &[engine::writeback::Unwrit
     if let Err(e) = std::fs::write(runtime.unmount_report_path(), &report) {
         log::error!("cannot write {}: {e}", runtime.unmount_report_path().display());
     }
-    ExitCode::from(crate::EXIT_FAILURE)
+    ExitCode::from(EXIT_FAILURE)
 }
 
 /// The parent's side of daemonizing: waits until the child reports the mount ready or failed,
@@ -294,7 +329,7 @@ impl ReadyReport {
         match self.0.take() {
             Some(mut pipe) => {
                 let _ = pipe.write_all(format!("error:{message}").as_bytes());
-                ExitCode::from(crate::EXIT_FAILURE)
+                ExitCode::from(EXIT_FAILURE)
             }
             None => fail(message),
         }

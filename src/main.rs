@@ -1,19 +1,9 @@
 //! coalescefs: a FUSE file system that shapes application writes into whole, aligned units.
 //!
-//! This file is the command line: parse, check, daemonize, serve, and tear down. The layers it
-//! wires together are `fuse` (adapter), `engine` (decisions) and `backend` (storage).
+//! This file is the command line: each command parsed and run; `daemon` has the mount's life.
 
-mod backend;
-mod control;
-mod daemon;
-mod engine;
-mod fuse;
-mod logging;
-mod metrics;
-mod mounts;
-mod options;
-mod runtime;
-mod sys;
+use coalescefs::daemon::{fail, open_backend};
+use coalescefs::{backend, control, daemon, engine, logging, metrics, mounts, options, runtime};
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -47,13 +37,7 @@ mount options (-o): allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE wo
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
   dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.";
 
-pub const EXIT_FAILURE: u8 = 1;
 const EXIT_USAGE: u8 = 2;
-
-pub fn fail(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("coalescefs: {message}");
-    ExitCode::from(EXIT_FAILURE)
-}
 
 fn usage_error(err: UsageError) -> ExitCode {
     eprintln!("coalescefs: {}\n{USAGE}", err.0);
@@ -151,31 +135,6 @@ fn backing_of_mount(target: &str) -> Result<(PathBuf, PathBuf), String> {
         return Err(format!("{} is a {} mount, not coalescefs", mount_point.display(), info.fs_type));
     }
     Ok((mount_point, PathBuf::from(info.source)))
-}
-
-/// Raises the descriptor limit to the hard limit and returns how many descriptors the backend
-/// may keep open for objects the kernel has cached: half of the limit, less a reserve, so that
-/// the files applications open, the write buffer's backend files and the log keep the rest.
-fn node_fd_budget() -> usize {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            return 256;
-        }
-        if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                limit = raised;
-            }
-        }
-    }
-    let soft = limit.rlim_cur.min(1 << 24) as usize;
-    (soft.saturating_sub(512) / 2).max(64)
-}
-
-pub fn open_backend(backing: &Path, metrics: &Arc<metrics::Metrics>) -> Result<backend::local::LocalBackend, String> {
-    backend::local::LocalBackend::open_dir(backing, node_fd_budget(), metrics.clone())
-        .map_err(|e| format!("cannot open backing directory {}: {e}", backing.display()))
 }
 
 fn run_recover(args: &[String]) -> ExitCode {
