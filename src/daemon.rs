@@ -125,7 +125,7 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
     Ok(Prepared { backing, mount_point, runtime, metrics, backend, _lock: lock })
 }
 
-fn engine_config(opts: &MountOptions, backing: &Path, geometry: &engine::geometry::Geometry) -> engine::EngineConfig {
+fn engine_config(opts: &MountOptions, geometry: &engine::geometry::Geometry) -> engine::EngineConfig {
     engine::EngineConfig {
         // st_blksize = unit: stdio-buffered writers (Perl print, fwrite, cp) then write whole units.
         block_size_bytes: geometry.unit_bytes as u32,
@@ -141,13 +141,25 @@ fn engine_config(opts: &MountOptions, backing: &Path, geometry: &engine::geometr
             checkpoint_interval: opts.checkpoint_interval,
             io_timeout: opts.io_timeout,
         },
-        log: match &opts.log {
-            LogPlace::Off => None,
-            LogPlace::StateFolder => Some((backend::local::default_log_path(backing), opts.log_size_bytes)),
-            LogPlace::At(path) => Some((path.clone(), opts.log_size_bytes)),
-        },
         page_cache: opts.writeback_cache,
     }
+}
+
+/// The intent log's device, when the log is on: its file opened (or made), and wrapped for
+/// fault injection when the daemon runs with it.
+fn log_setup(opts: &MountOptions, backing: &Path, faults: Option<&Arc<Faults>>) -> Result<Option<engine::LogSetup>, String> {
+    let path = match &opts.log {
+        LogPlace::Off => return Ok(None),
+        LogPlace::StateFolder => backend::local::default_log_path(backing),
+        LogPlace::At(path) => path.clone(),
+    };
+    let (device, created) =
+        engine::intent_log::open_file_device(&path, Some(opts.log_size_bytes)).map_err(|e| format!("{}: {e}", path.display()))?;
+    let device: Box<dyn engine::intent_log::device::LogDevice> = match faults {
+        Some(faults) => Box::new(backend::faults::FaultyLogDevice::new(Box::new(device), faults.clone())),
+        None => Box::new(device),
+    };
+    Ok(Some(engine::LogSetup { device, created }))
 }
 
 /// The daemon proper (also in the foreground): runs until unmounted, then tears down.
@@ -178,8 +190,12 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     if faults.is_some() {
         log::warn!("fault injection is on (COALESCEFS_FAULTS): for tests only");
     }
-    let config = engine_config(opts, &backing, &geometry);
-    let engine = match engine::Engine::new(backend, config, metrics.clone(), faults.clone()) {
+    let config = engine_config(opts, &geometry);
+    let log = match log_setup(opts, &backing, faults.as_ref()) {
+        Ok(log) => log,
+        Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
+    };
+    let engine = match engine::Engine::new(backend, config, metrics.clone(), faults.clone(), log) {
         Ok(engine) => Arc::new(engine),
         Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
     };

@@ -164,7 +164,11 @@ fn run_recover(args: &[String]) -> ExitCode {
     if !log_path.exists() {
         return fail(format!("no intent log at {}", log_path.display()));
     }
-    match engine::salvage_log(backend, &log_path) {
+    let device = match engine::intent_log::open_file_device(&log_path, None) {
+        Ok((device, _)) => device,
+        Err(e) => return fail(format!("{}: {e}", log_path.display())),
+    };
+    match engine::salvage_log(backend, Box::new(device)) {
         Ok(lost) if lost.is_empty() => {
             println!("{}: every batch intact and applied; the log is empty", log_path.display());
             ExitCode::SUCCESS

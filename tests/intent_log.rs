@@ -119,9 +119,12 @@ fn a_failed_log_batch_that_landed_is_not_replayed_over_newer_durable_bytes() {
     let mut expected = pattern(300_000, 30);
     fs::write(backing.path().join("f"), &expected).unwrap();
 
-    // The batch lands but fails; the backend sync and barrier that follow succeed, and the
-    // barrier goes over it.
-    let mut m = TestMount::build(&options, &[("COALESCEFS_INJECT_LOG_ERRORS", "landed")], Some(backing.path()));
+    // The log made first, so that the faults below meet the fsync's batch, not its creation.
+    drop(TestMount::build(&options, &[], Some(backing.path())));
+
+    // The batch lands but fails (the device reports EIO on the flush after the write); the
+    // backend sync and barrier that follow succeed, and the barrier goes over it.
+    let mut m = TestMount::build(&options, &[("COALESCEFS_FAULTS", "logsync=EIO*1")], Some(backing.path()));
     let f = OpenOptions::new().write(true).open(m.path("f")).unwrap();
     f.write_all_at(&pattern(700, 31), 1000).unwrap();
     f.sync_all().expect("a failed log batch falls back to the backend");
@@ -143,7 +146,9 @@ fn a_failed_log_batch_that_landed_is_not_replayed_over_newer_durable_bytes() {
     // while the file is open (its exec would close the descriptor: a FLUSH, which syncs the
     // file and writes over the batch): periodic checkpoints, counted from this process.
     let options = ["log=on", "unit=64K", "flush_age=3600s", "checkpoint_interval=100ms", "writeback_cache=off"];
-    let mut m = TestMount::build(&options, &[("COALESCEFS_INJECT_LOG_ERRORS", "landed,lost")], Some(backing.path()));
+    // The batch's write passes and its sync fails (landed); the barrier's write fails (lost).
+    let faults = [("COALESCEFS_FAULTS", "logsync=EIO*1;logwrite=EIO*1/1")];
+    let mut m = TestMount::build(&options, &faults, Some(backing.path()));
     let f = OpenOptions::new().write(true).open(m.path("f")).unwrap();
     f.write_all_at(&pattern(700, 33), 1000).unwrap();
     assert!(f.sync_all().is_err(), "the barrier could not be written");

@@ -8,14 +8,20 @@
 //! so a test can fail the backend, watch the mount, and let it recover, on a real mount.
 //!
 //! Rule syntax (also of the environment variable, rules separated by `;`):
-//! `OP=ERRNO[*COUNT][@PATH_TEXT]` or `OP=stall:DURATION[*COUNT][@PATH_TEXT]`, where OP is
-//! write, sync, read or create, ERRNO a name (EIO, ENOSPC, EDQUOT, EROFS) and COUNT how many
-//! calls fail (default: until cleared). Example: `write=ENOSPC*3;sync=stall:2s@big`.
+//! `OP=ERRNO[*COUNT][/SKIP][@PATH_TEXT]` or `OP=stall:DURATION[*COUNT][/SKIP][@PATH_TEXT]`,
+//! where OP is write, sync, read, create, logwrite or logsync, ERRNO a name (EIO, ENOSPC,
+//! EDQUOT, EROFS), COUNT how many calls fail (default: until cleared) and SKIP how many
+//! matching calls pass first. Example: `write=ENOSPC*3;sync=stall:2s@big`.
+//!
+//! The intent log's device fails through `FaultyLogDevice`: `logwrite` fails a batch before any
+//! of its bytes reach the log (lost), `logsync` after they did (landed: a device that reports
+//! EIO on the flush that follows the write).
 
 use std::path::Path;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::engine::intent_log::device::LogDevice;
 use crate::sys::{Errno, SysResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +34,10 @@ pub enum FaultOp {
     Read,
     /// A file, directory, node or link made in the backing directory.
     Create,
+    /// A batch written to the intent log's device.
+    LogWrite,
+    /// The intent log's device synced.
+    LogSync,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -42,6 +52,8 @@ struct Rule {
     action: Action,
     /// Calls left to fail; None: until cleared.
     remaining: Option<u64>,
+    /// Matching calls still to let pass before failing.
+    skip: u64,
     path_contains: Option<String>,
 }
 
@@ -70,11 +82,17 @@ fn parse_rule(text: &str) -> Result<Rule, String> {
         "sync" => FaultOp::Sync,
         "read" => FaultOp::Read,
         "create" => FaultOp::Create,
-        other => return Err(format!("'{other}': not write, sync, read or create")),
+        "logwrite" => FaultOp::LogWrite,
+        "logsync" => FaultOp::LogSync,
+        other => return Err(format!("'{other}': not write, sync, read, create, logwrite or logsync")),
     };
     let (rest, path_contains) = match rest.split_once('@') {
         Some((r, p)) => (r, Some(p.to_string())),
         None => (rest, None),
+    };
+    let (rest, skip) = match rest.split_once('/') {
+        Some((r, n)) => (r, n.trim().parse::<u64>().map_err(|_| format!("'{n}': not a count"))?),
+        None => (rest, 0),
     };
     let (action, remaining) = match rest.split_once('*') {
         Some((a, n)) => (a, Some(n.trim().parse::<u64>().map_err(|_| format!("'{n}': not a count"))?)),
@@ -84,14 +102,25 @@ fn parse_rule(text: &str) -> Result<Rule, String> {
         Some(d) => Action::Stall(crate::options::parse_duration(d)?),
         None => Action::Fail(errno_named(action.trim()).ok_or_else(|| format!("'{action}': not an errno this knows"))?),
     };
-    Ok(Rule { op, action, remaining, path_contains })
+    Ok(Rule { op, action, remaining, skip, path_contains })
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Faults {
+    /// A plan with no rules yet.
+    pub fn new() -> Faults {
+        Faults { rules: Mutex::new(Vec::new()), cleared: Condvar::new(), generation: Mutex::new(0) }
+    }
+
     /// The plan the daemon starts with: Some when `COALESCEFS_FAULTS` is set.
     pub fn from_env() -> Result<Option<Faults>, String> {
         let Ok(spec) = std::env::var("COALESCEFS_FAULTS") else { return Ok(None) };
-        let faults = Faults { rules: Mutex::new(Vec::new()), cleared: Condvar::new(), generation: Mutex::new(0) };
+        let faults = Faults::new();
         for rule in spec.split(';').filter(|r| !r.trim().is_empty()) {
             faults.add(rule)?;
         }
@@ -128,6 +157,10 @@ impl Faults {
                     && r.path_contains.as_ref().is_none_or(|p| path.is_some_and(|path| path.to_string_lossy().contains(p.as_str())))
             });
             let Some(rule) = matching else { return Ok(()) };
+            if rule.skip > 0 {
+                rule.skip -= 1;
+                return Ok(());
+            }
             if let Some(n) = &mut rule.remaining {
                 *n -= 1;
             }
@@ -149,6 +182,48 @@ impl Faults {
                 Ok(())
             }
         }
+    }
+}
+
+/// The intent log's device with fault injection (`logwrite`, `logsync`).
+pub struct FaultyLogDevice {
+    inner: Box<dyn LogDevice>,
+    faults: Arc<Faults>,
+}
+
+impl FaultyLogDevice {
+    pub fn new(inner: Box<dyn LogDevice>, faults: Arc<Faults>) -> FaultyLogDevice {
+        FaultyLogDevice { inner, faults }
+    }
+}
+
+impl LogDevice for FaultyLogDevice {
+    fn size_bytes(&self) -> SysResult<u64> {
+        self.inner.size_bytes()
+    }
+    fn write_blocks(&self, block: u64, bytes: &[u8]) -> SysResult<()> {
+        self.faults.check(FaultOp::LogWrite, None)?;
+        self.inner.write_blocks(block, bytes)
+    }
+    fn sync(&self) -> SysResult<()> {
+        self.inner.sync()?;
+        // After the flush: what was written landed, and the caller is told it did not.
+        self.faults.check(FaultOp::LogSync, None)
+    }
+    fn read_all(&self) -> SysResult<Vec<u8>> {
+        self.inner.read_all()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn read_map(&self) -> SysResult<Vec<u8>> {
+        self.inner.read_map()
+    }
+    fn append_map_synced(&self, bytes: &[u8]) -> SysResult<()> {
+        self.inner.append_map_synced(bytes)
+    }
+    fn remove_map(&self) -> SysResult<()> {
+        self.inner.remove_map()
     }
 }
 

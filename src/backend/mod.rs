@@ -10,7 +10,6 @@
 mod aio;
 pub mod faults;
 pub mod local;
-pub mod log_file;
 
 use std::fs::File;
 use std::sync::Mutex;

@@ -10,7 +10,6 @@ pub mod buffer;
 pub mod geometry;
 pub mod inodes;
 pub mod intent_log;
-pub mod log_format;
 mod replay;
 pub mod writeback;
 
@@ -25,8 +24,9 @@ use crate::backend::local::{self, data, DirStream, LocalBackend, Node, TimesToSe
 use crate::metrics::Metrics;
 use crate::sys::{name_cstring, Errno, SysResult};
 use inodes::{Inode, InodeTable, ROOT_INO};
+use intent_log::device::LogDevice;
+use intent_log::format::Record;
 use intent_log::{IntentLog, LogError};
-use log_format::Record;
 use crate::backend::faults::{FaultOp, Faults};
 use writeback::{ErrorReport, FileState, Unwritten, Writeback, WritebackConfig};
 
@@ -105,8 +105,12 @@ pub struct EngineConfig {
     pub block_size_bytes: u32,
     pub writeback: WritebackConfig,
     pub page_cache: PageCache,
-    /// The intent log's file and size, when it is on.
-    pub log: Option<(std::path::PathBuf, u64)>,
+}
+
+/// The intent log's device, when the log is on, and whether it was just created (all zeros).
+pub struct LogSetup {
+    pub device: Box<dyn LogDevice>,
+    pub created: bool,
 }
 
 /// How writes use the kernel's page cache (FUSE's writeback cache).
@@ -168,13 +172,14 @@ impl Engine {
         config: EngineConfig,
         metrics: Arc<Metrics>,
         faults: Option<Arc<Faults>>,
+        log: Option<LogSetup>,
     ) -> Result<Engine, String> {
         let root = backend.root_node().map_err(|e| e.to_string())?;
         let root_stat = backend.stat(&root).map_err(|e| e.to_string())?;
         let inodes = InodeTable::new(root, key_of(&root_stat));
         let backend = Arc::new(backend);
-        let log = match &config.log {
-            Some((path, size_bytes)) => Some(recover_from_log(&backend, path, *size_bytes, &metrics)?),
+        let log = match log {
+            Some(setup) => Some(recover_from_log(&backend, setup, &metrics)?),
             None => None,
         };
         let writeback = Writeback::new(backend.clone(), config.writeback.clone(), metrics.clone(), log, faults.clone());
@@ -838,19 +843,21 @@ impl Engine {
 
 /// `coalescefs recover`: applies every intact batch of a damaged intent log to the backend and
 /// empties the log. Returns a line for each batch that could not be read.
-pub fn salvage_log(backend: LocalBackend, path: &Path) -> Result<Vec<String>, String> {
+pub fn salvage_log(backend: LocalBackend, device: Box<dyn LogDevice>) -> Result<Vec<String>, String> {
     let metrics = Arc::new(Metrics::default());
-    let (log, batches, lost) = IntentLog::salvage(path, metrics.clone()).map_err(|e| format!("{}: {e}", path.display()))?;
-    replay::replay(&backend, log, &batches, path, &metrics).map_err(|e| format!("replaying {}: {e}", path.display()))?;
+    let name = device.describe();
+    let (log, batches, lost) = IntentLog::salvage(device, metrics.clone()).map_err(|e| format!("{name}: {e}"))?;
+    replay::replay(&backend, log, &batches, &metrics).map_err(|e| format!("replaying {name}: {e}"))?;
     Ok(lost)
 }
 
 /// Opens the intent log and applies what it holds after its checkpoint to the backend (see
 /// `replay`), so the log starts empty.
-fn recover_from_log(backend: &LocalBackend, path: &Path, size_bytes: u64, metrics: &Arc<Metrics>) -> Result<IntentLog, String> {
-    let (log, batches) = IntentLog::open(path, size_bytes, metrics.clone()).map_err(|e| match e {
-        LogError::Corrupt(_) => format!("{}: {e}; nothing was replayed or changed", path.display()),
-        _ => format!("{}: {e}", path.display()),
+fn recover_from_log(backend: &LocalBackend, setup: LogSetup, metrics: &Arc<Metrics>) -> Result<IntentLog, String> {
+    let name = setup.device.describe();
+    let (log, batches) = IntentLog::open(setup.device, setup.created, metrics.clone()).map_err(|e| match e {
+        LogError::Corrupt(_) => format!("{name}: {e}; nothing was replayed or changed"),
+        _ => format!("{name}: {e}"),
     })?;
-    replay::replay(backend, log, &batches, path, metrics).map_err(|e| format!("replaying the intent log {}: {e}", path.display()))
+    replay::replay(backend, log, &batches, metrics).map_err(|e| format!("replaying the intent log {name}: {e}"))
 }

@@ -30,12 +30,13 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs::File;
-use std::path::Path;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::intent_log::format::{Batch, Record};
+use super::intent_log::device::LogDevice;
 use super::intent_log::IntentLog;
-use super::log_format::{Batch, Record};
 use crate::backend::local::{data, LocalBackend, Node};
 use crate::metrics::Metrics;
 use crate::sys::{Errno, SysResult};
@@ -48,8 +49,8 @@ fn means_state_moved_on(e: Errno) -> bool {
 
 struct Replay<'a> {
     backend: &'a LocalBackend,
-    /// Files made again, durably: appended (and synced) before each one is used.
-    map: File,
+    /// Where the map of files made again lives: appended (and synced) before each one is used.
+    device: &'a dyn LogDevice,
     /// Every object a record named, once looked for: its file if it exists (None: gone, or not
     /// a regular file).
     files: HashMap<Vec<u8>, Option<File>>,
@@ -137,7 +138,7 @@ impl Replay<'_> {
             entry.extend_from_slice(&(k.len() as u32).to_le_bytes());
             entry.extend_from_slice(k);
         }
-        data::append_synced(&self.map, &entry)?;
+        self.device.append_map_synced(&entry)?;
         self.made_by_replay.insert(new_key.clone());
         self.recreated.insert(key.to_vec(), new_key);
         self.files.insert(key.to_vec(), Some(file));
@@ -210,21 +211,11 @@ impl Replay<'_> {
     }
 }
 
-fn replay_map_path(log: &Path) -> std::path::PathBuf {
-    let mut name = log.as_os_str().to_owned();
-    name.push(".replay-map");
-    name.into()
-}
-
 /// The map of files made again by earlier, interrupted replays of this log (logged handle ->
-/// the new file's), and the file to append to. A torn last entry (the replay died writing it)
-/// is dropped: its file was not used yet.
-fn open_replay_map(path: &Path) -> SysResult<(File, HashMap<Vec<u8>, Vec<u8>>)> {
-    let bytes = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(Errno::from(e)),
-    };
+/// the new file's), kept beside the log on its device. A torn last entry (the replay died
+/// writing it) is dropped: its file was not used yet.
+fn read_replay_map(device: &dyn LogDevice) -> SysResult<HashMap<Vec<u8>, Vec<u8>>> {
+    let bytes = device.read_map()?;
     let mut map = HashMap::new();
     let mut rest = bytes.as_slice();
     let take = |rest: &mut &[u8]| -> Option<Vec<u8>> {
@@ -236,14 +227,7 @@ fn open_replay_map(path: &Path) -> SysResult<(File, HashMap<Vec<u8>, Vec<u8>>)> 
     while let (Some(old), Some(new)) = (take(&mut rest), take(&mut rest)) {
         map.insert(old, new);
     }
-    let existed = !bytes.is_empty() || path.exists();
-    let file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(Errno::from)?;
-    if !existed {
-        // Its name must survive a power cut as its entries will.
-        let dir = path.parent().unwrap_or(Path::new("/"));
-        data::sync(&File::open(dir).map_err(Errno::from)?, false)?;
-    }
-    Ok((file, map))
+    Ok(map)
 }
 
 /// One line for the debug log: what a record is, without its bytes.
@@ -262,10 +246,10 @@ fn describe(record: &Record) -> String {
     }
 }
 
-pub fn replay(backend: &LocalBackend, log: IntentLog, batches: &[Batch], path: &Path, metrics: &Arc<Metrics>) -> SysResult<IntentLog> {
+pub fn replay(backend: &LocalBackend, log: IntentLog, batches: &[Batch], metrics: &Arc<Metrics>) -> SysResult<IntentLog> {
     if batches.is_empty() {
         // A map left by a replay that emptied the log and stopped before removing it.
-        let _ = std::fs::remove_file(replay_map_path(path));
+        let _ = log.device().remove_map();
         return Ok(log);
     }
     let records: Vec<&Record> = batches.iter().flat_map(|b| &b.records).collect();
@@ -275,11 +259,10 @@ pub fn replay(backend: &LocalBackend, log: IntentLog, batches: &[Batch], path: &
             last_barrier.insert(file, i);
         }
     }
-    let map_path = replay_map_path(path);
-    let (map, recreated) = open_replay_map(&map_path)?;
+    let recreated = read_replay_map(log.device())?;
     let mut replay = Replay {
         backend,
-        map,
+        device: log.device(),
         files: HashMap::new(),
         made_by_replay: recreated.values().cloned().collect(),
         recreated,
@@ -322,7 +305,7 @@ pub fn replay(backend: &LocalBackend, log: IntentLog, batches: &[Batch], path: &
         Errno(libc::EIO)
     })?;
     // The log is empty: nothing will look the made-again files up by their old handles.
-    std::fs::remove_file(&map_path).map_err(Errno::from)?;
+    log.device().remove_map()?;
     metrics.log_replayed_records.fetch_add(replay.applied, Ordering::Relaxed);
     log::warn!(
         "replayed {} of {} intent log records ({} batches, {} files made again) from {}: the last mount did not end cleanly",
@@ -330,7 +313,7 @@ pub fn replay(backend: &LocalBackend, log: IntentLog, batches: &[Batch], path: &
         records.len(),
         batches.len(),
         replay.recreated_files,
-        path.display()
+        log.device().describe()
     );
     for what in &replay.not_restored {
         log::warn!("intent log: a file created before the crash was not made again: {what}");

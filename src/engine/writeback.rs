@@ -24,8 +24,8 @@ use crate::backend::faults::{FaultOp, Faults};
 use super::inodes::Inode;
 use crate::backend::local::{data, LocalBackend, TimesToSet};
 use crate::backend::DataStore;
+use super::intent_log::format::Record;
 use super::intent_log::{IntentLog, LogError};
-use super::log_format::Record;
 use crate::metrics::Metrics;
 use crate::sys::{Errno, SysResult};
 

@@ -12,11 +12,14 @@
 use std::path::Path;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use super::log_format::{
+pub mod device;
+pub mod format;
+
+use device::LogDevice;
+use format::{
     batch_blocks, encode_batch, encode_wrap, read_log, salvage_log, Batch, Corruption, Record, Superblock, LOG_BLOCK_BYTES,
     SUPERBLOCK_COPIES,
 };
-use crate::backend::log_file::LogFile;
 use crate::metrics::Metrics;
 use crate::sys::Errno;
 use std::sync::atomic::Ordering::Relaxed;
@@ -54,6 +57,27 @@ impl std::fmt::Display for LogError {
     }
 }
 
+/// Opens (or creates, `size_bytes` long) the log file at `path`; returns it and whether it was
+/// created. A file of another size is refused: the ring's geometry is in its superblock, and
+/// `log_size=` must not change while the log holds data. `size_bytes` None: whatever size the
+/// file has (`coalescefs recover`).
+pub fn open_file_device(path: &Path, size_bytes: Option<u64>) -> Result<(device::FileLogDevice, bool), LogError> {
+    let asked = match size_bytes {
+        Some(size) => size,
+        None => std::fs::metadata(path).map_err(|e| LogError::Io("open", Errno::from(e)))?.len(),
+    };
+    let (device, created) =
+        device::FileLogDevice::open_or_create(path, asked, LOG_BLOCK_BYTES).map_err(|e| LogError::Io("open", e))?;
+    let actual = device.size_bytes().map_err(|e| LogError::Io("open", e))?;
+    if actual != asked {
+        return Err(LogError::Mismatch(format!(
+            "{} is {actual} bytes, not the {asked} asked for (log_size= must not change while the log holds data)",
+            path.display()
+        )));
+    }
+    Ok((device, created))
+}
+
 struct Ring {
     sb: Superblock,
     next_block: u64,
@@ -88,12 +112,8 @@ struct Pending {
 }
 
 pub struct IntentLog {
-    file: LogFile,
+    device: Box<dyn LogDevice>,
     metrics: Arc<Metrics>,
-    /// Test-only fault injection: the next batch writes fail, one per entry, each as a device
-    /// that says EIO after the bytes landed (`landed`) or before any did (`lost`), from
-    /// COALESCEFS_INJECT_LOG_ERRORS=landed,lost,...
-    injected_errors: Mutex<std::collections::VecDeque<InjectedError>>,
     ring: Mutex<Ring>,
     pending: Mutex<Pending>,
     committed: Condvar,
@@ -104,49 +124,42 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl IntentLog {
-    /// Opens the log at `path` (creating one of `size_bytes` when there is none) and returns
-    /// it with every batch written after the last checkpoint, for recovery to replay.
-    pub fn open(path: &Path, size_bytes: u64, metrics: Arc<Metrics>) -> Result<(IntentLog, Vec<Batch>), LogError> {
-        Self::open_reading(path, size_bytes, metrics, false).map(|(log, batches, _)| (log, batches))
+    /// Opens the log on `device` (`created`: just made, all zeros) and returns it with every
+    /// batch written after the last checkpoint, for recovery to replay.
+    pub fn open(device: Box<dyn LogDevice>, created: bool, metrics: Arc<Metrics>) -> Result<(IntentLog, Vec<Batch>), LogError> {
+        Self::open_reading(device, created, metrics, false).map(|(log, batches, _)| (log, batches))
     }
 
     /// For `coalescefs recover`: opens an existing log whose reading may stop at damage, and
     /// returns every intact batch after the checkpoint, with a line for each one lost.
-    pub fn salvage(path: &Path, metrics: Arc<Metrics>) -> Result<(IntentLog, Vec<Batch>, Vec<String>), LogError> {
-        let size_bytes = std::fs::metadata(path).map_err(|e| LogError::Io("open", Errno::from(e)))?.len();
-        Self::open_reading(path, size_bytes, metrics, true)
+    pub fn salvage(device: Box<dyn LogDevice>, metrics: Arc<Metrics>) -> Result<(IntentLog, Vec<Batch>, Vec<String>), LogError> {
+        Self::open_reading(device, false, metrics, true)
     }
 
     fn open_reading(
-        path: &Path,
-        size_bytes: u64,
+        device: Box<dyn LogDevice>,
+        created: bool,
         metrics: Arc<Metrics>,
         salvage: bool,
     ) -> Result<(IntentLog, Vec<Batch>, Vec<String>), LogError> {
         let block = LOG_BLOCK_BYTES as u64;
-        let area_blocks = size_bytes / block - SUPERBLOCK_COPIES;
+        let size_bytes = device.size_bytes().map_err(|e| LogError::Io("open", e))?;
         if size_bytes % block != 0 || size_bytes / block <= SUPERBLOCK_COPIES + 1 {
             return Err(LogError::Mismatch(format!("a log of {size_bytes} bytes is not whole 4 KiB blocks, or too small")));
         }
-        let (file, created) = LogFile::open_or_create(path, size_bytes, LOG_BLOCK_BYTES).map_err(|e| LogError::Io("open", e))?;
+        let area_blocks = size_bytes / block - SUPERBLOCK_COPIES;
         if created {
             let first = Superblock { generation: 0, area_blocks, checkpoint_seq: 1, checkpoint_block: 0 };
-            file.write_blocks(0, &first.encode()).map_err(|e| LogError::Io("write superblock", e))?;
-            file.sync().map_err(|e| LogError::Io("sync", e))?;
+            device.write_blocks(0, &first.encode()).map_err(|e| LogError::Io("write superblock", e))?;
+            device.sync().map_err(|e| LogError::Io("sync", e))?;
         }
-        let bytes = file.read_all().map_err(|e| LogError::Io("read", e))?;
-        if bytes.len() as u64 != size_bytes {
-            return Err(LogError::Mismatch(format!(
-                "{} is {} bytes, not the {size_bytes} asked for (log_size= must not change while the log holds data)",
-                path.display(),
-                bytes.len()
-            )));
-        }
+        let bytes = device.read_all().map_err(|e| LogError::Io("read", e))?;
+        let name = device.describe();
         let copies = [&bytes[..LOG_BLOCK_BYTES], &bytes[LOG_BLOCK_BYTES..2 * LOG_BLOCK_BYTES]];
         let sb = Superblock::newest(copies)
-            .ok_or_else(|| LogError::Mismatch(format!("{} holds no intact log superblock", path.display())))?;
+            .ok_or_else(|| LogError::Mismatch(format!("{name} holds no intact log superblock")))?;
         if sb.area_blocks != area_blocks {
-            return Err(LogError::Mismatch(format!("{} says {} blocks, the file holds {area_blocks}", path.display(), sb.area_blocks)));
+            return Err(LogError::Mismatch(format!("{name} says {} blocks, the file holds {area_blocks}", sb.area_blocks)));
         }
         let area = &bytes[2 * LOG_BLOCK_BYTES..];
         let (contents, lost) = match read_log(area, &sb) {
@@ -165,9 +178,8 @@ impl IntentLog {
             failed_write_at_next: false,
         };
         let log = IntentLog {
-            file,
+            device,
             metrics,
-            injected_errors: Mutex::new(injected_errors_from_env()),
             ring: Mutex::new(ring),
             pending: Mutex::new(Pending { records: Vec::new(), next_ticket: 1, durable_ticket: 0, failed: Default::default(), failed_total: 0, leader_active: false }),
             committed: Condvar::new(),
@@ -280,7 +292,7 @@ impl IntentLog {
         if wrap_waste > 0 {
             let seq = ring.next_seq;
             let at = ring.next_block;
-            self.file.write_blocks(SUPERBLOCK_COPIES + at, &encode_wrap(seq)).map_err(|e| LogError::Io("write", e))?;
+            self.device.write_blocks(SUPERBLOCK_COPIES + at, &encode_wrap(seq)).map_err(|e| LogError::Io("write", e))?;
             ring.starts.push_back((seq, at));
             ring.next_seq += 1;
             ring.next_block = 0;
@@ -290,15 +302,8 @@ impl IntentLog {
         let (seq, at) = (ring.next_seq, ring.next_block);
         let bytes = encode_batch(seq, records);
         assert_eq!(bytes.len() as u64, blocks * LOG_BLOCK_BYTES as u64, "a batch is the whole blocks it was given room for");
-        let injected = lock(&self.injected_errors).pop_front();
-        if injected == Some(InjectedError::Lost) {
-            return Err(LogError::Io("write (injected)", Errno(libc::EIO)));
-        }
-        self.file.write_blocks(SUPERBLOCK_COPIES + at, &bytes).map_err(|e| LogError::Io("write", e))?;
-        self.file.sync().map_err(|e| LogError::Io("sync", e))?;
-        if injected == Some(InjectedError::Landed) {
-            return Err(LogError::Io("sync (injected)", Errno(libc::EIO)));
-        }
+        self.device.write_blocks(SUPERBLOCK_COPIES + at, &bytes).map_err(|e| LogError::Io("write", e))?;
+        self.device.sync().map_err(|e| LogError::Io("sync", e))?;
         self.metrics.log_batches.fetch_add(1, Relaxed);
         self.metrics.log_records.fetch_add(records.len() as u64, Relaxed);
         self.metrics.log_write_bytes.fetch_add(bytes.len() as u64 + wrap_waste.min(1) * LOG_BLOCK_BYTES as u64, Relaxed);
@@ -325,8 +330,8 @@ impl IntentLog {
         let block = ring.starts.front().map_or(ring.next_block % ring.sb.area_blocks, |&(_, b)| b);
         let sb = Superblock { generation: ring.sb.generation + 1, checkpoint_seq: first_kept_seq, checkpoint_block: block, ..ring.sb };
         let copy = sb.generation % SUPERBLOCK_COPIES;
-        self.file.write_blocks(copy, &sb.encode()).map_err(|e| LogError::Io("write superblock", e))?;
-        self.file.sync().map_err(|e| LogError::Io("sync", e))?;
+        self.device.write_blocks(copy, &sb.encode()).map_err(|e| LogError::Io("write superblock", e))?;
+        self.device.sync().map_err(|e| LogError::Io("sync", e))?;
         ring.sb = sb;
         self.metrics.log_checkpoints.fetch_add(1, Relaxed);
         Ok(())
@@ -353,6 +358,11 @@ impl IntentLog {
         lock(&self.ring).next_seq
     }
 
+    /// The device the log lives on (recovery keeps its replay map there too).
+    pub fn device(&self) -> &dyn LogDevice {
+        &*self.device
+    }
+
     /// Every batch a reader could find lies before this sequence number: `next_seq`, or one
     /// more while a failed batch may sit at the next position (an error reported after its
     /// bytes landed), until a batch or a checkpoint is written over it.
@@ -363,30 +373,18 @@ impl IntentLog {
 
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum InjectedError {
-    Landed,
-    Lost,
-}
-
-fn injected_errors_from_env() -> std::collections::VecDeque<InjectedError> {
-    let Ok(spec) = std::env::var("COALESCEFS_INJECT_LOG_ERRORS") else { return Default::default() };
-    spec.split(',')
-        .filter(|s| !s.is_empty())
-        .map(|s| match s {
-            "landed" => InjectedError::Landed,
-            "lost" => InjectedError::Lost,
-            other => panic!("COALESCEFS_INJECT_LOG_ERRORS: {other:?} is neither landed nor lost"),
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn metrics() -> Arc<Metrics> {
         Arc::new(Metrics::default())
+    }
+
+    /// The log file at `path`, as the daemon opens it.
+    fn open(path: &Path, size: u64, metrics: Arc<Metrics>) -> Result<(IntentLog, Vec<Batch>), LogError> {
+        let (device, created) = open_file_device(path, Some(size))?;
+        IntentLog::open(Box::new(device), created, metrics)
     }
 
     fn data(file: u64, offset: u64, len: usize, fill: u8) -> Record {
@@ -398,19 +396,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
         let size = 64 * LOG_BLOCK_BYTES as u64;
-        let (log, replay) = IntentLog::open(&path, size, metrics()).unwrap();
+        let (log, replay) = open(&path, size, metrics()).unwrap();
         assert!(replay.is_empty());
         log.commit(vec![data(1, 0, 100, 1)]).unwrap();
         log.commit(vec![data(2, 4096, 5000, 2), Record::Size { file: 2u64.to_le_bytes().to_vec(), size: 9096 }]).unwrap();
         let kept_from = log.next_seq();
         log.commit(vec![data(1, 100, 10, 3)]).unwrap();
         drop(log);
-        let (log, replay) = IntentLog::open(&path, size, metrics()).unwrap();
+        let (log, replay) = open(&path, size, metrics()).unwrap();
         assert_eq!(replay.len(), 3, "everything committed is read back: {replay:?}");
         assert_eq!(replay[1].records[1], Record::Size { file: 2u64.to_le_bytes().to_vec(), size: 9096 });
         log.checkpoint(kept_from).unwrap();
         drop(log);
-        let (_log, replay) = IntentLog::open(&path, size, metrics()).unwrap();
+        let (_log, replay) = open(&path, size, metrics()).unwrap();
         assert_eq!(replay.len(), 1);
         assert_eq!(replay[0].records, vec![data(1, 100, 10, 3)]);
     }
@@ -420,7 +418,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
         let size = 18 * LOG_BLOCK_BYTES as u64; // 16 blocks of area
-        let (log, _) = IntentLog::open(&path, size, metrics()).unwrap();
+        let (log, _) = open(&path, size, metrics()).unwrap();
         for i in 0..40u64 {
             match log.commit(vec![data(i, 0, 6000, i as u8)]) {
                 Ok(()) => {}
@@ -433,7 +431,7 @@ mod tests {
             }
         }
         drop(log);
-        let (_, replay) = IntentLog::open(&path, size, metrics()).unwrap();
+        let (_, replay) = open(&path, size, metrics()).unwrap();
         let last = replay.last().expect("batches since the checkpoint");
         assert_eq!(last.records, vec![data(39, 0, 6000, 39)], "the newest commit is read back after many wraps");
         assert!(replay.windows(2).all(|w| w[0].seq < w[1].seq));
@@ -444,7 +442,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
         let size = 4096 * LOG_BLOCK_BYTES as u64;
-        let (log, _) = IntentLog::open(&path, size, metrics()).unwrap();
+        let (log, _) = open(&path, size, metrics()).unwrap();
         let log = Arc::new(log);
         let threads: Vec<_> = (0..8u64)
             .map(|t| {
@@ -461,7 +459,7 @@ mod tests {
         }
         let batches_written = log.next_seq() - 1;
         drop(log);
-        let (_, replay) = IntentLog::open(&path, size, metrics()).unwrap();
+        let (_, replay) = open(&path, size, metrics()).unwrap();
         let mut seen: Vec<(u64, u64)> = replay
             .iter()
             .flat_map(|b| &b.records)
@@ -482,7 +480,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
         let size = 64 * LOG_BLOCK_BYTES as u64;
-        let (log, _) = IntentLog::open(&path, size, metrics()).unwrap();
+        let (log, _) = open(&path, size, metrics()).unwrap();
         for i in 0..3 {
             log.commit(vec![data(1, i * 100, 100, 7)]).unwrap();
         }
@@ -491,7 +489,7 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[2 * LOG_BLOCK_BYTES + 60] ^= 0x10;
         std::fs::write(&path, &bytes).unwrap();
-        match IntentLog::open(&path, size, metrics()) {
+        match open(&path, size, metrics()) {
             Err(LogError::Corrupt(c)) => assert_eq!(c.offset, 2 * LOG_BLOCK_BYTES as u64),
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("a damaged log opened"),
@@ -500,33 +498,64 @@ mod tests {
 
     #[test]
     fn a_failed_batch_that_landed_is_written_over_before_a_checkpoint_releases_past_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log");
-        let size = 64 * LOG_BLOCK_BYTES as u64;
-        let (log, _) = IntentLog::open(&path, size, metrics()).unwrap();
+        use crate::backend::faults::{Faults, FaultyLogDevice};
+        // In memory, behind fault injection: `logsync` fails a batch after its bytes landed.
+        let device = Arc::new(device::MemoryLogDevice::new(64 * LOG_BLOCK_BYTES as u64, LOG_BLOCK_BYTES));
+        let faults = Arc::new(Faults::new());
+        let open = |created| IntentLog::open(Box::new(FaultyLogDevice::new(Box::new(device.clone()), faults.clone())), created, metrics());
+        let (log, _) = open(true).unwrap();
         log.commit(vec![data(1, 0, 100, 1)]).unwrap();
-        lock(&log.injected_errors).push_back(InjectedError::Landed);
+        faults.control("inject logsync=EIO*1").unwrap();
         assert!(matches!(log.commit(vec![data(1, 0, 100, 2)]), Err(LogError::Io(..))));
         drop(log);
         // Nothing released it: the landed batch is read back like any other.
-        let (log, replay) = IntentLog::open(&path, size, metrics()).unwrap();
+        let (log, replay) = open(false).unwrap();
         assert_eq!(replay.iter().map(|b| b.records.clone()).collect::<Vec<_>>(), vec![vec![data(1, 0, 100, 1)], vec![data(1, 0, 100, 2)]]);
         log.checkpoint(log.next_seq()).unwrap();
-        lock(&log.injected_errors).push_back(InjectedError::Landed);
+        faults.control("inject logsync=EIO*1").unwrap();
         assert!(log.commit(vec![data(1, 0, 100, 3)]).is_err());
         // The caller made everything durable elsewhere, and releases the whole log.
         log.checkpoint(log.next_seq()).unwrap();
         drop(log);
-        let (_, replay) = IntentLog::open(&path, size, metrics()).unwrap();
+        let (_, replay) = open(false).unwrap();
         assert!(replay.iter().all(|b| b.records.is_empty()), "the failed batch was read after the checkpoint: {replay:?}");
+    }
+
+    #[test]
+    fn a_crash_keeps_every_synced_batch_and_never_a_torn_one() {
+        // A batch of several blocks written a block at a time, then a crash keeping any subset
+        // of those writes: the synced batch before it always comes back, and the new one only
+        // when every one of its blocks survived.
+        let batch = encode_batch(2, &[data(1, 0, 9000, 2)]);
+        let blocks = batch.len() / LOG_BLOCK_BYTES;
+        assert!(blocks >= 3);
+        for keep_mask in 0..1u32 << blocks {
+            let device = Arc::new(device::MemoryLogDevice::new(64 * LOG_BLOCK_BYTES as u64, LOG_BLOCK_BYTES));
+            let (log, _) = IntentLog::open(Box::new(device.clone()), true, metrics()).unwrap();
+            log.commit(vec![data(1, 0, 100, 1)]).unwrap();
+            let next = log.next_seq();
+            assert_eq!(next, 2);
+            drop(log);
+            for (i, block) in batch.chunks(LOG_BLOCK_BYTES).enumerate() {
+                device.write_blocks(SUPERBLOCK_COPIES + 1 + i as u64, block).unwrap();
+            }
+            device.crash(|i| keep_mask & (1 << i) != 0);
+            let (_, replay) = IntentLog::open(Box::new(device.clone()), false, metrics()).unwrap();
+            assert_eq!(replay[0].records, vec![data(1, 0, 100, 1)], "mask {keep_mask:b}");
+            let whole = keep_mask == (1 << blocks) - 1;
+            assert_eq!(replay.len(), if whole { 2 } else { 1 }, "mask {keep_mask:b}");
+            if whole {
+                assert_eq!(replay[1].records, vec![data(1, 0, 9000, 2)]);
+            }
+        }
     }
 
     #[test]
     fn a_log_of_another_size_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
-        IntentLog::open(&path, 64 * LOG_BLOCK_BYTES as u64, metrics()).unwrap();
-        match IntentLog::open(&path, 128 * LOG_BLOCK_BYTES as u64, metrics()) {
+        open(&path, 64 * LOG_BLOCK_BYTES as u64, metrics()).unwrap();
+        match open(&path, 128 * LOG_BLOCK_BYTES as u64, metrics()) {
             Err(LogError::Mismatch(why)) => assert!(why.contains("not the"), "{why}"),
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("opened with the wrong size"),

@@ -1,0 +1,306 @@
+//! Where the intent log's blocks live: a `LogDevice`. The log writes whole blocks at block
+//! offsets and syncs; recovery reads it whole once. Beside the log, the device keeps the replay
+//! map (see `engine::replay`): an append-only byte file, synced on every append.
+//!
+//! `FileLogDevice`: a file, preallocated and written through once at creation, so that
+//! appending later changes no file-system metadata (no allocation, no unwritten-extent
+//! conversion: an fdatasync is then one device flush), written in whole aligned blocks with
+//! O_DIRECT where the file system allows it.
+//!
+//! `MemoryLogDevice`: blocks in memory, for in-process tests, with what a crash keeps: every
+//! synced block, and any chosen subset of the writes since the last sync, in order.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::sys::{self, check, Errno, SysResult};
+
+pub trait LogDevice: Send + Sync {
+    fn size_bytes(&self) -> SysResult<u64>;
+    /// Writes whole blocks at block index `block`; durable only after `sync`.
+    fn write_blocks(&self, block: u64, bytes: &[u8]) -> SysResult<()>;
+    /// Makes every block written so far durable.
+    fn sync(&self) -> SysResult<()>;
+    /// The whole log, as recovery reads it once.
+    fn read_all(&self) -> SysResult<Vec<u8>>;
+    /// How the log is named in messages.
+    fn describe(&self) -> String;
+    /// The replay map beside the log: its bytes (empty when there is none).
+    fn read_map(&self) -> SysResult<Vec<u8>>;
+    /// Appends to the replay map and makes the bytes (and the map's existence) durable.
+    fn append_map_synced(&self, bytes: &[u8]) -> SysResult<()>;
+    /// Removes the replay map (the log is empty: nothing will look old handles up again).
+    fn remove_map(&self) -> SysResult<()>;
+}
+
+pub struct FileLogDevice {
+    file: File,
+    path: PathBuf,
+    block_bytes: usize,
+    direct: bool,
+}
+
+/// Page-aligned memory for O_DIRECT, from the allocator (log writes are few and short-lived).
+struct AlignedScratch {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl AlignedScratch {
+    fn copy_of(bytes: &[u8], align: usize) -> AlignedScratch {
+        let layout = std::alloc::Layout::from_size_align(bytes.len().max(align), align).expect("a valid layout");
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "out of memory for a {}-byte log write", bytes.len());
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
+        AlignedScratch { ptr, layout }
+    }
+
+    fn as_slice(&self, len: usize) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(self.ptr, len) }
+    }
+}
+
+impl Drop for AlignedScratch {
+    fn drop(&mut self) {
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+impl FileLogDevice {
+    /// Opens the log file, or creates it with `size_bytes` of zeros, durably (the file and its
+    /// name). An existing file keeps its size: the caller checks it against what it expects.
+    /// Returns whether it was created.
+    pub fn open_or_create(path: &Path, size_bytes: u64, block_bytes: usize) -> SysResult<(FileLogDevice, bool)> {
+        assert!(size_bytes > 0 && size_bytes % block_bytes as u64 == 0, "a log of whole blocks: {size_bytes}");
+        let created = match OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path) {
+            Ok(file) => {
+                fill_with_zeros(&file, size_bytes, block_bytes).inspect_err(|_| {
+                    let _ = std::fs::remove_file(path);
+                })?;
+                sync_parent(path)?;
+                true
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+            Err(e) => return Err(Errno::from(e)),
+        };
+        let open = |flags: i32| OpenOptions::new().read(true).write(true).custom_flags(flags).open(path);
+        // O_DIRECT where the file system takes it; otherwise the page cache and fdatasync.
+        let (file, direct) = match open(libc::O_DIRECT) {
+            Ok(f) => (f, true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(0).map_err(Errno::from)?, false),
+            Err(e) => return Err(Errno::from(e)),
+        };
+        Ok((FileLogDevice { file, path: path.to_path_buf(), block_bytes, direct }, created))
+    }
+
+    fn map_path(&self) -> PathBuf {
+        let mut name = self.path.as_os_str().to_owned();
+        name.push(".replay-map");
+        name.into()
+    }
+}
+
+fn sync_parent(path: &Path) -> SysResult<()> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let dir = File::open(dir).map_err(Errno::from)?;
+    check(unsafe { libc::fsync(dir.as_raw_fd()) }).map(drop)
+}
+
+impl LogDevice for FileLogDevice {
+    fn size_bytes(&self) -> SysResult<u64> {
+        Ok(sys::fstat_fd(&self.file)?.st_size as u64)
+    }
+
+    fn write_blocks(&self, block: u64, bytes: &[u8]) -> SysResult<()> {
+        assert!(!bytes.is_empty() && bytes.len() % self.block_bytes == 0, "whole log blocks: {}", bytes.len());
+        let offset = block * self.block_bytes as u64;
+        if self.direct {
+            let aligned = AlignedScratch::copy_of(bytes, self.block_bytes.max(4096));
+            sys::pwrite_all(self.file.as_raw_fd(), aligned.as_slice(bytes.len()), offset)
+        } else {
+            sys::pwrite_all(self.file.as_raw_fd(), bytes, offset)
+        }
+    }
+
+    /// Data only: the file's size and allocation never change after creation.
+    fn sync(&self) -> SysResult<()> {
+        check(unsafe { libc::fdatasync(self.file.as_raw_fd()) }).map(drop)
+    }
+
+    /// Through the page cache's sibling path: recovery reads it once at mount.
+    fn read_all(&self) -> SysResult<Vec<u8>> {
+        let mut buf = vec![0u8; self.size_bytes()? as usize];
+        let plain = File::open(&self.path).map_err(Errno::from)?;
+        let n = sys::pread_full(plain.as_raw_fd(), &mut buf, 0)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn read_map(&self) -> SysResult<Vec<u8>> {
+        match std::fs::read(self.map_path()) {
+            Ok(bytes) => Ok(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(Errno::from(e)),
+        }
+    }
+
+    fn append_map_synced(&self, bytes: &[u8]) -> SysResult<()> {
+        use std::io::Write;
+        let path = self.map_path();
+        let existed = path.exists();
+        let mut file = OpenOptions::new().create(true).append(true).open(&path).map_err(Errno::from)?;
+        if !existed {
+            // Its name must survive a power cut as its entries will.
+            sync_parent(&path)?;
+        }
+        file.write_all(bytes).map_err(Errno::from)?;
+        check(unsafe { libc::fdatasync(file.as_raw_fd()) }).map(drop)
+    }
+
+    fn remove_map(&self) -> SysResult<()> {
+        match std::fs::remove_file(self.map_path()) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Errno::from(e)),
+        }
+    }
+}
+
+fn fill_with_zeros(file: &File, size_bytes: u64, block_bytes: usize) -> SysResult<()> {
+    // Written, not fallocated: fallocate leaves unwritten extents, and the first write into
+    // each would change metadata (and cost a journal commit at fdatasync).
+    let chunk = vec![0u8; (1 << 20).max(block_bytes)];
+    let mut at = 0u64;
+    while at < size_bytes {
+        let n = chunk.len().min((size_bytes - at) as usize);
+        sys::pwrite_all(file.as_raw_fd(), &chunk[..n], at)?;
+        at += n as u64;
+    }
+    check(unsafe { libc::fsync(file.as_raw_fd()) }).map(drop)
+}
+
+/// The log in memory, for in-process tests. `crash` keeps what a real device might: the synced
+/// state, plus a prefix-closed choice of the writes made since.
+pub struct MemoryLogDevice {
+    block_bytes: usize,
+    state: Mutex<MemoryLogState>,
+}
+
+struct MemoryLogState {
+    durable: Vec<u8>,
+    /// Writes since the last sync, in order: (byte offset, bytes).
+    unsynced: Vec<(usize, Vec<u8>)>,
+    map_durable: Vec<u8>,
+}
+
+impl MemoryLogDevice {
+    pub fn new(size_bytes: u64, block_bytes: usize) -> MemoryLogDevice {
+        MemoryLogDevice {
+            block_bytes,
+            state: Mutex::new(MemoryLogState { durable: vec![0; size_bytes as usize], unsynced: Vec::new(), map_durable: Vec::new() }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, MemoryLogState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What the device holds after a crash: every synced byte, and of the writes since the
+    /// last sync those `keep` chooses (by their order), each whole.
+    pub fn crash(&self, mut keep: impl FnMut(usize) -> bool) {
+        let mut state = self.state();
+        let unsynced = std::mem::take(&mut state.unsynced);
+        for (i, (at, bytes)) in unsynced.into_iter().enumerate() {
+            if keep(i) {
+                state.durable[at..at + bytes.len()].copy_from_slice(&bytes);
+            }
+        }
+    }
+
+    fn current(state: &MemoryLogState) -> Vec<u8> {
+        let mut bytes = state.durable.clone();
+        for (at, written) in &state.unsynced {
+            bytes[*at..*at + written.len()].copy_from_slice(written);
+        }
+        bytes
+    }
+}
+
+impl LogDevice for MemoryLogDevice {
+    fn size_bytes(&self) -> SysResult<u64> {
+        Ok(self.state().durable.len() as u64)
+    }
+
+    fn write_blocks(&self, block: u64, bytes: &[u8]) -> SysResult<()> {
+        assert!(!bytes.is_empty() && bytes.len() % self.block_bytes == 0, "whole log blocks: {}", bytes.len());
+        let at = block as usize * self.block_bytes;
+        let mut state = self.state();
+        assert!(at + bytes.len() <= state.durable.len(), "a log write past the device's end");
+        state.unsynced.push((at, bytes.to_vec()));
+        Ok(())
+    }
+
+    fn sync(&self) -> SysResult<()> {
+        let mut state = self.state();
+        let current = Self::current(&state);
+        state.durable = current;
+        state.unsynced.clear();
+        Ok(())
+    }
+
+    fn read_all(&self) -> SysResult<Vec<u8>> {
+        Ok(Self::current(&self.state()))
+    }
+
+    fn describe(&self) -> String {
+        "the in-memory log".to_string()
+    }
+
+    fn read_map(&self) -> SysResult<Vec<u8>> {
+        Ok(self.state().map_durable.clone())
+    }
+
+    fn append_map_synced(&self, bytes: &[u8]) -> SysResult<()> {
+        self.state().map_durable.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn remove_map(&self) -> SysResult<()> {
+        self.state().map_durable.clear();
+        Ok(())
+    }
+}
+
+impl<D: LogDevice + ?Sized> LogDevice for std::sync::Arc<D> {
+    fn size_bytes(&self) -> SysResult<u64> {
+        (**self).size_bytes()
+    }
+    fn write_blocks(&self, block: u64, bytes: &[u8]) -> SysResult<()> {
+        (**self).write_blocks(block, bytes)
+    }
+    fn sync(&self) -> SysResult<()> {
+        (**self).sync()
+    }
+    fn read_all(&self) -> SysResult<Vec<u8>> {
+        (**self).read_all()
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+    fn read_map(&self) -> SysResult<Vec<u8>> {
+        (**self).read_map()
+    }
+    fn append_map_synced(&self, bytes: &[u8]) -> SysResult<()> {
+        (**self).append_map_synced(bytes)
+    }
+    fn remove_map(&self) -> SysResult<()> {
+        (**self).remove_map()
+    }
+}
