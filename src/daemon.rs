@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::faults::Faults;
-use crate::options::{LogPlace, MountOptions, MountRequest};
+use crate::backend::{Capabilities, Namespace, UnitStore};
+use crate::options::{BackendKind, LogPlace, MountOptions, MountRequest};
 use crate::runtime::RuntimeDir;
 use crate::{backend, control, engine, fuse, logging, metrics, mounts, sys};
 
@@ -49,8 +50,8 @@ fn node_fd_budget() -> usize {
 }
 
 /// The local backend over the backing directory, with its descriptor budget.
-pub fn open_backend(backing: &Path, metrics: &Arc<metrics::Metrics>) -> Result<backend::local::LocalBackend, String> {
-    backend::local::LocalBackend::open_dir(backing, node_fd_budget(), metrics.clone())
+pub fn open_backend(backing: &Path, unit_bytes: Option<u64>, metrics: &Arc<metrics::Metrics>) -> Result<backend::local::LocalBackend, String> {
+    backend::local::LocalBackend::open(backing, node_fd_budget(), unit_bytes, metrics.clone())
         .map_err(|e| format!("cannot open backing directory {}: {e}", backing.display()))
 }
 
@@ -110,7 +111,7 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
     let runtime = RuntimeDir::of(&backing);
     runtime.create().map_err(|e| format!("cannot create the runtime directory {}: {e}", runtime.path().display()))?;
     let metrics = Arc::new(metrics::Metrics::default());
-    let backend = open_backend(&backing, &metrics)?;
+    let backend = open_backend(&backing, opts.unit_bytes, &metrics)?;
     let state_dir = match backend.open_state_dir() {
         Ok(dir) => Some(dir),
         Err(e) if opts.read_only => {
@@ -125,23 +126,46 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
     Ok(Prepared { backing, mount_point, runtime, metrics, backend, _lock: lock })
 }
 
-fn engine_config(opts: &MountOptions, geometry: &engine::geometry::Geometry) -> engine::EngineConfig {
+fn engine_config(opts: &MountOptions, capabilities: &Capabilities, hidden_name: Option<&str>) -> engine::EngineConfig {
     engine::EngineConfig {
         // st_blksize = unit: stdio-buffered writers (Perl print, fwrite, cp) then write whole units.
-        block_size_bytes: geometry.unit_bytes as u32,
+        block_size_bytes: capabilities.unit_bytes as u32,
         writeback: engine::writeback::WritebackConfig {
-            unit_bytes: geometry.unit_bytes,
-            logical_block_bytes: geometry.logical_block_bytes,
+            unit_bytes: capabilities.unit_bytes,
+            logical_block_bytes: capabilities.logical_block_bytes,
             buffer_bytes: opts.buffer_bytes,
             flushers: opts.flushers,
             flush_age: opts.flush_age,
-            store: opts.data_store,
             log_threshold_bytes: opts.log_threshold_bytes,
             log_threshold_new_bytes: opts.log_threshold_new_bytes,
             checkpoint_interval: opts.checkpoint_interval,
             io_timeout: opts.io_timeout,
         },
         page_cache: opts.writeback_cache,
+        hidden_name: hidden_name.map(std::ffi::OsString::from),
+    }
+}
+
+/// The namespace and unit store the engine gets: the local directory's, its names with the
+/// null store's data, and either wrapped for fault injection when the daemon runs with it.
+fn backends(
+    local: backend::local::LocalBackend,
+    opts: &MountOptions,
+    metrics: &Arc<metrics::Metrics>,
+    faults: Option<&Arc<Faults>>,
+) -> (Arc<dyn Namespace>, Arc<dyn UnitStore>) {
+    let local = Arc::new(local);
+    let store: Arc<dyn UnitStore> = match opts.backend {
+        BackendKind::Local => local.clone(),
+        BackendKind::Null => Arc::new(backend::null::NullStore::new(local.clone(), metrics.clone())),
+    };
+    let ns: Arc<dyn Namespace> = local;
+    match faults {
+        Some(faults) => {
+            let wrapped = Arc::new(backend::faults::FaultyBackend::new(ns, store, faults.clone()));
+            (wrapped.clone(), wrapped)
+        }
+        None => (ns, store),
     }
 }
 
@@ -169,18 +193,18 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     // Modes arrive already masked by the kernel; the daemon's own umask must not mask twice.
     unsafe { libc::umask(0) };
 
-    let geometry = engine::geometry::discover(&backing, opts.unit_bytes);
+    let capabilities = backend.capabilities().clone();
     log::info!(
         "unit {} bytes ({:?}), logical block {} bytes",
-        geometry.unit_bytes,
-        geometry.unit_source,
-        geometry.logical_block_bytes
+        capabilities.unit_bytes,
+        capabilities.unit_source,
+        capabilities.logical_block_bytes
     );
     // A discovered unit larger than half the buffer would leave writers nothing to work with.
-    if opts.buffer_bytes < 2 * geometry.unit_bytes {
+    if opts.buffer_bytes < 2 * capabilities.unit_bytes {
         return ready.error(&format!(
             "buffer={} must hold at least two units of {} bytes (give a larger buffer= or a smaller unit=)",
-            opts.buffer_bytes, geometry.unit_bytes
+            opts.buffer_bytes, capabilities.unit_bytes
         ));
     }
     let faults = match Faults::from_env() {
@@ -190,16 +214,17 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     if faults.is_some() {
         log::warn!("fault injection is on (COALESCEFS_FAULTS): for tests only");
     }
-    let config = engine_config(opts, &geometry);
+    let config = engine_config(opts, &capabilities, Some(backend::local::STATE_DIR_NAME));
     let log = match log_setup(opts, &backing, faults.as_ref()) {
         Ok(log) => log,
         Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
     };
-    let engine = match engine::Engine::new(backend, config, metrics.clone(), faults.clone(), log) {
+    let (ns, store) = backends(backend, opts, &metrics, faults.as_ref());
+    let engine = match engine::Engine::new(ns, store, config, metrics.clone(), log) {
         Ok(engine) => Arc::new(engine),
         Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
     };
-    let max_write = opts.max_write_bytes.unwrap_or(geometry.unit_bytes).min(fuse::MAX_WRITE_BYTES_LIMIT);
+    let max_write = opts.max_write_bytes.unwrap_or(capabilities.unit_bytes).min(fuse::MAX_WRITE_BYTES_LIMIT);
     let adapter = fuse::FuseAdapter::new(engine.clone(), metrics.clone(), max_write as u32, opts.cache_timeout);
     let session = match start_session(adapter, &backing, &mount_point, opts) {
         Ok(session) => session,

@@ -2,7 +2,7 @@
 //! replies. No policy lives here: what to cache, when to flush, who owns a file are the
 //! engine's decisions.
 
-use std::ffi::{CString, OsStr};
+use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use fuser::{
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::backend::local::{TimesToSet, XattrReply};
+use crate::engine::types::{Attr, Kind, TimeToSet, Timestamp, TimesToSet, XattrReply};
 use crate::engine::{AttrChanges, Caller, Engine, Opened, PageCache};
 use crate::metrics::{FuseOp, Metrics};
 use crate::sys::{Errno, SysResult};
@@ -53,74 +53,50 @@ fn fuse_errno(e: Errno) -> FuseErrno {
     FuseErrno::from_i32(e.0)
 }
 
-fn time_of(sec: i64, nsec: i64) -> SystemTime {
-    if sec >= 0 {
-        UNIX_EPOCH + Duration::new(sec as u64, nsec as u32)
+fn time_of(t: Timestamp) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
     } else {
-        UNIX_EPOCH - Duration::new((-sec) as u64, 0) + Duration::from_nanos(nsec as u64)
+        UNIX_EPOCH - Duration::new(t.sec.unsigned_abs(), 0) + Duration::from_nanos(t.nsec as u64)
     }
 }
 
-fn kind_of_mode(mode: u32) -> FileType {
-    match mode & libc::S_IFMT {
-        libc::S_IFDIR => FileType::Directory,
-        libc::S_IFLNK => FileType::Symlink,
-        libc::S_IFIFO => FileType::NamedPipe,
-        libc::S_IFSOCK => FileType::Socket,
-        libc::S_IFCHR => FileType::CharDevice,
-        libc::S_IFBLK => FileType::BlockDevice,
-        _ => FileType::RegularFile,
+fn file_type(kind: Kind) -> FileType {
+    match kind {
+        Kind::Directory => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDevice => FileType::CharDevice,
+        Kind::BlockDevice => FileType::BlockDevice,
+        Kind::File => FileType::RegularFile,
     }
 }
 
-fn kind_of_dirent(d_type: u8) -> FileType {
-    match d_type {
-        libc::DT_DIR => FileType::Directory,
-        libc::DT_LNK => FileType::Symlink,
-        libc::DT_FIFO => FileType::NamedPipe,
-        libc::DT_SOCK => FileType::Socket,
-        libc::DT_CHR => FileType::CharDevice,
-        libc::DT_BLK => FileType::BlockDevice,
-        _ => FileType::RegularFile,
-    }
-}
-
-fn attr_of(st: &libc::stat) -> FileAttr {
+fn attr_of(attr: &Attr) -> FileAttr {
     FileAttr {
-        ino: INodeNo(st.st_ino),
-        size: st.st_size as u64,
-        blocks: st.st_blocks as u64,
-        atime: time_of(st.st_atime, st.st_atime_nsec),
-        mtime: time_of(st.st_mtime, st.st_mtime_nsec),
-        ctime: time_of(st.st_ctime, st.st_ctime_nsec),
+        ino: INodeNo(attr.id),
+        size: attr.size,
+        blocks: attr.blocks,
+        atime: time_of(attr.atime),
+        mtime: time_of(attr.mtime),
+        ctime: time_of(attr.ctime),
         crtime: UNIX_EPOCH,
-        kind: kind_of_mode(st.st_mode),
-        perm: (st.st_mode & 0o7777) as u16,
-        nlink: st.st_nlink as u32,
-        uid: st.st_uid,
-        gid: st.st_gid,
-        rdev: st.st_rdev as u32,
-        blksize: st.st_blksize as u32,
+        kind: file_type(attr.kind),
+        perm: attr.perm as u16,
+        nlink: attr.nlink,
+        uid: attr.uid,
+        gid: attr.gid,
+        rdev: attr.rdev as u32,
+        blksize: attr.blksize,
         flags: 0,
     }
 }
 
-fn timespec_of(t: Option<TimeOrNow>) -> Option<libc::timespec> {
+fn time_to_set(t: Option<TimeOrNow>) -> Option<TimeToSet> {
     t.map(|t| match t {
-        TimeOrNow::Now => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
-        TimeOrNow::SpecificTime(t) => match t.duration_since(UNIX_EPOCH) {
-            Ok(d) => libc::timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 },
-            Err(before) => {
-                let d = before.duration();
-                let mut sec = -(d.as_secs() as i64);
-                let mut nsec = d.subsec_nanos() as i64;
-                if nsec > 0 {
-                    sec -= 1;
-                    nsec = 1_000_000_000 - nsec;
-                }
-                libc::timespec { tv_sec: sec, tv_nsec: nsec }
-            }
-        },
+        TimeOrNow::Now => TimeToSet::Now,
+        TimeOrNow::SpecificTime(t) => TimeToSet::At(Timestamp::from(t)),
     })
 }
 
@@ -128,13 +104,9 @@ fn caller(req: &Request) -> Caller {
     Caller { uid: req.uid(), gid: req.gid() }
 }
 
-fn xattr_name(name: &OsStr) -> SysResult<CString> {
-    CString::new(name.as_bytes()).map_err(|_| Errno(libc::EINVAL))
-}
-
-fn reply_entry(reply: ReplyEntry, ttl: &Duration, result: SysResult<crate::engine::Entry>) {
+fn reply_entry(reply: ReplyEntry, ttl: &Duration, result: SysResult<Attr>) {
     match result {
-        Ok(entry) => reply.entry(ttl, &attr_of(&entry.stat), Generation(0)),
+        Ok(attr) => reply.entry(ttl, &attr_of(&attr), Generation(0)),
         Err(e) => reply.error(fuse_errno(e)),
     }
 }
@@ -228,7 +200,7 @@ impl Filesystem for FuseAdapter {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Getattr);
         match self.engine.getattr(ino.0) {
-            Ok(st) => reply.attr(&self.ttl, &attr_of(&st)),
+            Ok(attr) => reply.attr(&self.ttl, &attr_of(&attr)),
             Err(e) => reply.error(fuse_errno(e)),
         }
     }
@@ -257,7 +229,7 @@ impl Filesystem for FuseAdapter {
             uid,
             gid,
             size,
-            times: TimesToSet { atime: timespec_of(atime), mtime: timespec_of(mtime) },
+            times: TimesToSet { atime: time_to_set(atime), mtime: time_to_set(mtime) },
             // The kernel flags unprivileged truncates with FATTR_KILL_SUIDGID, and asks to drop
             // privileges before an unprivileged write with an otherwise empty setattr; fuser
             // hides the flag, so a caller other than root stands for "lacks CAP_FSETID".
@@ -266,7 +238,7 @@ impl Filesystem for FuseAdapter {
                     || (mode, uid, gid, atime, mtime) == (None, None, None, None, None)),
         };
         match self.engine.setattr(ino.0, fh.map(|fh| fh.0), changes) {
-            Ok(st) => reply.attr(&self.ttl, &attr_of(&st)),
+            Ok(attr) => reply.attr(&self.ttl, &attr_of(&attr)),
             Err(e) => reply.error(fuse_errno(e)),
         }
     }
@@ -310,7 +282,7 @@ impl Filesystem for FuseAdapter {
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Symlink);
-        reply_entry(reply, &self.ttl, self.engine.symlink(parent.0, link_name, target, caller(req)));
+        reply_entry(reply, &self.ttl, self.engine.symlink(parent.0, link_name, target.as_os_str().as_bytes(), caller(req)));
     }
 
     fn rename(
@@ -420,7 +392,7 @@ impl Filesystem for FuseAdapter {
         match self.engine.readdir(fh.0, offset) {
             Ok(entries) => {
                 for entry in entries {
-                    if reply.add(INodeNo(entry.ino), entry.next_offset, kind_of_dirent(entry.kind), &entry.name) {
+                    if reply.add(INodeNo(entry.ino), entry.next_offset, entry.kind.map_or(FileType::RegularFile, file_type), &entry.name) {
                         break;
                     }
                 }
@@ -455,15 +427,15 @@ impl Filesystem for FuseAdapter {
             // Every entry sent with attributes counts as a lookup the kernel will forget later.
             let Ok(found) = self.engine.lookup(ino.0, &entry.name) else { continue };
             if reply.add(
-                INodeNo(found.stat.st_ino),
+                INodeNo(found.id),
                 entry.next_offset,
                 &entry.name,
                 &self.ttl,
-                &attr_of(&found.stat),
+                &attr_of(&found),
                 Generation(0),
             ) {
                 // Did not fit: the kernel will not learn of this lookup, so undo it.
-                self.engine.forget(found.stat.st_ino, 1);
+                self.engine.forget(found.id, 1);
                 break;
             }
         }
@@ -484,14 +456,14 @@ impl Filesystem for FuseAdapter {
         let _served = self.metrics.fuse_requests.start(FuseOp::Statfs);
         match self.engine.statfs(ino.0) {
             Ok(st) => reply.statfs(
-                st.f_blocks,
-                st.f_bfree,
-                st.f_bavail,
-                st.f_files,
-                st.f_ffree,
-                st.f_bsize as u32,
-                st.f_namemax as u32,
-                st.f_frsize as u32,
+                st.blocks,
+                st.blocks_free,
+                st.blocks_available,
+                st.files,
+                st.files_free,
+                st.block_size,
+                st.name_max,
+                st.fragment_size,
             ),
             Err(e) => reply.error(fuse_errno(e)),
         }
@@ -508,13 +480,13 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Setxattr);
-        let result = xattr_name(name).and_then(|name| self.engine.set_xattr(ino.0, &name, value, flags));
+        let result = self.engine.set_xattr(ino.0, name, value, flags);
         reply_empty(reply, result);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Getxattr);
-        let result = xattr_name(name).and_then(|name| self.engine.get_xattr(ino.0, &name, size));
+        let result = self.engine.get_xattr(ino.0, name, size);
         reply_xattr(reply, result);
     }
 
@@ -525,7 +497,7 @@ impl Filesystem for FuseAdapter {
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Removexattr);
-        let result = xattr_name(name).and_then(|name| self.engine.remove_xattr(ino.0, &name));
+        let result = self.engine.remove_xattr(ino.0, name);
         reply_empty(reply, result);
     }
 
@@ -543,7 +515,7 @@ impl Filesystem for FuseAdapter {
         match self.engine.create(parent.0, name, mode, flags, caller(req)) {
             Ok((entry, opened)) => reply.created(
                 &self.ttl,
-                &attr_of(&entry.stat),
+                &attr_of(&entry),
                 Generation(0),
                 FileHandle(opened.fh),
                 open_flags_of(opened),

@@ -147,7 +147,7 @@ fn run_recover(args: &[String]) -> ExitCode {
         Ok(path) => path,
         Err(message) => return fail(message),
     };
-    let backend = match open_backend(&backing, &Arc::new(metrics::Metrics::default())) {
+    let backend = match open_backend(&backing, None, &Arc::new(metrics::Metrics::default())) {
         Ok(backend) => backend,
         Err(message) => return fail(message),
     };
@@ -168,7 +168,7 @@ fn run_recover(args: &[String]) -> ExitCode {
         Ok((device, _)) => device,
         Err(e) => return fail(format!("{}: {e}", log_path.display())),
     };
-    match engine::salvage_log(backend, Box::new(device)) {
+    match engine::salvage_log(&backend, &backend, Box::new(device)) {
         Ok(lost) if lost.is_empty() => {
             println!("{}: every batch intact and applied; the log is empty", log_path.display());
             ExitCode::SUCCESS

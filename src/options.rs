@@ -43,7 +43,7 @@ pub struct MountOptions {
     /// `metrics=ADDR:PORT`: serve the counters in the Prometheus text format.
     pub metrics_address: Option<std::net::SocketAddr>,
     /// `backend=local|null`: where data goes (names and attributes always in the directory).
-    pub data_store: crate::backend::DataStore,
+    pub backend: BackendKind,
     /// `max_write=SIZE`: the largest FUSE write request asked of the kernel, instead of the
     /// unit size (capped at 16 MiB either way).
     pub max_write_bytes: Option<u64>,
@@ -69,6 +69,15 @@ pub const LOG_THRESHOLD_BYTES_DEFAULT: u64 = 64 << 10;
 /// 24 KiB, 1.09x at 32 KiB, 1.39x at 64 KiB; the largest measured size the log wins is the
 /// default.
 pub const LOG_THRESHOLD_NEW_BYTES_DEFAULT: u64 = 24 << 10;
+
+/// `backend=`: where data goes (names and attributes are the local directory's either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// The backing directory's files.
+    Local,
+    /// Nowhere: counted and discarded, sizes kept (the FUSE and engine ceiling).
+    Null,
+}
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum LogPlace {
@@ -123,7 +132,7 @@ impl Default for MountOptions {
             flush_age: std::time::Duration::from_secs(5),
             writeback_cache: crate::engine::PageCache::Auto,
             metrics_address: None,
-            data_store: crate::backend::DataStore::Local,
+            backend: BackendKind::Local,
             max_write_bytes: None,
             log: LogPlace::Off,
             log_size_bytes: LOG_SIZE_BYTES_DEFAULT,
@@ -191,7 +200,7 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
         "unit" => {
             let v = need_value(value)?;
             let bytes = parse_size(v).map_err(|e| UsageError(format!("unit={v}: {e}")))?;
-            let bytes = crate::engine::geometry::check_unit_bytes(bytes).map_err(UsageError)?;
+            let bytes = crate::backend::local::geometry::check_unit_bytes(bytes).map_err(UsageError)?;
             options.unit_bytes = Some(bytes);
         }
         "buffer" => {
@@ -218,9 +227,9 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
             })?);
         }
         "backend" => {
-            options.data_store = match need_value(value)? {
-                "local" => crate::backend::DataStore::Local,
-                "null" => crate::backend::DataStore::Null,
+            options.backend = match need_value(value)? {
+                "local" => BackendKind::Local,
+                "null" => BackendKind::Null,
                 v => return Err(UsageError(format!("backend={v}: expected local or null"))),
             }
         }

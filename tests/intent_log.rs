@@ -289,7 +289,7 @@ fn recovery_interrupted_again_and_again_still_recovers_everything() {
         let args = ["mount", &path_str(&m.backing), &path_str(&m.mnt), "-o", &options.join(",")];
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_coalescefs"))
             .args(args)
-            .env("COALESCEFS_INJECT_REPLAY_STOP", stop.to_string())
+            .env("COALESCEFS_FAULTS", format!("mutate=abort/{stop}"))
             .output()
             .unwrap();
         if !out.status.success() {

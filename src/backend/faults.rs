@@ -1,17 +1,19 @@
 //! Fault injection at the backend boundary, for tests: a plan of rules that make the
-//! backend's writes, syncs, reads or creates fail with an errno (EIO, ENOSPC, EDQUOT, ...) or
-//! stall, a number of times or until cleared, optionally only for files whose backing path
-//! contains a given text.
+//! backend's writes, syncs, reads or creates fail with an errno (EIO, ENOSPC, EDQUOT, ...),
+//! stall, or abort the process, a number of times or until cleared, optionally only for files
+//! whose path contains a given text. `FaultyBackend` wraps any namespace and unit store with
+//! the plan, `FaultyLogDevice` any log device: production code never asks the plan itself.
 //!
 //! Off unless the daemon starts with `COALESCEFS_FAULTS` set (its value is the first rules;
 //! empty for none): then `coalescefs` accepts `inject ...` and `clear` on the control socket,
 //! so a test can fail the backend, watch the mount, and let it recover, on a real mount.
 //!
 //! Rule syntax (also of the environment variable, rules separated by `;`):
-//! `OP=ERRNO[*COUNT][/SKIP][@PATH_TEXT]` or `OP=stall:DURATION[*COUNT][/SKIP][@PATH_TEXT]`,
-//! where OP is write, sync, read, create, logwrite or logsync, ERRNO a name (EIO, ENOSPC,
-//! EDQUOT, EROFS), COUNT how many calls fail (default: until cleared) and SKIP how many
-//! matching calls pass first. Example: `write=ENOSPC*3;sync=stall:2s@big`.
+//! `OP=ERRNO[*COUNT][/SKIP][@PATH_TEXT]`, `OP=stall:DURATION...` or `OP=abort...`, where OP is
+//! write, sync, read, create, mutate (any change to the store: a write, a size, a name; for
+//! killing a replay part way), logwrite or logsync, ERRNO a name (EIO, ENOSPC, EDQUOT, EROFS),
+//! COUNT how many calls fail (default: until cleared) and SKIP how many matching calls pass
+//! first. Examples: `write=ENOSPC*3;sync=stall:2s@big`, `mutate=abort/12`.
 //!
 //! The intent log's device fails through `FaultyLogDevice`: `logwrite` fails a batch before any
 //! of its bytes reach the log (lost), `logsync` after they did (landed: a device that reports
@@ -21,7 +23,11 @@ use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use std::ffi::OsStr;
+
+use crate::backend::{Capabilities, DirReader, FileData, Namespace, OpenMode, UnitStore, UnitWrite};
 use crate::engine::intent_log::device::LogDevice;
+use crate::engine::types::{Attr, NewObject, ObjectId, Owner, SetAttr, StatFs, XattrReply};
 use crate::sys::{Errno, SysResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +40,8 @@ pub enum FaultOp {
     Read,
     /// A file, directory, node or link made in the backing directory.
     Create,
+    /// Any change to the store: a unit written, a size set, an object made, removed or renamed.
+    Mutate,
     /// A batch written to the intent log's device.
     LogWrite,
     /// The intent log's device synced.
@@ -44,6 +52,8 @@ pub enum FaultOp {
 enum Action {
     Fail(Errno),
     Stall(Duration),
+    /// Dies at once, as kill -9 would.
+    Abort,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -82,9 +92,10 @@ fn parse_rule(text: &str) -> Result<Rule, String> {
         "sync" => FaultOp::Sync,
         "read" => FaultOp::Read,
         "create" => FaultOp::Create,
+        "mutate" => FaultOp::Mutate,
         "logwrite" => FaultOp::LogWrite,
         "logsync" => FaultOp::LogSync,
-        other => return Err(format!("'{other}': not write, sync, read, create, logwrite or logsync")),
+        other => return Err(format!("'{other}': not write, sync, read, create, mutate, logwrite or logsync")),
     };
     let (rest, path_contains) = match rest.split_once('@') {
         Some((r, p)) => (r, Some(p.to_string())),
@@ -98,9 +109,12 @@ fn parse_rule(text: &str) -> Result<Rule, String> {
         Some((a, n)) => (a, Some(n.trim().parse::<u64>().map_err(|_| format!("'{n}': not a count"))?)),
         None => (rest, None),
     };
-    let action = match action.trim().strip_prefix("stall:") {
-        Some(d) => Action::Stall(crate::options::parse_duration(d)?),
-        None => Action::Fail(errno_named(action.trim()).ok_or_else(|| format!("'{action}': not an errno this knows"))?),
+    let action = match action.trim() {
+        "abort" => Action::Abort,
+        a => match a.strip_prefix("stall:") {
+            Some(d) => Action::Stall(crate::options::parse_duration(d)?),
+            None => Action::Fail(errno_named(a).ok_or_else(|| format!("'{a}': not an errno this knows"))?),
+        },
     };
     Ok(Rule { op, action, remaining, skip, path_contains })
 }
@@ -168,6 +182,10 @@ impl Faults {
         };
         match action {
             Action::Fail(errno) => Err(errno),
+            Action::Abort => {
+                log::error!("fault injection: aborting at a {op:?} call");
+                std::process::abort();
+            }
             Action::Stall(duration) => {
                 let deadline = Instant::now() + duration;
                 let mut generation = self.generation.lock().unwrap_or_else(|p| p.into_inner());
@@ -182,6 +200,168 @@ impl Faults {
                 Ok(())
             }
         }
+    }
+}
+
+/// A namespace and a unit store, with fault injection: `create` rules meet objects made and
+/// links, `sync` rules directory syncs and the store's sync, `mutate` rules every change.
+pub struct FaultyBackend {
+    ns: Arc<dyn Namespace>,
+    store: Arc<dyn UnitStore>,
+    faults: Arc<Faults>,
+}
+
+impl FaultyBackend {
+    pub fn new(ns: Arc<dyn Namespace>, store: Arc<dyn UnitStore>, faults: Arc<Faults>) -> FaultyBackend {
+        FaultyBackend { ns, store, faults }
+    }
+
+    fn check(&self, op: FaultOp, id: Option<ObjectId>) -> SysResult<()> {
+        let name = id.and_then(|id| self.ns.describe(id));
+        self.faults.check(op, name.as_deref().map(Path::new))
+    }
+}
+
+impl Namespace for FaultyBackend {
+    fn lookup(&self, parent: ObjectId, name: &OsStr) -> SysResult<Attr> {
+        self.ns.lookup(parent, name)
+    }
+    fn forget(&self, id: ObjectId, lookups: u64) {
+        self.ns.forget(id, lookups)
+    }
+    fn hold(&self, id: ObjectId) -> SysResult<()> {
+        self.ns.hold(id)
+    }
+    fn getattr(&self, id: ObjectId) -> SysResult<Attr> {
+        self.ns.getattr(id)
+    }
+    fn setattr(&self, id: ObjectId, changes: &SetAttr) -> SysResult<()> {
+        self.check(FaultOp::Mutate, Some(id))?;
+        self.ns.setattr(id, changes)
+    }
+    fn make(&self, parent: ObjectId, name: &OsStr, what: NewObject<'_>, owner: Owner) -> SysResult<Attr> {
+        self.check(FaultOp::Create, Some(parent))?;
+        self.check(FaultOp::Mutate, Some(parent))?;
+        self.ns.make(parent, name, what, owner)
+    }
+    fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
+        self.check(FaultOp::Create, Some(new_parent))?;
+        self.check(FaultOp::Mutate, Some(new_parent))?;
+        self.ns.link(id, new_parent, new_name)
+    }
+    fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
+        self.check(FaultOp::Mutate, Some(parent))?;
+        self.ns.remove(parent, name, directory)
+    }
+    fn rename(&self, parent: ObjectId, name: &OsStr, new_parent: ObjectId, new_name: &OsStr, flags: u32) -> SysResult<()> {
+        self.check(FaultOp::Mutate, Some(parent))?;
+        self.ns.rename(parent, name, new_parent, new_name, flags)
+    }
+    fn readlink(&self, id: ObjectId) -> SysResult<Vec<u8>> {
+        self.ns.readlink(id)
+    }
+    fn set_xattr(&self, id: ObjectId, name: &OsStr, value: &[u8], flags: i32) -> SysResult<()> {
+        self.ns.set_xattr(id, name, value, flags)
+    }
+    fn get_xattr(&self, id: ObjectId, name: &OsStr, size: usize) -> SysResult<XattrReply> {
+        self.ns.get_xattr(id, name, size)
+    }
+    fn list_xattr(&self, id: ObjectId, size: usize) -> SysResult<XattrReply> {
+        self.ns.list_xattr(id, size)
+    }
+    fn remove_xattr(&self, id: ObjectId, name: &OsStr) -> SysResult<()> {
+        self.ns.remove_xattr(id, name)
+    }
+    fn statfs(&self, id: ObjectId) -> SysResult<StatFs> {
+        self.ns.statfs(id)
+    }
+    fn open_dir(&self, id: ObjectId) -> SysResult<Box<dyn DirReader>> {
+        self.ns.open_dir(id)
+    }
+    fn sync_dir(&self, id: ObjectId) -> SysResult<()> {
+        self.check(FaultOp::Sync, Some(id))?;
+        self.ns.sync_dir(id)
+    }
+    fn log_key(&self, id: ObjectId) -> SysResult<Vec<u8>> {
+        self.ns.log_key(id)
+    }
+    fn identify(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)> {
+        self.ns.identify(parent, name)
+    }
+    fn describe(&self, id: ObjectId) -> Option<String> {
+        self.ns.describe(id)
+    }
+    fn find(&self, key: &[u8]) -> SysResult<Option<ObjectId>> {
+        self.ns.find(key)
+    }
+    fn key_at(&self, parent: ObjectId, name: &OsStr) -> Option<Vec<u8>> {
+        self.ns.key_at(parent, name)
+    }
+}
+
+impl UnitStore for FaultyBackend {
+    fn capabilities(&self) -> &Capabilities {
+        self.store.capabilities()
+    }
+    fn open(&self, id: ObjectId, mode: OpenMode) -> SysResult<Arc<dyn FileData>> {
+        let data = self.store.open(id, mode)?;
+        Ok(Arc::new(FaultyFileData { data, name: self.ns.describe(id), faults: self.faults.clone() }))
+    }
+    fn sync_all(&self) -> SysResult<()> {
+        self.faults.check(FaultOp::Sync, None)?;
+        self.store.sync_all()
+    }
+}
+
+/// A file's data with fault injection; `name` (its path when it was opened) for path rules.
+struct FaultyFileData {
+    data: Arc<dyn FileData>,
+    name: Option<String>,
+    faults: Arc<Faults>,
+}
+
+impl FaultyFileData {
+    fn check(&self, op: FaultOp) -> SysResult<()> {
+        self.faults.check(op, self.name.as_deref().map(Path::new))
+    }
+}
+
+impl FileData for FaultyFileData {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> SysResult<usize> {
+        self.check(FaultOp::Read)?;
+        self.data.read_at(buf, offset)
+    }
+    fn write_unit(&self, unit: &UnitWrite<'_>) -> SysResult<()> {
+        self.check(FaultOp::Write)?;
+        self.check(FaultOp::Mutate)?;
+        self.data.write_unit(unit)
+    }
+    fn set_size(&self, size: u64) -> SysResult<()> {
+        self.check(FaultOp::Mutate)?;
+        self.data.set_size(size)
+    }
+    fn size(&self) -> SysResult<u64> {
+        self.data.size()
+    }
+    fn sync(&self, data_only: bool) -> SysResult<()> {
+        self.check(FaultOp::Sync)?;
+        self.data.sync(data_only)
+    }
+    fn holds_data(&self) -> bool {
+        self.data.holds_data()
+    }
+    fn allocate(&self, mode: i32, offset: u64, length: u64) -> SysResult<()> {
+        self.data.allocate(mode, offset, length)
+    }
+    fn seek(&self, offset: i64, whence: i32) -> SysResult<i64> {
+        self.data.seek(offset, whence)
+    }
+    fn copy_to(&self, source_offset: u64, target: &dyn FileData, target_offset: u64, length: u64) -> SysResult<usize> {
+        self.data.copy_to(source_offset, target, target_offset, length)
+    }
+    /// The wrapped data's: a store's `copy_to` finds its own kind behind the wrapper.
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.data.as_any()
     }
 }
 

@@ -1,61 +1,230 @@
-//! Backends store; they never decide. The engine plans every write from what a backend says it
-//! can take, so the description below must stay honest as SQLite and the S3 API arrive:
-//! a local file accepts aligned partial writes in place; an object store takes only whole
-//! objects; a SQLite row is rewritten whole.
+//! Backends store; they never decide. A backend is two things the engine talks to:
 //!
-//! Only the local-directory backend exists today; the engine uses it directly until a second
-//! backend gives a trait its real shape. `DataStore::Null` is the one variation so far: the
-//! same directory for names and attributes, nowhere for data.
+//! - a `Namespace`: names, attributes, directories, extended attributes, and the key the
+//!   intent log names an object by (with the key-addressed calls replay needs);
+//! - a `UnitStore`: a file's data, written a unit at a time, read, resized and synced; it
+//!   declares its `Capabilities`, and the engine plans its writes from them.
+//!
+//! One type may implement both (the local directory, the in-memory store), or a unit store may
+//! sit over another's namespace (the null store over the local directory's). The engine holds
+//! them as trait objects and never names an implementation: `daemon` picks them.
+//!
+//! | backend | namespace | unit store |
+//! |---|---|---|
+//! | `local` | the backing directory | its files: aligned ranges in place (O_DIRECT), sub-block edges through the page cache |
+//! | `null` | the local one | nothing stored, sizes kept: the FUSE and engine ceiling |
+//! | `memory` | in memory | in memory, whole units only, durable at sync; for in-process tests, with crashes |
+//! | `faults` | wraps any | wraps any: fails or stalls calls as a test's plan says |
 
-mod aio;
 pub mod faults;
 pub mod local;
+pub mod null;
 
-use std::fs::File;
-use std::sync::Mutex;
+use std::ffi::OsStr;
+use std::sync::Arc;
 
-use crate::sys::SysResult;
+use crate::engine::buffer::RangeSet;
+use crate::engine::types::{Attr, DirEntry, NewObject, ObjectId, Owner, SetAttr, StatFs, XattrReply};
+use crate::sys::{Errno, SysResult};
 
-/// Where the flushers' bytes go. `Null` (`-o backend=null`) accepts and counts them and stores
-/// nothing: names, sizes and attributes still live in the backing directory, and data reads
-/// back as zeros. It measures this machine's FUSE and engine ceiling, as the null-sink server
-/// of seed 001 did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DataStore {
-    Local,
-    Null,
+/// Where the unit size came from, for the log and `coalescefs stats`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnitSource {
+    /// `-o unit=`.
+    Option,
+    /// A block device's hint (`optimal_io_size`, `minimum_io_size`, `st_blksize`).
+    Device { device: String, attribute: &'static str },
+    /// The store's own rule (an object store's part size, a row size).
+    Store,
+    Default,
 }
 
-impl DataStore {
-    pub fn write_at(self, file: &File, bytes: &[u8], offset: u64) -> SysResult<()> {
-        match self {
-            DataStore::Local => local::data::write_at(file, bytes, offset),
-            DataStore::Null => extend_to(file, offset + bytes.len() as u64),
-        }
+/// What a unit store can take, which the engine plans its writes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The store's natural write size (a power of two), and where that came from.
+    pub unit_bytes: u64,
+    pub unit_source: UnitSource,
+    /// The store's smallest addressable write (a power of two, at most the unit): ranges
+    /// aligned to it go in place without a read.
+    pub logical_block_bytes: u64,
+    /// Takes aligned ranges of a unit in place. When false it takes whole units only: the
+    /// engine writes a partial unit by reading the rest of it first (counted as
+    /// `backend_read_bytes_for_writes`), and prefers the intent log for a partial unit an
+    /// fsync must make durable.
+    pub partial_writes: bool,
+    /// A write is durable when it returns: no sync is needed after it.
+    pub durable_writes: bool,
+    /// One `write_unit` call lands whole or not at all.
+    pub atomic_unit_writes: bool,
+    /// `FileData::copy_to` works (else ENOSYS, and the kernel copies through reads and writes).
+    pub copy_ranges: bool,
+    /// `FileData::allocate` works (preallocation, hole punching).
+    pub allocate: bool,
+    /// A log key can stop naming its object after a power cut (a file handle of a file whose
+    /// creation the backing file system had not committed): the log then records names.
+    pub keys_can_go_stale: bool,
+}
+
+/// What the engine asks of the names and attributes of a backend. Every call addresses objects
+/// by `ObjectId`; an id the namespace has given out stays valid until the engine forgets it.
+pub trait Namespace: Send + Sync {
+    /// Looks `name` up in the directory `parent`; counts one lookup of the object (the kernel
+    /// will forget it later, `forget`).
+    fn lookup(&self, parent: ObjectId, name: &OsStr) -> SysResult<Attr>;
+
+    /// The kernel dropped `lookups` lookups of `id`; at zero the namespace may let go of what
+    /// it holds for it (the id stays unused for another object while anything names it).
+    fn forget(&self, id: ObjectId, lookups: u64);
+
+    /// Counts one more lookup of a known object: the engine holds it while it keeps state for
+    /// it (a file with buffered data after its last close), and forgets it after.
+    fn hold(&self, id: ObjectId) -> SysResult<()>;
+
+    fn getattr(&self, id: ObjectId) -> SysResult<Attr>;
+
+    /// Changes mode, owner and times (no "now" left in them: the engine fixed it).
+    fn setattr(&self, id: ObjectId, changes: &SetAttr) -> SysResult<()>;
+
+    /// Makes `what` as `name` in `parent` (failing with EEXIST if the name is taken), owned by
+    /// `owner`; counts one lookup of it.
+    fn make(&self, parent: ObjectId, name: &OsStr, what: NewObject<'_>, owner: Owner) -> SysResult<Attr>;
+
+    /// Gives `id` the further name `new_name` in `new_parent`; counts one lookup.
+    fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr>;
+
+    /// Removes `name` from `parent` (`directory`: an empty directory, as rmdir).
+    fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()>;
+
+    /// renameat2(2), with its flags (RENAME_NOREPLACE, RENAME_EXCHANGE).
+    fn rename(&self, parent: ObjectId, name: &OsStr, new_parent: ObjectId, new_name: &OsStr, flags: u32) -> SysResult<()>;
+
+    fn readlink(&self, id: ObjectId) -> SysResult<Vec<u8>>;
+
+    fn set_xattr(&self, id: ObjectId, name: &OsStr, value: &[u8], flags: i32) -> SysResult<()>;
+    /// With `size` 0, the value's size; else the value (ERANGE if larger than `size`).
+    fn get_xattr(&self, id: ObjectId, name: &OsStr, size: usize) -> SysResult<XattrReply>;
+    fn list_xattr(&self, id: ObjectId, size: usize) -> SysResult<XattrReply>;
+    fn remove_xattr(&self, id: ObjectId, name: &OsStr) -> SysResult<()>;
+
+    fn statfs(&self, id: ObjectId) -> SysResult<StatFs>;
+
+    /// Opens a directory for reading a bounded batch at a time (see `DirReader`).
+    fn open_dir(&self, id: ObjectId) -> SysResult<Box<dyn DirReader>>;
+
+    /// Makes the directory's entries durable (fsyncdir).
+    fn sync_dir(&self, id: ObjectId) -> SysResult<()>;
+
+    /// The key the intent log names the object by: it finds the object again after a restart,
+    /// whatever it is called by then, and never finds another object in its place (though it
+    /// may find nothing, see `Capabilities::keys_can_go_stale`).
+    fn log_key(&self, id: ObjectId) -> SysResult<Vec<u8>>;
+
+    /// What `name` in `parent` is now, without counting a lookup: its key and id. For the log
+    /// records of a change about to remove or replace it.
+    fn identify(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)>;
+
+    /// How the object is named in the daemon's log (a path), if it can say.
+    fn describe(&self, id: ObjectId) -> Option<String>;
+
+    // Replay: the intent log names objects by key; these find them again.
+
+    /// The object logged as `key`, if it still exists; counts one lookup (replay forgets it).
+    fn find(&self, key: &[u8]) -> SysResult<Option<ObjectId>>;
+
+    /// The key of what `name` in the directory `parent` is now, if anything.
+    fn key_at(&self, parent: ObjectId, name: &OsStr) -> Option<Vec<u8>>;
+}
+
+/// A directory being read: `read(offset, max)` returns up to `max` entries from `offset` (0:
+/// the start; else an entry's `next_offset`), "." and ".." included. Fewer than `max` means
+/// the end.
+pub trait DirReader: Send {
+    fn read(&mut self, offset: u64, max: usize) -> SysResult<Vec<DirEntry>>;
+}
+
+/// How a file's data is opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenMode {
+    pub write: bool,
+    /// The application asked that reads leave atime alone (O_NOATIME).
+    pub no_atime: bool,
+}
+
+/// One unit's dirty ranges to write: offsets within the unit, into `buf` (the unit's whole
+/// buffer, aligned for direct I/O), none of them at or past `size` (the file's logical size)
+/// once clipped.
+pub struct UnitWrite<'a> {
+    pub unit: u64,
+    pub unit_bytes: u64,
+    pub buf: &'a [u8],
+    pub ranges: &'a RangeSet,
+    pub size: u64,
+}
+
+impl UnitWrite<'_> {
+    /// Where the unit starts in the file.
+    pub fn start(&self) -> u64 {
+        self.unit * self.unit_bytes
     }
 
-    /// Aligned pieces for a file opened with O_DIRECT, all in flight at once; each piece's
-    /// result, in order.
-    pub fn write_many_direct(self, file: &File, pieces: &[(&[u8], u64)]) -> Vec<SysResult<()>> {
-        match self {
-            DataStore::Local => local::data::write_many_direct(file, pieces),
-            DataStore::Null => {
-                let end = pieces.iter().map(|(bytes, offset)| offset + bytes.len() as u64).max().unwrap_or(0);
-                let extended = extend_to(file, end);
-                pieces.iter().map(|_| extended).collect()
-            }
-        }
+    /// How much of the unit lies before the logical size.
+    pub fn limit(&self) -> u64 {
+        self.size.saturating_sub(self.start()).min(self.unit_bytes)
     }
 }
 
-/// The null store's only write: the file's length, so that sizes stay true. Serialised, so
-/// that two flushers extending one file never shorten it between their stat and truncate.
-fn extend_to(file: &File, end: u64) -> SysResult<()> {
-    static EXTENDING: Mutex<()> = Mutex::new(());
-    let _one_at_a_time = EXTENDING.lock().unwrap_or_else(|p| p.into_inner());
-    if local::data::stat(file)?.st_size as u64 >= end {
-        return Ok(());
+/// What the engine asks of a file's data.
+pub trait FileData: Send + Sync {
+    /// Reads at `offset`; returns the bytes read (short at the end of the data).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> SysResult<usize>;
+
+    /// Writes one unit's dirty ranges (clipped to the logical size). Never reads old data
+    /// back unless the store takes whole units only (`Capabilities::partial_writes`); counts
+    /// what it writes.
+    fn write_unit(&self, unit: &UnitWrite<'_>) -> SysResult<()>;
+
+    /// The data's size becomes exactly `size`.
+    fn set_size(&self, size: u64) -> SysResult<()>;
+
+    fn size(&self) -> SysResult<u64>;
+
+    /// Makes every write so far durable (`data_only`: fdatasync's promise).
+    fn sync(&self, data_only: bool) -> SysResult<()>;
+
+    /// Whether any byte is data (not a hole, not unwritten allocation). Doubt answers true.
+    fn holds_data(&self) -> bool {
+        true
     }
-    local::data::set_len(file, end)
+
+    /// fallocate(2), with its mode; ENOSYS where the store cannot.
+    fn allocate(&self, _mode: i32, _offset: u64, _length: u64) -> SysResult<()> {
+        Err(Errno(libc::ENOSYS))
+    }
+
+    /// lseek(2) for SEEK_DATA and SEEK_HOLE; ENOSYS where the store cannot (the kernel then
+    /// answers them itself, as if the file had no holes).
+    fn seek(&self, _offset: i64, _whence: i32) -> SysResult<i64> {
+        Err(Errno(libc::ENOSYS))
+    }
+
+    /// Copies `length` bytes from `source_offset` to `target` at `target_offset` inside the
+    /// store; ENOSYS where it cannot (the kernel copies through reads and writes).
+    fn copy_to(&self, _source_offset: u64, _target: &dyn FileData, _target_offset: u64, _length: u64) -> SysResult<usize> {
+        Err(Errno(libc::ENOSYS))
+    }
+
+    /// For `copy_to` between two files of one store.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
+/// What the engine asks of the store a file's data lives in.
+pub trait UnitStore: Send + Sync {
+    fn capabilities(&self) -> &Capabilities;
+
+    /// Opens the data of the regular file `id`.
+    fn open(&self, id: ObjectId, mode: OpenMode) -> SysResult<Arc<dyn FileData>>;
+
+    /// Makes everything written to the store durable (a checkpoint's one sync).
+    fn sync_all(&self) -> SysResult<()>;
+}

@@ -1,33 +1,36 @@
-//! The engine decides; it knows nothing of FUSE. It owns the inode table, open file and
-//! directory handles, the hidden state folder, and ownership of files created on a user's
-//! behalf; `writeback` shapes writes (units, write buffer, flushers, memory bound) and
-//! `log_format` holds the intent log's on-disk format.
+//! The engine decides; it knows nothing of FUSE and names no backend. It speaks to a
+//! `backend::Namespace` (names, attributes) and a `backend::UnitStore` (a file's data), and
+//! owns what lies between them and the kernel:
+//!
+//! - `types`: its vocabulary at the seam (ids, attributes, directory entries, changes);
+//! - open file and directory handles, and the page-cache choice of writers (here);
+//! - `writeback`: the write buffer, the flushers, the memory bound, flush errors, and the
+//!   durability rules of fsync and close with the intent log;
+//! - `buffer`: unit buffers and dirty-range sets;
+//! - `intent_log`: the log's format, ring and device;
+//! - `replay`: recovery from the log at mount.
 //!
 //! Must not: speak the FUSE protocol (the adapter translates) or make system calls on the
-//! backing directory itself (the backend does).
+//! backing store itself (the backend does).
 
 pub mod buffer;
-pub mod geometry;
-pub mod inodes;
 pub mod intent_log;
 mod replay;
+pub mod types;
 pub mod writeback;
 
 use std::collections::HashMap;
-use std::ffi::{CStr, OsStr, OsString};
-use std::fs::File;
-use std::path::Path;
+use std::ffi::{OsStr, OsString};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::backend::local::{self, data, DirStream, LocalBackend, Node, TimesToSet, XattrReply, STATE_DIR_NAME};
+use crate::backend::{DirReader, FileData, Namespace, OpenMode, UnitStore};
 use crate::metrics::Metrics;
-use crate::sys::{name_cstring, Errno, SysResult};
-use inodes::{Inode, InodeTable, ROOT_INO};
+use crate::sys::{Errno, SysResult};
 use intent_log::device::LogDevice;
 use intent_log::format::Record;
 use intent_log::{IntentLog, LogError};
-use crate::backend::faults::{FaultOp, Faults};
+use types::{Attr, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, Timestamp, TimesToSet, XattrReply, ROOT_ID};
 use writeback::{ErrorReport, FileState, Unwritten, Writeback, WritebackConfig};
 
 /// Who asked: files and directories created on a user's behalf belong to that user.
@@ -50,33 +53,26 @@ pub struct AttrChanges {
     pub drop_set_id_bits: bool,
 }
 
-/// An object the kernel now knows by `stat.st_ino`.
-#[derive(Debug, Clone, Copy)]
-pub struct Entry {
-    pub stat: libc::stat,
-}
-
 /// One line of a directory listing, with the offset of the line after it.
 #[derive(Debug, Clone)]
 pub struct ListedEntry {
     pub ino: u64,
     pub next_offset: u64,
-    pub kind: u8,
+    pub kind: Option<Kind>,
     pub name: OsString,
 }
 
 struct OpenFile {
-    /// Keeps the inode (and its backing handle) alive while the file is open.
-    inode: Arc<Inode>,
-    /// The backend file opened with the application's access mode, for reads.
-    file: File,
+    id: ObjectId,
+    /// The file's data, opened with the application's access mode, for reads.
+    data: Arc<dyn FileData>,
     /// The write buffer of a regular file, shared by all its handles.
     state: Option<Arc<FileState>>,
     /// Opened for writing: its close flushes the file (a reader's close leaves it alone).
     writable: bool,
 }
 
-/// The writable handles open on one inode, and the page-cache choice they share.
+/// The writable handles open on one file, and the page-cache choice they share.
 struct WriterMode {
     handles: usize,
     bypass_page_cache: bool,
@@ -89,10 +85,10 @@ impl OpenFile {
 }
 
 struct OpenDir {
-    inode: Arc<Inode>,
+    id: ObjectId,
     /// Read a batch at a time from the offset the kernel asks for: nothing of the directory is
     /// copied whole, whatever its size.
-    stream: Mutex<DirStream>,
+    reader: Mutex<Box<dyn DirReader>>,
 }
 
 /// Directory entries read from the backend for one readdir request: about what a 4 KiB
@@ -105,6 +101,9 @@ pub struct EngineConfig {
     pub block_size_bytes: u32,
     pub writeback: WritebackConfig,
     pub page_cache: PageCache,
+    /// A name in the root directory the mount neither shows nor lets anyone make: the daemon's
+    /// state folder, when it lives in the backing directory.
+    pub hidden_name: Option<OsString>,
 }
 
 /// The intent log's device, when the log is on, and whether it was just created (all zeros).
@@ -142,55 +141,43 @@ pub struct Opened {
 }
 
 pub struct Engine {
-    /// Test-only fault injection at the backend boundary (see `backend::faults`).
-    faults: Option<Arc<Faults>>,
-    backend: Arc<LocalBackend>,
+    ns: Arc<dyn Namespace>,
+    store: Arc<dyn UnitStore>,
     writeback: Arc<Writeback>,
     metrics: Arc<Metrics>,
-    inodes: InodeTable,
     config: EngineConfig,
-    is_root_daemon: bool,
     next_handle: AtomicU64,
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
-    /// Per inode number, under `PageCache::Auto`.
-    writer_modes: Mutex<HashMap<u64, WriterMode>>,
+    /// Per file, under `PageCache::Auto`.
+    writer_modes: Mutex<HashMap<ObjectId, WriterMode>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn key_of(st: &libc::stat) -> inodes::BackingKey {
-    (st.st_dev, st.st_ino)
-}
-
 impl Engine {
-    /// The error says what stopped the start, for the person mounting.
+    /// Starts the engine on a namespace and a unit store; with a log, first replays what it
+    /// holds. The error says what stopped the start, for the person mounting.
     pub fn new(
-        backend: LocalBackend,
+        ns: Arc<dyn Namespace>,
+        store: Arc<dyn UnitStore>,
         config: EngineConfig,
         metrics: Arc<Metrics>,
-        faults: Option<Arc<Faults>>,
         log: Option<LogSetup>,
     ) -> Result<Engine, String> {
-        let root = backend.root_node().map_err(|e| e.to_string())?;
-        let root_stat = backend.stat(&root).map_err(|e| e.to_string())?;
-        let inodes = InodeTable::new(root, key_of(&root_stat));
-        let backend = Arc::new(backend);
         let log = match log {
-            Some(setup) => Some(recover_from_log(&backend, setup, &metrics)?),
+            Some(setup) => Some(recover_from_log(&*ns, &*store, setup, &metrics)?),
             None => None,
         };
-        let writeback = Writeback::new(backend.clone(), config.writeback.clone(), metrics.clone(), log, faults.clone());
+        let writeback = Writeback::new(ns.clone(), store.clone(), config.writeback.clone(), metrics.clone(), log);
         Ok(Engine {
-            faults,
-            backend,
+            ns,
+            store,
             writeback,
             metrics,
-            inodes,
             config,
-            is_root_daemon: unsafe { libc::geteuid() } == 0,
             next_handle: AtomicU64::new(1),
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
@@ -198,23 +185,9 @@ impl Engine {
         })
     }
 
-    /// Fault injection's check before a backend call (`node`: the object it is about).
-    fn fault(&self, op: FaultOp, node: Option<&Node>) -> SysResult<()> {
-        match &self.faults {
-            Some(faults) => faults.check(op, node.and_then(|n| self.backend.path_of(n)).as_deref()),
-            None => Ok(()),
-        }
-    }
-
     /// The page-cache policy; the FUSE adapter negotiates the kernel flags it needs.
     pub fn page_cache(&self) -> PageCache {
         self.config.page_cache
-    }
-
-    fn inode(&self, ino: u64) -> SysResult<Arc<Inode>> {
-        // A number the kernel uses but we forgot would be a protocol bug; ESTALE is what a
-        // network file system answers for a handle it no longer knows.
-        self.inodes.get(ino).ok_or(Errno(libc::ESTALE))
     }
 
     fn open_file(&self, fh: u64) -> SysResult<Arc<OpenFile>> {
@@ -230,94 +203,81 @@ impl Engine {
     }
 
     /// The state folder is the daemon's: the mount neither shows it nor lets anyone make it.
-    fn is_state_dir(parent: u64, name: &OsStr) -> bool {
-        parent == ROOT_INO && name == STATE_DIR_NAME
+    fn is_hidden(&self, parent: ObjectId, name: &OsStr) -> bool {
+        parent == ROOT_ID && self.config.hidden_name.as_deref() == Some(name)
     }
 
-    fn checked_name(parent: u64, name: &OsStr, creating: bool) -> SysResult<std::ffi::CString> {
-        if Self::is_state_dir(parent, name) {
+    fn checked_name(&self, parent: ObjectId, name: &OsStr, creating: bool) -> SysResult<()> {
+        if self.is_hidden(parent, name) {
             return Err(Errno(if creating { libc::EPERM } else { libc::ENOENT }));
         }
-        name_cstring(name)
+        if name.is_empty() || name.as_encoded_bytes().contains(&b'/') {
+            return Err(Errno(libc::EINVAL));
+        }
+        Ok(())
     }
 
     /// Every attribute answer goes through here (getattr, lookup, readdirplus, create): the
     /// kernel caches what it is told, so all must agree, the write buffer included.
-    fn finish_stat(&self, ino: u64, mut st: libc::stat) -> libc::stat {
-        st.st_ino = ino;
-        st.st_blksize = self.config.block_size_bytes as libc::blksize_t;
-        if let Some(state) = self.writeback.file(ino) {
+    fn finish_attr(&self, mut attr: Attr) -> Attr {
+        attr.blksize = self.config.block_size_bytes;
+        if let Some(state) = self.writeback.file(attr.id) {
             // The write buffer knows better than the backend until it is flushed.
-            st.st_size = self.writeback.size(&state) as libc::off_t;
+            attr.size = self.writeback.size(&state);
             if let Some(written) = self.writeback.last_write(&state) {
-                if let Ok(d) = written.duration_since(std::time::UNIX_EPOCH) {
-                    if (d.as_secs() as i64, d.subsec_nanos() as i64) > (st.st_mtime, st.st_mtime_nsec) {
-                        st.st_mtime = d.as_secs() as i64;
-                        st.st_mtime_nsec = d.subsec_nanos() as i64;
-                        st.st_ctime = st.st_mtime;
-                        st.st_ctime_nsec = st.st_mtime_nsec;
-                    }
+                let written = Timestamp::from(written);
+                if written > attr.mtime {
+                    attr.mtime = written;
+                    attr.ctime = written;
                 }
             }
         }
-        st
+        attr
     }
 
-    fn remember(&self, node: Node, st: libc::stat) -> Entry {
-        let inode = self.inodes.remember(node, key_of(&st));
-        Entry { stat: self.finish_stat(inode.ino, st) }
+    pub fn lookup(&self, parent: ObjectId, name: &OsStr) -> SysResult<Attr> {
+        self.checked_name(parent, name, false)?;
+        Ok(self.finish_attr(self.ns.lookup(parent, name)?))
     }
 
-    pub fn lookup(&self, parent: u64, name: &OsStr) -> SysResult<Entry> {
-        let name = Self::checked_name(parent, name, false)?;
-        let parent = self.inode(parent)?;
-        let (node, st) = self.backend.lookup(&parent.node, &name)?;
-        Ok(self.remember(node, st))
+    pub fn forget(&self, id: ObjectId, count: u64) {
+        self.ns.forget(id, count);
     }
 
-    pub fn forget(&self, ino: u64, count: u64) {
-        self.inodes.forget(ino, count);
+    pub fn getattr(&self, id: ObjectId) -> SysResult<Attr> {
+        Ok(self.finish_attr(self.ns.getattr(id)?))
     }
 
-    pub fn getattr(&self, ino: u64) -> SysResult<libc::stat> {
-        let inode = self.inode(ino)?;
-        let st = self.backend.stat(&inode.node)?;
-        Ok(self.finish_stat(ino, st))
-    }
-
-    pub fn setattr(&self, ino: u64, fh: Option<u64>, changes: AttrChanges) -> SysResult<libc::stat> {
-        let inode = self.inode(ino)?;
+    pub fn setattr(&self, id: ObjectId, fh: Option<u64>, changes: AttrChanges) -> SysResult<Attr> {
         if changes.drop_set_id_bits && changes.mode.is_none() {
-            self.drop_set_id_bits(&inode)?;
+            self.drop_set_id_bits(id)?;
         }
-        if changes.uid.is_some() || changes.gid.is_some() {
-            self.backend.chown(&inode.node, changes.uid, changes.gid)?;
-        }
-        if let Some(mode) = changes.mode {
-            self.backend.chmod(&inode.node, mode & 0o7777)?;
+        if changes.uid.is_some() || changes.gid.is_some() || changes.mode.is_some() {
+            let owner_and_mode = SetAttr { mode: changes.mode, uid: changes.uid, gid: changes.gid, ..SetAttr::default() };
+            self.ns.setattr(id, &owner_and_mode)?;
         }
         if let Some(size) = changes.size {
             let state = match fh {
                 Some(fh) => self.open_file(fh)?.state.clone(),
-                None => self.writeback.file(ino),
+                None => self.writeback.file(id),
             };
             match state {
                 Some(state) => self.writeback.set_size(&state, size)?,
                 None => {
-                    self.backend.truncate(&inode.node, size)?;
-                    self.writeback.note_backend_changed(ino);
+                    self.store.open(id, OpenMode { write: true, no_atime: false })?.set_size(size)?;
+                    self.writeback.note_backend_changed(id);
                 }
             }
         }
-        if changes.times.atime.is_some() || changes.times.mtime.is_some() {
+        if !changes.times.is_empty() {
             // "Now" is fixed here: flushes may set the times again later (see note_times_set).
-            let times = changes.times.resolved_now(std::time::SystemTime::now());
-            self.backend.set_times(&inode.node, times)?;
-            if let Some(state) = self.writeback.file(ino) {
+            let times = changes.times.resolved(Timestamp::now());
+            self.ns.setattr(id, &SetAttr { times, ..SetAttr::default() })?;
+            if let Some(state) = self.writeback.file(id) {
                 self.writeback.note_times_set(&state, times);
             }
         }
-        self.getattr(ino)
+        self.getattr(id)
     }
 
     /// The FUSE adapter negotiates FUSE_HANDLE_KILLPRIV_V2, so clearing set-user-ID and
@@ -325,312 +285,253 @@ impl Engine {
     /// asks for security.capability before every single write, one more round trip each).
     /// The kernel's own rule (setattr_should_drop_suidgid): set-user-ID always; set-group-ID only
     /// with group execute, since without it the bit marks mandatory locking, not privilege.
-    fn drop_set_id_bits(&self, inode: &Inode) -> SysResult<()> {
-        let st = self.backend.stat(&inode.node)?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+    fn drop_set_id_bits(&self, id: ObjectId) -> SysResult<()> {
+        let attr = self.ns.getattr(id)?;
+        if attr.kind != Kind::File {
             return Ok(());
         }
-        let mode = st.st_mode & 0o7777;
+        let mode = attr.perm;
         let mut kept = mode & !libc::S_ISUID;
         if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
             kept &= !libc::S_ISGID;
         }
         if kept != mode {
-            self.backend.chmod(&inode.node, kept)?;
+            self.ns.setattr(id, &SetAttr { mode: Some(kept), ..SetAttr::default() })?;
         }
         Ok(())
     }
 
-    pub fn readlink(&self, ino: u64) -> SysResult<Vec<u8>> {
-        let inode = self.inode(ino)?;
-        self.backend.readlink(&inode.node)
+    pub fn readlink(&self, id: ObjectId) -> SysResult<Vec<u8>> {
+        self.ns.readlink(id)
     }
 
-    /// Gives a just-created object to the user who created it. The daemon creates as itself
-    /// (root), so without this every file would belong to root. A set-group-ID parent keeps its
-    /// group, as the kernel would have done.
-    fn give_to_caller(&self, parent: &Inode, node: &Node, caller: Caller) -> SysResult<libc::stat> {
-        let created = self.backend.stat(node)?;
-        if !self.is_root_daemon {
-            return Ok(created);
+    /// Makes an object on a user's behalf (it belongs to that user, see `Namespace::make`),
+    /// and tells the write buffer and the log of a regular file made.
+    fn make(&self, parent: ObjectId, name: &OsStr, what: NewObject<'_>, caller: Caller) -> SysResult<Attr> {
+        self.checked_name(parent, name, true)?;
+        let attr = self.ns.make(parent, name, what, Owner { uid: caller.uid, gid: caller.gid })?;
+        match attr.kind {
+            Kind::File => {
+                let record = self.create_record(attr.id, parent, name, &attr);
+                self.writeback.note_created(attr.id, Some(parent), record);
+            }
+            Kind::Directory => self.writeback.note_created(attr.id, None, None),
+            _ => {}
         }
-        let parent_stat = self.backend.stat(&parent.node)?;
-        let gid = if parent_stat.st_mode & libc::S_ISGID != 0 { parent_stat.st_gid } else { caller.gid };
-        if created.st_uid == caller.uid && created.st_gid == gid {
-            return Ok(created);
+        Ok(self.finish_attr(attr))
+    }
+
+    pub fn mknod(&self, parent: ObjectId, name: &OsStr, mode: u32, rdev: u64, caller: Caller) -> SysResult<Attr> {
+        let what = match mode & libc::S_IFMT {
+            libc::S_IFREG | 0 => NewObject::File { perm: mode & 0o7777 },
+            _ => NewObject::Node { mode, rdev },
+        };
+        self.make(parent, name, what, caller)
+    }
+
+    pub fn mkdir(&self, parent: ObjectId, name: &OsStr, mode: u32, caller: Caller) -> SysResult<Attr> {
+        self.make(parent, name, NewObject::Directory { perm: mode & 0o7777 }, caller)
+    }
+
+    pub fn symlink(&self, parent: ObjectId, name: &OsStr, target: &[u8], caller: Caller) -> SysResult<Attr> {
+        if target.contains(&0) {
+            return Err(Errno(libc::EINVAL));
         }
-        self.backend.chown(node, Some(caller.uid), Some(gid))?;
-        let owned = self.backend.stat(node)?;
-        // chown clears set-user-ID and set-group-ID bits; the creator asked for them.
-        if owned.st_mode != created.st_mode && created.st_mode & libc::S_IFMT != libc::S_IFLNK {
-            self.backend.chmod(node, created.st_mode & 0o7777)?;
-            return self.backend.stat(node);
-        }
-        Ok(owned)
+        self.make(parent, name, NewObject::Symlink { target }, caller)
     }
 
-    pub fn mknod(&self, parent: u64, name: &OsStr, mode: u32, rdev: u64, caller: Caller) -> SysResult<Entry> {
-        let name = Self::checked_name(parent, name, true)?;
-        let parent = self.inode(parent)?;
-        self.fault(FaultOp::Create, Some(&parent.node))?;
-        let (node, _) = self.backend.mknod(&parent.node, &name, mode, rdev)?;
-        let st = self.give_to_caller(&parent, &node, caller)?;
-        let regular = mode & libc::S_IFMT == libc::S_IFREG;
-        let entry = self.remember(node, st);
-        let created_record = regular.then(|| self.create_record(entry.stat.st_ino, &parent, &name, &st)).flatten();
-        self.writeback.note_created(entry.stat.st_ino, regular.then_some(parent.ino), created_record);
-        Ok(entry)
-    }
-
-    pub fn mkdir(&self, parent: u64, name: &OsStr, mode: u32, caller: Caller) -> SysResult<Entry> {
-        let name = Self::checked_name(parent, name, true)?;
-        let parent = self.inode(parent)?;
-        self.fault(FaultOp::Create, Some(&parent.node))?;
-        let (node, _) = self.backend.mkdir(&parent.node, &name, mode)?;
-        let st = self.give_to_caller(&parent, &node, caller)?;
-        let entry = self.remember(node, st);
-        self.writeback.note_created(entry.stat.st_ino, None, None);
-        Ok(entry)
-    }
-
-    pub fn symlink(&self, parent: u64, name: &OsStr, target: &Path, caller: Caller) -> SysResult<Entry> {
-        let name = Self::checked_name(parent, name, true)?;
-        let target = local::symlink_target(target)?;
-        let parent = self.inode(parent)?;
-        self.fault(FaultOp::Create, Some(&parent.node))?;
-        let (node, _) = self.backend.symlink(&parent.node, &name, &target)?;
-        let st = self.give_to_caller(&parent, &node, caller)?;
-        Ok(self.remember(node, st))
-    }
-
-    pub fn link(&self, ino: u64, new_parent: u64, new_name: &OsStr) -> SysResult<Entry> {
-        let new_name = Self::checked_name(new_parent, new_name, true)?;
-        let inode = self.inode(ino)?;
-        let new_parent = self.inode(new_parent)?;
-        self.fault(FaultOp::Create, Some(&new_parent.node))?;
-        let (node, st) = self.backend.link(&inode.node, &new_parent.node, &new_name)?;
+    pub fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
+        self.checked_name(new_parent, new_name, true)?;
+        let attr = self.ns.link(id, new_parent, new_name)?;
         // The log records one name per file: a second one only a backend sync makes durable.
-        self.writeback.note_backend_changed(ino);
-        self.writeback.note_names_changed(None, None, &[ino]);
-        Ok(self.remember(node, st))
+        self.writeback.note_backend_changed(id);
+        self.writeback.note_names_changed(None, None, &[id]);
+        Ok(self.finish_attr(attr))
     }
 
     /// For the intent log: the record of a regular file's creation, queued when it happens, so
     /// that the log holds names in the order they came to be (replay relies on it).
-    fn create_record(&self, ino: u64, parent: &Inode, name: &CStr, st: &libc::stat) -> Option<Record> {
+    fn create_record(&self, id: ObjectId, parent: ObjectId, name: &OsStr, attr: &Attr) -> Option<Record> {
         if !self.writeback.logging() {
             return None;
         }
         Some(Record::Create {
-            file: self.inode(ino).ok()?.backend_handle(&self.backend).ok()?,
-            parent: parent.backend_handle(&self.backend).ok()?,
-            name: name.to_bytes().to_vec(),
-            mode: st.st_mode,
-            uid: st.st_uid,
-            gid: st.st_gid,
+            file: self.ns.log_key(id).ok()?,
+            parent: self.ns.log_key(parent).ok()?,
+            name: name.as_encoded_bytes().to_vec(),
+            mode: attr.mode(),
+            uid: attr.uid,
+            gid: attr.gid,
         })
     }
 
-    /// For the intent log: what `name` in `parent` is now (its handle and inode number), if
-    /// anything, before a change removes or replaces it.
-    fn named_object(&self, parent: &Inode, name: &CStr) -> Option<(Vec<u8>, u64)> {
+    /// For the intent log: what `name` in `parent` is now (its key and id), if anything,
+    /// before a change removes or replaces it.
+    fn named_object(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)> {
         if !self.writeback.logging() {
             return None;
         }
-        let (node, st) = self.backend.lookup(&parent.node, name).ok()?;
-        let handle = self.backend.file_handle(&node).ok()?;
-        Some((handle, self.inodes.ino_for_listing(key_of(&st))))
+        self.ns.identify(parent, name)
     }
 
-    pub fn unlink(&self, parent: u64, name: &OsStr) -> SysResult<()> {
+    pub fn unlink(&self, parent: ObjectId, name: &OsStr) -> SysResult<()> {
         self.remove(parent, name, false)
     }
 
-    pub fn rmdir(&self, parent: u64, name: &OsStr) -> SysResult<()> {
+    pub fn rmdir(&self, parent: ObjectId, name: &OsStr) -> SysResult<()> {
         self.remove(parent, name, true)
     }
 
-    fn remove(&self, parent: u64, name: &OsStr, directory: bool) -> SysResult<()> {
-        let name = Self::checked_name(parent, name, false)?;
-        let parent = self.inode(parent)?;
-        let removed = self.named_object(&parent, &name);
+    fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
+        self.checked_name(parent, name, false)?;
+        let removed = self.named_object(parent, name);
         // A file released with data still buffered (its flush refused, or not yet due): once its
         // last name goes, that data can never be read and its descriptors keep the backend's
         // space allocated, so both go. Looked up only when there is such a file.
         let lingering = (!directory && self.writeback.has_lingering_files())
-            .then(|| self.backend.lookup(&parent.node, &name).ok())
+            .then(|| self.ns.identify(parent, name))
             .flatten()
-            .filter(|(_, st)| self.writeback.is_lingering(self.inodes.ino_for_listing(key_of(st))));
-        if directory {
-            self.backend.rmdir(&parent.node, &name)?;
-        } else {
-            self.backend.unlink(&parent.node, &name)?;
-        }
-        if let Some((node, st)) = lingering {
-            if self.backend.stat(&node).is_ok_and(|now| now.st_nlink == 0) {
-                self.writeback.forget_file(self.inodes.ino_for_listing(key_of(&st)));
+            .map(|(_, id)| id)
+            .filter(|&id| self.writeback.is_lingering(id));
+        self.ns.remove(parent, name, directory)?;
+        if let Some(id) = lingering {
+            if self.ns.getattr(id).is_ok_and(|now| now.nlink == 0) {
+                self.writeback.forget_file(id);
             }
         }
-        if let (Some((handle, ino)), Ok(parent_handle)) = (removed, parent.backend_handle(&self.backend)) {
-            let record = Record::Unlink { file: handle, parent: parent_handle, name: name.to_bytes().to_vec(), directory };
-            self.writeback.note_names_changed(Some(record), None, &[ino]);
+        if let (Some((key, id)), Ok(parent_key)) = (removed, self.ns.log_key(parent)) {
+            let record = Record::Unlink { file: key, parent: parent_key, name: name.as_encoded_bytes().to_vec(), directory };
+            self.writeback.note_names_changed(Some(record), None, &[id]);
         }
         Ok(())
     }
 
-    pub fn rename(&self, parent: u64, name: &OsStr, new_parent: u64, new_name: &OsStr, flags: u32) -> SysResult<()> {
-        let name = Self::checked_name(parent, name, false)?;
-        let new_name = Self::checked_name(new_parent, new_name, true)?;
-        let parent = self.inode(parent)?;
-        let new_parent = self.inode(new_parent)?;
-        let moved = self.named_object(&parent, &name);
-        let replaced = self.named_object(&new_parent, &new_name);
-        self.backend.rename(&parent.node, &name, &new_parent.node, &new_name, flags)?;
-        let Some((handle, ino)) = moved else { return Ok(()) };
+    pub fn rename(&self, parent: ObjectId, name: &OsStr, new_parent: ObjectId, new_name: &OsStr, flags: u32) -> SysResult<()> {
+        self.checked_name(parent, name, false)?;
+        self.checked_name(new_parent, new_name, true)?;
+        let moved = self.named_object(parent, name);
+        let replaced = self.named_object(new_parent, new_name);
+        self.ns.rename(parent, name, new_parent, new_name, flags)?;
+        let Some((key, id)) = moved else { return Ok(()) };
         if flags & libc::RENAME_EXCHANGE != 0 {
-            let replaced_ino = replaced.map(|(_, ino)| ino);
+            let replaced_id = replaced.map(|(_, id)| id);
             // Two names swapped: the log has no record for it, so only a backend sync makes
             // either durable.
-            for ino in [Some(ino), replaced_ino].into_iter().flatten() {
-                self.writeback.note_backend_changed(ino);
+            let both: Vec<ObjectId> = [Some(id), replaced_id].into_iter().flatten().collect();
+            for &one in &both {
+                self.writeback.note_backend_changed(one);
             }
-            self.writeback.note_names_changed(None, None, &[Some(ino), replaced_ino].into_iter().flatten().collect::<Vec<_>>());
+            self.writeback.note_names_changed(None, None, &both);
             return Ok(());
         }
-        let (Ok(from_parent), Ok(to_parent)) = (parent.backend_handle(&self.backend), new_parent.backend_handle(&self.backend))
-        else {
+        let (Ok(from_parent), Ok(to_parent)) = (self.ns.log_key(parent), self.ns.log_key(new_parent)) else {
             return Ok(());
         };
-        let (replaced_handle, replaced_ino) = replaced.map_or((Vec::new(), None), |(h, ino)| (h, Some(ino)));
+        let (replaced_key, replaced_id) = replaced.map_or((Vec::new(), None), |(k, id)| (k, Some(id)));
         let record = Record::Rename {
-            file: handle,
+            file: key,
             from_parent,
-            from_name: name.to_bytes().to_vec(),
+            from_name: name.as_encoded_bytes().to_vec(),
             to_parent,
-            to_name: new_name.to_bytes().to_vec(),
-            replaced: replaced_handle,
+            to_name: new_name.as_encoded_bytes().to_vec(),
+            replaced: replaced_key,
         };
-        self.writeback.note_names_changed(Some(record), Some((ino, new_parent.ino)), &replaced_ino.into_iter().collect::<Vec<_>>());
+        self.writeback.note_names_changed(Some(record), Some((id, new_parent)), &replaced_id.into_iter().collect::<Vec<_>>());
         Ok(())
     }
 
-    /// Flags for the backend's own open of an object the kernel has already resolved. Only
-    /// what still means something for that reopen is kept; every other flag the kernel passes
-    /// was the kernel's to act on, or is the engine's decision:
+    /// The data of a regular file opened for an application: the kernel has checked its access
+    /// mode; only O_NOATIME (the application's wish about reads) reaches the store, and write
+    /// access (the kernel reads partly written pages of the writeback cache through whichever
+    /// handle it holds, a write-only one included). Every other open flag was the kernel's to
+    /// act on, or is the engine's decision:
     ///
     /// | flag | why it is not passed on |
     /// |---|---|
-    /// | O_NOFOLLOW, O_DIRECTORY | the kernel resolved the path; the reopen goes through `/proc/self/fd`, a link that O_NOFOLLOW would refuse (ELOOP: SQLite's and rsync's opens) |
+    /// | O_NOFOLLOW, O_DIRECTORY | the kernel resolved the path (O_NOFOLLOW on the store's reopen made SQLite's and rsync's opens fail with ELOOP) |
     /// | O_CREAT, O_EXCL, O_NOCTTY, O_TMPFILE | the kernel's (create is its own request) |
     /// | O_TRUNC | FUSE_ATOMIC_O_TRUNC: the engine truncates through the write buffer |
     /// | O_APPEND | the kernel sends the offset; Linux pwrite on an O_APPEND file would ignore it |
-    /// | O_SYNC, O_DSYNC | the engine makes such writes durable (through the log or the backend) |
-    /// | O_DIRECT | the engine chooses how units reach the backend |
-    /// | O_NONBLOCK, O_ASYNC, kernel-internal bits | mean nothing for a regular file's reopen |
-    ///
-    /// Kept: O_NOATIME (the application asked that its reads leave atime alone). Write-only
-    /// opens are opened read-write: with the kernel's writeback cache the kernel reads partly
-    /// written pages through whichever handle it holds, a write-only one included. The kernel
-    /// has checked the application's access mode already.
-    fn backend_open_flags(flags: i32) -> i32 {
-        let access = match flags & libc::O_ACCMODE {
-            libc::O_RDONLY => libc::O_RDONLY,
-            _ => libc::O_RDWR,
-        };
-        access | (flags & libc::O_NOATIME)
+    /// | O_SYNC, O_DSYNC | the engine makes such writes durable (through the log or the store) |
+    /// | O_DIRECT | the engine chooses how units reach the store |
+    /// | O_NONBLOCK, O_ASYNC, kernel-internal bits | mean nothing for a regular file's data |
+    fn open_mode(flags: i32) -> OpenMode {
+        OpenMode { write: flags & libc::O_ACCMODE != libc::O_RDONLY, no_atime: flags & libc::O_NOATIME != 0 }
     }
 
-    fn register_file(&self, inode: Arc<Inode>, file: File, flags: i32) -> SysResult<Opened> {
-        let st = data::stat(&file)?;
-        let state = (st.st_mode & libc::S_IFMT == libc::S_IFREG)
-            .then(|| self.writeback.open_file(&inode, st.st_size as u64));
+    fn register_file(&self, id: ObjectId, kind: Kind, flags: i32) -> SysResult<Opened> {
+        let mode = Self::open_mode(flags);
+        let data = self.store.open(id, mode)?;
+        let state = match kind {
+            Kind::File => Some(self.writeback.open_file(id, data.size()?)?),
+            _ => None,
+        };
         // An empty file stays as it is: truncating it would change nothing but count as a
         // backend change, and keep a new file's fsync off the intent log.
         if let (Some(state), true) = (&state, flags & libc::O_TRUNC != 0) {
-            if st.st_size != 0 || self.writeback.size(state) != 0 {
+            if self.writeback.size(state) != 0 {
                 self.writeback.set_size(state, 0)?;
             }
         }
-        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let writable = mode.write;
         let mut bypass_page_cache = false;
         if let (Some(state), true, PageCache::Auto) = (&state, writable, self.config.page_cache) {
             let mut modes = lock(&self.writer_modes);
-            let mode = modes.entry(inode.ino).or_insert_with(|| WriterMode {
+            let writer = modes.entry(id).or_insert_with(|| WriterMode {
                 handles: 0,
-                bypass_page_cache: self.holds_data(&file, state),
+                bypass_page_cache: self.holds_data(&*data, state),
             });
-            mode.handles += 1;
-            bypass_page_cache = mode.bypass_page_cache;
+            writer.handles += 1;
+            bypass_page_cache = writer.bypass_page_cache;
         }
         let fh = self.new_handle();
-        lock(&self.files).insert(fh, Arc::new(OpenFile { inode, file, state, writable }));
+        lock(&self.files).insert(fh, Arc::new(OpenFile { id, data, state, writable }));
         Ok(Opened { fh, bypass_page_cache, writable })
     }
 
     /// Whether a partial-page write into this file could make the kernel read old data:
-    /// bytes in the write buffer or data (not holes, not unwritten allocation) on the backend.
-    fn holds_data(&self, file: &File, state: &FileState) -> bool {
+    /// bytes in the write buffer or data (not holes, not unwritten allocation) in the store.
+    fn holds_data(&self, data: &dyn FileData, state: &FileState) -> bool {
         if self.writeback.size(state) == 0 {
             return false;
         }
-        if self.writeback.has_buffered_data(state) {
-            return true;
-        }
-        // Doubt counts as data: the uncached path is always correct, only slower.
-        !matches!(data::seek(file, 0, libc::SEEK_DATA), Err(Errno(libc::ENXIO)))
+        self.writeback.has_buffered_data(state) || data.holds_data()
     }
 
     /// `drop_set_id_bits`: an unprivileged open with O_TRUNC (see [`Engine::drop_set_id_bits`]).
-    pub fn open(&self, ino: u64, flags: i32, drop_set_id_bits: bool) -> SysResult<Opened> {
-        let inode = self.inode(ino)?;
-        let file = self.backend.open(&inode.node, Self::backend_open_flags(flags))?;
+    pub fn open(&self, id: ObjectId, flags: i32, drop_set_id_bits: bool) -> SysResult<Opened> {
+        let attr = self.ns.getattr(id)?;
         if drop_set_id_bits && flags & libc::O_TRUNC != 0 {
-            self.drop_set_id_bits(&inode)?;
+            self.drop_set_id_bits(id)?;
         }
-        self.register_file(inode, file, flags)
+        self.register_file(id, attr.kind, flags)
     }
 
-    pub fn create(
-        &self,
-        parent: u64,
-        name: &OsStr,
-        mode: u32,
-        flags: i32,
-        caller: Caller,
-    ) -> SysResult<(Entry, Opened)> {
-        let name = Self::checked_name(parent, name, true)?;
-        let parent_inode = self.inode(parent)?;
-        self.fault(FaultOp::Create, Some(&parent_inode.node))?;
-        let (file, node, _) = self.backend.create(
-            &parent_inode.node,
-            &name,
-            Self::backend_open_flags(flags) | (flags & libc::O_EXCL),
-            mode,
-        )?;
-        let st = self.give_to_caller(&parent_inode, &node, caller)?;
-        let entry = self.remember(node, st);
-        let created_record = self.create_record(entry.stat.st_ino, &parent_inode, &name, &st);
-        self.writeback.note_created(entry.stat.st_ino, Some(parent_inode.ino), created_record);
-        let inode = self.inode(entry.stat.st_ino)?;
-        Ok((entry, self.register_file(inode, file, flags)?))
+    pub fn create(&self, parent: ObjectId, name: &OsStr, mode: u32, flags: i32, caller: Caller) -> SysResult<(Attr, Opened)> {
+        let attr = match self.make(parent, name, NewObject::File { perm: mode & 0o7777 }, caller) {
+            Ok(attr) => attr,
+            // Made by someone else since the kernel looked: without O_EXCL that is an open.
+            Err(Errno(libc::EEXIST)) if flags & libc::O_EXCL == 0 => self.lookup(parent, name)?,
+            Err(e) => return Err(e),
+        };
+        let opened = self.register_file(attr.id, attr.kind, flags)?;
+        Ok((attr, opened))
     }
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> SysResult<Vec<u8>> {
         let open = self.open_file(fh)?;
         let Some(state) = &open.state else {
-            self.fault(FaultOp::Read, Some(&open.inode.node))?;
             let mut buf = vec![0u8; size as usize];
-            let n = data::read_at(&open.file, &mut buf, offset)?;
+            let n = open.data.read_at(&mut buf, offset)?;
             buf.truncate(n);
             return Ok(buf);
         };
-        // The overlay is taken before the backend is read: a unit whose flush ends in between
-        // is then in both, never in neither.
+        // The overlay is taken before the store is read: a unit whose flush ends in between is
+        // then in both, never in neither.
         let (logical_size, overlay, _reading) = self.writeback.snapshot_overlay(state, offset, size as u64)?;
-        self.fault(FaultOp::Read, Some(&open.inode.node))?;
         let len = logical_size.saturating_sub(offset).min(size as u64) as usize;
         let mut buf = vec![0u8; len];
-        data::read_at(&open.file, &mut buf, offset)?; // short where the backend is shorter: zeros
+        open.data.read_at(&mut buf, offset)?; // short where the store is shorter: zeros
         for (at, bytes) in overlay {
             let from = (at - offset) as usize;
             let to = (from + bytes.len()).min(len);
@@ -644,19 +545,11 @@ impl Engine {
 
     /// `drop_set_id_bits`: the writer lacks CAP_FSETID (see [`Engine::drop_set_id_bits`]).
     /// `from_page_cache`: see [`Writeback::write`].
-    pub fn write(
-        &self,
-        fh: u64,
-        offset: u64,
-        bytes: &[u8],
-        flags: i32,
-        drop_set_id_bits: bool,
-        from_page_cache: bool,
-    ) -> SysResult<u32> {
+    pub fn write(&self, fh: u64, offset: u64, bytes: &[u8], flags: i32, drop_set_id_bits: bool, from_page_cache: bool) -> SysResult<u32> {
         let open = self.open_file(fh)?;
         let state = open.state()?;
         if drop_set_id_bits {
-            self.drop_set_id_bits(&open.inode)?;
+            self.drop_set_id_bits(open.id)?;
         }
         let taken = self.writeback.write(state, offset, bytes, from_page_cache)?;
         self.metrics.application_write_bytes.fetch_add(taken as u64, Ordering::Relaxed);
@@ -669,7 +562,7 @@ impl Engine {
         Ok(taken as u32)
     }
 
-    /// close(2): the file's buffered data goes to the backend, and a flush error is reported
+    /// close(2): the file's buffered data goes to the store, and a flush error is reported
     /// here, where the application can still see it.
     pub fn flush(&self, fh: u64) -> SysResult<()> {
         let open = self.open_file(fh)?;
@@ -683,10 +576,10 @@ impl Engine {
         let open = lock(&self.files).remove(&fh).ok_or(Errno(libc::EBADF))?;
         if open.writable && open.state.is_some() && self.config.page_cache == PageCache::Auto {
             let mut modes = lock(&self.writer_modes);
-            if let Some(mode) = modes.get_mut(&open.inode.ino) {
+            if let Some(mode) = modes.get_mut(&open.id) {
                 mode.handles -= 1;
                 if mode.handles == 0 {
-                    modes.remove(&open.inode.ino);
+                    modes.remove(&open.id);
                 }
             }
         }
@@ -700,11 +593,11 @@ impl Engine {
         let open = self.open_file(fh)?;
         match &open.state {
             Some(state) => self.writeback.fsync(state, data_only),
-            None => data::sync(&open.file, data_only),
+            None => open.data.sync(data_only),
         }
     }
 
-    /// Operations the backend performs on its own data flush the write buffer first, so that
+    /// Operations the store performs on its own data flush the write buffer first, so that
     /// they see, and are not later overwritten by, what the application wrote before them.
     fn flushed(&self, fh: u64) -> SysResult<Arc<OpenFile>> {
         let open = self.open_file(fh)?;
@@ -716,8 +609,8 @@ impl Engine {
 
     pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> SysResult<()> {
         let open = self.flushed(fh)?;
-        data::fallocate(&open.file, mode, offset, length)?;
-        self.writeback.note_backend_changed(open.inode.ino);
+        open.data.allocate(mode, offset, length)?;
+        self.writeback.note_backend_changed(open.id);
         if let (Some(state), true) = (&open.state, mode & libc::FALLOC_FL_KEEP_SIZE == 0) {
             self.writeback.note_backend_size(state, offset + length);
         }
@@ -726,57 +619,42 @@ impl Engine {
 
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> SysResult<i64> {
         let open = self.flushed(fh)?;
-        data::seek(&open.file, offset, whence)
+        open.data.seek(offset, whence)
     }
 
-    pub fn copy_file_range(
-        &self,
-        source_fh: u64,
-        source_offset: u64,
-        target_fh: u64,
-        target_offset: u64,
-        length: u64,
-    ) -> SysResult<u32> {
+    pub fn copy_file_range(&self, source_fh: u64, source_offset: u64, target_fh: u64, target_offset: u64, length: u64) -> SysResult<u32> {
         let source = self.flushed(source_fh)?;
         let target = self.flushed(target_fh)?;
         // FUSE replies carry a u32 byte count; the kernel loops for the rest.
         let length = length.min(u32::MAX as u64 & !0xfff);
-        let copied = data::copy_range(&source.file, source_offset, &target.file, target_offset, length)?;
-        self.writeback.note_backend_changed(target.inode.ino);
+        let copied = source.data.copy_to(source_offset, &*target.data, target_offset, length)?;
+        self.writeback.note_backend_changed(target.id);
         if let Some(state) = &target.state {
             self.writeback.note_backend_size(state, target_offset + copied as u64);
         }
         Ok(copied as u32)
     }
 
-    pub fn opendir(&self, ino: u64) -> SysResult<u64> {
-        let inode = self.inode(ino)?;
-        let stream = self.backend.open_dir_stream(&inode.node)?;
+    pub fn opendir(&self, id: ObjectId) -> SysResult<u64> {
+        let reader = self.ns.open_dir(id)?;
         let fh = self.new_handle();
-        lock(&self.dirs).insert(fh, Arc::new(OpenDir { inode, stream: Mutex::new(stream) }));
+        lock(&self.dirs).insert(fh, Arc::new(OpenDir { id, reader: Mutex::new(reader) }));
         Ok(fh)
     }
 
     /// Up to `READDIR_BATCH` entries from `offset` on (0: the start; otherwise an entry's
-    /// `next_offset`, which is the backing file system's own cookie), without the state folder.
-    /// An empty answer is the end of the directory.
+    /// `next_offset`), without the hidden state folder. An empty answer is the end.
     pub fn readdir(&self, fh: u64, offset: u64) -> SysResult<Vec<ListedEntry>> {
         let dir = self.open_dir(fh)?;
-        let entries = lock(&dir.stream).read(offset, READDIR_BATCH)?;
-        let dir_ino = dir.inode.ino;
-        let dev = dir.inode.key.0;
+        let entries = lock(&dir.reader).read(offset, READDIR_BATCH)?;
         // A batch of two or more cannot consist of the state folder alone: filtering never
         // turns a full batch into a false end.
         Ok(entries
             .into_iter()
-            .filter(|entry| !Self::is_state_dir(dir_ino, &entry.name))
+            .filter(|entry| !self.is_hidden(dir.id, &entry.name))
             .map(|entry| ListedEntry {
                 // ".." is reported as the directory itself: the kernel takes neither number.
-                ino: if entry.name == "." || entry.name == ".." {
-                    dir_ino
-                } else {
-                    self.inodes.ino_for_listing((dev, entry.backing_ino))
-                },
+                ino: if entry.name == "." || entry.name == ".." { dir.id } else { entry.id },
                 next_offset: entry.next_offset,
                 kind: entry.kind,
                 name: entry.name,
@@ -788,40 +666,33 @@ impl Engine {
         lock(&self.dirs).remove(&fh).map(drop).ok_or(Errno(libc::EBADF))
     }
 
-    pub fn fsyncdir(&self, fh: u64, data_only: bool) -> SysResult<()> {
+    pub fn fsyncdir(&self, fh: u64, _data_only: bool) -> SysResult<()> {
         let dir = self.open_dir(fh)?;
         self.writeback.commit_queued_names()?;
-        self.fault(FaultOp::Sync, Some(&dir.inode.node))?;
-        let file = self.backend.open_dir_for_sync(&dir.inode.node)?;
-        data::sync(&file, data_only)
+        self.ns.sync_dir(dir.id)
     }
 
-    pub fn statfs(&self, ino: u64) -> SysResult<libc::statvfs> {
-        let inode = self.inode(ino)?;
-        self.backend.statfs(&inode.node)
+    pub fn statfs(&self, id: ObjectId) -> SysResult<StatFs> {
+        self.ns.statfs(id)
     }
 
-    pub fn set_xattr(&self, ino: u64, name: &CStr, value: &[u8], flags: i32) -> SysResult<()> {
-        let inode = self.inode(ino)?;
-        self.backend.set_xattr(&inode.node, name, value, flags)
+    pub fn set_xattr(&self, id: ObjectId, name: &OsStr, value: &[u8], flags: i32) -> SysResult<()> {
+        self.ns.set_xattr(id, name, value, flags)
     }
 
-    pub fn get_xattr(&self, ino: u64, name: &CStr, size: u32) -> SysResult<XattrReply> {
-        let inode = self.inode(ino)?;
-        self.backend.get_xattr(&inode.node, name, size as usize)
+    pub fn get_xattr(&self, id: ObjectId, name: &OsStr, size: u32) -> SysResult<XattrReply> {
+        self.ns.get_xattr(id, name, size as usize)
     }
 
-    pub fn list_xattr(&self, ino: u64, size: u32) -> SysResult<XattrReply> {
-        let inode = self.inode(ino)?;
-        self.backend.list_xattr(&inode.node, size as usize)
+    pub fn list_xattr(&self, id: ObjectId, size: u32) -> SysResult<XattrReply> {
+        self.ns.list_xattr(id, size as usize)
     }
 
-    pub fn remove_xattr(&self, ino: u64, name: &CStr) -> SysResult<()> {
-        let inode = self.inode(ino)?;
-        self.backend.remove_xattr(&inode.node, name)
+    pub fn remove_xattr(&self, id: ObjectId, name: &OsStr) -> SysResult<()> {
+        self.ns.remove_xattr(id, name)
     }
 
-    /// `coalescefs sync`: everything written so far made durable on the backend (with the
+    /// `coalescefs sync`: everything written so far made durable in the store (with the
     /// intent log, a checkpoint, which also empties the log).
     pub fn sync_all(&self) -> SysResult<()> {
         self.writeback.sync_all()
@@ -831,33 +702,34 @@ impl Engine {
     /// what could not be written (see `Writeback::shut_down`); later calls return the same.
     pub fn shut_down(&self) -> Vec<Unwritten> {
         let unwritten = self.writeback.shut_down();
-        log::info!(
-            "unmounting {}: {} inodes, {} open files",
-            self.backend.root_path().display(),
-            self.inodes.len(),
-            lock(&self.files).len()
-        );
+        log::info!("shut down with {} open files", lock(&self.files).len());
         unwritten
+    }
+
+    /// For in-process tests: stops as a killed daemon would, writing nothing more and keeping
+    /// nothing the store and the log have not made durable by their own rules.
+    pub fn abandon(&self) {
+        self.writeback.abandon();
     }
 }
 
-/// `coalescefs recover`: applies every intact batch of a damaged intent log to the backend and
-/// empties the log. Returns a line for each batch that could not be read.
-pub fn salvage_log(backend: LocalBackend, device: Box<dyn LogDevice>) -> Result<Vec<String>, String> {
+/// `coalescefs recover`: applies every intact batch of a damaged intent log and empties the
+/// log. Returns a line for each batch that could not be read.
+pub fn salvage_log(ns: &dyn Namespace, store: &dyn UnitStore, device: Box<dyn LogDevice>) -> Result<Vec<String>, String> {
     let metrics = Arc::new(Metrics::default());
     let name = device.describe();
     let (log, batches, lost) = IntentLog::salvage(device, metrics.clone()).map_err(|e| format!("{name}: {e}"))?;
-    replay::replay(&backend, log, &batches, &metrics).map_err(|e| format!("replaying {name}: {e}"))?;
+    replay::replay(ns, store, log, &batches, &metrics).map_err(|e| format!("replaying {name}: {e}"))?;
     Ok(lost)
 }
 
-/// Opens the intent log and applies what it holds after its checkpoint to the backend (see
-/// `replay`), so the log starts empty.
-fn recover_from_log(backend: &LocalBackend, setup: LogSetup, metrics: &Arc<Metrics>) -> Result<IntentLog, String> {
+/// Opens the intent log and applies what it holds after its checkpoint (see `replay`), so the
+/// log starts empty.
+fn recover_from_log(ns: &dyn Namespace, store: &dyn UnitStore, setup: LogSetup, metrics: &Arc<Metrics>) -> Result<IntentLog, String> {
     let name = setup.device.describe();
     let (log, batches) = IntentLog::open(setup.device, setup.created, metrics.clone()).map_err(|e| match e {
         LogError::Corrupt(_) => format!("{name}: {e}; nothing was replayed or changed"),
         _ => format!("{name}: {e}"),
     })?;
-    replay::replay(backend, log, &batches, metrics).map_err(|e| format!("replaying the intent log {name}: {e}"))
+    replay::replay(ns, store, log, &batches, metrics).map_err(|e| format!("replaying the intent log {name}: {e}"))
 }

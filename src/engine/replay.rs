@@ -27,64 +27,96 @@
 //! handle, to a map beside the log (`LOG.replay-map`) and the map synced before the file is
 //! used; the next replay starts from the map, and the map goes once the log is empty.
 
-use std::collections::HashMap;
-use std::ffi::CString;
-use std::fs::File;
-
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::intent_log::format::{Batch, Record};
 use super::intent_log::device::LogDevice;
+use super::intent_log::format::{Batch, Record};
 use super::intent_log::IntentLog;
-use crate::backend::local::{data, LocalBackend, Node};
+use super::types::{Kind, NewObject, ObjectId, Owner};
+use crate::backend::{FileData, Namespace, OpenMode, UnitStore};
 use crate::metrics::Metrics;
 use crate::sys::{Errno, SysResult};
 
-/// Errors that say the backend is in another state than the record expects, not that it
+/// Errors that say the store is in another state than the record expects, not that it
 /// failed: the record is skipped.
 fn means_state_moved_on(e: Errno) -> bool {
     matches!(e.0, libc::ENOENT | libc::ESTALE | libc::ENOTEMPTY | libc::EEXIST | libc::ENOTDIR | libc::EISDIR)
 }
 
+/// Files whose data replay keeps open at once; the rest are opened again when a record needs
+/// them (a log can name many thousands of files).
+const OPEN_FILES_MAX: usize = 256;
+
+fn name_of(bytes: &[u8]) -> &OsStr {
+    use std::os::unix::ffi::OsStrExt;
+    OsStr::from_bytes(bytes)
+}
+
 struct Replay<'a> {
-    backend: &'a LocalBackend,
+    ns: &'a dyn Namespace,
+    store: &'a dyn UnitStore,
+    metrics: &'a Metrics,
     /// Where the map of files made again lives: appended (and synced) before each one is used.
     device: &'a dyn LogDevice,
-    /// Every object a record named, once looked for: its file if it exists (None: gone, or not
-    /// a regular file).
-    files: HashMap<Vec<u8>, Option<File>>,
-    /// Objects made again by replay: the logged handle, and the new object's.
+    /// Every object a record named, once looked for: its id if it exists (None: gone, or not
+    /// the kind the record needs). Each found id holds one lookup, forgotten at the end.
+    found: HashMap<Vec<u8>, Option<ObjectId>>,
+    /// Data of files records were applied to, at most `OPEN_FILES_MAX` of them.
+    open: lru::LruCache<ObjectId, Arc<dyn FileData>>,
+    /// Objects made again by replay: the logged key, and the new object's.
     recreated: HashMap<Vec<u8>, Vec<u8>>,
-    /// The new objects' handles (an index of `recreated`'s values, kept with it: a log can
-    /// hold many thousands of Creates). One may equal the logged handle of another object
-    /// whose creation the crash lost: XFS gives a freed inode number back with its generation
-    /// plus one, so the file replay makes can have exactly the handle a lost file had.
-    made_by_replay: std::collections::HashSet<Vec<u8>>,
+    /// The new objects' keys (an index of `recreated`'s values, kept with it: a log can hold
+    /// many thousands of Creates). One may equal the logged key of another object whose
+    /// creation the crash lost: XFS gives a freed inode number back with its generation plus
+    /// one, so the file replay makes can have exactly the handle a lost file had.
+    made_by_replay: HashSet<Vec<u8>>,
     applied: u64,
     recreated_files: u64,
     not_restored: Vec<String>,
 }
 
 impl Replay<'_> {
-    fn file(&mut self, key: &[u8]) -> SysResult<Option<&File>> {
-        if !self.files.contains_key(key) {
-            let found = match self.current_handle(key) {
-                Some(handle) => match self.backend.open_by_handle(handle, libc::O_RDWR) {
-                    Ok(f) => Some(f),
-                    Err(e) if means_state_moved_on(e) => None,
-                    Err(e) => return Err(e),
-                },
-                None => None,
-            };
-            self.files.insert(key.to_vec(), found);
+    /// The object logged as `key` (a file made again: the new one), if it exists and is of
+    /// `kind`.
+    fn object(&mut self, key: &[u8], kind: Kind) -> SysResult<Option<ObjectId>> {
+        if let Some(found) = self.found.get(key) {
+            return Ok(*found);
         }
-        Ok(self.files[key].as_ref())
+        let found = match self.current_key(key).map(<[u8]>::to_vec) {
+            Some(current) => match self.ns.find(&current) {
+                Ok(Some(id)) => match self.ns.getattr(id) {
+                    Ok(attr) if attr.kind == kind => Some(id),
+                    _ => {
+                        self.ns.forget(id, 1);
+                        None
+                    }
+                },
+                Ok(None) => None,
+                Err(e) if means_state_moved_on(e) => None,
+                Err(e) => return Err(e),
+            },
+            None => None,
+        };
+        self.found.insert(key.to_vec(), found);
+        Ok(found)
     }
 
-    /// The handle the object logged as `key` has now; None when it is gone and its logged
-    /// handle now names an object replay made for another record.
-    fn current_handle<'k>(&'k self, key: &'k [u8]) -> Option<&'k [u8]> {
+    fn file(&mut self, key: &[u8]) -> SysResult<Option<Arc<dyn FileData>>> {
+        let Some(id) = self.object(key, Kind::File)? else { return Ok(None) };
+        if let Some(data) = self.open.get(&id) {
+            return Ok(Some(data.clone()));
+        }
+        let data = self.store.open(id, OpenMode { write: true, no_atime: false })?;
+        self.open.put(id, data.clone());
+        Ok(Some(data))
+    }
+
+    /// The key the object logged as `key` has now; None when it is gone and its logged key
+    /// now names an object replay made for another record.
+    fn current_key<'k>(&'k self, key: &'k [u8]) -> Option<&'k [u8]> {
         match self.recreated.get(key) {
             Some(made) => Some(made),
             None if self.made_by_replay.contains(key) => None,
@@ -92,17 +124,14 @@ impl Replay<'_> {
         }
     }
 
-    fn directory(&self, key: &[u8]) -> SysResult<Option<Node>> {
-        match self.backend.directory_by_handle(key) {
-            Ok(dir) => Ok(Some(dir)),
-            Err(e) if means_state_moved_on(e) => Ok(None),
-            Err(e) => Err(e),
-        }
+    /// A directory, found by its logged key (replay never makes directories again).
+    fn directory(&mut self, key: &[u8]) -> SysResult<Option<ObjectId>> {
+        self.object(key, Kind::Directory)
     }
 
     /// Whether `name` in `dir` is the object logged as `key`.
-    fn names(&self, dir: &Node, name: &CString, key: &[u8]) -> bool {
-        self.current_handle(key).is_some_and(|current| self.backend.handle_at(dir, name).is_ok_and(|h| h == current))
+    fn names(&self, dir: ObjectId, name: &[u8], key: &[u8]) -> bool {
+        self.current_key(key).is_some_and(|current| self.ns.key_at(dir, name_of(name)).is_some_and(|k| k == current))
     }
 
     fn skip_if_moved_on(result: SysResult<()>) -> SysResult<bool> {
@@ -115,24 +144,20 @@ impl Replay<'_> {
 
     fn create(&mut self, key: &[u8], parent: &[u8], name: &[u8], mode: u32, uid: u32, gid: u32) -> SysResult<bool> {
         // There, or made again by a replay that was interrupted (that file is this one).
-        if self.files.contains_key(key) || self.file(key)?.is_some() {
+        if self.object(key, Kind::File)?.is_some() {
             return Ok(false);
         }
         let shown = String::from_utf8_lossy(name).into_owned();
-        let name = CString::new(name).map_err(|_| Errno(libc::EINVAL))?;
         let Some(dir) = self.directory(parent)? else {
             self.not_restored.push(format!("{shown}: its directory is gone"));
             return Ok(false);
         };
-        if self.backend.handle_at(&dir, &name).is_ok() {
+        if self.ns.key_at(dir, name_of(name)).is_some() {
             self.not_restored.push(format!("{shown}: the name holds a later file"));
             return Ok(false);
         }
-        let flags = libc::O_RDWR | libc::O_EXCL;
-        let (file, node, _) = self.backend.create(&dir, &name, flags, mode & 0o7777)?;
-        self.backend.chown(&node, Some(uid), Some(gid))?;
-        self.backend.chmod(&node, mode & 0o7777)?;
-        let new_key = self.backend.file_handle(&node)?;
+        let attr = self.ns.make(dir, name_of(name), NewObject::File { perm: mode & 0o7777 }, Owner { uid, gid })?;
+        let new_key = self.ns.log_key(attr.id)?;
         let mut entry = Vec::new();
         for k in [key, new_key.as_slice()] {
             entry.extend_from_slice(&(k.len() as u32).to_le_bytes());
@@ -141,29 +166,30 @@ impl Replay<'_> {
         self.device.append_map_synced(&entry)?;
         self.made_by_replay.insert(new_key.clone());
         self.recreated.insert(key.to_vec(), new_key);
-        self.files.insert(key.to_vec(), Some(file));
+        self.found.insert(key.to_vec(), Some(attr.id));
         self.recreated_files += 1;
         Ok(true)
     }
 
-    /// Whether the backend shows this name record's effect (see the module's step 1).
+    /// Whether the store shows this name record's effect (see the module's step 1).
     fn shows(&mut self, record: &Record) -> SysResult<bool> {
         Ok(match record {
-            // Only the backend's own evidence counts: an object replay made (an interrupted one,
-            // before this) is not the logged one, whatever handle it has.
+            // Only the store's own evidence counts: an object replay made (an interrupted one,
+            // before this) is not the logged one, whatever key it has.
             Record::Create { file, .. } if self.made_by_replay.contains(file) || self.recreated.contains_key(file) => false,
-            Record::Create { file, .. } => match self.backend.open_by_handle(file, libc::O_PATH) {
-                Ok(_) => true,
+            Record::Create { file, .. } => match self.ns.find(file) {
+                Ok(Some(id)) => {
+                    self.ns.forget(id, 1);
+                    true
+                }
+                Ok(None) => false,
                 Err(e) if means_state_moved_on(e) => false,
                 Err(e) => return Err(e),
             },
-            Record::Rename { file, to_parent, to_name, .. } => {
-                let to_name = CString::new(to_name.as_slice()).map_err(|_| Errno(libc::EINVAL))?;
-                match self.directory(to_parent)? {
-                    Some(dir) => self.names(&dir, &to_name, file),
-                    None => false,
-                }
-            }
+            Record::Rename { file, to_parent, to_name, .. } => match self.directory(to_parent)? {
+                Some(dir) => self.names(dir, to_name, file),
+                None => false,
+            },
             _ => false,
         })
     }
@@ -171,43 +197,45 @@ impl Replay<'_> {
     fn apply(&mut self, record: &Record) -> SysResult<bool> {
         match record {
             Record::Data { file, offset, bytes } => match self.file(file)? {
-                Some(f) => data::write_at(f, bytes, *offset).map(|()| true),
+                Some(data) => super::writeback::write_range(self.store, &*data, *offset, bytes, self.metrics).map(|()| true),
                 None => Ok(false),
             },
             Record::Size { file, size } => match self.file(file)? {
-                Some(f) => data::set_len(f, *size).map(|()| true),
+                Some(data) => data.set_size(*size).map(|()| true),
                 None => Ok(false),
             },
             Record::Barrier { .. } => Ok(false),
             Record::Create { file, parent, name, mode, uid, gid } => self.create(file, parent, name, *mode, *uid, *gid),
             Record::Unlink { file, parent, name, directory } => {
-                let name = CString::new(name.as_slice()).map_err(|_| Errno(libc::EINVAL))?;
                 let Some(dir) = self.directory(parent)? else { return Ok(false) };
-                if !self.names(&dir, &name, file) {
+                if !self.names(dir, name, file) {
                     return Ok(false);
                 }
-                Self::skip_if_moved_on(if *directory {
-                    self.backend.rmdir(&dir, &name)
-                } else {
-                    self.backend.unlink(&dir, &name)
-                })
+                Self::skip_if_moved_on(self.ns.remove(dir, name_of(name), *directory))
             }
             Record::Rename { file, from_parent, from_name, to_parent, to_name, replaced } => {
-                let from_name = CString::new(from_name.as_slice()).map_err(|_| Errno(libc::EINVAL))?;
-                let to_name = CString::new(to_name.as_slice()).map_err(|_| Errno(libc::EINVAL))?;
                 let (Some(from), Some(to)) = (self.directory(from_parent)?, self.directory(to_parent)?) else {
                     return Ok(false);
                 };
-                if !self.names(&from, &from_name, file) {
+                if !self.names(from, from_name, file) {
                     return Ok(false);
                 }
-                let target_free = self.backend.handle_at(&to, &to_name).is_err();
-                if !target_free && (replaced.is_empty() || !self.names(&to, &to_name, replaced)) {
+                let target_free = self.ns.key_at(to, name_of(to_name)).is_none();
+                if !target_free && (replaced.is_empty() || !self.names(to, to_name, replaced)) {
                     return Ok(false); // the target holds a later object than the one replaced
                 }
-                Self::skip_if_moved_on(self.backend.rename(&from, &from_name, &to, &to_name, 0))
+                Self::skip_if_moved_on(self.ns.rename(from, name_of(from_name), to, name_of(to_name), 0))
             }
         }
+    }
+
+    /// Lets go of every object found.
+    fn release(&mut self) {
+        self.open.clear();
+        for id in self.found.values().flatten() {
+            self.ns.forget(*id, 1);
+        }
+        self.found.clear();
     }
 }
 
@@ -246,7 +274,7 @@ fn describe(record: &Record) -> String {
     }
 }
 
-pub fn replay(backend: &LocalBackend, log: IntentLog, batches: &[Batch], metrics: &Arc<Metrics>) -> SysResult<IntentLog> {
+pub fn replay(ns: &dyn Namespace, store: &dyn UnitStore, log: IntentLog, batches: &[Batch], metrics: &Arc<Metrics>) -> SysResult<IntentLog> {
     if batches.is_empty() {
         // A map left by a replay that emptied the log and stopped before removing it.
         let _ = log.device().remove_map();
@@ -261,17 +289,18 @@ pub fn replay(backend: &LocalBackend, log: IntentLog, batches: &[Batch], metrics
     }
     let recreated = read_replay_map(log.device())?;
     let mut replay = Replay {
-        backend,
+        ns,
+        store,
+        metrics,
         device: log.device(),
-        files: HashMap::new(),
+        found: HashMap::new(),
+        open: lru::LruCache::new(std::num::NonZeroUsize::new(OPEN_FILES_MAX).expect("not zero")),
         made_by_replay: recreated.values().cloned().collect(),
         recreated,
         applied: 0,
         recreated_files: 0,
         not_restored: Vec::new(),
     };
-    // Fault injection for tests: die in the middle of replay, as a kill -9 or a power cut would.
-    let stop_after: Option<u64> = std::env::var("COALESCEFS_INJECT_REPLAY_STOP").ok().and_then(|v| v.parse().ok());
     let mut backend_holds_names_up_to = 0;
     for (i, r) in records.iter().enumerate() {
         if r.is_namespace() && replay.shows(r)? {
@@ -292,14 +321,11 @@ pub fn replay(backend: &LocalBackend, log: IntentLog, batches: &[Batch], metrics
         let applied = replay.apply(r)?;
         if applied {
             replay.applied += 1;
-            if stop_after.is_some_and(|n| replay.applied >= n) {
-                log::error!("COALESCEFS_INJECT_REPLAY_STOP: stopping after {} records", replay.applied);
-                std::process::abort();
-            }
         }
         log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, describe(r));
     }
-    backend.sync_file_system()?;
+    replay.release();
+    store.sync_all()?;
     log.checkpoint(log.next_seq()).map_err(|e| {
         log::error!("{e}");
         Errno(libc::EIO)

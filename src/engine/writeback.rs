@@ -14,16 +14,13 @@
 //!   never do, so the flushers always make progress.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::buffer::{AlignedBuf, RangeSet};
-use crate::backend::faults::{FaultOp, Faults};
-use super::inodes::Inode;
-use crate::backend::local::{data, LocalBackend, TimesToSet};
-use crate::backend::DataStore;
+use super::types::{ObjectId, SetAttr, TimesToSet};
+use crate::backend::{FileData, Namespace, OpenMode, UnitStore, UnitWrite};
 use super::intent_log::format::Record;
 use super::intent_log::{IntentLog, LogError};
 use crate::metrics::Metrics;
@@ -36,8 +33,6 @@ pub struct WritebackConfig {
     pub buffer_bytes: u64,
     pub flushers: usize,
     pub flush_age: Duration,
-    /// Where unit bytes go: the backend's files, or nowhere (`backend=null`).
-    pub store: DataStore,
     /// With the intent log: the most buffered bytes of one file an fsync puts in the log
     /// rather than writing them to the backend and syncing it.
     pub log_threshold_bytes: u64,
@@ -85,13 +80,6 @@ struct Budget {
     used_bytes: Mutex<u64>,
     freed: Condvar,
     limit_bytes: u64,
-}
-
-/// The two backend handles a file's flushes use: O_DIRECT for aligned ranges (None where the
-/// backing file system refuses O_DIRECT), the page cache for the rest.
-struct BackendFiles {
-    buffered: File,
-    direct: Option<File>,
 }
 
 struct DirtyUnit {
@@ -178,7 +166,8 @@ struct FileInner {
     /// on the backend file again, or the flush's own write would stamp it with the flush time
     /// (GNU tar writes, sets the archived mtime, then closes). The next write clears them.
     times_set: Option<TimesToSet>,
-    backend_files: Option<Arc<BackendFiles>>,
+    /// The file's data in the store, opened for writing by the first flush (or truncate).
+    data: Option<Arc<dyn FileData>>,
     /// After a failed flush: no retry before this (except one an application asks for with
     /// fsync or close), and the wait before the next one (see `Writeback::note_failure`).
     retry_at: Option<Instant>,
@@ -221,7 +210,9 @@ impl Drop for BackendRead<'_> {
 }
 
 pub struct FileState {
-    inode: Arc<Inode>,
+    id: ObjectId,
+    /// The key the intent log names the file by, asked of the namespace once.
+    log_key: std::sync::OnceLock<Vec<u8>>,
     inner: Mutex<FileInner>,
     /// Signalled whenever a flush of this file ends.
     flush_ended: Condvar,
@@ -233,7 +224,8 @@ struct Job {
 }
 
 pub struct Writeback {
-    backend: Arc<LocalBackend>,
+    ns: Arc<dyn Namespace>,
+    store: Arc<dyn UnitStore>,
     config: WritebackConfig,
     metrics: Arc<Metrics>,
     budget: Budget,
@@ -243,12 +235,12 @@ pub struct Writeback {
     stopping: AtomicBool,
     /// Joined at shut-down, so that each flusher's resources are gone before the daemon exits.
     flusher_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// The age timer and the checkpointer, joined when the engine is abandoned.
+    timer_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Files with data buffered and no handle open (see `forget_file`).
     lingering: std::sync::atomic::AtomicUsize,
     /// What shut-down could not write, once it has run.
     shut_down_report: Mutex<Option<Vec<Unwritten>>>,
-    /// Test-only fault injection at the backend boundary (see `backend::faults`).
-    faults: Option<Arc<Faults>>,
     /// Bytes of buffer memory held by units the backend refused (`DirtyUnit::refused`), and
     /// the error it refused the last one with.
     refused: Mutex<RefusedMemory>,
@@ -264,6 +256,56 @@ pub struct Writeback {
 /// follows, and at most `RETRY_BACKOFF_MAX`: a full disk is tried again every 30 s, not spun on.
 const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(100);
 const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Writes one unit's dirty ranges (clipped to the logical size) to the store. A store that
+/// takes whole units only gets the unit whole: what the buffer lacks is read from the store
+/// first, and counted as read for a write.
+pub(crate) fn write_unit_to(store: &dyn UnitStore, data: &dyn FileData, write: &UnitWrite<'_>, metrics: &Metrics) -> SysResult<()> {
+    let limit = write.limit();
+    let complete = limit > 0 && write.ranges.covers(0, limit);
+    let result = if complete || store.capabilities().partial_writes || limit == 0 {
+        data.write_unit(write)
+    } else {
+        let mut merged = AlignedBuf::zeroed(write.unit_bytes as usize);
+        let read = data.read_at(&mut merged.as_mut_slice()[..limit as usize], write.start())?;
+        metrics.backend_read_bytes_for_writes.fetch_add(read as u64, Relaxed);
+        for r in write.ranges.iter() {
+            let (a, b) = (r.start as usize, (r.end.min(limit)) as usize);
+            if a < b {
+                merged.as_mut_slice()[a..b].copy_from_slice(&write.buf[a..b]);
+            }
+        }
+        let whole = RangeSet::from(0..limit);
+        data.write_unit(&UnitWrite { buf: merged.as_slice(), ranges: &whole, ..*write })
+    };
+    // Whole: the unit was written in full, not a file's shorter last piece.
+    if complete && limit == write.unit_bytes {
+        metrics.units_flushed_full.fetch_add(1, Relaxed);
+    } else {
+        metrics.units_flushed_partial.fetch_add(1, Relaxed);
+    }
+    result
+}
+
+/// Writes `bytes` at `offset` as unit writes (replay's data records, which are byte ranges).
+pub(crate) fn write_range(store: &dyn UnitStore, data: &dyn FileData, offset: u64, bytes: &[u8], metrics: &Metrics) -> SysResult<()> {
+    let unit_bytes = store.capabilities().unit_bytes;
+    let size = data.size()?.max(offset + bytes.len() as u64);
+    let end = offset + bytes.len() as u64;
+    let mut pos = offset;
+    while pos < end {
+        let unit = pos / unit_bytes;
+        let unit_start = unit * unit_bytes;
+        let piece_end = end.min(unit_start + unit_bytes);
+        let mut buf = AlignedBuf::zeroed(unit_bytes as usize);
+        let (from, to) = ((pos - unit_start) as usize, (piece_end - unit_start) as usize);
+        buf.as_mut_slice()[from..to].copy_from_slice(&bytes[(pos - offset) as usize..(piece_end - offset) as usize]);
+        let ranges = RangeSet::from(from as u64..to as u64);
+        write_unit_to(store, data, &UnitWrite { unit, unit_bytes, buf: buf.as_slice(), ranges: &ranges, size }, metrics)?;
+        pos = piece_end;
+    }
+    Ok(())
+}
 
 /// Data a file still held in the write buffer when the daemon had to stop.
 #[derive(Clone, Debug)]
@@ -284,21 +326,14 @@ struct RefusedMemory {
     last_error: Option<Errno>,
 }
 
-fn align_up(x: u64, to: u64) -> u64 {
-    x.div_ceil(to) * to
-}
-
-fn align_down(x: u64, to: u64) -> u64 {
-    x / to * to
-}
 
 impl Writeback {
     pub fn new(
-        backend: Arc<LocalBackend>,
+        ns: Arc<dyn Namespace>,
+        store: Arc<dyn UnitStore>,
         config: WritebackConfig,
         metrics: Arc<Metrics>,
         log: Option<IntentLog>,
-        faults: Option<Arc<Faults>>,
     ) -> Arc<Writeback> {
         assert!(config.unit_bytes.is_power_of_two() && config.logical_block_bytes.is_power_of_two());
         assert!(config.logical_block_bytes <= config.unit_bytes, "units are whole logical blocks");
@@ -306,7 +341,8 @@ impl Writeback {
         metrics.buffer_bytes_limit.store(config.buffer_bytes, Relaxed);
         metrics.unit_bytes.store(config.unit_bytes, Relaxed);
         let writeback = Arc::new(Writeback {
-            backend,
+            ns,
+            store,
             budget: Budget { used_bytes: Mutex::new(0), freed: Condvar::new(), limit_bytes: config.buffer_bytes },
             config,
             metrics,
@@ -315,9 +351,9 @@ impl Writeback {
             files: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
             flusher_threads: Mutex::new(Vec::new()),
-            faults,
             refused: Mutex::new(RefusedMemory::default()),
             lingering: std::sync::atomic::AtomicUsize::new(0),
+            timer_threads: Mutex::new(Vec::new()),
             shut_down_report: Mutex::new(None),
             log,
             durability: Mutex::new(HashMap::new()),
@@ -332,20 +368,29 @@ impl Writeback {
             lock(&writeback.flusher_threads).push(thread);
         }
         let wb = writeback.clone();
-        std::thread::Builder::new().name("flush-age".into()).spawn(move || wb.age_loop()).expect("spawn the age timer");
+        let age = std::thread::Builder::new().name("flush-age".into()).spawn(move || wb.age_loop()).expect("spawn the age timer");
+        lock(&writeback.timer_threads).push(age);
         if writeback.log.is_some() {
             let wb = writeback.clone();
-            std::thread::Builder::new().name("checkpoint".into()).spawn(move || wb.checkpoint_loop()).expect("spawn the checkpointer");
+            let checkpointer =
+                std::thread::Builder::new().name("checkpoint".into()).spawn(move || wb.checkpoint_loop()).expect("spawn the checkpointer");
+            lock(&writeback.timer_threads).push(checkpointer);
         }
         writeback
     }
 
-    /// The state of a regular file, made on first open; `size` is the backend's size then.
-    pub fn open_file(&self, inode: &Arc<Inode>, size: u64) -> Arc<FileState> {
+    /// The state of a regular file, made on first open; `size` is the store's size then. The
+    /// namespace is asked to hold the file while the state exists (a file with buffered data
+    /// outlives its last close).
+    pub fn open_file(&self, id: ObjectId, size: u64) -> SysResult<Arc<FileState>> {
         let mut files = lock(&self.files);
-        let file = files.entry(inode.ino).or_insert_with(|| {
+        if !files.contains_key(&id) {
+            self.ns.hold(id)?;
+        }
+        let file = files.entry(id).or_insert_with(|| {
             Arc::new(FileState {
-                inode: inode.clone(),
+                id,
+                log_key: std::sync::OnceLock::new(),
                 inner: Mutex::new(FileInner {
                     size,
                     dirty: BTreeMap::new(),
@@ -360,7 +405,7 @@ impl Writeback {
                     forgotten: false,
                     flushes_ended: 0,
                     lingering: false,
-                    backend_files: None,
+                    data: None,
                     backend_readers: BTreeMap::new(),
                 }),
                 flush_ended: Condvar::new(),
@@ -370,7 +415,14 @@ impl Writeback {
         self.stop_lingering(&mut inner);
         inner.open_handles += 1;
         drop(inner);
-        file.clone()
+        Ok(file.clone())
+    }
+
+    /// A file's state leaves the table: the namespace stops holding it for us.
+    fn remove_state(&self, files: &mut HashMap<ObjectId, Arc<FileState>>, id: ObjectId) {
+        if files.remove(&id).is_some() {
+            self.ns.forget(id, 1);
+        }
     }
 
     pub fn file(&self, ino: u64) -> Option<Arc<FileState>> {
@@ -385,7 +437,7 @@ impl Writeback {
         inner.open_handles = inner.open_handles.saturating_sub(1);
         if inner.open_handles == 0 {
             if inner.dirty.is_empty() && inner.in_flight.is_empty() {
-                files.remove(&file.inode.ino);
+                self.remove_state(&mut files, file.id);
             } else if !inner.lingering {
                 inner.lingering = true;
                 self.lingering.fetch_add(1, Relaxed);
@@ -399,8 +451,8 @@ impl Writeback {
         let mut files = lock(&self.files);
         let mut inner = lock(&file.inner);
         let idle = inner.open_handles == 0 && inner.dirty.is_empty() && inner.in_flight.is_empty() && !inner.forgotten;
-        if idle && files.get(&file.inode.ino).is_some_and(|f| Arc::ptr_eq(f, file)) {
-            files.remove(&file.inode.ino);
+        if idle && files.get(&file.id).is_some_and(|f| Arc::ptr_eq(f, file)) {
+            self.remove_state(&mut files, file.id);
             self.stop_lingering(&mut inner);
         }
     }
@@ -439,8 +491,8 @@ impl Writeback {
             self.release_unit_memory();
         }
         inner.forgotten = true;
-        inner.backend_files = None;
-        files.remove(&ino);
+        inner.data = None;
+        self.remove_state(&mut files, ino);
         self.stop_lingering(&mut inner);
         if dropped > 0 {
             log::info!("inode {ino}: deleted with {dropped} bytes still buffered; they are dropped");
@@ -591,7 +643,7 @@ impl Writeback {
             .map(|(unit, end)| unit * unit_bytes + end)
             .max()
             .unwrap_or(0);
-        let backend_size = self.backend.stat(&file.inode.node).map_or(0, |st| st.st_size as u64);
+        let backend_size = self.file_data(file, inner).and_then(|data| data.size()).unwrap_or(0);
         inner.size = inner.size.min(backend_size.max(buffered_end));
     }
 
@@ -720,28 +772,14 @@ impl Writeback {
         Ok(inner)
     }
 
-    /// How a file is named in the daemon's log: its backing path, else its inode number.
+    /// How a file is named in the daemon's log: its path in the store, else its id.
     fn name_of(&self, file: &FileState) -> String {
-        match self.backend.path_of(&file.inode.node) {
-            Some(path) => path.display().to_string(),
-            None => format!("inode {}", file.inode.ino),
-        }
+        self.ns.describe(file.id).unwrap_or_else(|| format!("inode {}", file.id))
     }
 
-    /// fsync or fdatasync of a file's backend copy.
-    fn sync_backend_file(&self, file: &FileState, files: &BackendFiles, data_only: bool) -> SysResult<()> {
-        if let Some(faults) = &self.faults {
-            faults.check(FaultOp::Sync, self.backend.path_of(&file.inode.node).as_deref())?;
-        }
-        data::sync(&files.buffered, data_only)
-    }
-
-    /// syncfs of the backing file system.
+    /// Everything written to the store made durable: a checkpoint's one sync.
     fn sync_backend(&self) -> SysResult<()> {
-        if let Some(faults) = &self.faults {
-            faults.check(FaultOp::Sync, None)?;
-        }
-        self.backend.sync_file_system()
+        self.store.sync_all()
     }
 
     /// Flushes every unit of `file` dirty now and waits for them; with `sync_backend`, then
@@ -763,9 +801,9 @@ impl Writeback {
         let Some(data_only) = sync_backend else { return Ok(()) };
         // Also when this mount never wrote the file: an earlier mount may have left its data
         // written but not yet durable.
-        let files = self.backend_files(file, &mut inner)?;
+        let data = self.file_data(file, &mut inner)?;
         drop(inner);
-        self.sync_backend_file(file, &files, data_only)
+        data.sync(data_only)
     }
 
     pub fn size(&self, file: &FileState) -> u64 {
@@ -821,10 +859,9 @@ impl Writeback {
                 self.release_unit_memory();
             }
         }
-        let files = self.backend_files(file, &mut inner)?;
-        data::set_len(&files.buffered, size)?;
+        self.file_data(file, &mut inner)?.set_size(size)?;
         inner.size = size;
-        self.note_backend_changed(file.inode.ino);
+        self.note_backend_changed(file.id);
         Ok(())
     }
 
@@ -834,25 +871,14 @@ impl Writeback {
         inner.size = inner.size.max(size);
     }
 
-    /// The backend handles of a file, opened by whoever first needs them.
-    fn backend_files(&self, file: &FileState, inner: &mut FileInner) -> SysResult<Arc<BackendFiles>> {
-        if let Some(files) = &inner.backend_files {
-            return Ok(files.clone());
+    /// The file's data in the store, opened for writing by whoever first needs it.
+    fn file_data(&self, file: &FileState, inner: &mut FileInner) -> SysResult<Arc<dyn FileData>> {
+        if let Some(data) = &inner.data {
+            return Ok(data.clone());
         }
-        let buffered = self.backend.open(&file.inode.node, libc::O_RDWR)?;
-        let direct = match self.backend.open(&file.inode.node, libc::O_WRONLY | libc::O_DIRECT) {
-            Ok(f) => Some(f),
-            // EINVAL is the file system refusing O_DIRECT; anything else (EMFILE) is this
-            // attempt failing, and the next flush tries again.
-            Err(Errno(libc::EINVAL)) => {
-                log::info!("no O_DIRECT on the backing file system (EINVAL); flushing through the page cache");
-                None
-            }
-            Err(e) => return Err(e),
-        };
-        let files = Arc::new(BackendFiles { buffered, direct });
-        inner.backend_files = Some(files.clone());
-        Ok(files)
+        let data = self.store.open(file.id, OpenMode { write: true, no_atime: false })?;
+        inner.data = Some(data.clone());
+        Ok(data)
     }
 
     /// Copies what the write buffer holds for [offset, offset+len) over `out`, which holds the
@@ -931,10 +957,10 @@ impl Writeback {
         let flying = Arc::new(FlushingUnit { buf: dirty.buf, ranges: dirty.ranges, epoch: dirty.epoch });
         inner.in_flight.insert(unit, flying.clone());
         let size = inner.size;
-        let files = self.backend_files(file, &mut inner);
+        let data = self.file_data(file, &mut inner);
         drop(inner);
         let started = Instant::now();
-        let result = files.and_then(|files| self.write_unit(file, &files, unit, &flying, size));
+        let result = data.and_then(|data| self.write_unit(&*data, unit, &flying, size));
         self.metrics.record_flush_latency(started.elapsed().as_micros() as u64);
         drop(flying); // end_flush takes the unit back on failure: no other reference may remain
         let succeeded = result.is_ok();
@@ -951,13 +977,13 @@ impl Writeback {
         match result {
             Ok(()) => {
                 self.release_unit_memory();
-                self.note_backend_changed(file.inode.ino);
+                self.note_backend_changed(file.id);
                 inner.retry_at = None;
                 inner.backoff = Duration::ZERO;
                 // Under the file's lock: no write since the times were set, so the data just
                 // written is older than them.
                 if let Some(times) = inner.times_set {
-                    if let Err(e) = self.backend.set_times(&file.inode.node, times) {
+                    if let Err(e) = self.ns.setattr(file.id, &SetAttr { times, ..SetAttr::default() }) {
                         log::warn!("{}: setting its times again after a flush failed: {e}", self.name_of(file));
                     }
                 }
@@ -1016,112 +1042,12 @@ impl Writeback {
         file.flush_ended.notify_all();
     }
 
-    fn count_write(&self, bytes: u64, direct: bool) {
-        self.metrics.backend_write_bytes.fetch_add(bytes, Relaxed);
-        self.metrics.backend_write_requests.fetch_add(1, Relaxed);
-        self.metrics.backend_write_sizes.record(bytes);
-        if direct {
-            self.metrics.backend_direct_write_requests.fetch_add(1, Relaxed);
-        }
-    }
-
-    /// Writes one unit's dirty ranges, clipped to the logical size: aligned interiors with
-    /// O_DIRECT, sub-block edges through the page cache. Reads nothing.
-    fn write_unit(&self, file: &FileState, files: &BackendFiles, unit: u64, flying: &FlushingUnit, size: u64) -> SysResult<()> {
-        if let Some(faults) = &self.faults {
-            faults.check(FaultOp::Write, self.backend.path_of(&file.inode.node).as_deref())?;
-        }
-        let unit_bytes = self.config.unit_bytes;
-        let block = self.config.logical_block_bytes;
-        let unit_start = unit * unit_bytes;
-        let limit = size.saturating_sub(unit_start).min(unit_bytes);
-        let whole = limit > 0 && flying.ranges.covers(0, limit);
-        let buf = flying.buf.as_slice();
-        // A file smaller than one unit goes through the page cache whole: O_DIRECT into blocks
-        // ext4 has just allocated makes it journal the unwritten-extent conversion on top of
-        // the allocation, ~4 KiB more per fsynced new file (64 KiB files: 1.571 device bytes
-        // per byte O_DIRECT, 1.506 buffered), and there is no large stream to keep out of the
-        // page cache. (Strictly smaller: a growing file's first unit, flushed the moment it
-        // fills, is a stream's and goes direct.)
-        let direct_file = if size < unit_bytes { None } else { files.direct.as_ref() };
-        // Sub-block edges go through the page cache as they come; the aligned interiors are
-        // gathered and go to the O_DIRECT file together, all in flight at once.
-        let mut direct_pieces: Vec<(&[u8], u64)> = Vec::new();
-        let mut subblock_pieces = 0;
-        for r in flying.ranges.iter() {
-            let (a, b) = (r.start, r.end.min(limit));
-            if a >= b {
-                continue;
-            }
-            let interior_start = align_up(a, block).min(b);
-            let interior_end = align_down(b, block).max(interior_start);
-            let mut pieces = Vec::with_capacity(3);
-            if a < interior_start {
-                pieces.push((a, interior_start, false));
-            }
-            if interior_start < interior_end {
-                pieces.push((interior_start, interior_end, true));
-            }
-            if interior_end < b {
-                pieces.push((interior_end, b, false));
-            }
-            for (from, to, aligned) in pieces {
-                let bytes = &buf[from as usize..to as usize];
-                if aligned && direct_file.is_some() {
-                    debug_assert_eq!((bytes.as_ptr() as u64 | (unit_start + from) | bytes.len() as u64) % block, 0);
-                    direct_pieces.push((bytes, unit_start + from));
-                    continue;
-                }
-                self.config.store.write_at(&files.buffered, bytes, unit_start + from)?;
-                subblock_pieces += 1;
-                self.count_write(to - from, false);
-                if !aligned {
-                    self.metrics.backend_subblock_writes.fetch_add(1, Relaxed);
-                }
-            }
-        }
-        if let Some(direct) = direct_file {
-            // Together only when no piece of this unit went through the page cache: with a
-            // cached page beside them, concurrent O_DIRECT writes were seen (fsx) to fail the
-            // kernel's page invalidation and the file with EIO; one at a time they never did.
-            let results = if subblock_pieces == 0 {
-                self.config.store.write_many_direct(direct, &direct_pieces)
-            } else {
-                direct_pieces.iter().map(|(bytes, offset)| self.config.store.write_at(direct, bytes, *offset)).collect()
-            };
-            let mut first_error = None;
-            for ((bytes, offset), result) in direct_pieces.iter().zip(results) {
-                let went_direct = match result {
-                    Ok(()) => true,
-                    // The device wants a larger alignment than discovery found: this piece,
-                    // and the evidence, go through the page cache instead of failing the flush.
-                    Err(Errno(libc::EINVAL)) => {
-                        log::warn!("O_DIRECT write of {} bytes at {offset} refused (EINVAL); written through the page cache", bytes.len());
-                        match self.config.store.write_at(&files.buffered, bytes, *offset) {
-                            Ok(()) => false,
-                            Err(e) => {
-                                first_error.get_or_insert(e);
-                                continue;
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                        continue;
-                    }
-                };
-                self.count_write(bytes.len() as u64, went_direct);
-            }
-            if let Some(e) = first_error {
-                return Err(e);
-            }
-        }
-        if whole {
-            self.metrics.units_flushed_full.fetch_add(1, Relaxed);
-        } else {
-            self.metrics.units_flushed_partial.fetch_add(1, Relaxed);
-        }
-        Ok(())
+    /// Writes one unit's dirty ranges (clipped to the logical size) to the store. A store that
+    /// takes whole units only gets the unit whole: what the buffer lacks is read from the store
+    /// first, and counted as read for a write.
+    fn write_unit(&self, data: &dyn FileData, unit: u64, flying: &FlushingUnit, size: u64) -> SysResult<()> {
+        let write = UnitWrite { unit, unit_bytes: self.config.unit_bytes, buf: flying.buf.as_slice(), ranges: &flying.ranges, size };
+        write_unit_to(&*self.store, data, &write, &self.metrics)
     }
 
     /// Partial units older than the age limit go to the flushers; so do units that failed
@@ -1266,7 +1192,7 @@ impl Writeback {
     pub fn close_file(&self, file: &Arc<FileState>) -> SysResult<()> {
         // Only when something newer than the log's records would be left unsynced: a close
         // right after an fsync costs nothing more.
-        let backend_behind = match lock(&self.durability).get(&file.inode.ino) {
+        let backend_behind = match lock(&self.durability).get(&file.id) {
             Some(entry) if self.log.is_some() && entry.logged_before_seq > 0 => Some(!entry.backend_in_sync()),
             _ => None,
         };
@@ -1291,35 +1217,40 @@ impl Writeback {
         self.flush_file(file, None, report)?;
         let (changes, logged) = {
             let d = lock(&self.durability);
-            let entry = d.get(&file.inode.ino);
+            let entry = d.get(&file.id);
             (entry.map_or(0, |e| e.backend_changes), entry.is_some_and(|e| e.logged_before_seq > 0))
         };
-        let files = {
+        let data = {
             let mut inner = lock(&file.inner);
-            self.backend_files(file, &mut inner)?
+            self.file_data(file, &mut inner)?
         };
         // No commit of the queued name records here: a file's own sync is the seed-000 path
         // above log_threshold_new, and one more log write per file would cost more than the
         // log saves. What the backend may then hold ahead of the log is safe for replay:
         // unlinks and replacements of files the log created were committed when they happened.
-        self.sync_backend_file(file, &files, data_only)?;
+        data.sync(data_only)?;
         if logged {
             // What the log holds for this file is older than what the backend now holds
             // durably: replaying it after a crash would take the file back.
             let handle = self.file_handle(file)?;
             log.commit(vec![Record::Barrier { file: handle }]).map_err(|e| {
-                log::error!("inode {}: {e}", file.inode.ino);
+                log::error!("inode {}: {e}", file.id);
                 Errno(libc::EIO)
             })?;
         }
         let mut d = lock(&self.durability);
-        let entry = d.entry(file.inode.ino).or_default();
+        let entry = d.entry(file.id).or_default();
         entry.synced_changes = entry.synced_changes.max(changes);
         Ok(())
     }
 
+    /// The key the log names the file by (asked of the namespace once).
     fn file_handle(&self, file: &FileState) -> SysResult<Vec<u8>> {
-        file.inode.backend_handle(&self.backend)
+        if let Some(key) = file.log_key.get() {
+            return Ok(key.clone());
+        }
+        let key = self.ns.log_key(file.id)?;
+        Ok(file.log_key.get_or_init(|| key).clone())
     }
 
     /// The log path of fsync: None when it cannot stand for a backend sync (the file is new,
@@ -1334,7 +1265,7 @@ impl Writeback {
         // and the crash harness caught an older logged record replayed over them.
         // A file created since the last checkpoint: its Create record was queued when it was
         // created and goes into the log with this batch, ahead of its bytes.
-        let created = self.log_eligibility(file.inode.ino)?;
+        let created = self.log_eligibility(file.id)?;
         if let Some(err) = inner.errors.report_to(report) {
             return Some(Err(err));
         }
@@ -1403,16 +1334,16 @@ impl Writeback {
             // It may also have landed (EIO after the bytes were written): the backend sync
             // below must then be followed by a barrier, which is written over it.
             let mut d = lock(&self.durability);
-            let entry = d.entry(file.inode.ino).or_default();
+            let entry = d.entry(file.id).or_default();
             entry.logged_before_seq = entry.logged_before_seq.max(log.readable_before_seq());
             drop(d);
             if let Err(e) = committed {
-                log::warn!("inode {}: {e}; this fsync syncs the backend instead", file.inode.ino);
+                log::warn!("inode {}: {e}; this fsync syncs the backend instead", file.id);
             }
             return None;
         }
         let next = log.next_seq();
-        lock(&self.durability).entry(file.inode.ino).or_default().logged_before_seq = next;
+        lock(&self.durability).entry(file.id).or_default().logged_before_seq = next;
         self.metrics.log_fsyncs.fetch_add(1, Relaxed);
         Some(Ok(()))
     }
@@ -1502,6 +1433,20 @@ impl Writeback {
                 last = Instant::now();
             }
         }
+    }
+
+    /// For in-process tests: every thread stopped as a killed daemon's would be, nothing more
+    /// written; the buffer and the log's queue are dropped with the engine. A flush under way
+    /// finishes first (it was issued before the "crash").
+    pub fn abandon(&self) {
+        self.stopping.store(true, Relaxed);
+        lock(&self.queue).clear();
+        self.queue_ready.notify_all();
+        let threads: Vec<_> = lock(&self.flusher_threads).drain(..).chain(lock(&self.timer_threads).drain(..)).collect();
+        for thread in threads {
+            let _ = thread.join();
+        }
+        *lock(&self.shut_down_report) = Some(Vec::new());
     }
 
     /// At unmount: every file's buffered data written and synced, each given `io_timeout`

@@ -13,18 +13,12 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+pub use crate::backend::UnitSource;
+
 pub const UNIT_BYTES_MIN: u64 = 4 << 10;
 pub const UNIT_BYTES_MAX: u64 = 64 << 20;
 pub const UNIT_BYTES_DEFAULT: u64 = 1 << 20;
 const PAGE_BYTES: u64 = 4096;
-
-/// Where the unit size came from, for the log and `coalescefs stats`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum UnitSource {
-    Option,
-    Device { device: String, attribute: &'static str },
-    Default,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Geometry {

@@ -1,11 +1,8 @@
-//! The local-directory backend: every file of the mount is an ordinary file at the same path in
-//! the backing directory, so an unmounted backing directory is plainly readable.
+//! The system calls of the local backend: every one that touches the backing directory.
 //!
-//! Owns: every system call that touches the backing directory. Names are always resolved one
-//! component at a time relative to a directory handle (`openat`-style, `O_NOFOLLOW`), so a
-//! symlink inside the backing directory can never make the daemon touch a path outside it.
-//! Must not: decide anything (caching, ownership policy, hiding the state folder): the engine
-//! does that.
+//! Names are always resolved one component at a time relative to a directory handle
+//! (`openat`-style, `O_NOFOLLOW`), so a symlink inside the backing directory can never make the
+//! daemon touch a path outside it.
 //!
 //! Descriptors are bounded. The kernel may keep a million inodes cached, and each is a `Node`
 //! here; a node holds the object's persistent file handle (`name_to_handle_at`), and its
@@ -23,8 +20,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::engine::types::{TimeToSet, TimesToSet, XattrReply};
 use crate::metrics::Metrics;
-use crate::sys::{self, check, check_size, retry_eintr, Errno, SysResult, EMPTY};
+use crate::sys::{self, check, check_size, Errno, SysResult, EMPTY};
 
 /// Name of the daemon's own folder inside the backing directory; the mount never shows it.
 pub const STATE_DIR_NAME: &str = ".coalescefs";
@@ -224,23 +222,6 @@ impl DirStream {
     }
 }
 
-/// Attributes to set; `None` leaves a field as it is.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct TimesToSet {
-    pub atime: Option<libc::timespec>,
-    pub mtime: Option<libc::timespec>,
-}
-
-impl TimesToSet {
-    /// The same times with UTIME_NOW replaced by `now`, so that they can be set again later.
-    pub fn resolved_now(self, now: std::time::SystemTime) -> TimesToSet {
-        let since_epoch = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let now = libc::timespec { tv_sec: since_epoch.as_secs() as i64, tv_nsec: since_epoch.subsec_nanos() as i64 };
-        let resolve = |t: Option<libc::timespec>| t.map(|t| if t.tv_nsec == libc::UTIME_NOW { now } else { t });
-        TimesToSet { atime: resolve(self.atime), mtime: resolve(self.mtime) }
-    }
-}
-
 /// name_to_handle_at, encoded as the handle type (4 bytes, little-endian) and its bytes.
 fn handle_of(dir: RawFd, name: &CStr, flags: i32) -> SysResult<Vec<u8>> {
     const MAX_HANDLE_BYTES: usize = 128;
@@ -281,12 +262,21 @@ fn handles_work(mount_fd: &OwnedFd) -> bool {
         .is_ok()
 }
 
+/// utimensat's form of a time to set.
+pub fn timespec_of(time: Option<TimeToSet>) -> libc::timespec {
+    match time {
+        None => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+        Some(TimeToSet::Now) => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+        Some(TimeToSet::At(t)) => libc::timespec { tv_sec: t.sec, tv_nsec: t.nsec as i64 },
+    }
+}
+
 /// Whether `err` says the process (or the system) has no descriptor left.
 fn out_of_descriptors(err: Errno) -> bool {
     matches!(err.0, libc::EMFILE | libc::ENFILE)
 }
 
-pub struct LocalBackend {
+pub struct BackingDir {
     root: Node,
     root_path: std::path::PathBuf,
     /// The backing file system's device: handles are used for objects on it.
@@ -302,11 +292,11 @@ fn is_symlink(st: &libc::stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFLNK
 }
 
-impl LocalBackend {
+impl BackingDir {
     /// Opens the backing directory. The path is resolved once, here, by the kernel, as the user
     /// gave it; from then on only the handle is used. At most `fd_budget` descriptors are kept
     /// open for cached objects.
-    pub fn open_dir(root_path: &Path, fd_budget: usize, metrics: Arc<Metrics>) -> SysResult<LocalBackend> {
+    pub fn at(root_path: &Path, fd_budget: usize, metrics: Arc<Metrics>) -> SysResult<BackingDir> {
         let path = sys::path_cstring(root_path)?;
         let fd = sys::openat(libc::AT_FDCWD, &path, libc::O_PATH | libc::O_DIRECTORY, 0)?;
         let root_dev = sys::fstat_fd(&fd)?.st_dev;
@@ -322,7 +312,7 @@ impl LocalBackend {
             );
         }
         let root = Node { id: fds.next_id.fetch_add(1, Ordering::Relaxed), handle: None, pinned: Some(fd), fds: fds.clone() };
-        Ok(LocalBackend { root, root_path: root_path.to_path_buf(), root_dev, mount_fd, by_handle, fds })
+        Ok(BackingDir { root, root_path: root_path.to_path_buf(), root_dev, mount_fd, by_handle, fds })
     }
 
     pub fn root_path(&self) -> &Path {
@@ -413,8 +403,7 @@ impl LocalBackend {
     }
 
     pub fn set_times(&self, node: &Node, times: TimesToSet) -> SysResult<()> {
-        let omit = libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT };
-        let spec = [times.atime.unwrap_or(omit), times.mtime.unwrap_or(omit)];
+        let spec = [timespec_of(times.atime), timespec_of(times.mtime)];
         let fd = self.fd(node)?;
         if is_symlink(&sys::fstat_fd(&fd)?) {
             check(unsafe {
@@ -445,11 +434,6 @@ impl LocalBackend {
             Err(Errno(libc::EPERM)) if flags & libc::O_NOATIME != 0 => open(flags & !libc::O_NOATIME).map(File::from),
             result => result.map(File::from),
         }
-    }
-
-    pub fn truncate(&self, node: &Node, size: u64) -> SysResult<()> {
-        let file = self.open(node, libc::O_WRONLY)?;
-        check(unsafe { libc::ftruncate(file.as_raw_fd(), size as libc::off_t) }).map(drop)
     }
 
     pub fn create(&self, parent: &Node, name: &CStr, flags: i32, mode: u32) -> SysResult<(File, Node, libc::stat)> {
@@ -558,6 +542,14 @@ impl LocalBackend {
         self.with_descriptor(|| self.open_handle(key, flags)).map(File::from)
     }
 
+    /// The object a handle from `file_handle` names, as a node, with its attributes; ESTALE
+    /// when it is gone.
+    pub fn node_by_handle(&self, key: &[u8]) -> SysResult<(Node, libc::stat)> {
+        let fd = self.with_descriptor(|| self.open_handle(key, libc::O_PATH))?;
+        let st = sys::fstat_fd(&fd)?;
+        Ok((self.adopt(fd, &st), st))
+    }
+
     /// A directory found by its handle from `file_handle`, to address entries in it.
     pub fn directory_by_handle(&self, key: &[u8]) -> SysResult<Node> {
         let dir = self.with_descriptor(|| self.open_handle(key, libc::O_PATH | libc::O_DIRECTORY))?;
@@ -632,97 +624,6 @@ impl LocalBackend {
             Err(e) => return Err(e),
         }
         sys::openat(root.as_raw_fd(), &name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
-    }
-}
-
-/// Answer to a getxattr/listxattr: the size when asked with size 0, else the bytes.
-#[derive(Debug)]
-pub enum XattrReply {
-    Size(usize),
-    Data(Vec<u8>),
-}
-
-/// Data operations on a file the engine has opened on the backend.
-pub mod data {
-    use super::*;
-
-    pub fn read_at(file: &File, buf: &mut [u8], offset: u64) -> SysResult<usize> {
-        sys::pread_full(file.as_raw_fd(), buf, offset)
-    }
-
-    pub fn sync(file: &File, data_only: bool) -> SysResult<()> {
-        let ret = if data_only {
-            unsafe { libc::fdatasync(file.as_raw_fd()) }
-        } else {
-            unsafe { libc::fsync(file.as_raw_fd()) }
-        };
-        check(ret).map(drop)
-    }
-
-    pub fn write_at(file: &File, buf: &[u8], offset: u64) -> SysResult<()> {
-        sys::pwrite_all(file.as_raw_fd(), buf, offset)
-    }
-
-    /// Writes several aligned pieces to a file opened with O_DIRECT, all in flight at once;
-    /// each piece's result, in order.
-    pub fn write_many_direct(file: &File, pieces: &[(&[u8], u64)]) -> Vec<SysResult<()>> {
-        super::super::aio::write_many_at(file.as_raw_fd(), pieces)
-    }
-
-    pub fn stat(file: &File) -> SysResult<libc::stat> {
-        sys::fstat_fd(file)
-    }
-
-    /// Appends `bytes` and makes them durable before returning.
-    pub fn append_synced(mut file: &File, bytes: &[u8]) -> SysResult<()> {
-        use std::io::Write;
-        file.write_all(bytes).map_err(Errno::from)?;
-        sync(file, true)
-    }
-
-    pub fn set_len(file: &File, size: u64) -> SysResult<()> {
-        check(unsafe { libc::ftruncate(file.as_raw_fd(), size as libc::off_t) }).map(drop)
-    }
-
-    pub fn fallocate(file: &File, mode: i32, offset: u64, length: u64) -> SysResult<()> {
-        retry_eintr(|| {
-            check(unsafe {
-                libc::fallocate(file.as_raw_fd(), mode, offset as libc::off_t, length as libc::off_t)
-            })
-        })
-        .map(drop)
-    }
-
-    pub fn seek(file: &File, offset: i64, whence: i32) -> SysResult<i64> {
-        let ret = unsafe { libc::lseek(file.as_raw_fd(), offset, whence) };
-        if ret == -1 {
-            Err(Errno::last())
-        } else {
-            Ok(ret)
-        }
-    }
-
-    pub fn copy_range(
-        source: &File,
-        source_offset: u64,
-        target: &File,
-        target_offset: u64,
-        length: u64,
-    ) -> SysResult<usize> {
-        let mut source_off = source_offset as libc::loff_t;
-        let mut target_off = target_offset as libc::loff_t;
-        retry_eintr(|| {
-            check_size(unsafe {
-                libc::copy_file_range(
-                    source.as_raw_fd(),
-                    &mut source_off,
-                    target.as_raw_fd(),
-                    &mut target_off,
-                    length as usize,
-                    0,
-                )
-            })
-        })
     }
 }
 

@@ -1,0 +1,358 @@
+//! The local-directory backend: every file of the mount is an ordinary file at the same path in
+//! the backing directory, so an unmounted backing directory is plainly readable. It is both a
+//! `Namespace` (the directory tree) and a `UnitStore` (the files' bytes).
+//!
+//! - `nodes`: every system call on the backing directory, objects found again by file handle,
+//!   and the bounded cache of their descriptors;
+//! - `objects`: ids (the backing inode numbers where unambiguous) and lookup counts;
+//! - `data`: a file's data, and how a unit reaches it (O_DIRECT, AIO, sub-block edges);
+//! - `geometry`: the unit discovered from the device under the backing directory.
+//!
+//! Must not: decide anything (caching, flushing, hiding the state folder): the engine does.
+
+mod aio;
+pub mod data;
+pub mod geometry;
+pub mod nodes;
+pub mod objects;
+
+use std::ffi::{CString, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::backend::{Capabilities, DirReader, FileData, Namespace, OpenMode, UnitStore};
+use crate::engine::types::{Attr, DirEntry, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, Timestamp, XattrReply};
+use crate::metrics::Metrics;
+use crate::sys::{name_cstring, Errno, SysResult};
+use data::LocalFileData;
+use nodes::{BackingDir, DirStream, Node};
+use objects::{BackingKey, ObjectTable};
+
+pub use nodes::{default_log_path, STATE_DIR_NAME};
+
+fn key_of(st: &libc::stat) -> BackingKey {
+    (st.st_dev, st.st_ino)
+}
+
+fn timestamp(sec: i64, nsec: i64) -> Timestamp {
+    Timestamp { sec, nsec: nsec as u32 }
+}
+
+pub struct LocalBackend {
+    dir: BackingDir,
+    objects: Arc<ObjectTable>,
+    capabilities: Capabilities,
+    metrics: Arc<Metrics>,
+    /// Files made on a user's behalf are given to that user (the daemon makes them as root).
+    is_root_daemon: bool,
+}
+
+impl LocalBackend {
+    /// The backing directory at `root_path` (canonical), keeping at most `fd_budget`
+    /// descriptors for cached objects; `unit_bytes` overrides the unit the device suggests.
+    pub fn open(root_path: &Path, fd_budget: usize, unit_bytes: Option<u64>, metrics: Arc<Metrics>) -> SysResult<LocalBackend> {
+        let dir = BackingDir::at(root_path, fd_budget, metrics.clone())?;
+        let root = dir.root_node()?;
+        let root_stat = dir.stat(&root)?;
+        let geometry = geometry::discover(root_path, unit_bytes);
+        let capabilities = Capabilities {
+            unit_bytes: geometry.unit_bytes,
+            unit_source: geometry.unit_source,
+            logical_block_bytes: geometry.logical_block_bytes,
+            partial_writes: true,
+            durable_writes: false,
+            atomic_unit_writes: false,
+            copy_ranges: true,
+            allocate: true,
+            keys_can_go_stale: true,
+        };
+        Ok(LocalBackend {
+            dir,
+            objects: Arc::new(ObjectTable::new(root, key_of(&root_stat))),
+            capabilities,
+            metrics,
+            is_root_daemon: unsafe { libc::geteuid() } == 0,
+        })
+    }
+
+    pub fn root_path(&self) -> &Path {
+        self.dir.root_path()
+    }
+
+    /// Creates (if needed) and opens the daemon's state folder in the backing directory.
+    pub fn open_state_dir(&self) -> SysResult<std::os::fd::OwnedFd> {
+        self.dir.open_state_dir()
+    }
+
+    /// How many objects the namespace holds now (the kernel's cached inodes and the engine's).
+    pub fn objects_held(&self) -> usize {
+        self.objects.len()
+    }
+
+    fn node(&self, id: ObjectId) -> SysResult<Arc<objects::Object>> {
+        // An id the kernel uses but we forgot would be a protocol bug; ESTALE is what a network
+        // file system answers for a handle it no longer knows.
+        self.objects.get(id).ok_or(Errno(libc::ESTALE))
+    }
+
+    fn attr_of(&self, id: ObjectId, st: &libc::stat) -> Attr {
+        Attr {
+            id,
+            kind: Kind::of_mode(st.st_mode),
+            perm: st.st_mode & 0o7777,
+            nlink: st.st_nlink as u32,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            rdev: st.st_rdev,
+            size: st.st_size as u64,
+            blocks: st.st_blocks as u64,
+            blksize: st.st_blksize as u32,
+            atime: timestamp(st.st_atime, st.st_atime_nsec),
+            mtime: timestamp(st.st_mtime, st.st_mtime_nsec),
+            ctime: timestamp(st.st_ctime, st.st_ctime_nsec),
+        }
+    }
+
+    /// Records one lookup of a node just opened, and answers with its attributes.
+    fn remember(&self, node: Node, st: &libc::stat) -> Attr {
+        let object = self.objects.remember(node, key_of(st));
+        self.attr_of(object.id, st)
+    }
+
+    /// Gives a just-made object to the user who made it. The daemon makes it as itself (root),
+    /// so without this every file would belong to root. A set-group-ID parent keeps its group,
+    /// as the kernel would have done.
+    fn give_to(&self, parent: &Node, node: &Node, owner: Owner) -> SysResult<libc::stat> {
+        let made = self.dir.stat(node)?;
+        if !self.is_root_daemon {
+            return Ok(made);
+        }
+        let parent_stat = self.dir.stat(parent)?;
+        let gid = if parent_stat.st_mode & libc::S_ISGID != 0 { parent_stat.st_gid } else { owner.gid };
+        if made.st_uid == owner.uid && made.st_gid == gid {
+            return Ok(made);
+        }
+        self.dir.chown(node, Some(owner.uid), Some(gid))?;
+        let owned = self.dir.stat(node)?;
+        // chown clears set-user-ID and set-group-ID bits; the maker asked for them.
+        if owned.st_mode != made.st_mode && made.st_mode & libc::S_IFMT != libc::S_IFLNK {
+            self.dir.chmod(node, made.st_mode & 0o7777)?;
+            return self.dir.stat(node);
+        }
+        Ok(owned)
+    }
+}
+
+fn xattr_name(name: &OsStr) -> SysResult<CString> {
+    CString::new(name.as_bytes()).map_err(|_| Errno(libc::EINVAL))
+}
+
+fn kind_of_dirent(d_type: u8) -> Option<Kind> {
+    Some(match d_type {
+        libc::DT_DIR => Kind::Directory,
+        libc::DT_LNK => Kind::Symlink,
+        libc::DT_FIFO => Kind::Fifo,
+        libc::DT_SOCK => Kind::Socket,
+        libc::DT_CHR => Kind::CharDevice,
+        libc::DT_BLK => Kind::BlockDevice,
+        libc::DT_REG => Kind::File,
+        _ => return None,
+    })
+}
+
+/// A directory of the backing directory, read a batch at a time at its own offsets.
+struct LocalDirReader {
+    stream: DirStream,
+    dev: u64,
+    /// For the ids entries are listed with.
+    objects: Arc<ObjectTable>,
+}
+
+impl DirReader for LocalDirReader {
+    fn read(&mut self, offset: u64, max: usize) -> SysResult<Vec<DirEntry>> {
+        let table = &self.objects;
+        Ok(self
+            .stream
+            .read(offset, max)?
+            .into_iter()
+            .map(|e| DirEntry {
+                id: table.id_for_listing((self.dev, e.backing_ino)),
+                kind: kind_of_dirent(e.kind),
+                next_offset: e.next_offset,
+                name: e.name,
+            })
+            .collect())
+    }
+}
+
+impl Namespace for LocalBackend {
+    fn lookup(&self, parent: ObjectId, name: &OsStr) -> SysResult<Attr> {
+        let name = name_cstring(name)?;
+        let parent = self.node(parent)?;
+        let (node, st) = self.dir.lookup(&parent.node, &name)?;
+        Ok(self.remember(node, &st))
+    }
+
+    fn forget(&self, id: ObjectId, lookups: u64) {
+        self.objects.forget(id, lookups);
+    }
+
+    fn hold(&self, id: ObjectId) -> SysResult<()> {
+        if self.objects.hold(id) {
+            Ok(())
+        } else {
+            Err(Errno(libc::ESTALE))
+        }
+    }
+
+    fn getattr(&self, id: ObjectId) -> SysResult<Attr> {
+        let object = self.node(id)?;
+        Ok(self.attr_of(id, &self.dir.stat(&object.node)?))
+    }
+
+    fn setattr(&self, id: ObjectId, changes: &SetAttr) -> SysResult<()> {
+        let object = self.node(id)?;
+        if changes.uid.is_some() || changes.gid.is_some() {
+            self.dir.chown(&object.node, changes.uid, changes.gid)?;
+        }
+        if let Some(mode) = changes.mode {
+            self.dir.chmod(&object.node, mode & 0o7777)?;
+        }
+        if !changes.times.is_empty() {
+            self.dir.set_times(&object.node, changes.times)?;
+        }
+        Ok(())
+    }
+
+    fn make(&self, parent: ObjectId, name: &OsStr, what: NewObject<'_>, owner: Owner) -> SysResult<Attr> {
+        let name = name_cstring(name)?;
+        let parent = self.node(parent)?;
+        let (node, _) = match what {
+            NewObject::File { perm } => self.dir.mknod(&parent.node, &name, libc::S_IFREG | (perm & 0o7777), 0)?,
+            NewObject::Directory { perm } => self.dir.mkdir(&parent.node, &name, perm & 0o7777)?,
+            NewObject::Node { mode, rdev } => self.dir.mknod(&parent.node, &name, mode, rdev)?,
+            NewObject::Symlink { target } => {
+                let target = CString::new(target).map_err(|_| Errno(libc::EINVAL))?;
+                self.dir.symlink(&parent.node, &name, &target)?
+            }
+        };
+        let st = self.give_to(&parent.node, &node, owner)?;
+        Ok(self.remember(node, &st))
+    }
+
+    fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
+        let new_name = name_cstring(new_name)?;
+        let object = self.node(id)?;
+        let new_parent = self.node(new_parent)?;
+        let (node, st) = self.dir.link(&object.node, &new_parent.node, &new_name)?;
+        Ok(self.remember(node, &st))
+    }
+
+    fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
+        let name = name_cstring(name)?;
+        let parent = self.node(parent)?;
+        if directory {
+            self.dir.rmdir(&parent.node, &name)
+        } else {
+            self.dir.unlink(&parent.node, &name)
+        }
+    }
+
+    fn rename(&self, parent: ObjectId, name: &OsStr, new_parent: ObjectId, new_name: &OsStr, flags: u32) -> SysResult<()> {
+        let (name, new_name) = (name_cstring(name)?, name_cstring(new_name)?);
+        let (parent, new_parent) = (self.node(parent)?, self.node(new_parent)?);
+        self.dir.rename(&parent.node, &name, &new_parent.node, &new_name, flags)
+    }
+
+    fn readlink(&self, id: ObjectId) -> SysResult<Vec<u8>> {
+        self.dir.readlink(&self.node(id)?.node)
+    }
+
+    fn set_xattr(&self, id: ObjectId, name: &OsStr, value: &[u8], flags: i32) -> SysResult<()> {
+        self.dir.set_xattr(&self.node(id)?.node, &xattr_name(name)?, value, flags)
+    }
+
+    fn get_xattr(&self, id: ObjectId, name: &OsStr, size: usize) -> SysResult<XattrReply> {
+        self.dir.get_xattr(&self.node(id)?.node, &xattr_name(name)?, size)
+    }
+
+    fn list_xattr(&self, id: ObjectId, size: usize) -> SysResult<XattrReply> {
+        self.dir.list_xattr(&self.node(id)?.node, size)
+    }
+
+    fn remove_xattr(&self, id: ObjectId, name: &OsStr) -> SysResult<()> {
+        self.dir.remove_xattr(&self.node(id)?.node, &xattr_name(name)?)
+    }
+
+    fn statfs(&self, id: ObjectId) -> SysResult<StatFs> {
+        let st = self.dir.statfs(&self.node(id)?.node)?;
+        Ok(StatFs {
+            blocks: st.f_blocks,
+            blocks_free: st.f_bfree,
+            blocks_available: st.f_bavail,
+            files: st.f_files,
+            files_free: st.f_ffree,
+            block_size: st.f_bsize as u32,
+            name_max: st.f_namemax as u32,
+            fragment_size: st.f_frsize as u32,
+        })
+    }
+
+    fn open_dir(&self, id: ObjectId) -> SysResult<Box<dyn DirReader>> {
+        let object = self.node(id)?;
+        let stream = self.dir.open_dir_stream(&object.node)?;
+        Ok(Box::new(LocalDirReader { stream, dev: object.key.0, objects: self.objects.clone() }))
+    }
+
+    fn sync_dir(&self, id: ObjectId) -> SysResult<()> {
+        let file = self.dir.open_dir_for_sync(&self.node(id)?.node)?;
+        LocalFileData::new(file, 1, self.metrics.clone()).sync(false)
+    }
+
+    fn log_key(&self, id: ObjectId) -> SysResult<Vec<u8>> {
+        self.dir.file_handle(&self.node(id)?.node)
+    }
+
+    fn identify(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)> {
+        let parent = self.node(parent).ok()?;
+        let (node, st) = self.dir.lookup(&parent.node, &name_cstring(name).ok()?).ok()?;
+        Some((self.dir.file_handle(&node).ok()?, self.objects.id_for_listing(key_of(&st))))
+    }
+
+    fn describe(&self, id: ObjectId) -> Option<String> {
+        let object = self.objects.get(id)?;
+        self.dir.path_of(&object.node).map(|p| p.display().to_string())
+    }
+
+    fn find(&self, key: &[u8]) -> SysResult<Option<ObjectId>> {
+        match self.dir.node_by_handle(key) {
+            Ok((node, st)) => Ok(Some(self.remember(node, &st).id)),
+            Err(e) if matches!(e.0, libc::ENOENT | libc::ESTALE) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn key_at(&self, parent: ObjectId, name: &OsStr) -> Option<Vec<u8>> {
+        let parent = self.node(parent).ok()?;
+        let name: CString = name_cstring(name).ok()?;
+        self.dir.handle_at(&parent.node, &name).ok()
+    }
+}
+
+impl UnitStore for LocalBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    fn open(&self, id: ObjectId, mode: OpenMode) -> SysResult<Arc<dyn FileData>> {
+        let object = self.node(id)?;
+        let flags = if mode.write { libc::O_RDWR } else { libc::O_RDONLY } | if mode.no_atime { libc::O_NOATIME } else { 0 };
+        let file = self.dir.open(&object.node, flags)?;
+        Ok(Arc::new(LocalFileData::new(file, self.capabilities.logical_block_bytes, self.metrics.clone())))
+    }
+
+    fn sync_all(&self) -> SysResult<()> {
+        self.dir.sync_file_system()
+    }
+}

@@ -1,0 +1,142 @@
+//! The local namespace's ids: which `ObjectId` stands for which backing object, and how many
+//! lookups keep it known.
+//!
+//! Ids are the backing file system's inode numbers where that is unambiguous (same device as
+//! the backing root), so `stat` and `readdir` agree, hard links share a number, and numbers
+//! stay the same across remounts. Objects on other devices (a mount inside the backing
+//! directory) get ids from a synthetic range, and so does a new object whose inode number is
+//! still held by a deleted one the kernel has not forgotten (nodes do not pin their inodes, see
+//! `nodes`). The root is always `ROOT_ID`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::nodes::Node;
+use crate::engine::types::{ObjectId, ROOT_ID};
+
+/// Synthetic ids start here; backing file systems do not hand out inode numbers this high.
+const SYNTHETIC_ID_BASE: u64 = 1 << 63;
+
+/// Identity of a backing object: (st_dev, st_ino).
+pub type BackingKey = (u64, u64);
+
+pub struct Object {
+    pub id: ObjectId,
+    pub key: BackingKey,
+    pub node: Node,
+}
+
+struct Slot {
+    object: Arc<Object>,
+    lookups: u64,
+}
+
+struct Table {
+    by_id: HashMap<ObjectId, Slot>,
+    by_key: HashMap<BackingKey, ObjectId>,
+    next_synthetic: u64,
+}
+
+pub struct ObjectTable {
+    root_key: BackingKey,
+    table: Mutex<Table>,
+}
+
+impl ObjectTable {
+    pub fn new(root: Node, root_key: BackingKey) -> ObjectTable {
+        let root = Arc::new(Object { id: ROOT_ID, key: root_key, node: root });
+        let mut by_id = HashMap::new();
+        // The root is never forgotten: one lookup that no forget will ever balance.
+        by_id.insert(ROOT_ID, Slot { object: root, lookups: 1 });
+        let mut by_key = HashMap::new();
+        by_key.insert(root_key, ROOT_ID);
+        ObjectTable { root_key, table: Mutex::new(Table { by_id, by_key, next_synthetic: SYNTHETIC_ID_BASE }) }
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn get(&self, id: ObjectId) -> Option<Arc<Object>> {
+        self.table().by_id.get(&id).map(|slot| slot.object.clone())
+    }
+
+    /// The id this key has or would have: what readdir reports for an entry that was never
+    /// looked up. Ids of other-device objects are only known once looked up.
+    pub fn id_for_listing(&self, key: BackingKey) -> ObjectId {
+        if let Some(&id) = self.table().by_key.get(&key) {
+            return id;
+        }
+        self.natural_id(key).unwrap_or(key.1)
+    }
+
+    fn natural_id(&self, key: BackingKey) -> Option<ObjectId> {
+        if key == self.root_key {
+            return Some(ROOT_ID);
+        }
+        (key.0 == self.root_key.0 && key.1 != ROOT_ID && key.1 < SYNTHETIC_ID_BASE).then_some(key.1)
+    }
+
+    /// Records one lookup of the object `node` refers to. If the object is already in the
+    /// table, the new node is dropped and the existing object returned.
+    ///
+    /// The backing inode number alone does not name an object: a file deleted while the kernel
+    /// still holds its inode frees its number, and the next file created may get it. That new
+    /// object gets a synthetic id, and the key then leads to it; the old one keeps its id until
+    /// forgotten.
+    pub fn remember(&self, node: Node, key: BackingKey) -> Arc<Object> {
+        let mut table = self.table();
+        let mut number_taken = false;
+        if let Some(&id) = table.by_key.get(&key) {
+            let slot = table.by_id.get_mut(&id).expect("by_key and by_id agree");
+            if slot.object.node.is_same_object(&node) {
+                slot.lookups += 1;
+                return slot.object.clone();
+            }
+            number_taken = true;
+        }
+        let id = match self.natural_id(key) {
+            Some(id) if !number_taken && !table.by_id.contains_key(&id) => id,
+            _ => {
+                table.next_synthetic += 1;
+                table.next_synthetic
+            }
+        };
+        let object = Arc::new(Object { id, key, node });
+        table.by_id.insert(id, Slot { object: object.clone(), lookups: 1 });
+        table.by_key.insert(key, id);
+        object
+    }
+
+    /// One more lookup of a known object (the engine holding it while it has state for it).
+    pub fn hold(&self, id: ObjectId) -> bool {
+        match self.table().by_id.get_mut(&id) {
+            Some(slot) => {
+                slot.lookups += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `count` lookups of `id` dropped; at zero the object (and its node) is let go.
+    pub fn forget(&self, id: ObjectId, count: u64) {
+        if id == ROOT_ID {
+            return;
+        }
+        let mut table = self.table();
+        let Some(slot) = table.by_id.get_mut(&id) else { return };
+        slot.lookups = slot.lookups.saturating_sub(count);
+        if slot.lookups == 0 {
+            let slot = table.by_id.remove(&id).expect("present above");
+            // The key may lead to a newer object by now (see `remember`).
+            if table.by_key.get(&slot.object.key) == Some(&id) {
+                table.by_key.remove(&slot.object.key);
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.table().by_id.len()
+    }
+}
