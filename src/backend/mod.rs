@@ -18,6 +18,7 @@
 
 pub mod faults;
 pub mod local;
+pub mod memory;
 pub mod null;
 
 use std::ffi::OsStr;

@@ -1307,7 +1307,19 @@ impl Writeback {
         // Ranges marked logged may belong to another fsync's batch not yet durable: then a
         // record of our own (the size) waits behind it.
         if pieces.is_empty() && inner.dirty.values().all(|u| u.logged.is_empty()) && !created {
-            return Some(Ok(())); // nothing buffered: the backend is in sync
+            // Nothing buffered: the store is in sync. The file's name changes may still be
+            // queued (a rename since the last checkpoint): an fsync makes them durable too, as
+            // ext4's does and the store's path here does; a commit of an empty queue writes
+            // nothing.
+            drop(inner);
+            return Some(match log.commit(Vec::new()) {
+                Ok(()) => Ok(()),
+                Err(LogError::Full { .. }) => self.checkpoint(),
+                Err(e) => {
+                    log::error!("committing queued name changes to the intent log: {e}");
+                    Err(Errno(libc::EIO))
+                }
+            });
         }
         // Marked now, under the lock: a write after this point takes its range out again.
         for (unit, ranges) in &dirty {

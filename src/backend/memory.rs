@@ -1,0 +1,681 @@
+//! The in-memory backend: a namespace and a unit store in memory, for in-process engine tests.
+//!
+//! It takes whole units only by default (so the engine's merge of partial units is exercised;
+//! `MemoryBackend::with_partial_writes` takes ranges in place), and keeps, beside what it holds
+//! now, what it holds durably, by rules modelled on a journaling file system:
+//!
+//! - a file's `sync` makes every name and attribute change so far durable, and that file's
+//!   data (ext4 commits its journal on fsync);
+//! - a directory's sync makes every name change durable;
+//! - `sync_all` makes everything durable.
+//!
+//! `crash` then drops everything else: what the store holds becomes what it held durably, and
+//! every lookup and open handle is forgotten, as after a power cut. Keys (`log_key`) carry a
+//! birth number that is never given out twice, even across crashes, so a key never names
+//! another object than the one it was made for.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{OsStr, OsString};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::backend::{Capabilities, DirReader, FileData, Namespace, OpenMode, UnitSource, UnitStore, UnitWrite};
+use crate::engine::types::{Attr, DirEntry, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, TimeToSet, Timestamp, XattrReply, ROOT_ID};
+use crate::sys::{Errno, SysResult};
+
+#[derive(Clone, Debug)]
+struct Object {
+    kind: Kind,
+    perm: u32,
+    uid: u32,
+    gid: u32,
+    rdev: u64,
+    nlink: u32,
+    atime: Timestamp,
+    mtime: Timestamp,
+    ctime: Timestamp,
+    /// Never given twice, crashes included: the key's second half.
+    birth: u64,
+    target: Vec<u8>,
+    xattrs: BTreeMap<OsString, Vec<u8>>,
+    /// A directory's entries.
+    entries: BTreeMap<OsString, ObjectId>,
+}
+
+/// Names and attributes: what is now, and (a copy) what is durable.
+#[derive(Clone, Debug, Default)]
+struct Tree {
+    objects: HashMap<ObjectId, Object>,
+    next_id: ObjectId,
+}
+
+#[derive(Default)]
+struct State {
+    tree: Tree,
+    durable_tree: Tree,
+    /// Files' bytes now, and as of their last sync.
+    data: HashMap<ObjectId, Vec<u8>>,
+    durable_data: HashMap<ObjectId, Vec<u8>>,
+    /// Lookups the engine holds, and open data handles: objects without a name stay while
+    /// either is held.
+    lookups: HashMap<ObjectId, u64>,
+    open_handles: HashMap<ObjectId, u64>,
+    next_birth: u64,
+    /// Bytes read to complete writes of whole units (none here: the engine reads them).
+    unit_writes: u64,
+}
+
+pub struct MemoryBackend {
+    state: Arc<Mutex<State>>,
+    capabilities: Capabilities,
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn key(id: ObjectId, birth: u64) -> Vec<u8> {
+    let mut key = id.to_le_bytes().to_vec();
+    key.extend_from_slice(&birth.to_le_bytes());
+    key
+}
+
+fn parse_key(key: &[u8]) -> Option<(ObjectId, u64)> {
+    Some((u64::from_le_bytes(key.get(..8)?.try_into().ok()?), u64::from_le_bytes(key.get(8..16)?.try_into().ok()?)))
+}
+
+fn valid_name(name: &OsStr) -> SysResult<()> {
+    let bytes = name.as_encoded_bytes();
+    if bytes.is_empty() || bytes.contains(&b'/') || name == "." || name == ".." {
+        return Err(Errno(libc::EINVAL));
+    }
+    Ok(())
+}
+
+impl State {
+    fn object(&self, id: ObjectId) -> SysResult<&Object> {
+        self.tree.objects.get(&id).ok_or(Errno(libc::ESTALE))
+    }
+
+    fn object_mut(&mut self, id: ObjectId) -> SysResult<&mut Object> {
+        self.tree.objects.get_mut(&id).ok_or(Errno(libc::ESTALE))
+    }
+
+    fn dir(&self, id: ObjectId) -> SysResult<&Object> {
+        let dir = self.object(id)?;
+        if dir.kind != Kind::Directory {
+            return Err(Errno(libc::ENOTDIR));
+        }
+        Ok(dir)
+    }
+
+    fn attr(&self, id: ObjectId) -> SysResult<Attr> {
+        let o = self.object(id)?;
+        let size = match o.kind {
+            Kind::File => self.data.get(&id).map_or(0, |d| d.len() as u64),
+            Kind::Symlink => o.target.len() as u64,
+            Kind::Directory => 4096,
+            _ => 0,
+        };
+        Ok(Attr {
+            id,
+            kind: o.kind,
+            perm: o.perm,
+            nlink: o.nlink,
+            uid: o.uid,
+            gid: o.gid,
+            rdev: o.rdev,
+            size,
+            blocks: size.div_ceil(512),
+            blksize: 4096,
+            atime: o.atime,
+            mtime: o.mtime,
+            ctime: o.ctime,
+        })
+    }
+
+    fn touch(&mut self, id: ObjectId) {
+        let now = Timestamp::now();
+        if let Some(o) = self.tree.objects.get_mut(&id) {
+            o.mtime = now;
+            o.ctime = now;
+        }
+    }
+
+    /// An object with no name, no lookup and no open handle is gone.
+    fn collect(&mut self, id: ObjectId) {
+        let unnamed = self.tree.objects.get(&id).is_some_and(|o| o.nlink == 0 || (o.kind == Kind::Directory && o.nlink <= 1));
+        let held = self.lookups.get(&id).is_some_and(|&n| n > 0) || self.open_handles.get(&id).is_some_and(|&n| n > 0);
+        if unnamed && !held && id != ROOT_ID {
+            self.tree.objects.remove(&id);
+            self.data.remove(&id);
+        }
+    }
+
+    fn count_lookup(&mut self, id: ObjectId) {
+        *self.lookups.entry(id).or_insert(0) += 1;
+    }
+
+    fn names_durable(&mut self) {
+        self.durable_tree = self.tree.clone();
+        // Data of files whose names went: nothing durable names it any more.
+        let live: std::collections::HashSet<ObjectId> = self.durable_tree.objects.keys().copied().collect();
+        self.durable_data.retain(|id, _| live.contains(id));
+    }
+
+    /// Unlinks `name` from `parent` (its object keeps living while held).
+    fn unlink_entry(&mut self, parent: ObjectId, name: &OsStr) -> SysResult<ObjectId> {
+        let id = *self.dir(parent)?.entries.get(name).ok_or(Errno(libc::ENOENT))?;
+        self.object_mut(parent)?.entries.remove(name);
+        let kind = self.object(id)?.kind;
+        if kind == Kind::Directory {
+            self.object_mut(id)?.nlink = 0;
+            self.object_mut(parent)?.nlink -= 1;
+        } else {
+            let o = self.object_mut(id)?;
+            o.nlink -= 1;
+            o.ctime = Timestamp::now();
+        }
+        self.touch(parent);
+        Ok(id)
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new(64 << 10)
+    }
+}
+
+impl MemoryBackend {
+    /// An empty tree (the root directory only), taking whole units of `unit_bytes`.
+    pub fn new(unit_bytes: u64) -> MemoryBackend {
+        let now = Timestamp::now();
+        let root = Object {
+            kind: Kind::Directory,
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            nlink: 2,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            birth: 1,
+            target: Vec::new(),
+            xattrs: BTreeMap::new(),
+            entries: BTreeMap::new(),
+        };
+        let mut tree = Tree { objects: HashMap::new(), next_id: ROOT_ID + 1 };
+        tree.objects.insert(ROOT_ID, root);
+        let state = State { durable_tree: tree.clone(), tree, next_birth: 2, ..State::default() };
+        let capabilities = Capabilities {
+            unit_bytes,
+            unit_source: UnitSource::Store,
+            logical_block_bytes: 512,
+            partial_writes: false,
+            durable_writes: false,
+            atomic_unit_writes: true,
+            copy_ranges: false,
+            allocate: false,
+            keys_can_go_stale: true,
+        };
+        MemoryBackend { state: Arc::new(Mutex::new(state)), capabilities }
+    }
+
+    /// The same, taking aligned ranges in place instead of whole units.
+    pub fn with_partial_writes(unit_bytes: u64) -> MemoryBackend {
+        let mut backend = Self::new(unit_bytes);
+        backend.capabilities.partial_writes = true;
+        backend
+    }
+
+    /// A power cut: the store holds what it held durably, and nothing is looked up or open.
+    pub fn crash(&self) {
+        let mut s = lock(&self.state);
+        s.tree = s.durable_tree.clone();
+        s.data = s.durable_data.clone();
+        // A file whose name was durable and whose data never was is empty.
+        let files: Vec<ObjectId> = s.tree.objects.iter().filter(|(_, o)| o.kind == Kind::File).map(|(&id, _)| id).collect();
+        for id in files {
+            s.data.entry(id).or_default();
+        }
+        s.lookups.clear();
+        s.open_handles.clear();
+    }
+
+    /// What `path` (names from the root) holds now: a file's bytes, or None when there is no
+    /// regular file there. For tests comparing the store with what was acknowledged.
+    pub fn read_path(&self, path: &[&OsStr]) -> Option<Vec<u8>> {
+        let s = lock(&self.state);
+        let mut id = ROOT_ID;
+        for name in path {
+            id = *s.tree.objects.get(&id)?.entries.get(*name)?;
+        }
+        (s.tree.objects.get(&id)?.kind == Kind::File).then(|| s.data.get(&id).cloned().unwrap_or_default())
+    }
+
+    /// Every name under the directory at `path`, sorted.
+    pub fn list_path(&self, path: &[&OsStr]) -> Option<Vec<OsString>> {
+        let s = lock(&self.state);
+        let mut id = ROOT_ID;
+        for name in path {
+            id = *s.tree.objects.get(&id)?.entries.get(*name)?;
+        }
+        Some(s.tree.objects.get(&id)?.entries.keys().cloned().collect())
+    }
+
+    /// How many whole-unit writes the store took (for tests of the engine's planning).
+    pub fn unit_writes(&self) -> u64 {
+        lock(&self.state).unit_writes
+    }
+}
+
+/// A directory's entries as they were when it was opened ("." and ".." first); an entry's
+/// offset is its place in that list.
+struct MemoryDirReader {
+    entries: Vec<DirEntry>,
+}
+
+impl DirReader for MemoryDirReader {
+    fn read(&mut self, offset: u64, max: usize) -> SysResult<Vec<DirEntry>> {
+        Ok(self.entries.iter().skip(offset as usize).take(max).cloned().collect())
+    }
+}
+
+impl Namespace for MemoryBackend {
+    fn lookup(&self, parent: ObjectId, name: &OsStr) -> SysResult<Attr> {
+        let mut s = lock(&self.state);
+        let id = *s.dir(parent)?.entries.get(name).ok_or(Errno(libc::ENOENT))?;
+        s.count_lookup(id);
+        s.attr(id)
+    }
+
+    fn forget(&self, id: ObjectId, lookups: u64) {
+        let mut s = lock(&self.state);
+        if let Some(n) = s.lookups.get_mut(&id) {
+            *n = n.saturating_sub(lookups);
+        }
+        s.collect(id);
+    }
+
+    fn hold(&self, id: ObjectId) -> SysResult<()> {
+        let mut s = lock(&self.state);
+        s.object(id)?;
+        s.count_lookup(id);
+        Ok(())
+    }
+
+    fn getattr(&self, id: ObjectId) -> SysResult<Attr> {
+        lock(&self.state).attr(id)
+    }
+
+    fn setattr(&self, id: ObjectId, changes: &SetAttr) -> SysResult<()> {
+        let mut s = lock(&self.state);
+        let now = Timestamp::now();
+        let o = s.object_mut(id)?;
+        if let Some(mode) = changes.mode {
+            o.perm = mode & 0o7777;
+        }
+        if let Some(uid) = changes.uid {
+            o.uid = uid;
+        }
+        if let Some(gid) = changes.gid {
+            o.gid = gid;
+        }
+        let at = |t: TimeToSet| if let TimeToSet::At(at) = t { at } else { now };
+        if let Some(t) = changes.times.atime {
+            o.atime = at(t);
+        }
+        if let Some(t) = changes.times.mtime {
+            o.mtime = at(t);
+        }
+        o.ctime = now;
+        Ok(())
+    }
+
+    fn make(&self, parent: ObjectId, name: &OsStr, what: NewObject<'_>, owner: Owner) -> SysResult<Attr> {
+        valid_name(name)?;
+        let mut s = lock(&self.state);
+        if s.dir(parent)?.entries.contains_key(name) {
+            return Err(Errno(libc::EEXIST));
+        }
+        let now = Timestamp::now();
+        let (kind, perm, rdev, target) = match what {
+            NewObject::File { perm } => (Kind::File, perm, 0, Vec::new()),
+            NewObject::Directory { perm } => (Kind::Directory, perm, 0, Vec::new()),
+            NewObject::Node { mode, rdev } => (Kind::of_mode(mode), mode & 0o7777, rdev, Vec::new()),
+            NewObject::Symlink { target } => (Kind::Symlink, 0o777, 0, target.to_vec()),
+        };
+        let id = s.tree.next_id;
+        s.tree.next_id += 1;
+        let birth = s.next_birth;
+        s.next_birth += 1;
+        let nlink = if kind == Kind::Directory { 2 } else { 1 };
+        let object = Object {
+            kind,
+            perm: perm & 0o7777,
+            uid: owner.uid,
+            gid: owner.gid,
+            rdev,
+            nlink,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            birth,
+            target,
+            xattrs: BTreeMap::new(),
+            entries: BTreeMap::new(),
+        };
+        s.tree.objects.insert(id, object);
+        if kind == Kind::File {
+            s.data.insert(id, Vec::new());
+        }
+        s.object_mut(parent)?.entries.insert(name.to_os_string(), id);
+        if kind == Kind::Directory {
+            s.object_mut(parent)?.nlink += 1;
+        }
+        s.touch(parent);
+        s.count_lookup(id);
+        s.attr(id)
+    }
+
+    fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
+        valid_name(new_name)?;
+        let mut s = lock(&self.state);
+        if s.object(id)?.kind == Kind::Directory {
+            return Err(Errno(libc::EPERM));
+        }
+        if s.dir(new_parent)?.entries.contains_key(new_name) {
+            return Err(Errno(libc::EEXIST));
+        }
+        s.object_mut(new_parent)?.entries.insert(new_name.to_os_string(), id);
+        let o = s.object_mut(id)?;
+        o.nlink += 1;
+        o.ctime = Timestamp::now();
+        s.touch(new_parent);
+        s.count_lookup(id);
+        s.attr(id)
+    }
+
+    fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
+        let mut s = lock(&self.state);
+        let id = *s.dir(parent)?.entries.get(name).ok_or(Errno(libc::ENOENT))?;
+        let o = s.object(id)?;
+        match (directory, o.kind == Kind::Directory) {
+            (true, false) => return Err(Errno(libc::ENOTDIR)),
+            (false, true) => return Err(Errno(libc::EISDIR)),
+            (true, true) if !o.entries.is_empty() => return Err(Errno(libc::ENOTEMPTY)),
+            _ => {}
+        }
+        s.unlink_entry(parent, name)?;
+        s.collect(id);
+        Ok(())
+    }
+
+    fn rename(&self, parent: ObjectId, name: &OsStr, new_parent: ObjectId, new_name: &OsStr, flags: u32) -> SysResult<()> {
+        valid_name(new_name)?;
+        let mut s = lock(&self.state);
+        let id = *s.dir(parent)?.entries.get(name).ok_or(Errno(libc::ENOENT))?;
+        let target = s.dir(new_parent)?.entries.get(new_name).copied();
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            let other = target.ok_or(Errno(libc::ENOENT))?;
+            s.object_mut(parent)?.entries.insert(name.to_os_string(), other);
+            s.object_mut(new_parent)?.entries.insert(new_name.to_os_string(), id);
+            s.touch(parent);
+            s.touch(new_parent);
+            return Ok(());
+        }
+        if target == Some(id) {
+            return Ok(()); // two names of one object: POSIX says nothing happens
+        }
+        let moving_dir = s.object(id)?.kind == Kind::Directory;
+        if let Some(old) = target {
+            if flags & libc::RENAME_NOREPLACE != 0 {
+                return Err(Errno(libc::EEXIST));
+            }
+            let old = s.object(old)?;
+            match (moving_dir, old.kind == Kind::Directory) {
+                (true, false) => return Err(Errno(libc::ENOTDIR)),
+                (false, true) => return Err(Errno(libc::EISDIR)),
+                (true, true) if !old.entries.is_empty() => return Err(Errno(libc::ENOTEMPTY)),
+                _ => {}
+            }
+        }
+        if moving_dir {
+            // Not into itself or below it.
+            let mut at = new_parent;
+            loop {
+                if at == id {
+                    return Err(Errno(libc::EINVAL));
+                }
+                let up = s.tree.objects.iter().find(|(_, o)| o.entries.values().any(|&c| c == at && o.kind == Kind::Directory));
+                match up {
+                    Some((&p, _)) if at != ROOT_ID => at = p,
+                    _ => break,
+                }
+            }
+        }
+        if let Some(old) = target {
+            s.unlink_entry(new_parent, new_name)?;
+            s.collect(old);
+        }
+        s.object_mut(parent)?.entries.remove(name);
+        s.object_mut(new_parent)?.entries.insert(new_name.to_os_string(), id);
+        if moving_dir && parent != new_parent {
+            s.object_mut(parent)?.nlink -= 1;
+            s.object_mut(new_parent)?.nlink += 1;
+        }
+        s.object_mut(id)?.ctime = Timestamp::now();
+        s.touch(parent);
+        s.touch(new_parent);
+        Ok(())
+    }
+
+    fn readlink(&self, id: ObjectId) -> SysResult<Vec<u8>> {
+        let s = lock(&self.state);
+        let o = s.object(id)?;
+        if o.kind != Kind::Symlink {
+            return Err(Errno(libc::EINVAL));
+        }
+        Ok(o.target.clone())
+    }
+
+    fn set_xattr(&self, id: ObjectId, name: &OsStr, value: &[u8], flags: i32) -> SysResult<()> {
+        let mut s = lock(&self.state);
+        let o = s.object_mut(id)?;
+        let exists = o.xattrs.contains_key(name);
+        if flags & libc::XATTR_CREATE != 0 && exists {
+            return Err(Errno(libc::EEXIST));
+        }
+        if flags & libc::XATTR_REPLACE != 0 && !exists {
+            return Err(Errno(libc::ENODATA));
+        }
+        o.xattrs.insert(name.to_os_string(), value.to_vec());
+        Ok(())
+    }
+
+    fn get_xattr(&self, id: ObjectId, name: &OsStr, size: usize) -> SysResult<XattrReply> {
+        let s = lock(&self.state);
+        let value = s.object(id)?.xattrs.get(name).ok_or(Errno(libc::ENODATA))?;
+        match size {
+            0 => Ok(XattrReply::Size(value.len())),
+            n if n < value.len() => Err(Errno(libc::ERANGE)),
+            _ => Ok(XattrReply::Data(value.clone())),
+        }
+    }
+
+    fn list_xattr(&self, id: ObjectId, size: usize) -> SysResult<XattrReply> {
+        let s = lock(&self.state);
+        let mut list = Vec::new();
+        for name in s.object(id)?.xattrs.keys() {
+            list.extend_from_slice(name.as_encoded_bytes());
+            list.push(0);
+        }
+        match size {
+            0 => Ok(XattrReply::Size(list.len())),
+            n if n < list.len() => Err(Errno(libc::ERANGE)),
+            _ => Ok(XattrReply::Data(list)),
+        }
+    }
+
+    fn remove_xattr(&self, id: ObjectId, name: &OsStr) -> SysResult<()> {
+        let mut s = lock(&self.state);
+        s.object_mut(id)?.xattrs.remove(name).map(drop).ok_or(Errno(libc::ENODATA))
+    }
+
+    fn statfs(&self, _id: ObjectId) -> SysResult<StatFs> {
+        Ok(StatFs { blocks: 1 << 20, blocks_free: 1 << 19, blocks_available: 1 << 19, files: 1 << 20, files_free: 1 << 19, block_size: 4096, name_max: 255, fragment_size: 4096 })
+    }
+
+    fn open_dir(&self, id: ObjectId) -> SysResult<Box<dyn DirReader>> {
+        let s = lock(&self.state);
+        let dir = s.dir(id)?;
+        let mut entries = vec![
+            DirEntry { name: ".".into(), id, kind: Some(Kind::Directory), next_offset: 1 },
+            DirEntry { name: "..".into(), id, kind: Some(Kind::Directory), next_offset: 2 },
+        ];
+        for (i, (name, &child)) in dir.entries.iter().enumerate() {
+            let kind = s.tree.objects.get(&child).map(|o| o.kind);
+            entries.push(DirEntry { name: name.clone(), id: child, kind, next_offset: i as u64 + 3 });
+        }
+        Ok(Box::new(MemoryDirReader { entries }))
+    }
+
+    fn sync_dir(&self, id: ObjectId) -> SysResult<()> {
+        let mut s = lock(&self.state);
+        s.dir(id)?;
+        s.names_durable();
+        Ok(())
+    }
+
+    fn log_key(&self, id: ObjectId) -> SysResult<Vec<u8>> {
+        Ok(key(id, lock(&self.state).object(id)?.birth))
+    }
+
+    fn identify(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)> {
+        let s = lock(&self.state);
+        let id = *s.dir(parent).ok()?.entries.get(name)?;
+        Some((key(id, s.object(id).ok()?.birth), id))
+    }
+
+    fn describe(&self, id: ObjectId) -> Option<String> {
+        Some(format!("memory object {id}"))
+    }
+
+    fn find(&self, key: &[u8]) -> SysResult<Option<ObjectId>> {
+        let (id, birth) = parse_key(key).ok_or(Errno(libc::EINVAL))?;
+        let mut s = lock(&self.state);
+        match s.tree.objects.get(&id) {
+            Some(o) if o.birth == birth => {
+                s.count_lookup(id);
+                Ok(Some(id))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn key_at(&self, parent: ObjectId, name: &OsStr) -> Option<Vec<u8>> {
+        self.identify(parent, name).map(|(key, _)| key)
+    }
+}
+
+/// A file's data in the memory store.
+struct MemoryFileData {
+    state: Arc<Mutex<State>>,
+    id: ObjectId,
+    partial_writes: bool,
+}
+
+impl Drop for MemoryFileData {
+    fn drop(&mut self) {
+        let mut s = lock(&self.state);
+        if let Some(n) = s.open_handles.get_mut(&self.id) {
+            *n = n.saturating_sub(1);
+        }
+        s.collect(self.id);
+    }
+}
+
+impl FileData for MemoryFileData {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> SysResult<usize> {
+        let s = lock(&self.state);
+        let data = s.data.get(&self.id).ok_or(Errno(libc::ESTALE))?;
+        let start = (offset as usize).min(data.len());
+        let n = buf.len().min(data.len() - start);
+        buf[..n].copy_from_slice(&data[start..start + n]);
+        Ok(n)
+    }
+
+    fn write_unit(&self, unit: &UnitWrite<'_>) -> SysResult<()> {
+        let limit = unit.limit();
+        // The store's rule, at its boundary: a whole unit (up to the file's end) or nothing.
+        assert!(self.partial_writes || unit.ranges.covers(0, limit), "a partial unit for a store of whole units: {:?}", unit.ranges);
+        let mut s = lock(&self.state);
+        s.unit_writes += 1;
+        let data = s.data.get_mut(&self.id).ok_or(Errno(libc::ESTALE))?;
+        for r in unit.ranges.iter() {
+            let (a, b) = (r.start, r.end.min(limit));
+            if a >= b {
+                continue;
+            }
+            let end = (unit.start() + b) as usize;
+            if data.len() < end {
+                data.resize(end, 0);
+            }
+            data[(unit.start() + a) as usize..end].copy_from_slice(&unit.buf[a as usize..b as usize]);
+        }
+        s.touch(self.id);
+        Ok(())
+    }
+
+    fn set_size(&self, size: u64) -> SysResult<()> {
+        let mut s = lock(&self.state);
+        s.data.get_mut(&self.id).ok_or(Errno(libc::ESTALE))?.resize(size as usize, 0);
+        s.touch(self.id);
+        Ok(())
+    }
+
+    fn size(&self) -> SysResult<u64> {
+        Ok(lock(&self.state).data.get(&self.id).ok_or(Errno(libc::ESTALE))?.len() as u64)
+    }
+
+    fn sync(&self, _data_only: bool) -> SysResult<()> {
+        let mut s = lock(&self.state);
+        s.names_durable();
+        if s.durable_tree.objects.contains_key(&self.id) {
+            let now = s.data.get(&self.id).cloned().ok_or(Errno(libc::ESTALE))?;
+            s.durable_data.insert(self.id, now);
+        }
+        Ok(())
+    }
+
+    fn holds_data(&self) -> bool {
+        lock(&self.state).data.get(&self.id).is_some_and(|d| !d.is_empty())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl UnitStore for MemoryBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    fn open(&self, id: ObjectId, _mode: OpenMode) -> SysResult<Arc<dyn FileData>> {
+        let mut s = lock(&self.state);
+        if s.object(id)?.kind != Kind::File {
+            return Err(Errno(libc::EISDIR));
+        }
+        *s.open_handles.entry(id).or_insert(0) += 1;
+        Ok(Arc::new(MemoryFileData { state: self.state.clone(), id, partial_writes: self.capabilities.partial_writes }))
+    }
+
+    fn sync_all(&self) -> SysResult<()> {
+        let mut s = lock(&self.state);
+        s.names_durable();
+        s.durable_data = s.data.clone();
+        Ok(())
+    }
+}
