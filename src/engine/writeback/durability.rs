@@ -1,0 +1,451 @@
+//! The durability policy: when an fsync can be answered by the intent log instead of the store,
+//! what it logs, the barriers that keep replay from going back in time, the name records of
+//! creations, unlinks and renames, the checkpoint that releases the log, and shut-down.
+
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+impl Writeback {
+    /// The backend's copy of `ino` changed in a way only a backend sync makes durable.
+    pub fn note_backend_changed(&self, ino: u64) {
+        if self.log.is_some() {
+            lock(&self.durability).entry(ino).or_default().backend_changes += 1;
+        }
+    }
+
+    /// Whether namespace changes should be reported (with backend handles) for the log.
+    pub fn logging(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// `ino` was created by this mount, named in the directory `named_in` (None: a directory,
+    /// or a name the log does not record); `record` says so in the log.
+    pub fn note_created(&self, ino: u64, named_in: Option<u64>, record: Option<Record>) {
+        if let Some(log) = &self.log {
+            // A fresh start: the number may be a deleted file's, whose history is not this one's.
+            lock(&self.durability).insert(ino, Durability { created: true, named_in, ..Durability::default() });
+            if let Some(record) = record {
+                log.append(vec![record]);
+            }
+        }
+    }
+
+    /// A name changed on the backend: `record` (if any) says how, for replay; `moved` is the
+    /// object renamed and its new directory, `lost_names` those whose one name no longer holds.
+    /// Called after the backend change and before the caller is answered, so the record is
+    /// queued before anything that depends on it can be committed.
+    pub fn note_names_changed(&self, record: Option<Record>, moved: Option<(u64, u64)>, lost_names: &[u64]) {
+        let Some(log) = &self.log else { return };
+        // Replacing or removing a file created since the last checkpoint: its creation is in
+        // the log, and a replay that does not know it is gone would make it again. The record
+        // is committed before the caller is answered.
+        let destroys_logged_file;
+        {
+            let mut d = lock(&self.durability);
+            destroys_logged_file = lost_names.iter().any(|ino| d.get(ino).is_some_and(|e| e.created));
+            for ino in lost_names {
+                if let Some(entry) = d.get_mut(ino) {
+                    entry.named_in = None;
+                }
+            }
+            if let Some((ino, new_parent)) = moved {
+                if let Some(entry) = d.get_mut(&ino).filter(|e| e.created) {
+                    entry.named_in = Some(new_parent);
+                }
+            }
+        }
+        match record {
+            // Removed before any batch carried its creation: nothing in the log or acknowledged
+            // by it knows the file, so neither record is needed (rm -rf of a fresh tree would
+            // otherwise cost a log write per file).
+            Some(Record::Unlink { ref file, directory: false, .. }) if destroys_logged_file && log.cancel_queued_create(file) => {}
+            Some(record) if destroys_logged_file => {
+                if let Err(e) = log.commit(vec![record]) {
+                    log::warn!("committing a name change to the intent log: {e}; it stays queued");
+                }
+            }
+            Some(record) => log.append(vec![record]),
+            None => {}
+        }
+    }
+
+    /// Before fsync of a directory (and a checkpoint's syncfs): the name changes queued for the
+    /// log become durable there first, so that what the directory's fsync acknowledges is in
+    /// the log too.
+    pub fn commit_queued_names(&self) -> SysResult<()> {
+        let Some(log) = &self.log else { return Ok(()) };
+        match log.commit(Vec::new()) {
+            Ok(()) => Ok(()),
+            // No room: a checkpoint makes them durable on the backend instead, and frees the ring.
+            Err(LogError::Full { .. }) => self.checkpoint(),
+            Err(e) => {
+                log::error!("committing queued name changes to the intent log: {e}");
+                Err(Errno(libc::EIO))
+            }
+        }
+    }
+
+    /// Whether a log fsync can stand for a backend sync of `ino` (None: it cannot), and
+    /// whether the file was created since the last checkpoint. Called under the file's lock.
+    pub(super) fn log_eligibility(&self, ino: u64) -> Option<bool> {
+        let d = lock(&self.durability);
+        let Some(entry) = d.get(&ino) else { return Some(false) };
+        if !entry.backend_in_sync() {
+            return None;
+        }
+        if !entry.created {
+            return Some(false);
+        }
+        let parent = entry.named_in?;
+        // A file in a directory the backend may not hold yet: replay would have nowhere to put it.
+        if d.get(&parent).is_some_and(|p| p.created) {
+            return None;
+        }
+        Some(true)
+    }
+
+    /// fsync(2) and fdatasync(2): through the intent log when it can stand for a backend
+    /// sync, otherwise the buffered units to the backend and the backend synced.
+    pub fn fsync(&self, file: &Arc<FileState>, data_only: bool) -> SysResult<()> {
+        self.sync_file(file, data_only, ErrorReport::Sync)
+    }
+
+    /// close(2): the buffered data goes to the backend. A file with records in the intent log
+    /// is synced instead (through the log where it can be): unsynced bytes on the backend
+    /// would be taken back to the logged ones by a replay after a daemon crash, and what close
+    /// acknowledged survives a daemon crash, with the log as without it.
+    pub fn close_file(&self, file: &Arc<FileState>) -> SysResult<()> {
+        // Only when something newer than the log's records would be left unsynced: a close
+        // right after an fsync costs nothing more.
+        let backend_behind = match lock(&self.durability).get(&file.id) {
+            Some(entry) if self.log.is_some() && entry.logged_before_seq > 0 => Some(!entry.backend_in_sync()),
+            _ => None,
+        };
+        let must_sync = backend_behind.is_some_and(|behind| {
+            let inner = lock(&file.inner);
+            behind || !inner.in_flight.is_empty() || inner.dirty.values().any(|u| !u.ranges.minus(&u.logged).is_empty())
+        });
+        if must_sync {
+            self.sync_file(file, true, ErrorReport::Close)
+        } else {
+            self.flush_file(file, None, ErrorReport::Close)
+        }
+    }
+
+    pub(super) fn sync_file(&self, file: &Arc<FileState>, data_only: bool, report: ErrorReport) -> SysResult<()> {
+        let Some(log) = &self.log else {
+            return self.flush_file(file, Some(data_only), report);
+        };
+        if let Some(result) = self.fsync_through_log(file, log, report) {
+            return result;
+        }
+        self.flush_file(file, None, report)?;
+        let (changes, logged) = {
+            let d = lock(&self.durability);
+            let entry = d.get(&file.id);
+            (entry.map_or(0, |e| e.backend_changes), entry.is_some_and(|e| e.logged_before_seq > 0))
+        };
+        let data = {
+            let mut inner = lock(&file.inner);
+            self.file_data(file, &mut inner)?
+        };
+        // No commit of the queued name records here: a file's own sync is the seed-000 path
+        // above log_threshold_new, and one more log write per file would cost more than the
+        // log saves. What the backend may then hold ahead of the log is safe for replay:
+        // unlinks and replacements of files the log created were committed when they happened.
+        data.sync(data_only)?;
+        if logged {
+            // What the log holds for this file is older than what the backend now holds
+            // durably: replaying it after a crash would take the file back.
+            let handle = self.file_handle(file)?;
+            log.commit(vec![Record::Barrier { file: handle }]).map_err(|e| {
+                log::error!("inode {}: {e}", file.id);
+                Errno(libc::EIO)
+            })?;
+        }
+        let mut d = lock(&self.durability);
+        let entry = d.entry(file.id).or_default();
+        entry.synced_changes = entry.synced_changes.max(changes);
+        Ok(())
+    }
+
+    /// The key the log names the file by (asked of the namespace once).
+    pub(super) fn file_handle(&self, file: &FileState) -> SysResult<Vec<u8>> {
+        if let Some(key) = file.log_key.get() {
+            return Ok(key.clone());
+        }
+        let key = self.ns.log_key(file.id)?;
+        Ok(file.log_key.get_or_init(|| key).clone())
+    }
+
+    /// The log path of fsync: None when it cannot stand for a backend sync (the file is new,
+    /// the backend holds changes not yet synced, too much is buffered, or the log refused).
+    pub(super) fn fsync_through_log(&self, file: &Arc<FileState>, log: &IntentLog, report: ErrorReport) -> Option<SysResult<()>> {
+        let handle = self.file_handle(file).ok()?;
+        let mut inner = lock(&file.inner);
+        // Checked under the file's lock, which a flush holds when it records its backend
+        // change: a unit whose flush ended before this point makes the file ineligible, and one
+        // still in flight is logged whole below. Checked before taking the lock, a flush ending
+        // in between left its bytes in neither (unsynced on the backend, absent from the log),
+        // and the crash harness caught an older logged record replayed over them.
+        // A file created since the last checkpoint: its Create record was queued when it was
+        // created and goes into the log with this batch, ahead of its bytes.
+        let created = self.log_eligibility(file.id)?;
+        // Bytes the backend refused are still buffered and go into the log with the rest; only
+        // a discard of refused bytes (a loss) is reported.
+        let failures = inner.errors.failures;
+        if let Some(err) = inner.errors.report_after_wait(report, failures) {
+            return Some(Err(err));
+        }
+        let unit_bytes = self.config.unit_bytes;
+        let size = inner.size;
+        // What the log does not hold yet: units in flight whole (older), then the ranges of
+        // dirty units not logged since they were last written.
+        let failures_before = log.failed_batches();
+        let in_flight: Vec<(u64, Vec<std::ops::Range<u64>>)> =
+            inner.in_flight.iter().map(|(&k, u)| (k, u.ranges.iter().cloned().collect())).collect();
+        let dirty: Vec<(u64, Vec<std::ops::Range<u64>>)> =
+            inner.dirty.iter().map(|(&k, u)| (k, u.ranges.minus(&u.logged).iter().cloned().collect())).collect();
+        // Measured before anything is copied: a file with more buffered than the threshold
+        // goes to the backend, and its buffer is not copied for nothing.
+        let mut spans: Vec<(u64, std::ops::Range<u64>, bool)> = Vec::new(); // unit, range in it, in flight
+        for (unit, ranges, from_flight) in
+            in_flight.iter().map(|(k, r)| (*k, r, true)).chain(dirty.iter().map(|(k, r)| (*k, r, false)))
+        {
+            for r in ranges {
+                let end = r.end.min(size.saturating_sub(unit * unit_bytes));
+                if r.start < end {
+                    spans.push((unit, r.start..end, from_flight));
+                }
+            }
+        }
+        let bytes: u64 = spans.iter().map(|(_, r, _)| r.end - r.start).sum();
+        let threshold =
+            if created { self.config.log_threshold_new_bytes } else { self.config.log_threshold_bytes };
+        if bytes > threshold {
+            return None;
+        }
+        let pieces: Vec<(u64, Vec<u8>)> = spans
+            .iter()
+            .map(|(unit, r, from_flight)| {
+                let buf = if *from_flight { &inner.in_flight[unit].buf } else { &inner.dirty[unit].buf };
+                (unit * unit_bytes + r.start, buf.as_slice()[r.start as usize..r.end as usize].to_vec())
+            })
+            .collect();
+        // Ranges marked logged may belong to another fsync's batch not yet durable: then a
+        // record of our own (the size) waits behind it.
+        if pieces.is_empty() && inner.dirty.values().all(|u| u.logged.is_empty()) && !created {
+            // Nothing buffered: the store is in sync. The file's name changes may still be
+            // queued (a rename since the last checkpoint): an fsync makes them durable too, as
+            // ext4's does and the store's path here does; a commit of an empty queue writes
+            // nothing.
+            drop(inner);
+            return Some(match log.commit(Vec::new()) {
+                Ok(()) => Ok(()),
+                Err(LogError::Full { .. }) => self.checkpoint(),
+                Err(e) => {
+                    log::error!("committing queued name changes to the intent log: {e}");
+                    Err(Errno(libc::EIO))
+                }
+            });
+        }
+        // Marked now, under the lock: a write after this point takes its range out again.
+        for (unit, ranges) in &dirty {
+            let unit_state = inner.dirty.get_mut(unit).expect("listed above");
+            for r in ranges {
+                unit_state.logged.insert(r.clone());
+            }
+        }
+        let mut records = Vec::with_capacity(pieces.len() + 1);
+        records.extend(pieces.into_iter().map(|(offset, b)| Record::Data { file: handle.clone(), offset, bytes: b }));
+        records.push(Record::Size { file: handle, size });
+        drop(inner);
+        let committed = match log.commit(records.clone()) {
+            Err(LogError::Full { .. }) => self.checkpoint().map_err(LogError::from).and_then(|()| log.commit(records)),
+            other => other,
+        };
+        // A failed batch may have held ranges this fsync skipped as logged by another one.
+        if committed.is_err() || log.failed_batches() != failures_before {
+            let mut inner = lock(&file.inner);
+            for unit in inner.dirty.values_mut() {
+                unit.logged = RangeSet::default();
+            }
+            drop(inner);
+            // It may also have landed (EIO after the bytes were written): the backend sync
+            // below must then be followed by a barrier, which is written over it.
+            let mut d = lock(&self.durability);
+            let entry = d.entry(file.id).or_default();
+            entry.logged_before_seq = entry.logged_before_seq.max(log.readable_before_seq());
+            drop(d);
+            if let Err(e) = committed {
+                log::warn!("inode {}: {e}; this fsync syncs the backend instead", file.id);
+            }
+            return None;
+        }
+        let next = log.next_seq();
+        lock(&self.durability).entry(file.id).or_default().logged_before_seq = next;
+        self.metrics.log_fsyncs.fetch_add(1, Relaxed);
+        Some(Ok(()))
+    }
+
+    /// Writes everything buffered to the backend, syncs the backend file system once, and
+    /// releases the log records that held it. Order matters; see SEMANTICS.md.
+    pub fn checkpoint(&self) -> SysResult<()> {
+        let Some(log) = &self.log else { return Ok(()) };
+        let _one_at_a_time = lock(&self.checkpointing);
+        // The queued name records go into the log first, in a batch this checkpoint releases:
+        // each change was made on the backend before it was queued, so the sync below makes it
+        // durable there. Written after the release point, they would outlive the checkpoint (a
+        // clean unmount would leave a batch for the next mount, which called it unclean).
+        // Dropping them instead is not safe: a concurrent fsync may be acknowledged by a batch
+        // holding a new file's bytes before that sync has made the file's creation durable.
+        match log.commit(Vec::new()) {
+            // No room for them: the sync below makes them durable on the backend anyway.
+            Ok(()) | Err(LogError::Full { .. }) => {}
+            Err(e) => {
+                log::error!("committing queued name changes to the intent log: {e}");
+                return Err(Errno(libc::EIO));
+            }
+        }
+        let release_before = log.next_seq();
+        self.flush_every_file(ErrorReport::Checkpoint)?;
+        let flushed: Vec<(u64, u64)> = lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
+        self.sync_backend()?;
+        log.checkpoint(release_before).map_err(|e| {
+            log::error!("{e}");
+            Errno(libc::EIO)
+        })?;
+        let mut d = lock(&self.durability);
+        for (ino, changes) in flushed {
+            if let Some(entry) = d.get_mut(&ino) {
+                entry.created = false;
+                entry.named_in = None;
+                // Synced backend bytes may be newer than records of the file the log still
+                // holds: replay would put those older records over them. Such a file stays
+                // ineligible until an fsync syncs it and writes a barrier (the crash harness
+                // found the older bytes back after a log fsync that had nothing left to log).
+                if entry.logged_before_seq <= release_before {
+                    entry.logged_before_seq = 0;
+                    entry.synced_changes = entry.synced_changes.max(changes);
+                }
+            }
+        }
+        d.retain(|_, e| e.created || !e.backend_in_sync() || e.logged_before_seq > 0);
+        Ok(())
+    }
+
+    /// The files with write state now, taken out of the lock so each can be worked on alone.
+    pub(super) fn open_files(&self) -> Vec<Arc<FileState>> {
+        lock(&self.files).values().cloned().collect()
+    }
+
+    /// Every buffered unit of every file written to the backend (not synced), each file waited for.
+    pub(super) fn flush_every_file(&self, report: ErrorReport) -> SysResult<()> {
+        for file in self.open_files() {
+            self.flush_file(&file, None, report)?;
+        }
+        Ok(())
+    }
+
+    /// Every buffered unit written to the backend and the backend synced once: a checkpoint
+    /// where there is a log.
+    pub fn sync_all(&self) -> SysResult<()> {
+        if self.log.is_some() {
+            return self.checkpoint();
+        }
+        self.flush_every_file(ErrorReport::Sync)?;
+        self.sync_backend()
+    }
+
+    /// Checkpoints when the log is half full, and every `checkpoint_interval` while the log
+    /// holds anything or a file waits for a backend sync to become eligible for it.
+    pub(super) fn checkpoint_loop(&self) {
+        let log = self.log.as_ref().expect("the checkpointer runs with a log");
+        let mut last = Instant::now();
+        while !self.stopping.load(Relaxed) {
+            std::thread::sleep(Duration::from_millis(100).min(self.config.checkpoint_interval));
+            let waiting = log.holds_batches() || !lock(&self.durability).is_empty();
+            let due = log.used_fraction() > 0.5 || (waiting && last.elapsed() >= self.config.checkpoint_interval);
+            if due {
+                if let Err(e) = self.checkpoint() {
+                    log::warn!("checkpoint failed ({e}); the log keeps its records and it is tried again");
+                }
+                last = Instant::now();
+            }
+        }
+    }
+
+    /// For in-process tests: every thread stopped as a killed daemon's would be, nothing more
+    /// written; the buffer and the log's queue are dropped with the engine. A flush under way
+    /// finishes first (it was issued before the "crash").
+    pub fn abandon(&self) {
+        self.stopping.store(true, Relaxed);
+        lock(&self.queue).clear();
+        self.queue_ready.notify_all();
+        let threads: Vec<_> = lock(&self.flusher_threads).drain(..).chain(lock(&self.timer_threads).drain(..)).collect();
+        for thread in threads {
+            let _ = thread.join();
+        }
+        *lock(&self.shut_down_report) = Some(Vec::new());
+    }
+
+    /// At unmount: every file's buffered data written and synced, each given `io_timeout`
+    /// without progress at most (so a backend that answers nothing cannot hold the daemon);
+    /// then the last checkpoint; then the threads stopped. Returns what could not be written,
+    /// per file, once (later calls return the same).
+    pub fn shut_down(&self) -> Vec<Unwritten> {
+        let mut report = lock(&self.shut_down_report);
+        if let Some(done) = &*report {
+            return done.clone();
+        }
+        let mut unwritten = Vec::new();
+        let deadline = Instant::now() + self.config.io_timeout;
+        for file in self.open_files() {
+            // Past the deadline the backend has shown it takes nothing: no more waiting.
+            let result = if Instant::now() < deadline {
+                self.flush_file(&file, Some(true), ErrorReport::Sync)
+            } else {
+                Err(Errno(libc::EIO))
+            };
+            let Err(e) = result else { continue };
+            let inner = lock(&file.inner);
+            let in_log: u64 = inner.dirty.values().map(|u| u.ranges.bytes().min(u.logged.bytes())).sum();
+            let bytes: u64 = inner.dirty.values().map(|u| u.ranges.minus(&u.logged).bytes()).sum::<u64>()
+                + inner.in_flight.values().map(|u| u.ranges.bytes()).sum::<u64>();
+            if bytes + in_log == 0 {
+                continue;
+            }
+            let name = self.name_of(&file);
+            log::error!(
+                "{name}: {bytes} written bytes could not be written before unmount ({e}) and are lost{}",
+                if in_log > 0 { format!("; {in_log} fsynced bytes stay in the intent log for the next mount") } else { String::new() }
+            );
+            self.metrics.unmount_dropped_bytes.fetch_add(bytes, Relaxed);
+            unwritten.push(Unwritten { name, bytes, in_log, error: e });
+        }
+        if let Err(e) = self.checkpoint() {
+            log::error!("the last checkpoint failed ({e}); the next mount replays the intent log");
+        }
+        self.stopping.store(true, Relaxed);
+        self.queue_ready.notify_all();
+        // A flusher stuck in a backend call that never returns is left behind, not waited for.
+        let flushers: Vec<_> = lock(&self.flusher_threads).drain(..).collect();
+        let stop_deadline = Instant::now() + self.config.io_timeout;
+        for thread in flushers {
+            while !thread.is_finished() && Instant::now() < stop_deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            } else {
+                log::error!("a flusher is still in a backend call after {} s; the daemon exits without it", self.config.io_timeout.as_secs());
+            }
+        }
+        *report = Some(unwritten.clone());
+        unwritten
+    }
+}

@@ -1,0 +1,573 @@
+//! The write buffer, its flushers and the durability rules: where application writes become
+//! whole, aligned units, and when they are durable.
+//!
+//! - `write_buffer`: per file, per unit, an aligned buffer and its dirty byte ranges; the
+//!   memory bound; what readers see; truncation; a file's state from first open to last.
+//! - `flushers`: the flush policy (a full unit at once; a partial one on fsync, close, age or
+//!   memory pressure; a refused one after a backoff), the flusher threads, and how a unit is
+//!   written (whole for a store that takes whole units only).
+//! - `durability`: fsync and close through the intent log or the store, barriers, name records,
+//!   checkpoints, shut-down.
+//!
+//! This file holds the types they share. A flush error keeps the data buffered and reaches the
+//! application on its next write, fsync or close.
+//!
+//! Invariants (asserted at their boundaries):
+//! - A unit index is in flight at most once; a newer dirty buffer of the same unit waits for it.
+//! - Bytes at or beyond the logical size are never written: truncate waits for in-flight units
+//!   beyond the new size and drops their dirty data before it shrinks the store's file.
+//! - Buffer memory in use (dirty + in flight, refused data included) never exceeds the bound;
+//!   writers wait (bounded) or fail, flushers never wait, so the flushers always make progress.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+mod durability;
+mod flushers;
+mod write_buffer;
+
+pub(crate) use flushers::write_range;
+
+use super::buffer::{AlignedBuf, RangeSet};
+use super::types::{ObjectId, SetAttr, TimesToSet};
+use crate::backend::{FileData, Namespace, OpenMode, UnitStore, UnitWrite};
+use super::intent_log::format::Record;
+use super::intent_log::{IntentLog, LogError};
+use crate::metrics::Metrics;
+use crate::sys::{Errno, SysResult};
+
+#[derive(Debug, Clone)]
+pub struct WritebackConfig {
+    pub unit_bytes: u64,
+    pub logical_block_bytes: u64,
+    pub buffer_bytes: u64,
+    pub flushers: usize,
+    pub flush_age: Duration,
+    /// With the intent log: the most buffered bytes of one file an fsync puts in the log
+    /// rather than writing them to the backend and syncing it.
+    pub log_threshold_bytes: u64,
+    /// The same for a file created since the last checkpoint.
+    pub log_threshold_new_bytes: u64,
+    /// With the intent log: the longest between checkpoints while anything waits for one.
+    pub checkpoint_interval: Duration,
+    /// The longest a request waits for the backend without any progress (a flush that does
+    /// not end, memory that is not freed) before it fails with EIO.
+    pub io_timeout: Duration,
+}
+
+/// What the backend holds durably for one file, beyond its FileState's lifetime: whether a
+/// log fsync can stand for a backend sync.
+#[derive(Default, Debug)]
+struct Durability {
+    /// Created by this mount since the last checkpoint: the backend may not hold it durably
+    /// (a log record finds its file by handle, which a power cut can invalidate), so the log
+    /// holds its Create record, and nothing created inside it (a directory) can be logged.
+    created: bool,
+    /// For a created file: the directory inode holding its one name, which the log's Create
+    /// and Rename records say. None for a file created with no name the log records, or which
+    /// has since gained a second name or lost its own (link, unlink, exchange): such a file is
+    /// synced on the backend path until the next checkpoint.
+    named_in: Option<u64>,
+    /// Flushes that reached the backend, and how many of those a sync has made durable.
+    backend_changes: u64,
+    synced_changes: u64,
+    /// The log holds records of this file up to (and excluding) this sequence number.
+    logged_before_seq: u64,
+}
+
+impl Durability {
+    fn backend_in_sync(&self) -> bool {
+        self.backend_changes == self.synced_changes
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The memory bound: writers take a unit's worth before they buffer into a new unit.
+struct Budget {
+    used_bytes: Mutex<u64>,
+    freed: Condvar,
+    limit_bytes: u64,
+}
+
+struct DirtyUnit {
+    buf: AlignedBuf,
+    ranges: RangeSet,
+    /// fsync waits for every unit of an epoch up to its own.
+    epoch: u64,
+    dirtied_at: Instant,
+    /// Someone wants it flushed (full, fsync, age, pressure); a job is queued or will be
+    /// queued when the in-flight flush of the same unit ends.
+    wanted: bool,
+    /// Ranges whose bytes, as they are now, are in the intent log: the next log fsync need not
+    /// log them again. A write takes its range out.
+    logged: RangeSet,
+    /// Its last flush failed: it holds bytes the backend refused (see `Writeback::refused`).
+    refused: bool,
+    /// The file's failure (`FlushErrors::failures`) at which these bytes were first refused,
+    /// kept through later retries: once the writer has heard of that failure or a later one,
+    /// the bytes may be discarded to make room.
+    refused_since: Option<u64>,
+}
+
+struct FlushingUnit {
+    buf: AlignedBuf,
+    ranges: RangeSet,
+    epoch: u64,
+    refused_since: Option<u64>,
+}
+
+/// Who is told of a failed flush, each on its own account: a close (any close, even a forked
+/// child's close-on-exec, which nobody checks) must not use up the report an fsync is owed, and
+/// an fsync that reported it must not make the next write fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorReport {
+    /// write(2), and operations that need the buffer written first (fallocate, copy_file_range).
+    Write = 0,
+    /// close(2) (FUSE FLUSH).
+    Close = 1,
+    /// fsync(2), fdatasync(2), O_SYNC/O_DSYNC writes, unmount.
+    Sync = 2,
+    /// The intent log's checkpoint: it only needs to know that it must try again later.
+    Checkpoint = 3,
+}
+
+/// A file's failed flushes. Refused bytes stay buffered and are tried again, so a failure is
+/// not a loss: a close or fsync tries again at once and fails only when a flush fails while it
+/// waits, or when refused bytes were discarded since it last heard (the one real loss). A
+/// write(2) fails only when the buffer holds nothing but refused bytes; as in Linux, it does
+/// not report a background flush.
+#[derive(Default)]
+struct FlushErrors {
+    last: Option<Errno>,
+    failures: u64,
+    /// For each `ErrorReport`, the number of failures it has been told of.
+    reported: [u64; 4],
+    /// Times refused bytes of the file were discarded, and for each `ErrorReport`, how many of
+    /// those it has been told of.
+    discards: u64,
+    discards_reported: [u64; 4],
+}
+
+impl FlushErrors {
+    fn record(&mut self, err: Errno) {
+        self.last = Some(err);
+        self.failures += 1;
+    }
+
+    fn record_discard(&mut self) {
+        self.discards += 1;
+    }
+
+    /// The latest failure the file's writer has heard of, in any of the ways a writer hears
+    /// (write, close, fsync); 0: none.
+    fn told_through(&self) -> u64 {
+        [ErrorReport::Write, ErrorReport::Close, ErrorReport::Sync].iter().map(|&who| self.reported[who as usize]).max().unwrap_or(0)
+    }
+
+    fn error(&self) -> Errno {
+        self.last.unwrap_or(Errno(libc::EIO))
+    }
+
+    /// A caller of this kind was told of the file's failures some other way (a write that
+    /// found the buffer full of refused bytes).
+    fn mark_told(&mut self, who: ErrorReport) {
+        self.reported[who as usize] = self.failures;
+    }
+
+    /// The error to tell a caller that waited for the file's flushes since the file had
+    /// `failures_before` failures: one of them failed meanwhile, or refused bytes were
+    /// discarded and this kind of caller has not heard of it. Earlier failures whose bytes were
+    /// written since are healed, not reported.
+    fn report_after_wait(&mut self, who: ErrorReport, failures_before: u64) -> Option<Errno> {
+        let who = who as usize;
+        if self.failures > failures_before {
+            self.reported[who] = self.failures;
+            return Some(self.error());
+        }
+        if self.discards_reported[who] < self.discards {
+            self.discards_reported[who] = self.discards;
+            self.reported[who] = self.reported[who].max(self.failures);
+            return Some(self.error());
+        }
+        None
+    }
+}
+
+struct FileInner {
+    /// The size applications see: the backend's, plus buffered extension, less truncation.
+    size: u64,
+    dirty: BTreeMap<u64, DirtyUnit>,
+    in_flight: BTreeMap<u64, Arc<FlushingUnit>>,
+    /// Failed flushes, and what each kind of caller has been told of them.
+    errors: FlushErrors,
+    epoch: u64,
+    open_handles: u64,
+    last_write: Option<SystemTime>,
+    /// Access and modification times an application set (utimensat, futimens) after its last
+    /// write, while written data was still buffered: every flush that ends afterwards sets them
+    /// on the backend file again, or the flush's own write would stamp it with the flush time
+    /// (GNU tar writes, sets the archived mtime, then closes). The next write clears them.
+    times_set: Option<TimesToSet>,
+    /// The file's data in the store, opened for writing by the first flush (or truncate).
+    data: Option<Arc<dyn FileData>>,
+    /// After a failed flush: no retry before this (except one an application asks for with
+    /// fsync or close), and the wait before the next one (see `Writeback::note_failure`).
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    /// The file is gone (its last name unlinked, no handle open): nothing of it is written
+    /// any more, and a flush still in flight drops its unit when it ends.
+    forgotten: bool,
+    /// Flushes of this file that have ended, for waiters to see progress by.
+    flushes_ended: u64,
+    /// Released by its last handle with data still buffered (`Writeback::lingering` counts it).
+    lingering: bool,
+    /// Units whose backend bytes a reader is reading through the page cache, and how many
+    /// readers. A unit is never flushed while read there, nor read there while flushed: after
+    /// an O_DIRECT write the kernel must drop the cached pages it covers, and a page a reader
+    /// is filling cannot be dropped (the write then fails the file with EIO, "Page cache
+    /// invalidation failure on direct I/O", and the stale page stays).
+    backend_readers: BTreeMap<u64, usize>,
+}
+
+/// A read of the backend's bytes under way; see `FileInner::backend_readers`.
+pub struct BackendRead<'a> {
+    file: &'a FileState,
+    units: std::ops::RangeInclusive<u64>,
+}
+
+impl Drop for BackendRead<'_> {
+    fn drop(&mut self) {
+        let mut inner = lock(&self.file.inner);
+        for unit in self.units.clone() {
+            if let Some(readers) = inner.backend_readers.get_mut(&unit) {
+                *readers -= 1;
+                if *readers == 0 {
+                    inner.backend_readers.remove(&unit);
+                }
+            }
+        }
+        drop(inner);
+        self.file.flush_ended.notify_all();
+    }
+}
+
+pub struct FileState {
+    id: ObjectId,
+    /// The key the intent log names the file by, asked of the namespace once.
+    log_key: std::sync::OnceLock<Vec<u8>>,
+    inner: Mutex<FileInner>,
+    /// Signalled whenever a flush of this file ends.
+    flush_ended: Condvar,
+}
+
+struct Job {
+    file: Arc<FileState>,
+    unit: u64,
+}
+
+pub struct Writeback {
+    ns: Arc<dyn Namespace>,
+    store: Arc<dyn UnitStore>,
+    config: WritebackConfig,
+    metrics: Arc<Metrics>,
+    budget: Budget,
+    queue: Mutex<VecDeque<Job>>,
+    queue_ready: Condvar,
+    files: Mutex<HashMap<u64, Arc<FileState>>>,
+    stopping: AtomicBool,
+    /// Joined at shut-down, so that each flusher's resources are gone before the daemon exits.
+    flusher_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// The age timer and the checkpointer, joined when the engine is abandoned.
+    timer_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Files with data buffered and no handle open (see `forget_file`).
+    lingering: std::sync::atomic::AtomicUsize,
+    /// What shut-down could not write, once it has run.
+    shut_down_report: Mutex<Option<Vec<Unwritten>>>,
+    /// Bytes of buffer memory held by units the backend refused (`DirtyUnit::refused`), and
+    /// the error it refused the last one with.
+    refused: Mutex<RefusedMemory>,
+    log: Option<IntentLog>,
+    /// Per inode number; see `Durability`. Entries go at checkpoints.
+    durability: Mutex<HashMap<u64, Durability>>,
+    /// One checkpoint at a time; fsyncs of one file never pass each other.
+    checkpointing: Mutex<()>,
+}
+
+
+/// Retries of a refused flush wait this long at first, twice as long after each failure that
+/// follows, and at most `RETRY_BACKOFF_MAX`: a full disk is tried again every 30 s, not spun on.
+const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Data a file still held in the write buffer when the daemon had to stop.
+#[derive(Clone, Debug)]
+pub struct Unwritten {
+    /// The file's backing path (or inode number).
+    pub name: String,
+    /// Written bytes lost: never acknowledged by fsync (an fsync that could not write them
+    /// failed).
+    pub bytes: u64,
+    /// Bytes acknowledged through the intent log, which keeps them for the next mount.
+    pub in_log: u64,
+    pub error: Errno,
+}
+
+#[derive(Default)]
+struct RefusedMemory {
+    bytes: u64,
+    last_error: Option<Errno>,
+}
+
+
+impl Writeback {
+    pub fn new(
+        ns: Arc<dyn Namespace>,
+        store: Arc<dyn UnitStore>,
+        config: WritebackConfig,
+        metrics: Arc<Metrics>,
+        log: Option<IntentLog>,
+    ) -> Arc<Writeback> {
+        assert!(config.unit_bytes.is_power_of_two() && config.logical_block_bytes.is_power_of_two());
+        assert!(config.logical_block_bytes <= config.unit_bytes, "units are whole logical blocks");
+        assert!(config.buffer_bytes >= config.unit_bytes, "the buffer holds at least one unit");
+        metrics.buffer_bytes_limit.store(config.buffer_bytes, Relaxed);
+        metrics.unit_bytes.store(config.unit_bytes, Relaxed);
+        let writeback = Arc::new(Writeback {
+            ns,
+            store,
+            budget: Budget { used_bytes: Mutex::new(0), freed: Condvar::new(), limit_bytes: config.buffer_bytes },
+            config,
+            metrics,
+            queue: Mutex::new(VecDeque::new()),
+            queue_ready: Condvar::new(),
+            files: Mutex::new(HashMap::new()),
+            stopping: AtomicBool::new(false),
+            flusher_threads: Mutex::new(Vec::new()),
+            refused: Mutex::new(RefusedMemory::default()),
+            lingering: std::sync::atomic::AtomicUsize::new(0),
+            timer_threads: Mutex::new(Vec::new()),
+            shut_down_report: Mutex::new(None),
+            log,
+            durability: Mutex::new(HashMap::new()),
+            checkpointing: Mutex::new(()),
+        });
+        for i in 0..writeback.config.flushers {
+            let wb = writeback.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("flusher-{i}"))
+                .spawn(move || wb.flusher_loop())
+                .expect("spawn a flusher");
+            lock(&writeback.flusher_threads).push(thread);
+        }
+        let wb = writeback.clone();
+        let age = std::thread::Builder::new().name("flush-age".into()).spawn(move || wb.age_loop()).expect("spawn the age timer");
+        lock(&writeback.timer_threads).push(age);
+        if writeback.log.is_some() {
+            let wb = writeback.clone();
+            let checkpointer =
+                std::thread::Builder::new().name("checkpoint".into()).spawn(move || wb.checkpoint_loop()).expect("spawn the checkpointer");
+            lock(&writeback.timer_threads).push(checkpointer);
+        }
+        writeback
+    }
+
+    pub fn file(&self, ino: u64) -> Option<Arc<FileState>> {
+        lock(&self.files).get(&ino).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The write buffer's state machine, in-process on the memory store: what happens to a
+    //! unit when it fills, when it is written again while in flight, when the store refuses
+    //! it, when memory runs out, and when the file is truncated.
+
+    use super::*;
+    use crate::backend::faults::{Faults, FaultyBackend};
+    use crate::backend::memory::MemoryBackend;
+    use crate::engine::types::{NewObject, Owner, ROOT_ID};
+    use std::ffi::OsStr;
+
+    const UNIT: u64 = 16 << 10;
+
+    struct Rig {
+        store: Arc<MemoryBackend>,
+        faults: Arc<Faults>,
+        wb: Arc<Writeback>,
+        metrics: Arc<Metrics>,
+    }
+
+    fn rig(buffer_units: u64, io_timeout: Duration) -> Rig {
+        let store = Arc::new(MemoryBackend::with_partial_writes(UNIT));
+        let faults = Arc::new(Faults::new());
+        let faulty = Arc::new(FaultyBackend::new(store.clone(), store.clone(), faults.clone()));
+        let metrics = Arc::new(Metrics::default());
+        let config = WritebackConfig {
+            unit_bytes: UNIT,
+            logical_block_bytes: 512,
+            buffer_bytes: buffer_units * UNIT,
+            flushers: 2,
+            flush_age: Duration::from_secs(3600),
+            log_threshold_bytes: 0,
+            log_threshold_new_bytes: 0,
+            checkpoint_interval: Duration::from_secs(3600),
+            io_timeout,
+        };
+        let wb = Writeback::new(faulty.clone(), faulty, config, metrics.clone(), None);
+        Rig { store, faults, wb, metrics }
+    }
+
+    impl Rig {
+        fn file(&self, name: &str) -> Arc<FileState> {
+            let attr = self.store.make(ROOT_ID, OsStr::new(name), NewObject::File { perm: 0o644 }, Owner { uid: 0, gid: 0 }).unwrap();
+            self.wb.open_file(attr.id, 0).unwrap()
+        }
+
+        fn stored(&self, name: &str) -> Vec<u8> {
+            self.store.read_path(&[OsStr::new(name)]).unwrap()
+        }
+
+        fn wait_until(&self, what: &str, mut done: impl FnMut() -> bool) {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !done() {
+                assert!(Instant::now() < deadline, "timed out waiting for {what}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+
+    impl Drop for Rig {
+        fn drop(&mut self) {
+            self.faults.control("clear").unwrap();
+            self.wb.abandon();
+        }
+    }
+
+    #[test]
+    fn a_full_unit_goes_to_the_store_at_once_and_a_partial_one_waits() {
+        let r = rig(8, Duration::from_secs(10));
+        let f = r.file("f");
+        r.wb.write(&f, 0, &vec![1; UNIT as usize + 100], false).unwrap();
+        r.wait_until("the full unit's flush", || r.stored("f").len() == UNIT as usize);
+        assert_eq!(r.metrics.units_flushed_full.load(Relaxed), 1);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(r.stored("f").len(), UNIT as usize, "the partial unit waits for fsync, close, age or pressure");
+        r.wb.flush_file(&f, Some(true), ErrorReport::Sync).unwrap();
+        assert_eq!(r.stored("f"), vec![1; UNIT as usize + 100]);
+        assert_eq!(r.metrics.units_flushed_partial.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn a_unit_written_again_while_in_flight_is_flushed_again_after_it_with_the_newer_bytes() {
+        let r = rig(8, Duration::from_secs(10));
+        let f = r.file("f");
+        r.faults.control("inject write=stall:60s*1").unwrap();
+        r.wb.write(&f, 0, &vec![1; UNIT as usize], false).unwrap(); // full: in flight, stalled
+        r.wait_until("the unit in flight", || !lock(&f.inner).in_flight.is_empty());
+        r.wb.write(&f, 10, &[2; 10], false).unwrap();
+        {
+            let inner = lock(&f.inner);
+            assert_eq!((inner.in_flight.len(), inner.dirty.len()), (1, 1), "the newer bytes wait in a dirty unit of their own");
+        }
+        r.faults.control("clear").unwrap();
+        r.wb.flush_file(&f, Some(true), ErrorReport::Sync).unwrap();
+        let mut want = vec![1; UNIT as usize];
+        want[10..20].fill(2);
+        assert_eq!(r.stored("f"), want, "the newer bytes win, written after the older flush");
+    }
+
+    #[test]
+    fn a_refused_flush_keeps_the_data_and_is_reported_only_while_the_retries_fail() {
+        let r = rig(8, Duration::from_secs(10));
+        let f = r.file("f");
+        r.faults.control("inject write=ENOSPC*2").unwrap();
+        r.wb.write(&f, 0, &[7; 100], false).unwrap();
+        assert_eq!(r.wb.flush_file(&f, None, ErrorReport::Close), Err(Errno(libc::ENOSPC)), "close hears of it");
+        assert_eq!(r.metrics.buffer_refused_bytes.load(Relaxed), UNIT, "the refused unit is counted as held");
+        {
+            let inner = lock(&f.inner);
+            assert!(inner.retry_at.is_some_and(|at| at > Instant::now()), "a retry waits out a backoff");
+            assert!(inner.dirty[&0].refused && inner.dirty[&0].ranges.bytes() == 100, "the data stays buffered");
+        }
+        r.wb.write(&f, 100, &[8; 10], false).expect("a write does not report a refused flush");
+        // fsync tries again at once, past the backoff: refused once more, it fails on its own
+        // account (close's report did not use it up)...
+        assert_eq!(r.wb.flush_file(&f, Some(true), ErrorReport::Sync), Err(Errno(libc::ENOSPC)));
+        // ... and once the store takes the bytes, the earlier refusals are healed, not reported.
+        r.wb.flush_file(&f, Some(true), ErrorReport::Sync).unwrap();
+        r.wb.flush_file(&f, None, ErrorReport::Close).unwrap();
+        let mut want = vec![7; 100];
+        want.extend([8; 10]);
+        assert_eq!(r.stored("f"), want);
+        assert_eq!(r.metrics.buffer_refused_bytes.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn discarded_refused_bytes_are_reported_to_close_and_fsync_once_each() {
+        let r = rig(1, Duration::from_secs(10));
+        let f = r.file("f");
+        r.faults.control("inject write=EIO").unwrap();
+        r.wb.write(&f, 0, &vec![1; UNIT as usize], false).unwrap(); // full: flushed, refused
+        r.wait_until("the refusal", || r.metrics.buffer_refused_bytes.load(Relaxed) == UNIT);
+        let g = r.file("g");
+        assert_eq!(r.wb.write(&g, 0, &[1; 10], false), Err(Errno(libc::EIO)), "f's writer not told: nothing may go");
+        assert_eq!(r.wb.write(&f, UNIT, &[1; 10], false), Err(Errno(libc::EIO)), "f's own write fails: now it is told");
+        r.faults.control("clear").unwrap();
+        r.wb.write(&g, 0, &[1; 10], false).expect("room made by discarding f's told refusal");
+        assert_eq!(r.metrics.buffer_discarded_bytes.load(Relaxed), UNIT);
+        assert_eq!(r.wb.flush_file(&f, None, ErrorReport::Close), Err(Errno(libc::EIO)), "close hears of the loss");
+        assert_eq!(r.wb.flush_file(&f, Some(true), ErrorReport::Sync), Err(Errno(libc::EIO)), "so does fsync");
+        r.wb.flush_file(&f, Some(true), ErrorReport::Sync).expect("once");
+    }
+
+    #[test]
+    fn a_writer_fails_at_once_when_all_the_memory_is_refused_data() {
+        let r = rig(2, Duration::from_secs(10));
+        let f = r.file("f");
+        r.faults.control("inject write=EIO").unwrap();
+        r.wb.write(&f, 0, &vec![1; 2 * UNIT as usize], false).unwrap(); // two full units, both refused
+        r.wait_until("both refusals", || r.metrics.buffer_refused_bytes.load(Relaxed) == 2 * UNIT);
+        let g = r.file("g");
+        let started = Instant::now();
+        assert_eq!(r.wb.write(&g, 0, &[1; 10], false), Err(Errno(libc::EIO)), "nothing can come free: the store's error");
+        assert!(started.elapsed() < Duration::from_secs(2), "at once, not after io_timeout");
+        // Once f's writer has been told (its write or close), its refused data makes room.
+        assert_eq!(r.wb.flush_file(&f, None, ErrorReport::Close), Err(Errno(libc::EIO)));
+        r.faults.control("clear").unwrap();
+        r.wb.write(&g, 0, &[1; 10], false).expect("room made by discarding told refusals");
+        assert!(r.metrics.buffer_discarded_bytes.load(Relaxed) > 0);
+        assert!(*lock(&r.wb.budget.used_bytes) <= 2 * UNIT);
+    }
+
+    #[test]
+    fn a_writer_waiting_on_a_stalled_store_fails_after_io_timeout() {
+        let r = rig(2, Duration::from_millis(300));
+        let f = r.file("f");
+        r.faults.control("inject write=stall:60s").unwrap();
+        r.wb.write(&f, 0, &vec![1; 2 * UNIT as usize], false).unwrap(); // two units in flight, stalled
+        let started = Instant::now();
+        assert_eq!(r.wb.write(&f, 2 * UNIT, &[1; 10], false), Err(Errno(libc::EIO)));
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(5), "waited {waited:?}");
+        assert_eq!(r.wb.flush_file(&f, None, ErrorReport::Close), Err(Errno(libc::EIO)), "a close waits boundedly too");
+    }
+
+    #[test]
+    fn truncate_drops_buffered_bytes_past_the_new_size_and_frees_their_units() {
+        let r = rig(8, Duration::from_secs(10));
+        let f = r.file("f");
+        r.wb.write(&f, 0, &[1; 100], false).unwrap();
+        r.wb.write(&f, 3 * UNIT, &[2; 100], false).unwrap();
+        assert_eq!(*lock(&r.wb.budget.used_bytes), 2 * UNIT);
+        r.wb.set_size(&f, 50).unwrap();
+        assert_eq!(*lock(&r.wb.budget.used_bytes), UNIT, "the unit past the size is freed");
+        assert_eq!(r.wb.size(&f), 50);
+        r.wb.flush_file(&f, Some(true), ErrorReport::Sync).unwrap();
+        assert_eq!(r.stored("f"), vec![1; 50], "nothing past the size reaches the store");
+    }
+}

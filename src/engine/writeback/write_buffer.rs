@@ -1,0 +1,455 @@
+//! The write buffer: per file, per unit, an aligned buffer and its dirty ranges; the memory
+//! bound every unit is taken from (refused data included, see SEMANTICS.md, "Data the backend
+//! refuses"); what readers see (the buffer over the store's bytes); truncation through the
+//! buffer; and the life of a file's state (open, last close, a file gone with data buffered).
+//! Must not: write to the store (the flushers do) or decide durability (`durability` does).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::*;
+
+impl Writeback {
+    /// The state of a regular file, made on first open; `size` is the store's size then. The
+    /// namespace is asked to hold the file while the state exists (a file with buffered data
+    /// outlives its last close).
+    pub fn open_file(&self, id: ObjectId, size: u64) -> SysResult<Arc<FileState>> {
+        let mut files = lock(&self.files);
+        if !files.contains_key(&id) {
+            self.ns.hold(id)?;
+        }
+        let file = files.entry(id).or_insert_with(|| {
+            Arc::new(FileState {
+                id,
+                log_key: std::sync::OnceLock::new(),
+                inner: Mutex::new(FileInner {
+                    size,
+                    dirty: BTreeMap::new(),
+                    in_flight: BTreeMap::new(),
+                    errors: FlushErrors::default(),
+                    epoch: 0,
+                    open_handles: 0,
+                    last_write: None,
+                    times_set: None,
+                    retry_at: None,
+                    backoff: Duration::ZERO,
+                    forgotten: false,
+                    flushes_ended: 0,
+                    lingering: false,
+                    data: None,
+                    backend_readers: BTreeMap::new(),
+                }),
+                flush_ended: Condvar::new(),
+            })
+        });
+        let mut inner = lock(&file.inner);
+        self.stop_lingering(&mut inner);
+        inner.open_handles += 1;
+        drop(inner);
+        Ok(file.clone())
+    }
+
+    /// A file's state leaves the table: the namespace stops holding it for us.
+    pub(super) fn remove_state(&self, files: &mut HashMap<ObjectId, Arc<FileState>>, id: ObjectId) {
+        if files.remove(&id).is_some() {
+            self.ns.forget(id, 1);
+        }
+    }
+
+    /// The last handle closed: a clean file's state goes; a file whose data could not be
+    /// flushed keeps it, and the age timer retries.
+    pub fn release_file(&self, file: &Arc<FileState>) {
+        let mut files = lock(&self.files);
+        let mut inner = lock(&file.inner);
+        inner.open_handles = inner.open_handles.saturating_sub(1);
+        if inner.open_handles == 0 {
+            if inner.dirty.is_empty() && inner.in_flight.is_empty() {
+                self.remove_state(&mut files, file.id);
+            } else if !inner.lingering {
+                inner.lingering = true;
+                self.lingering.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// A file nobody holds open whose buffered data has all reached the backend: its state
+    /// goes (the age timer or a retry wrote what its last close could not).
+    pub(super) fn drop_if_idle(&self, file: &Arc<FileState>) {
+        let mut files = lock(&self.files);
+        let mut inner = lock(&file.inner);
+        let idle = inner.open_handles == 0 && inner.dirty.is_empty() && inner.in_flight.is_empty() && !inner.forgotten;
+        if idle && files.get(&file.id).is_some_and(|f| Arc::ptr_eq(f, file)) {
+            self.remove_state(&mut files, file.id);
+            self.stop_lingering(&mut inner);
+        }
+    }
+
+    pub(super) fn stop_lingering(&self, inner: &mut FileInner) {
+        if inner.lingering {
+            inner.lingering = false;
+            self.lingering.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Whether some file nobody holds open still has data buffered (see `forget_file`).
+    pub fn has_lingering_files(&self) -> bool {
+        self.lingering.load(Relaxed) > 0
+    }
+
+    /// Whether `ino` is such a file.
+    pub fn is_lingering(&self, ino: u64) -> bool {
+        self.file(ino).is_some_and(|f| lock(&f.inner).open_handles == 0)
+    }
+
+    /// The file's last name is gone and no handle is open: its buffered data can never be read
+    /// or written again, refused data included. It is dropped with the file's backend
+    /// descriptors, so the backend frees the space (a flush still in flight finishes first).
+    pub fn forget_file(&self, ino: u64) {
+        let mut files = lock(&self.files);
+        let Some(file) = files.get(&ino).cloned() else { return };
+        let mut inner = lock(&file.inner);
+        if inner.open_handles > 0 || inner.forgotten {
+            return;
+        }
+        let mut dropped = 0;
+        for (_, unit) in std::mem::take(&mut inner.dirty) {
+            dropped += unit.ranges.bytes();
+            self.unmark_refused(&unit);
+            self.release_unit_memory();
+        }
+        inner.forgotten = true;
+        inner.data = None;
+        self.remove_state(&mut files, ino);
+        self.stop_lingering(&mut inner);
+        if dropped > 0 {
+            log::info!("inode {ino}: deleted with {dropped} bytes still buffered; they are dropped");
+        }
+    }
+
+    /// Takes a unit's worth of buffer memory for a writer. The bound holds for every byte,
+    /// refused ones included (SEMANTICS.md, "Data the backend refuses"): the writer waits while
+    /// memory can come free (flushes under way or possible), at most `io_timeout` without any
+    /// coming free; refused data whose writers have been told is discarded for it; and when
+    /// all that is left is refused data whose writer has not been told yet, it fails at once
+    /// with the backend's error rather than wait for a retry that may never succeed.
+    pub(super) fn acquire_unit_memory(&self) -> SysResult<()> {
+        let unit = self.config.unit_bytes;
+        let mut waited = false;
+        let mut last_progress = Instant::now();
+        let mut used = lock(&self.budget.used_bytes);
+        let mut least_used = *used;
+        while *used + unit > self.budget.limit_bytes {
+            if !waited {
+                self.metrics.buffer_waits.fetch_add(1, Relaxed);
+                waited = true;
+            }
+            if *used < least_used {
+                least_used = *used;
+                last_progress = Instant::now();
+            }
+            // Memory pressure: partial units go to the flushers too. Done without holding the
+            // budget lock, since it takes file locks.
+            drop(used);
+            self.flush_everything_wanted();
+            let (refused, last_error) = {
+                let r = lock(&self.refused);
+                (r.bytes, r.last_error)
+            };
+            used = lock(&self.budget.used_bytes);
+            if *used + unit <= self.budget.limit_bytes {
+                break;
+            }
+            if used.saturating_sub(refused) < unit {
+                drop(used);
+                if self.discard_told_refusals() == 0 {
+                    return Err(last_error.unwrap_or(Errno(libc::EIO)));
+                }
+                used = lock(&self.budget.used_bytes);
+                continue;
+            }
+            if last_progress.elapsed() > self.config.io_timeout {
+                log::error!(
+                    "no write buffer memory came free for {} s (the backend takes nothing): a write fails with EIO",
+                    self.config.io_timeout.as_secs()
+                );
+                return Err(last_error.unwrap_or(Errno(libc::EIO)));
+            }
+            used = self.budget.freed.wait_timeout(used, Duration::from_millis(50)).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        *used += unit;
+        assert!(*used <= self.budget.limit_bytes, "buffer memory {} past its bound {}", *used, self.budget.limit_bytes);
+        self.metrics.buffer_bytes_used.store(*used, Relaxed);
+        Ok(())
+    }
+
+    /// Counts a unit's memory as refused by the backend (`err`), once.
+    pub(super) fn mark_refused(&self, unit: &mut DirtyUnit, err: Errno) {
+        let mut refused = lock(&self.refused);
+        if !unit.refused {
+            unit.refused = true;
+            refused.bytes += self.config.unit_bytes;
+        }
+        refused.last_error = Some(err);
+        self.metrics.buffer_refused_bytes.store(refused.bytes, Relaxed);
+    }
+
+    /// A unit leaves the dirty set (flushed, dropped or discarded): its memory, if refused,
+    /// no longer is.
+    pub(super) fn unmark_refused(&self, unit: &DirtyUnit) {
+        if unit.refused {
+            let mut refused = lock(&self.refused);
+            refused.bytes -= self.config.unit_bytes;
+            self.metrics.buffer_refused_bytes.store(refused.bytes, Relaxed);
+        }
+    }
+
+    /// Frees the memory of refused units whose files' writers have been told of the failure,
+    /// except bytes the intent log acknowledged (fsynced through the log: never dropped).
+    /// Counted and logged; returns the bytes of memory freed.
+    pub(super) fn discard_told_refusals(&self) -> u64 {
+        let mut freed = 0;
+        for file in self.open_files() {
+            let mut inner = lock(&file.inner);
+            let told = inner.errors.told_through();
+            let doomed: Vec<u64> = inner
+                .dirty
+                .iter()
+                .filter(|(_, u)| u.refused && u.logged.is_empty() && u.refused_since.is_some_and(|first| first <= told))
+                .map(|(&k, _)| k)
+                .collect();
+            if doomed.is_empty() {
+                continue;
+            }
+            let mut lost = 0;
+            for unit in doomed {
+                let dirty = inner.dirty.remove(&unit).expect("listed above");
+                lost += dirty.ranges.bytes();
+                self.unmark_refused(&dirty);
+                self.release_unit_memory();
+                freed += self.config.unit_bytes;
+            }
+            self.shrink_to_what_remains(&file, &mut inner);
+            self.metrics.buffer_discarded_bytes.fetch_add(lost, Relaxed);
+            inner.errors.record_discard();
+            log::warn!(
+                "{}: {lost} written bytes the backend refused ({}) were discarded to make room in the write buffer; \
+                 the file's writer had been told",
+                self.name_of(&file),
+                inner.errors.error()
+            );
+        }
+        freed
+    }
+
+    /// After buffered data was dropped: the logical size comes back to what is left, the
+    /// backend's bytes and the buffer's.
+    pub(super) fn shrink_to_what_remains(&self, file: &FileState, inner: &mut FileInner) {
+        let unit_bytes = self.config.unit_bytes;
+        let buffered_end = inner
+            .dirty
+            .iter()
+            .map(|(&k, u)| (k, u.ranges.iter().last().map_or(0, |r| r.end)))
+            .chain(inner.in_flight.iter().map(|(&k, u)| (k, u.ranges.iter().last().map_or(0, |r| r.end))))
+            .map(|(unit, end)| unit * unit_bytes + end)
+            .max()
+            .unwrap_or(0);
+        let backend_size = self.file_data(file, inner).and_then(|data| data.size()).unwrap_or(0);
+        inner.size = inner.size.min(backend_size.max(buffered_end));
+    }
+
+    pub(super) fn release_unit_memory(&self) {
+        let mut used = lock(&self.budget.used_bytes);
+        assert!(*used >= self.config.unit_bytes, "buffer accounting went negative");
+        *used -= self.config.unit_bytes;
+        self.metrics.buffer_bytes_used.store(*used, Relaxed);
+        self.budget.freed.notify_all();
+    }
+
+    /// Buffers one write. A refused flush is not reported here (close and fsync try again and
+    /// report); a write fails when the buffer holds nothing but refused bytes, with the
+    /// backend's error, and then counts as the file's writer having been told.
+    /// `from_page_cache`: the kernel writing back its cache, not an application's write(2).
+    /// Returns how many bytes were taken: all of them, or fewer when buffer memory ran out part
+    /// way (the next write then hears why).
+    pub fn write(&self, file: &Arc<FileState>, offset: u64, bytes: &[u8], from_page_cache: bool) -> SysResult<usize> {
+        let unit_bytes = self.config.unit_bytes;
+        let end = offset + bytes.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let unit = pos / unit_bytes;
+            let unit_start = unit * unit_bytes;
+            let piece_end = end.min(unit_start + unit_bytes);
+            let mut inner = lock(&file.inner);
+            if !inner.dirty.contains_key(&unit) {
+                drop(inner);
+                if let Err(e) = self.acquire_unit_memory() {
+                    if !from_page_cache {
+                        lock(&file.inner).errors.mark_told(ErrorReport::Write);
+                    }
+                    let taken = (pos - offset) as usize;
+                    return if taken > 0 { Ok(taken) } else { Err(e) };
+                }
+                inner = lock(&file.inner);
+                if inner.dirty.contains_key(&unit) {
+                    self.release_unit_memory(); // another writer made it meanwhile
+                } else {
+                    let epoch = inner.epoch;
+                    inner.dirty.insert(
+                        unit,
+                        DirtyUnit {
+                            buf: AlignedBuf::zeroed(unit_bytes as usize),
+                            ranges: RangeSet::default(),
+                            epoch,
+                            dirtied_at: Instant::now(),
+                            wanted: false,
+                            logged: RangeSet::default(),
+                            refused: false,
+                            refused_since: None,
+                        },
+                    );
+                }
+            }
+            let in_flight = inner.in_flight.contains_key(&unit);
+            let dirty = inner.dirty.get_mut(&unit).expect("inserted above");
+            let (from, to) = (pos - unit_start, piece_end - unit_start);
+            dirty.buf.as_mut_slice()[from as usize..to as usize]
+                .copy_from_slice(&bytes[(pos - offset) as usize..(piece_end - offset) as usize]);
+            dirty.ranges.insert(from..to);
+            if !dirty.logged.is_empty() {
+                dirty.logged = dirty.logged.minus(&RangeSet::from(from..to));
+            }
+            let full = dirty.ranges.covers(0, unit_bytes);
+            if full && !dirty.wanted {
+                dirty.wanted = true;
+                if !in_flight {
+                    self.push_job(file, unit);
+                }
+            }
+            inner.size = inner.size.max(piece_end);
+            inner.last_write = Some(SystemTime::now());
+            // The kernel's own writeback of its cache is not a new write: in that mode the
+            // kernel keeps the times and sends them itself.
+            if !from_page_cache {
+                inner.times_set = None;
+            }
+            pos = piece_end;
+        }
+        Ok(bytes.len())
+    }
+
+    pub fn size(&self, file: &FileState) -> u64 {
+        lock(&file.inner).size
+    }
+
+    /// Whether any of the file's data is in memory (buffered or on its way to the backend).
+    pub fn has_buffered_data(&self, file: &FileState) -> bool {
+        let inner = lock(&file.inner);
+        !inner.dirty.is_empty() || !inner.in_flight.is_empty()
+    }
+
+    pub fn last_write(&self, file: &FileState) -> Option<SystemTime> {
+        lock(&file.inner).last_write
+    }
+
+    /// An application set the file's times (already on the backend, with no UTIME_NOW left in
+    /// them): they outrank the last buffered write's time, and flushes still to come of data
+    /// written before now must not overwrite them (see `FileInner::times_set`).
+    pub fn note_times_set(&self, file: &FileState, times: TimesToSet) {
+        let mut inner = lock(&file.inner);
+        inner.last_write = None;
+        if inner.dirty.is_empty() && inner.in_flight.is_empty() {
+            inner.times_set = None;
+            return;
+        }
+        let earlier = inner.times_set.unwrap_or_default();
+        inner.times_set =
+            Some(TimesToSet { atime: times.atime.or(earlier.atime), mtime: times.mtime.or(earlier.mtime) });
+    }
+
+    /// A size change: buffered data beyond the new size is dropped (after waiting for units in
+    /// flight there), then the backend file takes the size.
+    pub fn set_size(&self, file: &Arc<FileState>, size: u64) -> SysResult<()> {
+        let unit_bytes = self.config.unit_bytes;
+        let first_affected = size / unit_bytes;
+        let inner = lock(&file.inner);
+        let mut inner = self.wait_for_flushes(file, inner, "a truncate", |inner| {
+            Ok(inner.in_flight.range(first_affected..).next().is_some())
+        })?;
+        let beyond: Vec<u64> = inner.dirty.range(first_affected..).map(|(&k, _)| k).collect();
+        for unit in beyond {
+            let unit_start = unit * unit_bytes;
+            let dirty = inner.dirty.get_mut(&unit).expect("listed above");
+            if unit_start < size {
+                let keep = size - unit_start;
+                dirty.ranges.clip_end(keep);
+                dirty.buf.as_mut_slice()[keep as usize..].fill(0);
+            }
+            if unit_start >= size || dirty.ranges.is_empty() {
+                let dropped = inner.dirty.remove(&unit).expect("listed above");
+                self.unmark_refused(&dropped);
+                self.release_unit_memory();
+            }
+        }
+        self.file_data(file, &mut inner)?.set_size(size)?;
+        inner.size = size;
+        self.note_backend_changed(file.id);
+        Ok(())
+    }
+
+    /// After the backend grew the file by itself (fallocate, copy_file_range).
+    pub fn note_backend_size(&self, file: &FileState, size: u64) {
+        let mut inner = lock(&file.inner);
+        inner.size = inner.size.max(size);
+    }
+
+    /// The file's data in the store, opened for writing by whoever first needs it.
+    pub(super) fn file_data(&self, file: &FileState, inner: &mut FileInner) -> SysResult<Arc<dyn FileData>> {
+        if let Some(data) = &inner.data {
+            return Ok(data.clone());
+        }
+        let data = self.store.open(file.id, OpenMode { write: true, no_atime: false })?;
+        inner.data = Some(data.clone());
+        Ok(data)
+    }
+
+    /// Copies what the write buffer holds for [offset, offset+len) over `out`, which holds the
+    /// backend's bytes for that range (zeros where the backend file is shorter). Returns the
+    /// logical size; the caller trims the read to it.
+    /// Also waits until no unit in the range is being flushed and registers the read, until
+    /// the returned guard drops, so that none is (see `FileInner::backend_readers`).
+    pub fn snapshot_overlay<'a>(
+        &self,
+        file: &'a FileState,
+        offset: u64,
+        len: u64,
+    ) -> SysResult<(u64, Vec<(u64, Vec<u8>)>, BackendRead<'a>)> {
+        let unit_bytes = self.config.unit_bytes;
+        let end = offset + len;
+        let first = offset / unit_bytes;
+        let last = end.saturating_sub(1) / unit_bytes;
+        let inner = lock(&file.inner);
+        let mut inner = self.wait_for_flushes(file, inner, "a read", |inner| {
+            Ok(inner.in_flight.range(first..=last).next().is_some())
+        })?;
+        for unit in first..=last {
+            *inner.backend_readers.entry(unit).or_insert(0) += 1;
+        }
+        let reading = BackendRead { file, units: first..=last };
+        let mut pieces = Vec::new();
+        // In-flight first, dirty after: a dirty unit is newer than the in-flight one it covers.
+        let flying = inner.in_flight.range(first..=last).map(|(&k, u)| (k, &u.buf, &u.ranges));
+        let dirty = inner.dirty.range(first..=last).map(|(&k, u)| (k, &u.buf, &u.ranges));
+        for (unit, buf, ranges) in flying.chain(dirty) {
+            let unit_start = unit * unit_bytes;
+            for r in ranges.iter() {
+                let (a, b) = ((unit_start + r.start).max(offset), (unit_start + r.end).min(end));
+                if a < b {
+                    pieces.push((a, buf.as_slice()[(a - unit_start) as usize..(b - unit_start) as usize].to_vec()));
+                }
+            }
+        }
+        Ok((inner.size, pieces, reading))
+    }
+}
