@@ -158,8 +158,12 @@ impl Filesystem for Recorder {
     }
 
     fn readdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let entries = [(ROOT, FileType::Directory, "."), (ROOT, FileType::Directory, ".."),
-                       (DISK, FileType::RegularFile, "disk"), (MARK, FileType::RegularFile, "mark")];
+        let entries = [
+            (ROOT, FileType::Directory, "."),
+            (ROOT, FileType::Directory, ".."),
+            (DISK, FileType::RegularFile, "disk"),
+            (MARK, FileType::RegularFile, "mark"),
+        ];
         for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(*ino), i as u64 + 1, *kind, name) {
                 break;

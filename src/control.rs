@@ -35,7 +35,12 @@ pub fn serve_control_socket(
     Ok(())
 }
 
-fn answer_control(stream: UnixStream, metrics: &Metrics, sync_all: &SyncAll, faults: Option<&Faults>) -> std::io::Result<()> {
+fn answer_control(
+    stream: UnixStream,
+    metrics: &Metrics,
+    sync_all: &SyncAll,
+    faults: Option<&Faults>,
+) -> std::io::Result<()> {
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     let mut command = String::new();

@@ -50,7 +50,11 @@ fn node_fd_budget() -> usize {
 }
 
 /// The local backend over the backing directory, with its descriptor budget.
-pub fn open_backend(backing: &Path, unit_bytes: Option<u64>, metrics: &Arc<metrics::Metrics>) -> Result<backend::local::LocalBackend, String> {
+pub fn open_backend(
+    backing: &Path,
+    unit_bytes: Option<u64>,
+    metrics: &Arc<metrics::Metrics>,
+) -> Result<backend::local::LocalBackend, String> {
     backend::local::LocalBackend::open(backing, node_fd_budget(), unit_bytes, metrics.clone())
         .map_err(|e| format!("cannot open backing directory {}: {e}", backing.display()))
 }
@@ -171,14 +175,18 @@ fn backends(
 
 /// The intent log's device, when the log is on: its file opened (or made), and wrapped for
 /// fault injection when the daemon runs with it.
-fn log_setup(opts: &MountOptions, backing: &Path, faults: Option<&Arc<Faults>>) -> Result<Option<engine::LogSetup>, String> {
+fn log_setup(
+    opts: &MountOptions,
+    backing: &Path,
+    faults: Option<&Arc<Faults>>,
+) -> Result<Option<engine::LogSetup>, String> {
     let path = match &opts.log {
         LogPlace::Off => return Ok(None),
         LogPlace::StateFolder => backend::local::default_log_path(backing),
         LogPlace::At(path) => path.clone(),
     };
-    let (device, created) =
-        engine::intent_log::open_file_device(&path, Some(opts.log_size_bytes)).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (device, created) = engine::intent_log::open_file_device(&path, Some(opts.log_size_bytes))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let device: Box<dyn engine::intent_log::device::LogDevice> = match faults {
         Some(faults) => Box::new(backend::faults::FaultyLogDevice::new(Box::new(device), faults.clone())),
         None => Box::new(device),
@@ -233,7 +241,10 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
 
     metrics.daemon_pid.store(std::process::id() as u64, std::sync::atomic::Ordering::Relaxed);
     if let Err(e) = runtime.write_pid() {
-        log::warn!("cannot write {} ({e}): `coalescefs umount` will not wait for this daemon", runtime.pid_path().display());
+        log::warn!(
+            "cannot write {} ({e}): `coalescefs umount` will not wait for this daemon",
+            runtime.pid_path().display()
+        );
     }
     let engine_for_sync = engine.clone();
     let sync_all: control::SyncAll = Box::new(move || engine_for_sync.sync_all().map_err(|e| e.to_string()));
@@ -250,7 +261,11 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     // Signals are taken over before the parent returns: a SIGINT right after `coalescefs mount`
     // must unmount, not kill the daemon and leave a dead mount behind.
     let session_ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    unmount_on_signal(mount_point.clone(), mounts::mount_at(&mount_point).map(|m| m.device_minor), session_ended.clone());
+    unmount_on_signal(
+        mount_point.clone(),
+        mounts::mount_at(&mount_point).map(|m| m.device_minor),
+        session_ended.clone(),
+    );
     ready.ok();
     let result = session.run();
     session_ended.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -304,7 +319,8 @@ fn start_session(
     for flag in &opts.kernel_flags {
         config.mount_options.push(fuser::MountOption::CUSTOM(flag.clone()));
     }
-    fuser::Session::new(adapter, mount_point, &config).map_err(|e| format!("mount of {} failed: {e}", mount_point.display()))
+    fuser::Session::new(adapter, mount_point, &config)
+        .map_err(|e| format!("mount of {} failed: {e}", mount_point.display()))
 }
 
 /// Says what could not be written, in the log and in the runtime directory's report that
@@ -314,7 +330,8 @@ fn report_unwritten(runtime: &RuntimeDir, unwritten: &[engine::writeback::Unwrit
         return ExitCode::SUCCESS;
     }
     let lost: u64 = unwritten.iter().map(|u| u.bytes).sum();
-    let mut report = format!("{lost} written bytes in {} file(s) could not be written before unmount:\n", unwritten.len());
+    let mut report =
+        format!("{lost} written bytes in {} file(s) could not be written before unmount:\n", unwritten.len());
     for u in unwritten {
         report += &format!("  {}: {} bytes lost ({})", u.name, u.bytes, u.error);
         if u.in_log > 0 {

@@ -9,17 +9,16 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    CopyFileRangeFlags, Errno as FuseErrno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    CopyFileRangeFlags, Errno as FuseErrno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::engine::types::{Attr, Kind, TimeToSet, Timestamp, TimesToSet, XattrReply};
+use crate::engine::types::{Attr, Kind, TimeToSet, TimesToSet, Timestamp, XattrReply};
 use crate::engine::{AttrChanges, Caller, Engine, Opened, PageCache};
 use crate::metrics::{FuseOp, Metrics};
 use crate::sys::{Errno, SysResult};
-
 
 /// fuser's (and the kernel protocol's practical) ceiling for one write request.
 pub const MAX_WRITE_BYTES_LIMIT: u64 = 16 << 20;
@@ -234,8 +233,7 @@ impl Filesystem for FuseAdapter {
             // privileges before an unprivileged write with an otherwise empty setattr; fuser
             // hides the flag, so a caller other than root stands for "lacks CAP_FSETID".
             drop_set_id_bits: req.uid() != 0
-                && (size.is_some()
-                    || (mode, uid, gid, atime, mtime) == (None, None, None, None, None)),
+                && (size.is_some() || (mode, uid, gid, atime, mtime) == (None, None, None, None, None)),
         };
         match self.engine.setattr(ino.0, fh.map(|fh| fh.0), changes) {
             Ok(attr) => reply.attr(&self.ttl, &attr_of(&attr)),
@@ -282,7 +280,11 @@ impl Filesystem for FuseAdapter {
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Symlink);
-        reply_entry(reply, &self.ttl, self.engine.symlink(parent.0, link_name, target.as_os_str().as_bytes(), caller(req)));
+        reply_entry(
+            reply,
+            &self.ttl,
+            self.engine.symlink(parent.0, link_name, target.as_os_str().as_bytes(), caller(req)),
+        );
     }
 
     fn rename(
@@ -392,7 +394,12 @@ impl Filesystem for FuseAdapter {
         match self.engine.readdir(fh.0, offset) {
             Ok(entries) => {
                 for entry in entries {
-                    if reply.add(INodeNo(entry.ino), entry.next_offset, entry.kind.map_or(FileType::RegularFile, file_type), &entry.name) {
+                    if reply.add(
+                        INodeNo(entry.ino),
+                        entry.next_offset,
+                        entry.kind.map_or(FileType::RegularFile, file_type),
+                        &entry.name,
+                    ) {
                         break;
                     }
                 }
@@ -402,14 +409,7 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn readdirplus(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Readdirplus);
         let entries = match self.engine.readdir(fh.0, offset) {
             Ok(entries) => entries,
@@ -419,21 +419,22 @@ impl Filesystem for FuseAdapter {
             if entry.name == "." || entry.name == ".." {
                 // The kernel does not link "." and ".." from readdirplus; no lookup is owed.
                 let Ok(st) = self.engine.getattr(ino.0) else { continue };
-                if reply.add(INodeNo(entry.ino), entry.next_offset, &entry.name, &self.ttl, &attr_of(&st), Generation(0)) {
+                if reply.add(
+                    INodeNo(entry.ino),
+                    entry.next_offset,
+                    &entry.name,
+                    &self.ttl,
+                    &attr_of(&st),
+                    Generation(0),
+                ) {
                     break;
                 }
                 continue;
             }
             // Every entry sent with attributes counts as a lookup the kernel will forget later.
             let Ok(found) = self.engine.lookup(ino.0, &entry.name) else { continue };
-            if reply.add(
-                INodeNo(found.id),
-                entry.next_offset,
-                &entry.name,
-                &self.ttl,
-                &attr_of(&found),
-                Generation(0),
-            ) {
+            if reply.add(INodeNo(found.id), entry.next_offset, &entry.name, &self.ttl, &attr_of(&found), Generation(0))
+            {
                 // Did not fit: the kernel will not learn of this lookup, so undo it.
                 self.engine.forget(found.id, 1);
                 break;
@@ -513,13 +514,9 @@ impl Filesystem for FuseAdapter {
     ) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Create);
         match self.engine.create(parent.0, name, mode, flags, caller(req)) {
-            Ok((entry, opened)) => reply.created(
-                &self.ttl,
-                &attr_of(&entry),
-                Generation(0),
-                FileHandle(opened.fh),
-                open_flags_of(opened),
-            ),
+            Ok((entry, opened)) => {
+                reply.created(&self.ttl, &attr_of(&entry), Generation(0), FileHandle(opened.fh), open_flags_of(opened))
+            }
             Err(e) => reply.error(fuse_errno(e)),
         }
     }

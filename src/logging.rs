@@ -163,7 +163,14 @@ pub fn init() {
         builder.parse_filters(&filters);
     }
     builder.format(|buf, record| {
-        writeln!(buf, "{} {:<5} coalescefs[{}] {}", buf.timestamp_millis(), record.level(), std::process::id(), record.args())
+        writeln!(
+            buf,
+            "{} {:<5} coalescefs[{}] {}",
+            buf.timestamp_millis(),
+            record.level(),
+            std::process::id(),
+            record.args()
+        )
     });
     builder.target(env_logger::Target::Pipe(Box::new(sink.clone())));
     let inner = builder.build();

@@ -195,7 +195,9 @@ fn run_sync(args: &[String]) -> ExitCode {
     };
     match control::ask(&runtime::RuntimeDir::of(&backing).socket_path(), "sync") {
         Ok(answer) if answer.trim() == "ok" => ExitCode::SUCCESS,
-        Ok(answer) => fail(format!("sync of {}: {}", mount_point.display(), answer.trim().trim_start_matches("error: "))),
+        Ok(answer) => {
+            fail(format!("sync of {}: {}", mount_point.display(), answer.trim().trim_start_matches("error: ")))
+        }
         Err(e) => fail(format!("the daemon of {} does not answer: {e}", mount_point.display())),
     }
 }

@@ -71,7 +71,40 @@ pub enum FuseOp {
 }
 
 const FUSE_OP_COUNT: usize = 32;
-const FUSE_OP_NAMES: [&str; FUSE_OP_COUNT] = ["lookup", "forget", "getattr", "setattr", "readlink", "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename", "link", "open", "read", "write", "flush", "release", "fsync", "opendir", "readdir", "readdirplus", "releasedir", "fsyncdir", "statfs", "setxattr", "getxattr", "listxattr", "removexattr", "create", "fallocate", "lseek", "copy_file_range"];
+const FUSE_OP_NAMES: [&str; FUSE_OP_COUNT] = [
+    "lookup",
+    "forget",
+    "getattr",
+    "setattr",
+    "readlink",
+    "mknod",
+    "mkdir",
+    "unlink",
+    "rmdir",
+    "symlink",
+    "rename",
+    "link",
+    "open",
+    "read",
+    "write",
+    "flush",
+    "release",
+    "fsync",
+    "opendir",
+    "readdir",
+    "readdirplus",
+    "releasedir",
+    "fsyncdir",
+    "statfs",
+    "setxattr",
+    "getxattr",
+    "listxattr",
+    "removexattr",
+    "create",
+    "fallocate",
+    "lseek",
+    "copy_file_range",
+];
 
 /// Requests served and the time spent serving them, per kind of request.
 #[derive(Default)]
@@ -179,10 +212,26 @@ impl Metrics {
             ("application_write_requests_total", "FUSE write requests", self.application_write_requests.load(Relaxed)),
             ("application_read_bytes_total", "Bytes applications read", self.application_read_bytes.load(Relaxed)),
             ("backend_write_bytes_total", "Bytes written to the backend", self.backend_write_bytes.load(Relaxed)),
-            ("backend_write_requests_total", "Write requests sent to the backend", self.backend_write_requests.load(Relaxed)),
-            ("backend_direct_write_requests_total", "Backend writes made with O_DIRECT", self.backend_direct_write_requests.load(Relaxed)),
-            ("backend_subblock_writes_total", "Pieces under one logical block written through the page cache", self.backend_subblock_writes.load(Relaxed)),
-            ("backend_read_bytes_for_writes_total", "Bytes read from the backend to complete writes", self.backend_read_bytes_for_writes.load(Relaxed)),
+            (
+                "backend_write_requests_total",
+                "Write requests sent to the backend",
+                self.backend_write_requests.load(Relaxed),
+            ),
+            (
+                "backend_direct_write_requests_total",
+                "Backend writes made with O_DIRECT",
+                self.backend_direct_write_requests.load(Relaxed),
+            ),
+            (
+                "backend_subblock_writes_total",
+                "Pieces under one logical block written through the page cache",
+                self.backend_subblock_writes.load(Relaxed),
+            ),
+            (
+                "backend_read_bytes_for_writes_total",
+                "Bytes read from the backend to complete writes",
+                self.backend_read_bytes_for_writes.load(Relaxed),
+            ),
             ("units_flushed_full_total", "Units flushed whole", self.units_flushed_full.load(Relaxed)),
             ("units_flushed_partial_total", "Units flushed as dirty ranges", self.units_flushed_partial.load(Relaxed)),
             ("flush_errors_total", "Unit flushes the backend refused", self.flush_errors.load(Relaxed)),
@@ -191,8 +240,16 @@ impl Metrics {
             ("buffer_bytes_used", "Write buffer memory in use", self.buffer_bytes_used.load(Relaxed)),
             ("buffer_bytes_limit", "Write buffer memory bound", self.buffer_bytes_limit.load(Relaxed)),
             ("buffer_waits_total", "Writes that waited for buffer memory", self.buffer_waits.load(Relaxed)),
-            ("buffer_refused_bytes", "Buffer memory held by data the backend refused, retried with backoff", self.buffer_refused_bytes.load(Relaxed)),
-            ("buffer_discarded_bytes_total", "Refused bytes discarded after their writer was told, to make room", self.buffer_discarded_bytes.load(Relaxed)),
+            (
+                "buffer_refused_bytes",
+                "Buffer memory held by data the backend refused, retried with backoff",
+                self.buffer_refused_bytes.load(Relaxed),
+            ),
+            (
+                "buffer_discarded_bytes_total",
+                "Refused bytes discarded after their writer was told, to make room",
+                self.buffer_discarded_bytes.load(Relaxed),
+            ),
             ("unit_bytes", "Unit size", self.unit_bytes.load(Relaxed)),
             ("daemon_pid", "The daemon's process id", self.daemon_pid.load(Relaxed)),
             ("log_fsyncs_total", "fsyncs made durable by the intent log", self.log_fsyncs.load(Relaxed)),
@@ -200,10 +257,18 @@ impl Metrics {
             ("log_records_total", "Records written to the intent log", self.log_records.load(Relaxed)),
             ("log_write_bytes_total", "Bytes written to the intent log", self.log_write_bytes.load(Relaxed)),
             ("log_checkpoints_total", "Checkpoints that released intent log space", self.log_checkpoints.load(Relaxed)),
-            ("log_replayed_records_total", "Intent log records replayed at mount", self.log_replayed_records.load(Relaxed)),
+            (
+                "log_replayed_records_total",
+                "Intent log records replayed at mount",
+                self.log_replayed_records.load(Relaxed),
+            ),
             ("node_fds_open", "Descriptors held for objects the kernel has cached", self.node_fds_open.load(Relaxed)),
             ("node_fds_limit", "The bound on descriptors held for cached objects", self.node_fds_limit.load(Relaxed)),
-            ("node_fds_reopened_total", "Cached objects opened again by file handle", self.node_fds_reopened.load(Relaxed)),
+            (
+                "node_fds_reopened_total",
+                "Cached objects opened again by file handle",
+                self.node_fds_reopened.load(Relaxed),
+            ),
         ]
     }
 
@@ -214,8 +279,7 @@ impl Metrics {
             let _ = writeln!(out, "{name:<40} {value}");
         }
         let flushed = self.units_flushed_full.load(Relaxed) + self.units_flushed_partial.load(Relaxed);
-        if flushed > 0 {
-            let mean = self.flush_latency_us_sum.load(Relaxed) / flushed;
+        if let Some(mean) = self.flush_latency_us_sum.load(Relaxed).checked_div(flushed) {
             let _ = writeln!(out, "{:<40} {mean}", "flush_latency_us_mean");
         }
         let _ = writeln!(out, "{:<40} {:.3}", "write_amplification", self.amplification());
@@ -237,7 +301,10 @@ impl Metrics {
         let mut out = String::new();
         for (name, help, value) in self.scalars() {
             let kind = if name.ends_with("_total") || name.ends_with("_sum") { "counter" } else { "gauge" };
-            let _ = writeln!(out, "# HELP coalescefs_{name} {help}\n# TYPE coalescefs_{name} {kind}\ncoalescefs_{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP coalescefs_{name} {help}\n# TYPE coalescefs_{name} {kind}\ncoalescefs_{name} {value}"
+            );
         }
         let _ = writeln!(out, "# HELP coalescefs_write_amplification Backend bytes over application bytes\n# TYPE coalescefs_write_amplification gauge\ncoalescefs_write_amplification {}", self.amplification());
         let served = self.fuse_requests.served();
@@ -249,7 +316,10 @@ impl Metrics {
         for (op, _, busy_us) in &served {
             let _ = writeln!(out, "coalescefs_fuse_busy_us_total{{op=\"{op}\"}} {busy_us}");
         }
-        for (name, hist) in [("application_write_size_bytes", &self.application_write_sizes), ("backend_write_size_bytes", &self.backend_write_sizes)] {
+        for (name, hist) in [
+            ("application_write_size_bytes", &self.application_write_sizes),
+            ("backend_write_size_bytes", &self.backend_write_sizes),
+        ] {
             let _ = writeln!(out, "# HELP coalescefs_{name} Write request sizes\n# TYPE coalescefs_{name} histogram");
             let mut cumulative = 0;
             for (i, count) in hist.counts().iter().enumerate() {
@@ -285,7 +355,9 @@ mod tests {
         m.application_write_sizes.record(4096);
         m.application_write_sizes.record(4096);
         let text = m.render_prometheus();
-        assert!(text.contains("# TYPE coalescefs_application_write_bytes_total counter\ncoalescefs_application_write_bytes_total 8192"));
+        assert!(text.contains(
+            "# TYPE coalescefs_application_write_bytes_total counter\ncoalescefs_application_write_bytes_total 8192"
+        ));
         assert!(text.contains("coalescefs_application_write_size_bytes_bucket{le=\"4096\"} 2"));
         assert!(text.contains("coalescefs_application_write_size_bytes_bucket{le=\"+Inf\"} 2"));
         assert!(text.contains("coalescefs_write_amplification 1"));

@@ -93,7 +93,9 @@ pub fn check_backing_dir(path: &Path, read_only: bool) -> Result<PathBuf, String
         let c = sys::path_cstring(&canonical).map_err(|e| format!("backing directory {shown}: {e}"))?;
         if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
             let err = Errno::last();
-            return Err(format!("backing directory {shown} is not writable: {err} (mount with -o ro to serve it read-only)"));
+            return Err(format!(
+                "backing directory {shown} is not writable: {err} (mount with -o ro to serve it read-only)"
+            ));
         }
     }
     Ok(canonical)
@@ -109,7 +111,9 @@ pub fn check_mount_point(path: &Path, backing: &Path) -> Result<PathBuf, String>
                 "mount point {shown} is busy: a coalescefs daemon died there; clear it with `coalescefs umount {shown}`"
             ))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(format!("mount point {shown} does not exist")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!("mount point {shown} does not exist"))
+        }
         Err(e) => return Err(format!("mount point {shown}: {e}")),
     };
     if !meta.is_dir() {
@@ -141,7 +145,8 @@ pub fn lock_backing_dir(state_dir: &OwnedFd, backing: &Path) -> Result<BackingLo
     let fd = sys::openat(state_dir.as_raw_fd(), c"lock", libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW, 0o600)
         .map_err(|e| format!("cannot create the lock file in {}/.coalescefs: {e}", backing.display()))?;
     if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let holder = crate::runtime::RuntimeDir::of(backing).read_pid().map(|pid| format!(" (pid {pid})")).unwrap_or_default();
+        let holder =
+            crate::runtime::RuntimeDir::of(backing).read_pid().map(|pid| format!(" (pid {pid})")).unwrap_or_default();
         let place = read_mounts()
             .into_iter()
             .find(|m| m.fs_type == FS_TYPE && Path::new(&m.source) == backing)
@@ -162,7 +167,13 @@ pub fn abort_connection(connection: u32) -> std::io::Result<()> {
     let abort = control.join(connection.to_string()).join("abort");
     if !abort.exists() {
         let ret = unsafe {
-            libc::mount(c"fusectl".as_ptr(), c"/sys/fs/fuse/connections".as_ptr(), c"fusectl".as_ptr(), 0, std::ptr::null())
+            libc::mount(
+                c"fusectl".as_ptr(),
+                c"/sys/fs/fuse/connections".as_ptr(),
+                c"fusectl".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
         };
         if ret != 0 && Errno::last().0 != libc::EBUSY {
             return Err(std::io::Error::last_os_error());
@@ -260,9 +271,8 @@ pub fn mount_direct(
     let target = sys::path_cstring(mount_point).map_err(|e| format!("mount point: {e}"))?;
     let fs_type = CString::new(FS_TYPE).expect("constant");
     let data_c = CString::new(data).expect("no NUL in formatted options");
-    let ret = unsafe {
-        libc::mount(source_c.as_ptr(), target.as_ptr(), fs_type.as_ptr(), flags, data_c.as_ptr().cast())
-    };
+    let ret =
+        unsafe { libc::mount(source_c.as_ptr(), target.as_ptr(), fs_type.as_ptr(), flags, data_c.as_ptr().cast()) };
     if ret != 0 {
         return Err(format!("mount of {} failed: {}", mount_point.display(), Errno::last()));
     }

@@ -153,8 +153,21 @@ const IGNORED_OPTIONS: &[&str] =
     &["defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "nouser", "owner", "rw", "async"];
 
 /// Kernel mount flags accepted and passed through.
-const KERNEL_FLAGS: &[&str] =
-    &["dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime", "diratime", "nodiratime", "sync", "dirsync"];
+const KERNEL_FLAGS: &[&str] = &[
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "exec",
+    "noexec",
+    "atime",
+    "noatime",
+    "relatime",
+    "diratime",
+    "nodiratime",
+    "sync",
+    "dirsync",
+];
 
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
@@ -222,9 +235,10 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
         }
         "metrics" => {
             let v = need_value(value)?;
-            options.metrics_address = Some(v.parse().map_err(|_| {
-                UsageError(format!("metrics={v}: expected ADDRESS:PORT, for example 127.0.0.1:9100"))
-            })?);
+            options.metrics_address =
+                Some(v.parse().map_err(|_| {
+                    UsageError(format!("metrics={v}: expected ADDRESS:PORT, for example 127.0.0.1:9100"))
+                })?);
         }
         "backend" => {
             options.backend = match need_value(value)? {
@@ -332,10 +346,7 @@ pub fn parse_mount_args(args: &[String]) -> Result<MountRequest, UsageError> {
         i += 1;
     }
     if positional.len() != 2 {
-        return Err(UsageError(format!(
-            "expected BACKING_DIR and MOUNTPOINT, got {} argument(s)",
-            positional.len()
-        )));
+        return Err(UsageError(format!("expected BACKING_DIR and MOUNTPOINT, got {} argument(s)", positional.len())));
     }
     if options.allow_other && options.allow_root {
         return Err(UsageError("allow_other and allow_root exclude each other".into()));
@@ -350,7 +361,9 @@ pub fn parse_mount_args(args: &[String]) -> Result<MountRequest, UsageError> {
     }
     // One fsync's batch must fit the ring with room to spare: past half full the checkpointer
     // empties it, and a batch larger than that would only ever fall back to the backend.
-    for (key, bytes) in [("log_threshold", options.log_threshold_bytes), ("log_threshold_new", options.log_threshold_new_bytes)] {
+    for (key, bytes) in
+        [("log_threshold", options.log_threshold_bytes), ("log_threshold_new", options.log_threshold_new_bytes)]
+    {
         if bytes > options.log_size_bytes / 4 {
             return Err(UsageError(format!(
                 "{key}={bytes} must be at most a quarter of log_size={} (raise log_size or lower {key})",
@@ -376,7 +389,13 @@ mod tests {
 
     #[test]
     fn fstab_style_options_parse() {
-        let req = parse_mount_args(&args(&["/srv/data", "/mnt", "-o", "rw,allow_other,noatime,nofail,x-systemd.automount,threads=8"])).unwrap();
+        let req = parse_mount_args(&args(&[
+            "/srv/data",
+            "/mnt",
+            "-o",
+            "rw,allow_other,noatime,nofail,x-systemd.automount,threads=8",
+        ]))
+        .unwrap();
         assert!(req.options.allow_other);
         assert_eq!(req.options.threads, 8);
         assert_eq!(req.options.kernel_flags, vec!["noatime".to_string()]);

@@ -82,9 +82,7 @@ pub fn path_cstring(path: &std::path::Path) -> SysResult<CString> {
 pub const EMPTY: &CStr = c"";
 
 pub fn openat(dir: RawFd, name: &CStr, flags: i32, mode: u32) -> SysResult<OwnedFd> {
-    let fd = retry_eintr(|| {
-        check(unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC, mode) })
-    })?;
+    let fd = retry_eintr(|| check(unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC, mode) }))?;
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
@@ -106,11 +104,7 @@ pub fn proc_fd_path(fd: &impl AsRawFd) -> CString {
 }
 
 pub fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> SysResult<usize> {
-    retry_eintr(|| {
-        check_size(unsafe {
-            libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), offset as libc::off_t)
-        })
-    })
+    retry_eintr(|| check_size(unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), offset as libc::off_t) }))
 }
 
 /// Reads until `buf` is full or EOF; returns how many bytes were read.
@@ -132,12 +126,7 @@ pub fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> SysResult<()> {
     while done < buf.len() {
         let n = retry_eintr(|| {
             check_size(unsafe {
-                libc::pwrite(
-                    fd,
-                    buf[done..].as_ptr().cast(),
-                    buf.len() - done,
-                    (offset + done as u64) as libc::off_t,
-                )
+                libc::pwrite(fd, buf[done..].as_ptr().cast(), buf.len() - done, (offset + done as u64) as libc::off_t)
             })
         })?;
         if n == 0 {

@@ -60,15 +60,39 @@ fn busy_mount_point() {
 #[test]
 fn unknown_option_and_bad_values() {
     let (_t, b, m) = dirs();
-    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "allow_other,frobnicate"]), 2, "unknown mount option 'frobnicate'");
+    assert_fails(
+        &coalescefs(&["mount", &b, &m, "-o", "allow_other,frobnicate"]),
+        2,
+        "unknown mount option 'frobnicate'",
+    );
     assert_fails(&coalescefs(&["mount", &b, &m, "-o", "threads=0"]), 2, "threads=0: expected a whole number");
     assert_fails(&coalescefs(&["mount", &b, &m, "-o", "unit=3M"]), 2, "must be a power of two from 4K to 64M");
     assert_fails(&coalescefs(&["mount", &b, &m, "-o", "backend=s3"]), 2, "backend=s3: expected local or null");
-    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "max_write=5000"]), 2, "max_write=5000: expected a multiple of 4 KiB");
-    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "max_write=32M"]), 2, "max_write=32M: expected a multiple of 4 KiB");
-    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "log=somewhere"]), 2, "log=somewhere: expected on, off or an absolute path");
-    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "log=on,log_size=100K"]), 2, "log_size=100K: expected at least 1M");
-    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "checkpoint_interval=0s"]), 2, "checkpoint_interval=0s: must be more than 0");
+    assert_fails(
+        &coalescefs(&["mount", &b, &m, "-o", "max_write=5000"]),
+        2,
+        "max_write=5000: expected a multiple of 4 KiB",
+    );
+    assert_fails(
+        &coalescefs(&["mount", &b, &m, "-o", "max_write=32M"]),
+        2,
+        "max_write=32M: expected a multiple of 4 KiB",
+    );
+    assert_fails(
+        &coalescefs(&["mount", &b, &m, "-o", "log=somewhere"]),
+        2,
+        "log=somewhere: expected on, off or an absolute path",
+    );
+    assert_fails(
+        &coalescefs(&["mount", &b, &m, "-o", "log=on,log_size=100K"]),
+        2,
+        "log_size=100K: expected at least 1M",
+    );
+    assert_fails(
+        &coalescefs(&["mount", &b, &m, "-o", "checkpoint_interval=0s"]),
+        2,
+        "checkpoint_interval=0s: must be more than 0",
+    );
     assert_fails(&coalescefs(&["mount", &b, &m, "--bogus"]), 2, "unknown flag '--bogus'");
     assert_fails(&coalescefs(&["mount", &b]), 2, "expected BACKING_DIR and MOUNTPOINT");
     assert_fails(&coalescefs(&["frobnicate"]), 2, "unknown command");
@@ -194,9 +218,14 @@ fn helper_form_used_by_mount_fuse3() {
     let (_t, b, m) = dirs();
     // `mount -t fuse.coalescefs B M -o ...` runs this helper, which runs `coalescefs B M -o ...`
     // from PATH (mount(8) itself resets PATH, so there the binary must be installed).
-    let out = Command::new("mount.fuse3").args([&b, &m, "-t", "coalescefs", "-o", "allow_other,noatime,nofail"])
-        .env("PATH", format!("{}:{}", std::path::Path::new(BIN).parent().unwrap().display(), std::env::var("PATH").unwrap()))
-        .output().unwrap();
+    let out = Command::new("mount.fuse3")
+        .args([&b, &m, "-t", "coalescefs", "-o", "allow_other,noatime,nofail"])
+        .env(
+            "PATH",
+            format!("{}:{}", std::path::Path::new(BIN).parent().unwrap().display(), std::env::var("PATH").unwrap()),
+        )
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(is_mounted(&m));
     fs::write(format!("{m}/f"), b"via mount(8)").unwrap();

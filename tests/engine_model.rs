@@ -111,7 +111,8 @@ impl FileModel {
     /// Whether `actual` is a state a crash may leave this file in.
     fn allows(&self, actual: &[u8]) -> Result<(), String> {
         let acked: &[u8] = self.acked.as_deref().unwrap_or(&[]);
-        let cut = self.since.iter().filter(|(_, w)| w.is_none()).map(|(at, _)| *at as usize).min().unwrap_or(usize::MAX);
+        let cut =
+            self.since.iter().filter(|(_, w)| w.is_none()).map(|(at, _)| *at as usize).min().unwrap_or(usize::MAX);
         let floor = acked.len().min(cut);
         if actual.len() < floor {
             return Err(format!("{} bytes, {} acknowledged", actual.len(), acked.len()));
@@ -204,7 +205,8 @@ fn config() -> EngineConfig {
 
 fn start(store: &Arc<MemoryBackend>, log: &Arc<MemoryLogDevice>, created: bool) -> Engine {
     let setup = LogSetup { device: Box::new(log.clone()), created };
-    Engine::new(store.clone(), store.clone(), config(), Arc::new(Metrics::default()), Some(setup)).expect("the engine starts")
+    Engine::new(store.clone(), store.clone(), config(), Arc::new(Metrics::default()), Some(setup))
+        .expect("the engine starts")
 }
 
 impl World {
@@ -250,7 +252,8 @@ impl World {
     fn apply(&mut self, op: &Op) {
         match *op {
             Op::Create { dir, name } => {
-                let result = self.engine.create(self.dir_id(dir), &file_name(name), 0o644, libc::O_RDWR | libc::O_EXCL, ROOT);
+                let result =
+                    self.engine.create(self.dir_id(dir), &file_name(name), 0o644, libc::O_RDWR | libc::O_EXCL, ROOT);
                 match self.model.file_at((dir, name)) {
                     Some(_) => assert_eq!(result.unwrap_err().0, libc::EEXIST),
                     None => {
@@ -301,7 +304,8 @@ impl World {
                 }
             }
             Op::Rename { from, to } => {
-                let result = self.engine.rename(self.dir_id(from.0), &file_name(from.1), self.dir_id(to.0), &file_name(to.1), 0);
+                let result =
+                    self.engine.rename(self.dir_id(from.0), &file_name(from.1), self.dir_id(to.0), &file_name(to.1), 0);
                 let Some(file) = self.model.file_at(from) else {
                     assert_eq!(result.unwrap_err().0, libc::ENOENT);
                     return;
@@ -395,7 +399,9 @@ impl World {
                         .map(|a| match a {
                             None => "absent".to_string(),
                             Some(f) => match &actual {
-                                Some(bytes) => format!("file {f}: {}", self.model.files[f].allows(bytes).err().unwrap_or_default()),
+                                Some(bytes) => {
+                                    format!("file {f}: {}", self.model.files[f].allows(bytes).err().unwrap_or_default())
+                                }
                                 None => format!("file {f}"),
                             },
                         })
@@ -495,10 +501,18 @@ fn a_partial_unit_is_merged_with_the_stores_bytes_and_counted_as_read() {
     let (attr, opened) = engine.create(ROOT_ID, OsStr::new("f"), 0o644, libc::O_RDWR, ROOT).unwrap();
     engine.write(opened.fh, 0, &pattern(UNIT, 1, 0), libc::O_RDWR, false, false).unwrap();
     engine.fsync(opened.fh, false).unwrap();
-    assert_eq!(metrics.backend_read_bytes_for_writes.load(std::sync::atomic::Ordering::Relaxed), 0, "a whole unit needs no read");
+    assert_eq!(
+        metrics.backend_read_bytes_for_writes.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "a whole unit needs no read"
+    );
     engine.write(opened.fh, 100, b"xyz", libc::O_RDWR, false, false).unwrap();
     engine.fsync(opened.fh, false).unwrap();
-    assert_eq!(metrics.backend_read_bytes_for_writes.load(std::sync::atomic::Ordering::Relaxed), UNIT, "the rest of the unit was read");
+    assert_eq!(
+        metrics.backend_read_bytes_for_writes.load(std::sync::atomic::Ordering::Relaxed),
+        UNIT,
+        "the rest of the unit was read"
+    );
     let mut want = pattern(UNIT, 1, 0);
     want[100..103].copy_from_slice(b"xyz");
     assert_eq!(store.read_path(&[OsStr::new("f")]).unwrap(), want);

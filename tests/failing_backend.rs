@@ -94,7 +94,8 @@ fn pattern_of_small_fsyncs(acked: usize) -> Vec<u8> {
 
 fn peak_rss_mib(pid: i32) -> u64 {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: u64 = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    let kib: u64 =
+        status.lines().find(|l| l.starts_with("VmHWM:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
     kib / 1024
 }
 
@@ -136,7 +137,12 @@ fn run_case(fault: Fault, workload: Workload, log: bool) {
         (Fault::Full, Workload::SmallFsynced) => {
             // Most of the space taken by a file made through the mount, so that removing it
             // through the mount gives the space back.
-            let (out, _) = timed(&m, 60, "dd", &["if=/dev/zero", &format!("of={}", path_str(&filler)), "bs=1M", "count=200", "conv=fsync"]);
+            let (out, _) = timed(
+                &m,
+                60,
+                "dd",
+                &["if=/dev/zero", &format!("of={}", path_str(&filler)), "bs=1M", "count=200", "conv=fsync"],
+            );
             assert!(!out.status.success(), "{case}: the filler was meant to fill the file system");
         }
         (Fault::Full, Workload::Streaming) => {}
@@ -207,7 +213,10 @@ fn run_case(fault: Fault, workload: Workload, log: bool) {
         assert!(started.elapsed() < Duration::from_secs(30), "{case}: unmount took {:?}", started.elapsed());
         let said = stderr_of(&out);
         if refused > 0 {
-            assert!(!out.status.success(), "{case}: {refused} refused bytes were buffered, yet unmount reported nothing");
+            assert!(
+                !out.status.success(),
+                "{case}: {refused} refused bytes were buffered, yet unmount reported nothing"
+            );
             assert!(said.contains("could not be written before unmount"), "{case}: unmount said {said:?}");
         }
     }
@@ -218,7 +227,10 @@ fn run_case(fault: Fault, workload: Workload, log: bool) {
     if workload == Workload::SmallFsynced && acked_fsyncs > 0 {
         let now = fs::read(m.path("victim")).unwrap_or_default();
         let want = pattern_of_small_fsyncs(acked_fsyncs);
-        assert!(now.len() >= want.len() && now[..want.len()] == want[..], "{case}: {acked_fsyncs} acknowledged small writes not all there");
+        assert!(
+            now.len() >= want.len() && now[..want.len()] == want[..],
+            "{case}: {acked_fsyncs} acknowledged small writes not all there"
+        );
     }
     drop(m);
 }
@@ -319,7 +331,11 @@ fn sigterm_ends_the_daemon_even_when_the_mount_stays_busy() {
     let started = Instant::now();
     unsafe { libc::kill(pid, libc::SIGTERM) };
     while !process_gone(pid) {
-        assert!(started.elapsed() < Duration::from_secs(40), "the daemon still runs {:?} after SIGTERM", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "the daemon still runs {:?} after SIGTERM",
+            started.elapsed()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let took = started.elapsed();

@@ -176,7 +176,7 @@ fn the_log_is_bypassed_where_it_cannot_stand_for_a_backend_sync() {
     let options = ["log=on", "unit=64K", "flush_age=3600s", "writeback_cache=off"];
     let mut m = TestMount::with_options(&options);
     fs::create_dir(m.path("dir")).unwrap();
-    let new = OpenOptions::new().read(true).write(true).create(true).open(m.path("dir/new")).unwrap();
+    let new = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.path("dir/new")).unwrap();
     new.write_all_at(&pattern(1000, 3), 0).unwrap();
     new.sync_all().unwrap();
     assert_eq!(m.counter("log_fsyncs_total"), 0, "a new file is synced on the backend");
@@ -252,7 +252,10 @@ fn new_files_come_back_under_their_names_when_the_backend_lost_them() {
         assert_eq!(listed(&m), ["a", "again", "b"], "backend lost {backend_lost}: names as fsynced and renamed");
         assert!(fs::read(m.path("d/a")).unwrap() == pattern(1000, 1), "backend lost {backend_lost}: d/a differs");
         assert!(fs::read(m.path("d/b")).unwrap() == pattern(3000, 2), "backend lost {backend_lost}: d/b differs");
-        assert!(fs::read(m.path("d/again")).unwrap() == pattern(700, 4), "backend lost {backend_lost}: d/again differs");
+        assert!(
+            fs::read(m.path("d/again")).unwrap() == pattern(700, 4),
+            "backend lost {backend_lost}: d/again differs"
+        );
         m.remount();
         assert_eq!(m.counter("log_replayed_records_total"), 0, "replayed once, then checkpointed");
         assert_eq!(listed(&m), ["a", "again", "b"]);
@@ -305,7 +308,8 @@ fn recovery_interrupted_again_and_again_still_recovers_everything() {
     for (name, bytes) in &expected {
         assert!(fs::read(m.path(name)).unwrap() == *bytes, "{name} differs after interrupted recoveries");
     }
-    let mut names: Vec<String> = fs::read_dir(m.path("d")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<String> =
+        fs::read_dir(m.path("d")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     assert_eq!(names, ["f0", "f1", "f2", "f3", "f4", "f5"], "each file once, no leftovers");
     assert!(!m.backing_path(".coalescefs/intent.log.replay-map").exists(), "the map goes with the log's records");
@@ -382,7 +386,10 @@ fn coalescefs_sync_checkpoints_and_leaves_nothing_to_replay() {
     assert_eq!(m.counter("log_checkpoints_total"), checkpoints + 1);
     assert!(fs::read(m.backing_path("small")).unwrap() == pattern(3000, 9), "the backend holds the bytes");
     let out = coalescefs(&["recover", &path_str(&m.backing)]);
-    assert!(!out.status.success() && stderr_of(&out).contains("unmount it first"), "recover refuses a mounted directory");
+    assert!(
+        !out.status.success() && stderr_of(&out).contains("unmount it first"),
+        "recover refuses a mounted directory"
+    );
     kill_daemon(&mut m);
     m.mount();
     assert_eq!(m.counter("log_replayed_records_total"), 0, "nothing left to replay");
@@ -415,7 +422,8 @@ fn a_damaged_log_stops_the_mount_and_says_where() {
     let log = m.backing_path(".coalescefs/intent.log");
     let mut bytes = fs::read(&log).unwrap();
     // The batch holding the first fsync's bytes (the log also holds released batches).
-    let first_bytes = bytes.windows(300).position(|w| w == pattern(300, 0).as_slice()).expect("the first fsync's bytes");
+    let first_bytes =
+        bytes.windows(300).position(|w| w == pattern(300, 0).as_slice()).expect("the first fsync's bytes");
     let first_batch = bytes[..first_bytes].windows(8).rposition(|w| w == b"CFSBATCH").expect("its batch");
     bytes[first_bytes + 100] ^= 0x40;
     fs::write(&log, &bytes).unwrap();
@@ -441,5 +449,9 @@ fn a_damaged_log_stops_the_mount_and_says_where() {
     assert!(fs::read(m.path("f")).unwrap() == expected, "contents differ");
     m.unmount();
     let out = coalescefs(&["recover", &path_str(&m.backing)]);
-    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("every batch intact"), "{}", stderr_of(&out));
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("every batch intact"),
+        "{}",
+        stderr_of(&out)
+    );
 }

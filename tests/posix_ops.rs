@@ -134,7 +134,11 @@ fn unlink_keeps_open_files_readable() {
 fn renameat2(from: &std::path::Path, to: &std::path::Path, flags: u32) -> i32 {
     let (a, b) = (cstr(from), cstr(to));
     let ret = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) };
-    if ret == 0 { 0 } else { errno() }
+    if ret == 0 {
+        0
+    } else {
+        errno()
+    }
 }
 
 #[test]
@@ -174,7 +178,10 @@ fn hard_links_share_an_inode() {
     assert_eq!(b.nlink(), 2);
     fs::write(m.path("link"), b"changed").unwrap();
     assert_eq!(fs::read(m.path("orig")).unwrap(), b"changed");
-    assert_eq!(fs::metadata(m.backing_path("orig")).unwrap().ino(), fs::metadata(m.backing_path("link")).unwrap().ino());
+    assert_eq!(
+        fs::metadata(m.backing_path("orig")).unwrap().ino(),
+        fs::metadata(m.backing_path("link")).unwrap().ino()
+    );
     assert_eq!(fs::hard_link(m.path("orig"), m.path("link")).unwrap_err().raw_os_error(), Some(libc::EEXIST));
 }
 
@@ -202,7 +209,7 @@ fn a_symlink_swapped_into_the_backing_directory_is_never_followed_by_the_daemon(
     let outside = tempfile::tempdir().unwrap();
     fs::create_dir(m.path("d")).unwrap();
     File::create(m.path("d/existing")).unwrap(); // the kernel now holds d by inode
-    // Behind the mount's back, d becomes a symlink to a directory outside the backing dir.
+                                                 // Behind the mount's back, d becomes a symlink to a directory outside the backing dir.
     fs::rename(m.backing_path("d"), m.backing_path("d.old")).unwrap();
     std::os::unix::fs::symlink(outside.path(), m.backing_path("d")).unwrap();
     let created = File::create(m.path("d/new"));
@@ -229,7 +236,11 @@ fn extended_attributes() {
     File::create(&p).unwrap();
     let c = cstr(&p);
     let set = |name: &std::ffi::CStr, value: &[u8], flags: i32| unsafe {
-        if libc::setxattr(c.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags) == 0 { 0 } else { errno() }
+        if libc::setxattr(c.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags) == 0 {
+            0
+        } else {
+            errno()
+        }
     };
     assert_eq!(set(c"user.color", b"blue", 0), 0);
     assert_eq!(set(c"user.color", b"red", libc::XATTR_CREATE), libc::EEXIST);
@@ -251,7 +262,7 @@ fn extended_attributes() {
 #[test]
 fn fallocate_extends_keeps_size_and_punches_holes() {
     let m = TestMount::new();
-    let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("f")).unwrap();
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.path("f")).unwrap();
     let fd = f.as_raw_fd();
     assert_eq!(unsafe { libc::fallocate(fd, 0, 0, 1 << 20) }, 0);
     assert_eq!(f.metadata().unwrap().len(), 1 << 20);
@@ -284,7 +295,7 @@ fn copy_file_range_copies_bytes() {
     let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
     fs::write(m.path("src"), &data).unwrap();
     let src = File::open(m.path("src")).unwrap();
-    let dst = OpenOptions::new().write(true).create(true).open(m.path("dst")).unwrap();
+    let dst = OpenOptions::new().write(true).create(true).truncate(false).open(m.path("dst")).unwrap();
     let mut off_in: i64 = 1000;
     let mut off_out: i64 = 0;
     let mut left = 200_000usize;
@@ -300,7 +311,7 @@ fn copy_file_range_copies_bytes() {
 #[test]
 fn seek_data_and_seek_hole_find_the_written_ranges() {
     let m = TestMount::new();
-    let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("sparse")).unwrap();
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.path("sparse")).unwrap();
     f.set_len(64 << 20).unwrap();
     use std::os::unix::fs::FileExt;
     f.write_all_at(&[1u8; 1 << 20], 32 << 20).unwrap();
@@ -502,9 +513,20 @@ fn times_set_between_the_last_write_and_close_survive_the_flush() {
             return;
         }
         for name in ["small", "large"] {
-            for (where_, md) in [("mount", fs::metadata(m.path(name)).unwrap()), ("backing", fs::metadata(m.backing_path(name)).unwrap())] {
-                assert_eq!((md.mtime(), md.mtime_nsec()), (1_200_000_000, 700), "{name} mtime in the {where_}, writeback_cache={mode}");
-                assert_eq!((md.atime(), md.atime_nsec()), (1_000_000_000, 5), "{name} atime in the {where_}, writeback_cache={mode}");
+            for (where_, md) in [
+                ("mount", fs::metadata(m.path(name)).unwrap()),
+                ("backing", fs::metadata(m.backing_path(name)).unwrap()),
+            ] {
+                assert_eq!(
+                    (md.mtime(), md.mtime_nsec()),
+                    (1_200_000_000, 700),
+                    "{name} mtime in the {where_}, writeback_cache={mode}"
+                );
+                assert_eq!(
+                    (md.atime(), md.atime_nsec()),
+                    (1_000_000_000, 5),
+                    "{name} atime in the {where_}, writeback_cache={mode}"
+                );
             }
         }
         // A write after the times were set is a new modification: its time wins again.

@@ -34,7 +34,8 @@ fn a_daemon_with_fewer_descriptors_than_cached_files_serves_them_all() {
     }
     // The first files' descriptors were closed long ago: open, write, chmod and read them
     // again, through handles the kernel still holds.
-    let early: Vec<File> = (0..200).map(|i| OpenOptions::new().read(true).write(true).open(m.path(&format!("d/f{i}"))).unwrap()).collect();
+    let early: Vec<File> =
+        (0..200).map(|i| OpenOptions::new().read(true).write(true).open(m.path(&format!("d/f{i}"))).unwrap()).collect();
     for (i, f) in early.iter().enumerate() {
         f.set_permissions(fs::Permissions::from_mode(0o600)).unwrap();
         let mut text = String::new();

@@ -23,7 +23,7 @@ fn writes_straddling_units_reach_the_backend_as_units_aligned_to_absolute_offset
     }
     // Without the kernel's cache: the engine sees the application's writes as they were made.
     let m = TestMount::with_options(&["unit=64K", "writeback_cache=off"]);
-    let f = OpenOptions::new().write(true).create(true).open(m.path("f")).unwrap();
+    let f = OpenOptions::new().write(true).create(true).truncate(false).open(m.path("f")).unwrap();
     // [30000, 132400): the tail of unit 0, all of unit 1, the head of unit 2.
     let data = pattern(102_400, 3);
     f.write_all_at(&data, 30_000).unwrap();
@@ -81,7 +81,7 @@ fn a_file_smaller_than_a_unit_is_written_through_the_page_cache() {
 #[test]
 fn readers_see_buffered_data_before_the_backend_has_it() {
     let m = TestMount::with_options(&["unit=1M", "flush_age=3600s"]);
-    let writer = OpenOptions::new().write(true).create(true).open(m.path("f")).unwrap();
+    let writer = OpenOptions::new().write(true).create(true).truncate(false).open(m.path("f")).unwrap();
     let data = pattern(10_000, 9);
     writer.write_all_at(&data, 5_000).unwrap();
     // Another reader, through the mount: the last write, from the buffer.
@@ -105,7 +105,7 @@ fn readers_see_buffered_data_before_the_backend_has_it() {
 #[test]
 fn fsync_returns_only_once_the_backend_has_the_data() {
     let m = TestMount::with_options(&["unit=1M", "flush_age=3600s"]);
-    let f = OpenOptions::new().write(true).create(true).open(m.path("f")).unwrap();
+    let f = OpenOptions::new().write(true).create(true).truncate(false).open(m.path("f")).unwrap();
     for round in 0..5u8 {
         let data = pattern(777, round);
         f.write_all_at(&data, round as u64 * 1000).unwrap();
@@ -118,7 +118,7 @@ fn fsync_returns_only_once_the_backend_has_the_data() {
 #[test]
 fn truncate_and_fallocate_of_buffered_ranges() {
     let m = TestMount::with_options(&["unit=64K", "flush_age=3600s"]);
-    let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("f")).unwrap();
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.path("f")).unwrap();
     let data = pattern(200_000, 5);
     f.write_all_at(&data, 0).unwrap();
     // Shrink inside a buffered unit: the rest must never come back.
@@ -167,8 +167,12 @@ fn a_backend_eio_under_the_kernel_writeback_cache_drops_nothing_either() {
     if !in_a_process_of_its_own("a_backend_eio_under_the_kernel_writeback_cache_drops_nothing_either") {
         return;
     }
-    let m = TestMount::build(&["unit=64K", "flush_age=3600s", "writeback_cache=on"], &[("COALESCEFS_FAULTS", "write=EIO")], None);
-    let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("f")).unwrap();
+    let m = TestMount::build(
+        &["unit=64K", "flush_age=3600s", "writeback_cache=on"],
+        &[("COALESCEFS_FAULTS", "write=EIO")],
+        None,
+    );
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.path("f")).unwrap();
     let data = pattern(100_000, 17);
     let write_back = |from: usize, to: usize| {
         f.write_all_at(&data[from..to], from as u64).unwrap();
@@ -194,16 +198,22 @@ fn a_backend_eio_reaches_close_and_fsync_while_the_retries_fail() {
     }
     let options = ["unit=64K", "flush_age=3600s", "writeback_cache=off"]; // the write reaches the engine now
     let m = TestMount::build(&options, &[("COALESCEFS_FAULTS", "write=EIO*3")], None);
-    let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("f")).unwrap();
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.path("f")).unwrap();
     let data = pattern(65_536, 23);
     f.write_all_at(&data, 0).unwrap(); // a whole unit: flushed at once, and the flush fails
     wait_for(|| m.counter("flush_errors_total") >= 1, "the injected flush failure");
     let other = f.try_clone().unwrap(); // the same open file, as after fork
     let closed = unsafe { libc::close(std::os::fd::IntoRawFd::into_raw_fd(f)) };
-    assert_eq!((closed, io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EIO)), "close tries again, and reports");
+    assert_eq!(
+        (closed, io::Error::last_os_error().raw_os_error()),
+        (-1, Some(libc::EIO)),
+        "close tries again, and reports"
+    );
     let err = other.sync_all().expect_err("fsync tries again, and hears of it on its own account");
     assert_eq!(err.raw_os_error(), Some(libc::EIO));
-    other.sync_all().expect("the faults are used up: the retry writes everything, and healed refusals are not reported");
+    other
+        .sync_all()
+        .expect("the faults are used up: the retry writes everything, and healed refusals are not reported");
     assert_eq!(fs::read(m.backing_path("f")).unwrap(), data);
     assert_eq!(m.counter("flush_errors_total"), 3);
 }
@@ -211,7 +221,7 @@ fn a_backend_eio_reaches_close_and_fsync_while_the_retries_fail() {
 fn check_backend_eio(extra: &[&str]) {
     let options: Vec<&str> = ["unit=64K", "flush_age=3600s"].iter().chain(extra).copied().collect();
     let m = TestMount::build(&options, &[("COALESCEFS_FAULTS", "write=EIO*2")], None);
-    let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("f")).unwrap();
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.path("f")).unwrap();
     let data = pattern(100_000, 11);
     f.write_all_at(&data, 0).unwrap();
     let err = f.sync_all().unwrap_err();
@@ -238,7 +248,7 @@ fn a_full_backend_reports_enospc_and_keeps_the_data_until_there_is_room() {
     fs::create_dir(&backing).unwrap();
     {
         let mut m = TestMount::build(&["unit=1M", "flush_age=3600s"], &[], Some(&backing));
-        let f = OpenOptions::new().read(true).write(true).create(true).open(m.path("big")).unwrap();
+        let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.path("big")).unwrap();
         let data = pattern(24 << 20, 13); // more than the file system holds
         let mut write_error = None;
         for (i, chunk) in data.chunks(1 << 20).enumerate() {
@@ -294,7 +304,12 @@ fn scattered_small_writes_land_and_the_backing_file_system_is_free_after_umount(
         assert_eq!(fs::read(backing.join("f")).unwrap(), expected, "round {round}");
         let out = Command::new("umount").arg(small.path()).output().unwrap();
         assert!(out.status.success(), "round {round}: {}", String::from_utf8_lossy(&out.stderr));
-        let out = Command::new("mount").args(["-o", "loop"]).arg(small.dir.path().join("fs.img")).arg(small.path()).output().unwrap();
+        let out = Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(small.dir.path().join("fs.img"))
+            .arg(small.path())
+            .output()
+            .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
 }
@@ -406,7 +421,7 @@ fn stats_and_prometheus_answer() {
 #[test]
 fn fsynced_data_survives_kill_9_of_the_daemon_and_nothing_else_is_garbage() {
     let mut m = TestMount::with_options(&["unit=64K", "flush_age=3600s"]);
-    let f = OpenOptions::new().write(true).create(true).open(m.path("f")).unwrap();
+    let f = OpenOptions::new().write(true).create(true).truncate(false).open(m.path("f")).unwrap();
     let durable = pattern(70_000, 21); // one full unit and a partial one
     f.write_all_at(&durable, 0).unwrap();
     f.sync_all().unwrap();
@@ -457,13 +472,25 @@ fn auto_writeback_cache_gathers_new_files_and_never_reads_around_old_ones() {
         expected[offset as usize..offset as usize + 512].fill(0xab);
     }
     let after = m.stats();
-    assert_eq!(after["application_write_requests_total"] - before["application_write_requests_total"], 64,
-               "each small write to a file with data reaches the daemon as written");
-    assert_eq!(after["application_read_bytes_total"], before["application_read_bytes_total"],
-               "and the kernel read nothing to complete a page");
+    assert_eq!(
+        after["application_write_requests_total"] - before["application_write_requests_total"],
+        64,
+        "each small write to a file with data reaches the daemon as written"
+    );
+    assert_eq!(
+        after["application_read_bytes_total"], before["application_read_bytes_total"],
+        "and the kernel read nothing to complete a page"
+    );
 
     let map = unsafe {
-        libc::mmap(std::ptr::null_mut(), 1 << 20, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, old.as_raw_fd(), 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            1 << 20,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            old.as_raw_fd(),
+            0,
+        )
     };
     assert_ne!(map, libc::MAP_FAILED, "an uncached handle can be mapped shared: {}", std::io::Error::last_os_error());
     let mapped = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), 1 << 20) };

@@ -168,7 +168,9 @@ impl Faults {
             let matching = rules.iter_mut().find(|r| {
                 r.op == op
                     && r.remaining != Some(0)
-                    && r.path_contains.as_ref().is_none_or(|p| path.is_some_and(|path| path.to_string_lossy().contains(p.as_str())))
+                    && r.path_contains
+                        .as_ref()
+                        .is_none_or(|p| path.is_some_and(|path| path.to_string_lossy().contains(p.as_str())))
             });
             let Some(rule) = matching else { return Ok(()) };
             if rule.skip > 0 {
@@ -253,7 +255,14 @@ impl Namespace for FaultyBackend {
         self.check(FaultOp::Mutate, Some(parent))?;
         self.ns.remove(parent, name, directory)
     }
-    fn rename(&self, parent: ObjectId, name: &OsStr, new_parent: ObjectId, new_name: &OsStr, flags: u32) -> SysResult<()> {
+    fn rename(
+        &self,
+        parent: ObjectId,
+        name: &OsStr,
+        new_parent: ObjectId,
+        new_name: &OsStr,
+        flags: u32,
+    ) -> SysResult<()> {
         self.check(FaultOp::Mutate, Some(parent))?;
         self.ns.rename(parent, name, new_parent, new_name, flags)
     }
@@ -430,7 +439,11 @@ mod tests {
 
     #[test]
     fn a_stall_ends_when_cleared() {
-        let f = std::sync::Arc::new(Faults { rules: Mutex::new(Vec::new()), cleared: Condvar::new(), generation: Mutex::new(0) });
+        let f = std::sync::Arc::new(Faults {
+            rules: Mutex::new(Vec::new()),
+            cleared: Condvar::new(),
+            generation: Mutex::new(0),
+        });
         f.control("inject read=stall:60s").unwrap();
         let stalled = {
             let f = f.clone();

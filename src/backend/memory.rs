@@ -19,7 +19,9 @@ use std::ffi::{OsStr, OsString};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::backend::{Capabilities, DirReader, FileData, Namespace, OpenMode, UnitSource, UnitStore, UnitWrite};
-use crate::engine::types::{Attr, DirEntry, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, TimeToSet, Timestamp, XattrReply, ROOT_ID};
+use crate::engine::types::{
+    Attr, DirEntry, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, TimeToSet, Timestamp, XattrReply, ROOT_ID,
+};
 use crate::sys::{Errno, SysResult};
 
 #[derive(Clone, Debug)]
@@ -143,7 +145,8 @@ impl State {
 
     /// An object with no name, no lookup and no open handle is gone.
     fn collect(&mut self, id: ObjectId) {
-        let unnamed = self.tree.objects.get(&id).is_some_and(|o| o.nlink == 0 || (o.kind == Kind::Directory && o.nlink <= 1));
+        let unnamed =
+            self.tree.objects.get(&id).is_some_and(|o| o.nlink == 0 || (o.kind == Kind::Directory && o.nlink <= 1));
         let held = self.lookups.get(&id).is_some_and(|&n| n > 0) || self.open_handles.get(&id).is_some_and(|&n| n > 0);
         if unnamed && !held && id != ROOT_ID {
             self.tree.objects.remove(&id);
@@ -235,7 +238,8 @@ impl MemoryBackend {
         s.tree = s.durable_tree.clone();
         s.data = s.durable_data.clone();
         // A file whose name was durable and whose data never was is empty.
-        let files: Vec<ObjectId> = s.tree.objects.iter().filter(|(_, o)| o.kind == Kind::File).map(|(&id, _)| id).collect();
+        let files: Vec<ObjectId> =
+            s.tree.objects.iter().filter(|(_, o)| o.kind == Kind::File).map(|(&id, _)| id).collect();
         for id in files {
             s.data.entry(id).or_default();
         }
@@ -412,7 +416,14 @@ impl Namespace for MemoryBackend {
         Ok(())
     }
 
-    fn rename(&self, parent: ObjectId, name: &OsStr, new_parent: ObjectId, new_name: &OsStr, flags: u32) -> SysResult<()> {
+    fn rename(
+        &self,
+        parent: ObjectId,
+        name: &OsStr,
+        new_parent: ObjectId,
+        new_name: &OsStr,
+        flags: u32,
+    ) -> SysResult<()> {
         valid_name(new_name)?;
         let mut s = lock(&self.state);
         let id = *s.dir(parent)?.entries.get(name).ok_or(Errno(libc::ENOENT))?;
@@ -448,7 +459,11 @@ impl Namespace for MemoryBackend {
                 if at == id {
                     return Err(Errno(libc::EINVAL));
                 }
-                let up = s.tree.objects.iter().find(|(_, o)| o.entries.values().any(|&c| c == at && o.kind == Kind::Directory));
+                let up = s
+                    .tree
+                    .objects
+                    .iter()
+                    .find(|(_, o)| o.entries.values().any(|&c| c == at && o.kind == Kind::Directory));
                 match up {
                     Some((&p, _)) if at != ROOT_ID => at = p,
                     _ => break,
@@ -524,7 +539,16 @@ impl Namespace for MemoryBackend {
     }
 
     fn statfs(&self, _id: ObjectId) -> SysResult<StatFs> {
-        Ok(StatFs { blocks: 1 << 20, blocks_free: 1 << 19, blocks_available: 1 << 19, files: 1 << 20, files_free: 1 << 19, block_size: 4096, name_max: 255, fragment_size: 4096 })
+        Ok(StatFs {
+            blocks: 1 << 20,
+            blocks_free: 1 << 19,
+            blocks_available: 1 << 19,
+            files: 1 << 20,
+            files_free: 1 << 19,
+            block_size: 4096,
+            name_max: 255,
+            fragment_size: 4096,
+        })
     }
 
     fn open_dir(&self, id: ObjectId) -> SysResult<Box<dyn DirReader>> {
@@ -609,7 +633,11 @@ impl FileData for MemoryFileData {
     fn write_unit(&self, unit: &UnitWrite<'_>) -> SysResult<()> {
         let limit = unit.limit();
         // The store's rule, at its boundary: a whole unit (up to the file's end) or nothing.
-        assert!(self.partial_writes || unit.ranges.covers(0, limit), "a partial unit for a store of whole units: {:?}", unit.ranges);
+        assert!(
+            self.partial_writes || unit.ranges.covers(0, limit),
+            "a partial unit for a store of whole units: {:?}",
+            unit.ranges
+        );
         let mut s = lock(&self.state);
         s.unit_writes += 1;
         let data = s.data.get_mut(&self.id).ok_or(Errno(libc::ESTALE))?;

@@ -34,7 +34,10 @@ pub enum UnitSource {
     /// `-o unit=`.
     Option,
     /// A block device's hint (`optimal_io_size`, `minimum_io_size`, `st_blksize`).
-    Device { device: String, attribute: &'static str },
+    Device {
+        device: String,
+        attribute: &'static str,
+    },
     /// The store's own rule (an object store's part size, a row size).
     Store,
     Default,
@@ -98,7 +101,14 @@ pub trait Namespace: Send + Sync {
     fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()>;
 
     /// renameat2(2), with its flags (RENAME_NOREPLACE, RENAME_EXCHANGE).
-    fn rename(&self, parent: ObjectId, name: &OsStr, new_parent: ObjectId, new_name: &OsStr, flags: u32) -> SysResult<()>;
+    fn rename(
+        &self,
+        parent: ObjectId,
+        name: &OsStr,
+        new_parent: ObjectId,
+        new_name: &OsStr,
+        flags: u32,
+    ) -> SysResult<()>;
 
     fn readlink(&self, id: ObjectId) -> SysResult<Vec<u8>>;
 
@@ -211,7 +221,13 @@ pub trait FileData: Send + Sync {
 
     /// Copies `length` bytes from `source_offset` to `target` at `target_offset` inside the
     /// store; ENOSYS where it cannot (the kernel copies through reads and writes).
-    fn copy_to(&self, _source_offset: u64, _target: &dyn FileData, _target_offset: u64, _length: u64) -> SysResult<usize> {
+    fn copy_to(
+        &self,
+        _source_offset: u64,
+        _target: &dyn FileData,
+        _target_offset: u64,
+        _length: u64,
+    ) -> SysResult<usize> {
         Err(Errno(libc::ENOSYS))
     }
 

@@ -30,7 +30,7 @@ use crate::sys::{Errno, SysResult};
 use intent_log::device::LogDevice;
 use intent_log::format::Record;
 use intent_log::{IntentLog, LogError};
-use types::{Attr, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, Timestamp, TimesToSet, XattrReply, ROOT_ID};
+use types::{Attr, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, TimesToSet, Timestamp, XattrReply, ROOT_ID};
 use writeback::{ErrorReport, FileState, Unwritten, Writeback, WritebackConfig};
 
 /// Who asked: files and directories created on a user's behalf belong to that user.
@@ -253,7 +253,8 @@ impl Engine {
             self.drop_set_id_bits(id)?;
         }
         if changes.uid.is_some() || changes.gid.is_some() || changes.mode.is_some() {
-            let owner_and_mode = SetAttr { mode: changes.mode, uid: changes.uid, gid: changes.gid, ..SetAttr::default() };
+            let owner_and_mode =
+                SetAttr { mode: changes.mode, uid: changes.uid, gid: changes.gid, ..SetAttr::default() };
             self.ns.setattr(id, &owner_and_mode)?;
         }
         if let Some(size) = changes.size {
@@ -400,13 +401,21 @@ impl Engine {
             }
         }
         if let (Some((key, id)), Ok(parent_key)) = (removed, self.ns.log_key(parent)) {
-            let record = Record::Unlink { file: key, parent: parent_key, name: name.as_encoded_bytes().to_vec(), directory };
+            let record =
+                Record::Unlink { file: key, parent: parent_key, name: name.as_encoded_bytes().to_vec(), directory };
             self.writeback.note_names_changed(Some(record), None, &[id]);
         }
         Ok(())
     }
 
-    pub fn rename(&self, parent: ObjectId, name: &OsStr, new_parent: ObjectId, new_name: &OsStr, flags: u32) -> SysResult<()> {
+    pub fn rename(
+        &self,
+        parent: ObjectId,
+        name: &OsStr,
+        new_parent: ObjectId,
+        new_name: &OsStr,
+        flags: u32,
+    ) -> SysResult<()> {
         self.checked_name(parent, name, false)?;
         self.checked_name(new_parent, new_name, true)?;
         let moved = self.named_object(parent, name);
@@ -436,7 +445,11 @@ impl Engine {
             to_name: new_name.as_encoded_bytes().to_vec(),
             replaced: replaced_key,
         };
-        self.writeback.note_names_changed(Some(record), Some((id, new_parent)), &replaced_id.into_iter().collect::<Vec<_>>());
+        self.writeback.note_names_changed(
+            Some(record),
+            Some((id, new_parent)),
+            &replaced_id.into_iter().collect::<Vec<_>>(),
+        );
         Ok(())
     }
 
@@ -477,10 +490,9 @@ impl Engine {
         let mut bypass_page_cache = false;
         if let (Some(state), true, PageCache::Auto) = (&state, writable, self.config.page_cache) {
             let mut modes = lock(&self.writer_modes);
-            let writer = modes.entry(id).or_insert_with(|| WriterMode {
-                handles: 0,
-                bypass_page_cache: self.holds_data(&*data, state),
-            });
+            let writer = modes
+                .entry(id)
+                .or_insert_with(|| WriterMode { handles: 0, bypass_page_cache: self.holds_data(&*data, state) });
             writer.handles += 1;
             bypass_page_cache = writer.bypass_page_cache;
         }
@@ -507,7 +519,14 @@ impl Engine {
         self.register_file(id, attr.kind, flags)
     }
 
-    pub fn create(&self, parent: ObjectId, name: &OsStr, mode: u32, flags: i32, caller: Caller) -> SysResult<(Attr, Opened)> {
+    pub fn create(
+        &self,
+        parent: ObjectId,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> SysResult<(Attr, Opened)> {
         let attr = match self.make(parent, name, NewObject::File { perm: mode & 0o7777 }, caller) {
             Ok(attr) => attr,
             // Made by someone else since the kernel looked: without O_EXCL that is an open.
@@ -545,7 +564,15 @@ impl Engine {
 
     /// `drop_set_id_bits`: the writer lacks CAP_FSETID (see [`Engine::drop_set_id_bits`]).
     /// `from_page_cache`: see [`Writeback::write`].
-    pub fn write(&self, fh: u64, offset: u64, bytes: &[u8], flags: i32, drop_set_id_bits: bool, from_page_cache: bool) -> SysResult<u32> {
+    pub fn write(
+        &self,
+        fh: u64,
+        offset: u64,
+        bytes: &[u8],
+        flags: i32,
+        drop_set_id_bits: bool,
+        from_page_cache: bool,
+    ) -> SysResult<u32> {
         let open = self.open_file(fh)?;
         let state = open.state()?;
         if drop_set_id_bits {
@@ -622,7 +649,14 @@ impl Engine {
         open.data.seek(offset, whence)
     }
 
-    pub fn copy_file_range(&self, source_fh: u64, source_offset: u64, target_fh: u64, target_offset: u64, length: u64) -> SysResult<u32> {
+    pub fn copy_file_range(
+        &self,
+        source_fh: u64,
+        source_offset: u64,
+        target_fh: u64,
+        target_offset: u64,
+        length: u64,
+    ) -> SysResult<u32> {
         let source = self.flushed(source_fh)?;
         let target = self.flushed(target_fh)?;
         // FUSE replies carry a u32 byte count; the kernel loops for the rest.
@@ -715,7 +749,11 @@ impl Engine {
 
 /// `coalescefs recover`: applies every intact batch of a damaged intent log and empties the
 /// log. Returns a line for each batch that could not be read.
-pub fn salvage_log(ns: &dyn Namespace, store: &dyn UnitStore, device: Box<dyn LogDevice>) -> Result<Vec<String>, String> {
+pub fn salvage_log(
+    ns: &dyn Namespace,
+    store: &dyn UnitStore,
+    device: Box<dyn LogDevice>,
+) -> Result<Vec<String>, String> {
     let metrics = Arc::new(Metrics::default());
     let name = device.describe();
     let (log, batches, lost) = IntentLog::salvage(device, metrics.clone()).map_err(|e| format!("{name}: {e}"))?;
@@ -725,7 +763,12 @@ pub fn salvage_log(ns: &dyn Namespace, store: &dyn UnitStore, device: Box<dyn Lo
 
 /// Opens the intent log and applies what it holds after its checkpoint (see `replay`), so the
 /// log starts empty.
-fn recover_from_log(ns: &dyn Namespace, store: &dyn UnitStore, setup: LogSetup, metrics: &Arc<Metrics>) -> Result<IntentLog, String> {
+fn recover_from_log(
+    ns: &dyn Namespace,
+    store: &dyn UnitStore,
+    setup: LogSetup,
+    metrics: &Arc<Metrics>,
+) -> Result<IntentLog, String> {
     let name = setup.device.describe();
     let (log, batches) = IntentLog::open(setup.device, setup.created, metrics.clone()).map_err(|e| match e {
         LogError::Corrupt(_) => format!("{name}: {e}; nothing was replayed or changed"),

@@ -176,7 +176,9 @@ impl Replay<'_> {
         Ok(match record {
             // Only the store's own evidence counts: an object replay made (an interrupted one,
             // before this) is not the logged one, whatever key it has.
-            Record::Create { file, .. } if self.made_by_replay.contains(file) || self.recreated.contains_key(file) => false,
+            Record::Create { file, .. } if self.made_by_replay.contains(file) || self.recreated.contains_key(file) => {
+                false
+            }
             Record::Create { file, .. } => match self.ns.find(file) {
                 Ok(Some(id)) => {
                     self.ns.forget(id, 1);
@@ -197,7 +199,9 @@ impl Replay<'_> {
     fn apply(&mut self, record: &Record) -> SysResult<bool> {
         match record {
             Record::Data { file, offset, bytes } => match self.file(file)? {
-                Some(data) => super::writeback::write_range(self.store, &*data, *offset, bytes, self.metrics).map(|()| true),
+                Some(data) => {
+                    super::writeback::write_range(self.store, &*data, *offset, bytes, self.metrics).map(|()| true)
+                }
                 None => Ok(false),
             },
             Record::Size { file, size } => match self.file(file)? {
@@ -274,7 +278,13 @@ fn describe(record: &Record) -> String {
     }
 }
 
-pub fn replay(ns: &dyn Namespace, store: &dyn UnitStore, log: IntentLog, batches: &[Batch], metrics: &Arc<Metrics>) -> SysResult<IntentLog> {
+pub fn replay(
+    ns: &dyn Namespace,
+    store: &dyn UnitStore,
+    log: IntentLog,
+    batches: &[Batch],
+    metrics: &Arc<Metrics>,
+) -> SysResult<IntentLog> {
     if batches.is_empty() {
         // A map left by a replay that emptied the log and stopped before removing it.
         let _ = log.device().remove_map();

@@ -166,11 +166,20 @@ pub struct Owner {
 #[derive(Clone, Copy, Debug)]
 pub enum NewObject<'a> {
     /// A regular file, with these permission bits.
-    File { perm: u32 },
-    Directory { perm: u32 },
+    File {
+        perm: u32,
+    },
+    Directory {
+        perm: u32,
+    },
     /// A fifo, socket or device node: the whole mode (format bits included) and its device.
-    Node { mode: u32, rdev: u64 },
-    Symlink { target: &'a [u8] },
+    Node {
+        mode: u32,
+        rdev: u64,
+    },
+    Symlink {
+        target: &'a [u8],
+    },
 }
 
 /// The answer to a getxattr or listxattr: the size, when asked with size 0, else the bytes.

@@ -74,7 +74,12 @@ impl TestMount {
         Self::build_limited(options, &[], None, Some(fd_limit))
     }
 
-    fn build_limited(options: &[&str], env: &[(&str, &str)], backing: Option<&Path>, fd_limit: Option<u64>) -> TestMount {
+    fn build_limited(
+        options: &[&str],
+        env: &[(&str, &str)],
+        backing: Option<&Path>,
+        fd_limit: Option<u64>,
+    ) -> TestMount {
         let dir = tempfile::Builder::new().prefix("coalescefs-test-").tempdir().expect("tempdir");
         let backing = backing.map(Path::to_path_buf).unwrap_or_else(|| dir.path().join("backing"));
         let mnt = dir.path().join("mnt");
@@ -196,7 +201,8 @@ impl TestMount {
     /// A request to the daemon's control socket, answered with its reply.
     pub fn control(&self, request: &str) -> String {
         use std::io::{Read, Write};
-        let mut stream = std::os::unix::net::UnixStream::connect(self.runtime_dir().join("control.sock")).expect("control socket");
+        let mut stream =
+            std::os::unix::net::UnixStream::connect(self.runtime_dir().join("control.sock")).expect("control socket");
         stream.write_all(format!("{request}\n").as_bytes()).unwrap();
         let mut answer = String::new();
         stream.read_to_string(&mut answer).unwrap();
@@ -232,7 +238,8 @@ impl TestMount {
         }) else {
             return;
         };
-        let _ = std::process::Command::new("mount").args(["-t", "fusectl", "none", "/sys/fs/fuse/connections"]).output();
+        let _ =
+            std::process::Command::new("mount").args(["-t", "fusectl", "none", "/sys/fs/fuse/connections"]).output();
         let _ = std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1\n");
     }
 
@@ -325,10 +332,21 @@ impl SmallFileSystem {
         let image = dir.path().join("fs.img");
         let f = std::fs::File::create(&image).unwrap();
         f.set_len(mib << 20).unwrap();
-        let ok = std::process::Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0"]).arg(&image).status().unwrap().success();
+        let ok = std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0"])
+            .arg(&image)
+            .status()
+            .unwrap()
+            .success();
         assert!(ok);
         std::fs::create_dir(dir.path().join("fs")).unwrap();
-        let ok = std::process::Command::new("mount").args(["-o", "loop"]).arg(&image).arg(dir.path().join("fs")).status().unwrap().success();
+        let ok = std::process::Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&image)
+            .arg(dir.path().join("fs"))
+            .status()
+            .unwrap()
+            .success();
         assert!(ok, "loop mount");
         SmallFileSystem { dir }
     }
@@ -342,4 +360,3 @@ impl Drop for SmallFileSystem {
         let _ = std::process::Command::new("umount").arg(self.path()).status();
     }
 }
-

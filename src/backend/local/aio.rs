@@ -117,11 +117,8 @@ pub fn write_many_at(fd: RawFd, pieces: &[(&[u8], u64)]) -> Vec<SysResult<()>> {
                 // the caller hears why. Either way the rest goes on.
                 let refused = batch_start + submitted;
                 let (bytes, offset) = pieces[refused];
-                results[refused] = Some(if err.0 == libc::EAGAIN {
-                    crate::sys::pwrite_all(fd, bytes, offset)
-                } else {
-                    Err(err)
-                });
+                results[refused] =
+                    Some(if err.0 == libc::EAGAIN { crate::sys::pwrite_all(fd, bytes, offset) } else { Err(err) });
                 pointers[submitted] = std::ptr::null();
                 submitted += 1;
                 continue;

@@ -113,7 +113,11 @@ impl FileData for LocalFileData {
             for (from, to, aligned) in pieces {
                 let bytes = &buf[from as usize..to as usize];
                 if aligned && direct_file.is_some() {
-                    assert_eq!((bytes.as_ptr() as u64 | (unit_start + from) | bytes.len() as u64) % block, 0, "a direct piece is aligned");
+                    assert_eq!(
+                        (bytes.as_ptr() as u64 | (unit_start + from) | bytes.len() as u64) % block,
+                        0,
+                        "a direct piece is aligned"
+                    );
                     direct_pieces.push((bytes, unit_start + from));
                     continue;
                 }
@@ -141,7 +145,10 @@ impl FileData for LocalFileData {
                 // The device wants a larger alignment than discovery found: this piece, and the
                 // evidence, go through the page cache instead of failing the flush.
                 Err(Errno(libc::EINVAL)) => {
-                    log::warn!("O_DIRECT write of {} bytes at {offset} refused (EINVAL); written through the page cache", bytes.len());
+                    log::warn!(
+                        "O_DIRECT write of {} bytes at {offset} refused (EINVAL); written through the page cache",
+                        bytes.len()
+                    );
                     match sys::pwrite_all(self.file.as_raw_fd(), bytes, *offset) {
                         Ok(()) => false,
                         Err(e) => {

@@ -96,7 +96,8 @@ pub fn device_queue_of(dev: u64) -> Option<DeviceQueue> {
     let dir = disk_dir_of(dev)?;
     let queue = dir.join("queue");
     let immediate = std::fs::canonicalize(format!("/sys/dev/block/{}:{}", libc::major(dev), libc::minor(dev))).ok();
-    let immediate_queue = immediate.map(|d| if d.join("partition").exists() { d.join("../queue") } else { d.join("queue") });
+    let immediate_queue =
+        immediate.map(|d| if d.join("partition").exists() { d.join("../queue") } else { d.join("queue") });
     let logical_block_bytes = read_number(&queue.join("logical_block_size"))
         .max(immediate_queue.map(|q| read_number(&q.join("logical_block_size"))).unwrap_or(0));
     Some(DeviceQueue {
@@ -118,7 +119,12 @@ mod tests {
     use super::*;
 
     fn queue(optimal: u64, minimum: u64, logical: u64) -> DeviceQueue {
-        DeviceQueue { name: "sdz".into(), optimal_io_bytes: optimal, minimum_io_bytes: minimum, logical_block_bytes: logical }
+        DeviceQueue {
+            name: "sdz".into(),
+            optimal_io_bytes: optimal,
+            minimum_io_bytes: minimum,
+            logical_block_bytes: logical,
+        }
     }
 
     #[test]

@@ -51,7 +51,12 @@ pub struct LocalBackend {
 impl LocalBackend {
     /// The backing directory at `root_path` (canonical), keeping at most `fd_budget`
     /// descriptors for cached objects; `unit_bytes` overrides the unit the device suggests.
-    pub fn open(root_path: &Path, fd_budget: usize, unit_bytes: Option<u64>, metrics: Arc<Metrics>) -> SysResult<LocalBackend> {
+    pub fn open(
+        root_path: &Path,
+        fd_budget: usize,
+        unit_bytes: Option<u64>,
+        metrics: Arc<Metrics>,
+    ) -> SysResult<LocalBackend> {
         let dir = BackingDir::at(root_path, fd_budget, metrics.clone())?;
         let root = dir.root_node()?;
         let root_stat = dir.stat(&root)?;
@@ -259,7 +264,14 @@ impl Namespace for LocalBackend {
         }
     }
 
-    fn rename(&self, parent: ObjectId, name: &OsStr, new_parent: ObjectId, new_name: &OsStr, flags: u32) -> SysResult<()> {
+    fn rename(
+        &self,
+        parent: ObjectId,
+        name: &OsStr,
+        new_parent: ObjectId,
+        new_name: &OsStr,
+        flags: u32,
+    ) -> SysResult<()> {
         let (name, new_name) = (name_cstring(name)?, name_cstring(new_name)?);
         let (parent, new_parent) = (self.node(parent)?, self.node(new_parent)?);
         self.dir.rename(&parent.node, &name, &new_parent.node, &new_name, flags)
@@ -347,7 +359,8 @@ impl UnitStore for LocalBackend {
 
     fn open(&self, id: ObjectId, mode: OpenMode) -> SysResult<Arc<dyn FileData>> {
         let object = self.node(id)?;
-        let flags = if mode.write { libc::O_RDWR } else { libc::O_RDONLY } | if mode.no_atime { libc::O_NOATIME } else { 0 };
+        let flags =
+            if mode.write { libc::O_RDWR } else { libc::O_RDONLY } | if mode.no_atime { libc::O_NOATIME } else { 0 };
         let file = self.dir.open(&object.node, flags)?;
         Ok(Arc::new(LocalFileData::new(file, self.capabilities.logical_block_bytes, self.metrics.clone())))
     }

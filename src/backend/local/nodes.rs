@@ -43,7 +43,12 @@ pub struct NodeFds {
 impl NodeFds {
     fn new(capacity: usize, metrics: Arc<Metrics>) -> NodeFds {
         metrics.node_fds_limit.store(capacity as u64, Ordering::Relaxed);
-        NodeFds { open: Mutex::new(lru::LruCache::unbounded()), capacity: capacity.max(1), next_id: AtomicU64::new(1), metrics }
+        NodeFds {
+            open: Mutex::new(lru::LruCache::unbounded()),
+            capacity: capacity.max(1),
+            next_id: AtomicU64::new(1),
+            metrics,
+        }
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, lru::LruCache<u64, Arc<OwnedFd>>> {
@@ -311,7 +316,8 @@ impl BackingDir {
                 root_path.display()
             );
         }
-        let root = Node { id: fds.next_id.fetch_add(1, Ordering::Relaxed), handle: None, pinned: Some(fd), fds: fds.clone() };
+        let root =
+            Node { id: fds.next_id.fetch_add(1, Ordering::Relaxed), handle: None, pinned: Some(fd), fds: fds.clone() };
         Ok(BackingDir { root, root_path: root_path.to_path_buf(), root_dev, mount_fd, by_handle, fds })
     }
 
@@ -326,7 +332,12 @@ impl BackingDir {
     }
 
     fn pinned_node(&self, fd: OwnedFd) -> Node {
-        Node { id: self.fds.next_id.fetch_add(1, Ordering::Relaxed), handle: None, pinned: Some(fd), fds: self.fds.clone() }
+        Node {
+            id: self.fds.next_id.fetch_add(1, Ordering::Relaxed),
+            handle: None,
+            pinned: Some(fd),
+            fds: self.fds.clone(),
+        }
     }
 
     /// Makes a node of a descriptor just opened on the object (`O_PATH | O_NOFOLLOW`).
@@ -365,7 +376,7 @@ impl BackingDir {
             return Ok(NodeFd::Cached(fd));
         }
         let handle = node.handle.as_deref().expect("a node without a pinned descriptor has a handle");
-        let fd = Arc::new(OwnedFd::from(self.with_descriptor(|| self.open_handle(handle, libc::O_PATH))?));
+        let fd = Arc::new(self.with_descriptor(|| self.open_handle(handle, libc::O_PATH))?);
         self.fds.metrics.node_fds_reopened.fetch_add(1, Ordering::Relaxed);
         self.fds.insert(node.id, fd.clone());
         Ok(NodeFd::Cached(fd))
@@ -438,7 +449,8 @@ impl BackingDir {
 
     pub fn create(&self, parent: &Node, name: &CStr, flags: i32, mode: u32) -> SysResult<(File, Node, libc::stat)> {
         let dir = self.fd(parent)?;
-        let fd = self.with_descriptor(|| sys::openat(dir.as_raw_fd(), name, flags | libc::O_CREAT | libc::O_NOFOLLOW, mode))?;
+        let fd = self
+            .with_descriptor(|| sys::openat(dir.as_raw_fd(), name, flags | libc::O_CREAT | libc::O_NOFOLLOW, mode))?;
         let file = File::from(fd);
         let (node, st) = self.lookup(parent, name)?;
         Ok((file, node, st))
@@ -491,15 +503,14 @@ impl BackingDir {
 
     pub fn rename(&self, parent: &Node, name: &CStr, new_parent: &Node, new_name: &CStr, flags: u32) -> SysResult<()> {
         let (from, to) = (self.fd(parent)?, self.fd(new_parent)?);
-        check(unsafe {
-            libc::renameat2(from.as_raw_fd(), name.as_ptr(), to.as_raw_fd(), new_name.as_ptr(), flags)
-        })
-        .map(drop)
+        check(unsafe { libc::renameat2(from.as_raw_fd(), name.as_ptr(), to.as_raw_fd(), new_name.as_ptr(), flags) })
+            .map(drop)
     }
 
     /// Opens a directory for reading in pieces (see `DirStream`).
     pub fn open_dir_stream(&self, node: &Node) -> SysResult<DirStream> {
-        let fd = self.with_descriptor(|| sys::openat(self.fd(node)?.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0))?;
+        let fd = self
+            .with_descriptor(|| sys::openat(self.fd(node)?.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0))?;
         let dir = unsafe { libc::fdopendir(fd.as_raw_fd()) };
         let dir = std::ptr::NonNull::new(dir).ok_or_else(Errno::last)?;
         // fdopendir owns the descriptor from here on; closedir closes it.
@@ -509,7 +520,8 @@ impl BackingDir {
 
     pub fn open_dir_for_sync(&self, node: &Node) -> SysResult<File> {
         let fd = self.fd(node)?;
-        self.with_descriptor(|| sys::openat(fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)).map(File::from)
+        self.with_descriptor(|| sys::openat(fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0))
+            .map(File::from)
     }
 
     /// Where the object is now, as the kernel sees it (`/proc/self/fd`): for log lines and
@@ -583,20 +595,22 @@ impl BackingDir {
 
     pub fn set_xattr(&self, node: &Node, name: &CStr, value: &[u8], flags: i32) -> SysResult<()> {
         let (_fd, path) = self.xattr_path(node)?;
-        check(unsafe {
-            libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags)
-        })
-        .map(drop)
+        check(unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags) })
+            .map(drop)
     }
 
     /// With `size == 0` returns the value's size (FUSE's size probe); otherwise the value.
     pub fn get_xattr(&self, node: &Node, name: &CStr, size: usize) -> SysResult<XattrReply> {
         let (_fd, path) = self.xattr_path(node)?;
         let mut buf = vec![0u8; size];
-        let n = check_size(unsafe {
-            libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-        })?;
-        Ok(if size == 0 { XattrReply::Size(n) } else { buf.truncate(n); XattrReply::Data(buf) })
+        let n =
+            check_size(unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
+        Ok(if size == 0 {
+            XattrReply::Size(n)
+        } else {
+            buf.truncate(n);
+            XattrReply::Data(buf)
+        })
     }
 
     pub fn list_xattr(&self, node: &Node, size: usize) -> SysResult<XattrReply> {
@@ -606,7 +620,12 @@ impl BackingDir {
         };
         let mut buf = vec![0u8; size];
         let n = check_size(unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
-        Ok(if size == 0 { XattrReply::Size(n) } else { buf.truncate(n); XattrReply::Data(buf) })
+        Ok(if size == 0 {
+            XattrReply::Size(n)
+        } else {
+            buf.truncate(n);
+            XattrReply::Data(buf)
+        })
     }
 
     pub fn remove_xattr(&self, node: &Node, name: &CStr) -> SysResult<()> {

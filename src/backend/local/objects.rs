@@ -139,4 +139,8 @@ impl ObjectTable {
     pub fn len(&self) -> usize {
         self.table().by_id.len()
     }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }

@@ -204,7 +204,11 @@ impl MemoryLogDevice {
     pub fn new(size_bytes: u64, block_bytes: usize) -> MemoryLogDevice {
         MemoryLogDevice {
             block_bytes,
-            state: Mutex::new(MemoryLogState { durable: vec![0; size_bytes as usize], unsynced: Vec::new(), map_durable: Vec::new() }),
+            state: Mutex::new(MemoryLogState {
+                durable: vec![0; size_bytes as usize],
+                unsynced: Vec::new(),
+                map_durable: Vec::new(),
+            }),
         }
     }
 

@@ -403,7 +403,10 @@ fn batch_at(area: &[u8], area_blocks: u64, block: u64) -> Option<ValidBatch> {
     }
     let blocks = u32_at(header, 16) as u64;
     let payload_bytes = u32_at(header, 20) as usize;
-    if blocks == 0 || block + blocks > area_blocks || BATCH_HEADER_BYTES + payload_bytes > blocks as usize * LOG_BLOCK_BYTES {
+    if blocks == 0
+        || block + blocks > area_blocks
+        || BATCH_HEADER_BYTES + payload_bytes > blocks as usize * LOG_BLOCK_BYTES
+    {
         return None;
     }
     let payload = &area[start + BATCH_HEADER_BYTES..start + BATCH_HEADER_BYTES + payload_bytes];
@@ -464,7 +467,10 @@ pub fn read_log(area: &[u8], sb: &Superblock) -> Result<LogContents, Corruption>
                 starts.push((seq, block));
                 walked += b.blocks;
                 if walked > sb.area_blocks {
-                    return Err(Corruption { offset: file_offset(block), reason: "the log goes round more than once".into() });
+                    return Err(Corruption {
+                        offset: file_offset(block),
+                        reason: "the log goes round more than once".into(),
+                    });
                 }
                 block = if b.wrap { 0 } else { block + b.blocks };
                 seq += 1;
@@ -478,7 +484,11 @@ pub fn read_log(area: &[u8], sb: &Superblock) -> Result<LogContents, Corruption>
             if b.seq > seq {
                 return Err(Corruption {
                     offset: file_offset(block),
-                    reason: format!("batch {seq} is damaged or missing, but batch {} follows at byte {}", b.seq, file_offset(later)),
+                    reason: format!(
+                        "batch {seq} is damaged or missing, but batch {} follows at byte {}",
+                        b.seq,
+                        file_offset(later)
+                    ),
                 });
             }
         }
@@ -568,7 +578,8 @@ mod tests {
 
     impl TestLog {
         fn new(area_blocks: u64, first_seq: u64, first_block: u64) -> TestLog {
-            let sb = Superblock { generation: 1, area_blocks, checkpoint_seq: first_seq, checkpoint_block: first_block };
+            let sb =
+                Superblock { generation: 1, area_blocks, checkpoint_seq: first_seq, checkpoint_block: first_block };
             TestLog {
                 area: vec![0u8; area_blocks as usize * LOG_BLOCK_BYTES],
                 sb,
@@ -681,7 +692,10 @@ mod tests {
             let log = random_log(&mut rng);
             let read = read_log(&log.area, &log.sb).unwrap();
             assert_eq!(read.batches, log.written);
-            assert_eq!((read.next_seq, read.next_block % log.sb.area_blocks), (log.next_seq, log.next_block % log.sb.area_blocks));
+            assert_eq!(
+                (read.next_seq, read.next_block % log.sb.area_blocks),
+                (log.next_seq, log.next_block % log.sb.area_blocks)
+            );
         }
     }
 
@@ -697,7 +711,10 @@ mod tests {
             log.area[at + kept..at + blocks as usize * LOG_BLOCK_BYTES].fill(0);
             let read = read_log(&log.area, &log.sb).unwrap();
             let whole = read.batches.len() == log.written.len();
-            assert!(whole || read.batches[..] == log.written[..log.written.len() - 1], "a prefix, and only the last may go");
+            assert!(
+                whole || read.batches[..] == log.written[..log.written.len() - 1],
+                "a prefix, and only the last may go"
+            );
             if whole {
                 assert_eq!(read.batches, log.written, "a batch reads back only as written");
             }
@@ -731,12 +748,17 @@ mod tests {
             match read_log(&log.area, &log.sb) {
                 Ok(read) => {
                     assert!(read.batches.len() <= log.written.len());
-                    assert_eq!(read.batches[..], log.written[..read.batches.len()], "round {round}: only what was written");
+                    assert_eq!(
+                        read.batches[..],
+                        log.written[..read.batches.len()],
+                        "round {round}: only what was written"
+                    );
                     // Whatever was lost is a tail: no later batch survived.
                     let lost = &log.written[read.batches.len()..];
-                    let later_survivor = lost.iter().zip(&log.places[read.batches.len()..]).skip(1).any(|(b, &(start, _))| {
-                        batch_at(&log.area, log.sb.area_blocks, start).is_some_and(|v| v.seq == b.seq)
-                    });
+                    let later_survivor =
+                        lost.iter().zip(&log.places[read.batches.len()..]).skip(1).any(|(b, &(start, _))| {
+                            batch_at(&log.area, log.sb.area_blocks, start).is_some_and(|v| v.seq == b.seq)
+                        });
                     assert!(!later_survivor, "round {round}: a lost batch had a surviving successor, not reported");
                 }
                 Err(c) => assert!(c.offset >= 2 * LOG_BLOCK_BYTES as u64 && !c.reason.is_empty()),
@@ -773,7 +795,7 @@ mod tests {
         let record = Record::Size { file: key(1), size: 2 };
         log.append(vec![record.clone()]);
         // Re-encode batch 1 claiming two records while holding one, with a valid checksum.
-        let mut bytes = encode_batch(1, &[record.clone()]);
+        let mut bytes = encode_batch(1, std::slice::from_ref(&record));
         bytes[24..28].copy_from_slice(&2u32.to_le_bytes());
         let payload_end = BATCH_HEADER_BYTES + record.encoded_len();
         let crc = crc32c_extend(crc32c(&bytes[..BATCH_CRC_AT]), &bytes[BATCH_HEADER_BYTES..payload_end]);

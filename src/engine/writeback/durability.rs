@@ -2,7 +2,6 @@
 //! what it logs, the barriers that keep replay from going back in time, the name records of
 //! creations, unlinks and renames, the checkpoint that releases the log, and shut-down.
 
-
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -62,7 +61,8 @@ impl Writeback {
             // Removed before any batch carried its creation: nothing in the log or acknowledged
             // by it knows the file, so neither record is needed (rm -rf of a fresh tree would
             // otherwise cost a log write per file).
-            Some(Record::Unlink { ref file, directory: false, .. }) if destroys_logged_file && log.cancel_queued_create(file) => {}
+            Some(Record::Unlink { ref file, directory: false, .. })
+                if destroys_logged_file && log.cancel_queued_create(file) => {}
             Some(record) if destroys_logged_file => {
                 if let Err(e) = log.commit(vec![record]) {
                     log::warn!("committing a name change to the intent log: {e}; it stays queued");
@@ -184,7 +184,12 @@ impl Writeback {
 
     /// The log path of fsync: None when it cannot stand for a backend sync (the file is new,
     /// the backend holds changes not yet synced, too much is buffered, or the log refused).
-    pub(super) fn fsync_through_log(&self, file: &Arc<FileState>, log: &IntentLog, report: ErrorReport) -> Option<SysResult<()>> {
+    pub(super) fn fsync_through_log(
+        &self,
+        file: &Arc<FileState>,
+        log: &IntentLog,
+        report: ErrorReport,
+    ) -> Option<SysResult<()>> {
         let handle = self.file_handle(file).ok()?;
         let mut inner = lock(&file.inner);
         // Checked under the file's lock, which a flush holds when it records its backend
@@ -224,8 +229,7 @@ impl Writeback {
             }
         }
         let bytes: u64 = spans.iter().map(|(_, r, _)| r.end - r.start).sum();
-        let threshold =
-            if created { self.config.log_threshold_new_bytes } else { self.config.log_threshold_bytes };
+        let threshold = if created { self.config.log_threshold_new_bytes } else { self.config.log_threshold_bytes };
         if bytes > threshold {
             return None;
         }
@@ -313,7 +317,8 @@ impl Writeback {
         }
         let release_before = log.next_seq();
         self.flush_every_file(ErrorReport::Checkpoint)?;
-        let flushed: Vec<(u64, u64)> = lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
+        let flushed: Vec<(u64, u64)> =
+            lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
         self.sync_backend()?;
         log.checkpoint(release_before).map_err(|e| {
             log::error!("{e}");
@@ -386,7 +391,8 @@ impl Writeback {
         self.stopping.store(true, Relaxed);
         lock(&self.queue).clear();
         self.queue_ready.notify_all();
-        let threads: Vec<_> = lock(&self.flusher_threads).drain(..).chain(lock(&self.timer_threads).drain(..)).collect();
+        let threads: Vec<_> =
+            lock(&self.flusher_threads).drain(..).chain(lock(&self.timer_threads).drain(..)).collect();
         for thread in threads {
             let _ = thread.join();
         }
@@ -422,7 +428,11 @@ impl Writeback {
             let name = self.name_of(&file);
             log::error!(
                 "{name}: {bytes} written bytes could not be written before unmount ({e}) and are lost{}",
-                if in_log > 0 { format!("; {in_log} fsynced bytes stay in the intent log for the next mount") } else { String::new() }
+                if in_log > 0 {
+                    format!("; {in_log} fsynced bytes stay in the intent log for the next mount")
+                } else {
+                    String::new()
+                }
             );
             self.metrics.unmount_dropped_bytes.fetch_add(bytes, Relaxed);
             unwritten.push(Unwritten { name, bytes, in_log, error: e });
@@ -442,7 +452,10 @@ impl Writeback {
             if thread.is_finished() {
                 let _ = thread.join();
             } else {
-                log::error!("a flusher is still in a backend call after {} s; the daemon exits without it", self.config.io_timeout.as_secs());
+                log::error!(
+                    "a flusher is still in a backend call after {} s; the daemon exits without it",
+                    self.config.io_timeout.as_secs()
+                );
             }
         }
         *report = Some(unwritten.clone());

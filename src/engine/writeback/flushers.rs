@@ -3,7 +3,6 @@
 //! flusher threads, how a unit is written (whole for a store that takes whole units only), and
 //! the bounded wait of whoever waits for a flush.
 
-
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
@@ -67,7 +66,11 @@ impl Writeback {
                 return Err(Errno(libc::EIO));
             }
             let step = self.config.io_timeout.saturating_sub(since.elapsed()).min(Duration::from_secs(1));
-            inner = file.flush_ended.wait_timeout(inner, step.max(Duration::from_millis(1))).unwrap_or_else(|p| p.into_inner()).0;
+            inner = file
+                .flush_ended
+                .wait_timeout(inner, step.max(Duration::from_millis(1)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
         Ok(inner)
     }
@@ -118,7 +121,11 @@ impl Writeback {
                     if self.stopping.load(Relaxed) {
                         return;
                     }
-                    queue = self.queue_ready.wait_timeout(queue, Duration::from_millis(200)).unwrap_or_else(|p| p.into_inner()).0;
+                    queue = self
+                        .queue_ready
+                        .wait_timeout(queue, Duration::from_millis(200))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
                 }
             };
             self.flush_unit(&job.file, job.unit);
@@ -141,7 +148,12 @@ impl Writeback {
         }
         let Some(dirty) = inner.dirty.remove(&unit) else { return };
         self.unmark_refused(&dirty);
-        let flying = Arc::new(FlushingUnit { buf: dirty.buf, ranges: dirty.ranges, epoch: dirty.epoch, refused_since: dirty.refused_since });
+        let flying = Arc::new(FlushingUnit {
+            buf: dirty.buf,
+            ranges: dirty.ranges,
+            epoch: dirty.epoch,
+            refused_since: dirty.refused_since,
+        });
         let earlier = inner.in_flight.insert(unit, flying.clone());
         assert!(earlier.is_none(), "unit {unit} in flight twice");
         let size = inner.size;
@@ -159,7 +171,13 @@ impl Writeback {
         }
     }
 
-    pub(super) fn end_flush(&self, file: &Arc<FileState>, mut inner: MutexGuard<'_, FileInner>, unit: u64, result: SysResult<()>) {
+    pub(super) fn end_flush(
+        &self,
+        file: &Arc<FileState>,
+        mut inner: MutexGuard<'_, FileInner>,
+        unit: u64,
+        result: SysResult<()>,
+    ) {
         let flown = inner.in_flight.remove(&unit).expect("a flushing unit is in flight");
         inner.flushes_ended += 1;
         match result {
@@ -237,7 +255,13 @@ impl Writeback {
     /// takes whole units only gets the unit whole: what the buffer lacks is read from the store
     /// first, and counted as read for a write.
     pub(super) fn write_unit(&self, data: &dyn FileData, unit: u64, flying: &FlushingUnit, size: u64) -> SysResult<()> {
-        let write = UnitWrite { unit, unit_bytes: self.config.unit_bytes, buf: flying.buf.as_slice(), ranges: &flying.ranges, size };
+        let write = UnitWrite {
+            unit,
+            unit_bytes: self.config.unit_bytes,
+            buf: flying.buf.as_slice(),
+            ranges: &flying.ranges,
+            size,
+        };
         write_unit_to(&*self.store, data, &write, &self.metrics)
     }
 
@@ -276,7 +300,12 @@ impl Writeback {
 /// Writes one unit's dirty ranges (clipped to the logical size) to the store. A store that
 /// takes whole units only gets the unit whole: what the buffer lacks is read from the store
 /// first, and counted as read for a write.
-pub(crate) fn write_unit_to(store: &dyn UnitStore, data: &dyn FileData, write: &UnitWrite<'_>, metrics: &Metrics) -> SysResult<()> {
+pub(crate) fn write_unit_to(
+    store: &dyn UnitStore,
+    data: &dyn FileData,
+    write: &UnitWrite<'_>,
+    metrics: &Metrics,
+) -> SysResult<()> {
     let limit = write.limit();
     let complete = limit > 0 && write.ranges.covers(0, limit);
     let result = if complete || store.capabilities().partial_writes || limit == 0 {
@@ -304,7 +333,13 @@ pub(crate) fn write_unit_to(store: &dyn UnitStore, data: &dyn FileData, write: &
 }
 
 /// Writes `bytes` at `offset` as unit writes (replay's data records, which are byte ranges).
-pub(crate) fn write_range(store: &dyn UnitStore, data: &dyn FileData, offset: u64, bytes: &[u8], metrics: &Metrics) -> SysResult<()> {
+pub(crate) fn write_range(
+    store: &dyn UnitStore,
+    data: &dyn FileData,
+    offset: u64,
+    bytes: &[u8],
+    metrics: &Metrics,
+) -> SysResult<()> {
     let unit_bytes = store.capabilities().unit_bytes;
     let size = data.size()?.max(offset + bytes.len() as u64);
     let end = offset + bytes.len() as u64;
@@ -317,9 +352,13 @@ pub(crate) fn write_range(store: &dyn UnitStore, data: &dyn FileData, offset: u6
         let (from, to) = ((pos - unit_start) as usize, (piece_end - unit_start) as usize);
         buf.as_mut_slice()[from..to].copy_from_slice(&bytes[(pos - offset) as usize..(piece_end - offset) as usize]);
         let ranges = RangeSet::from(from as u64..to as u64);
-        write_unit_to(store, data, &UnitWrite { unit, unit_bytes, buf: buf.as_slice(), ranges: &ranges, size }, metrics)?;
+        write_unit_to(
+            store,
+            data,
+            &UnitWrite { unit, unit_bytes, buf: buf.as_slice(), ranges: &ranges, size },
+            metrics,
+        )?;
         pos = piece_end;
     }
     Ok(())
 }
-

@@ -31,10 +31,10 @@ mod write_buffer;
 pub(crate) use flushers::write_range;
 
 use super::buffer::{AlignedBuf, RangeSet};
-use super::types::{ObjectId, SetAttr, TimesToSet};
-use crate::backend::{FileData, Namespace, OpenMode, UnitStore, UnitWrite};
 use super::intent_log::format::Record;
 use super::intent_log::{IntentLog, LogError};
+use super::types::{ObjectId, SetAttr, TimesToSet};
+use crate::backend::{FileData, Namespace, OpenMode, UnitStore, UnitWrite};
 use crate::metrics::Metrics;
 use crate::sys::{Errno, SysResult};
 
@@ -166,7 +166,11 @@ impl FlushErrors {
     /// The latest failure the file's writer has heard of, in any of the ways a writer hears
     /// (write, close, fsync); 0: none.
     fn told_through(&self) -> u64 {
-        [ErrorReport::Write, ErrorReport::Close, ErrorReport::Sync].iter().map(|&who| self.reported[who as usize]).max().unwrap_or(0)
+        [ErrorReport::Write, ErrorReport::Close, ErrorReport::Sync]
+            .iter()
+            .map(|&who| self.reported[who as usize])
+            .max()
+            .unwrap_or(0)
     }
 
     fn error(&self) -> Errno {
@@ -234,6 +238,11 @@ struct FileInner {
     backend_readers: BTreeMap<u64, usize>,
 }
 
+/// What a read sees of the buffer (`Writeback::snapshot_overlay`): the file's size, the
+/// buffered pieces in the range (offset, bytes), and the registration of the read of the rest
+/// from the backend.
+pub type Overlay<'a> = (u64, Vec<(u64, Vec<u8>)>, BackendRead<'a>);
+
 /// A read of the backend's bytes under way; see `FileInner::backend_readers`.
 pub struct BackendRead<'a> {
     file: &'a FileState,
@@ -298,7 +307,6 @@ pub struct Writeback {
     checkpointing: Mutex<()>,
 }
 
-
 /// Retries of a refused flush wait this long at first, twice as long after each failure that
 /// follows, and at most `RETRY_BACKOFF_MAX`: a full disk is tried again every 30 s, not spun on.
 const RETRY_BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -322,7 +330,6 @@ struct RefusedMemory {
     bytes: u64,
     last_error: Option<Errno>,
 }
-
 
 impl Writeback {
     pub fn new(
@@ -365,12 +372,17 @@ impl Writeback {
             lock(&writeback.flusher_threads).push(thread);
         }
         let wb = writeback.clone();
-        let age = std::thread::Builder::new().name("flush-age".into()).spawn(move || wb.age_loop()).expect("spawn the age timer");
+        let age = std::thread::Builder::new()
+            .name("flush-age".into())
+            .spawn(move || wb.age_loop())
+            .expect("spawn the age timer");
         lock(&writeback.timer_threads).push(age);
         if writeback.log.is_some() {
             let wb = writeback.clone();
-            let checkpointer =
-                std::thread::Builder::new().name("checkpoint".into()).spawn(move || wb.checkpoint_loop()).expect("spawn the checkpointer");
+            let checkpointer = std::thread::Builder::new()
+                .name("checkpoint".into())
+                .spawn(move || wb.checkpoint_loop())
+                .expect("spawn the checkpointer");
             lock(&writeback.timer_threads).push(checkpointer);
         }
         writeback
@@ -424,7 +436,10 @@ mod tests {
 
     impl Rig {
         fn file(&self, name: &str) -> Arc<FileState> {
-            let attr = self.store.make(ROOT_ID, OsStr::new(name), NewObject::File { perm: 0o644 }, Owner { uid: 0, gid: 0 }).unwrap();
+            let attr = self
+                .store
+                .make(ROOT_ID, OsStr::new(name), NewObject::File { perm: 0o644 }, Owner { uid: 0, gid: 0 })
+                .unwrap();
             self.wb.open_file(attr.id, 0).unwrap()
         }
 
@@ -472,7 +487,11 @@ mod tests {
         r.wb.write(&f, 10, &[2; 10], false).unwrap();
         {
             let inner = lock(&f.inner);
-            assert_eq!((inner.in_flight.len(), inner.dirty.len()), (1, 1), "the newer bytes wait in a dirty unit of their own");
+            assert_eq!(
+                (inner.in_flight.len(), inner.dirty.len()),
+                (1, 1),
+                "the newer bytes wait in a dirty unit of their own"
+            );
         }
         r.faults.control("clear").unwrap();
         r.wb.flush_file(&f, Some(true), ErrorReport::Sync).unwrap();
@@ -534,7 +553,11 @@ mod tests {
         r.wait_until("both refusals", || r.metrics.buffer_refused_bytes.load(Relaxed) == 2 * UNIT);
         let g = r.file("g");
         let started = Instant::now();
-        assert_eq!(r.wb.write(&g, 0, &[1; 10], false), Err(Errno(libc::EIO)), "nothing can come free: the store's error");
+        assert_eq!(
+            r.wb.write(&g, 0, &[1; 10], false),
+            Err(Errno(libc::EIO)),
+            "nothing can come free: the store's error"
+        );
         assert!(started.elapsed() < Duration::from_secs(2), "at once, not after io_timeout");
         // Once f's writer has been told (its write or close), its refused data makes room.
         assert_eq!(r.wb.flush_file(&f, None, ErrorReport::Close), Err(Errno(libc::EIO)));

@@ -419,12 +419,7 @@ impl Writeback {
     /// logical size; the caller trims the read to it.
     /// Also waits until no unit in the range is being flushed and registers the read, until
     /// the returned guard drops, so that none is (see `FileInner::backend_readers`).
-    pub fn snapshot_overlay<'a>(
-        &self,
-        file: &'a FileState,
-        offset: u64,
-        len: u64,
-    ) -> SysResult<(u64, Vec<(u64, Vec<u8>)>, BackendRead<'a>)> {
+    pub fn snapshot_overlay<'a>(&self, file: &'a FileState, offset: u64, len: u64) -> SysResult<Overlay<'a>> {
         let unit_bytes = self.config.unit_bytes;
         let end = offset + len;
         let first = offset / unit_bytes;
