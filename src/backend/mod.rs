@@ -57,7 +57,9 @@ pub struct Capabilities {
     /// `backend_read_bytes_for_writes`), and prefers the intent log for a partial unit an
     /// fsync must make durable.
     pub partial_writes: bool,
-    /// A write is durable when it returns: no sync is needed after it.
+    /// A write (and a size change) is durable when it returns: the engine skips a file's sync
+    /// after flushing it (fsync, close of a logged file). The checkpoint still calls `sync_all`,
+    /// which covers the namespace too.
     pub durable_writes: bool,
     /// One `write_unit` call lands whole or not at all.
     pub atomic_unit_writes: bool,

@@ -20,7 +20,10 @@ pub struct NullStore {
 
 impl NullStore {
     pub fn new(lengths: Arc<dyn UnitStore>, metrics: Arc<Metrics>) -> NullStore {
-        let capabilities = Capabilities { durable_writes: true, ..lengths.capabilities().clone() };
+        // The local files' capabilities: their lengths (what the null store keeps) need syncs
+        // like any local file's, and the kernel must not be told of copies or preallocation
+        // that would put bytes in them.
+        let capabilities = Capabilities { copy_ranges: false, allocate: false, ..lengths.capabilities().clone() };
         NullStore { lengths, capabilities, metrics }
     }
 }

@@ -635,6 +635,11 @@ impl Engine {
     }
 
     pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> SysResult<()> {
+        // Before the flush: a store without it answers at once. The kernel turns ENOSYS into
+        // EOPNOTSUPP and asks no more on this mount; posix_fallocate then writes zeros.
+        if !self.store.capabilities().allocate {
+            return Err(Errno(libc::ENOSYS));
+        }
         let open = self.flushed(fh)?;
         open.data.allocate(mode, offset, length)?;
         self.writeback.note_backend_changed(open.id);
@@ -657,6 +662,10 @@ impl Engine {
         target_offset: u64,
         length: u64,
     ) -> SysResult<u32> {
+        // ENOSYS: the kernel copies through reads and writes, and asks no more on this mount.
+        if !self.store.capabilities().copy_ranges {
+            return Err(Errno(libc::ENOSYS));
+        }
         let source = self.flushed(source_fh)?;
         let target = self.flushed(target_fh)?;
         // FUSE replies carry a u32 byte count; the kernel loops for the rest.

@@ -157,7 +157,9 @@ impl Writeback {
         // above log_threshold_new, and one more log write per file would cost more than the
         // log saves. What the backend may then hold ahead of the log is safe for replay:
         // unlinks and replacements of files the log created were committed when they happened.
-        data.sync(data_only)?;
+        if !self.store.capabilities().durable_writes {
+            data.sync(data_only)?;
+        }
         if logged {
             // What the log holds for this file is older than what the backend now holds
             // durably: replaying it after a crash would take the file back.
@@ -229,7 +231,12 @@ impl Writeback {
             }
         }
         let bytes: u64 = spans.iter().map(|(_, r, _)| r.end - r.start).sum();
-        let threshold = if created { self.config.log_threshold_new_bytes } else { self.config.log_threshold_bytes };
+        let mut threshold = if created { self.config.log_threshold_new_bytes } else { self.config.log_threshold_bytes };
+        // A store that takes whole units only would read the rest of each partial unit and write
+        // it whole: logging up to half a unit costs less than that read and write.
+        if !self.store.capabilities().partial_writes {
+            threshold = threshold.max(self.config.unit_bytes / 2);
+        }
         if bytes > threshold {
             return None;
         }
@@ -366,15 +373,19 @@ impl Writeback {
         self.sync_backend()
     }
 
-    /// Checkpoints when the log is half full, and every `checkpoint_interval` while the log
+    /// Checkpoints when the log is half full, or the durability map holds more than
+    /// `DURABILITY_ENTRIES_BEFORE_CHECKPOINT` files, and every `checkpoint_interval` while the log
     /// holds anything or a file waits for a backend sync to become eligible for it.
     pub(super) fn checkpoint_loop(&self) {
         let log = self.log.as_ref().expect("the checkpointer runs with a log");
         let mut last = Instant::now();
         while !self.stopping.load(Relaxed) {
             std::thread::sleep(Duration::from_millis(100).min(self.config.checkpoint_interval));
-            let waiting = log.holds_batches() || !lock(&self.durability).is_empty();
-            let due = log.used_fraction() > 0.5 || (waiting && last.elapsed() >= self.config.checkpoint_interval);
+            let entries = lock(&self.durability).len();
+            let waiting = log.holds_batches() || entries > 0;
+            let due = log.used_fraction() > 0.5
+                || entries > DURABILITY_ENTRIES_BEFORE_CHECKPOINT
+                || (waiting && last.elapsed() >= self.config.checkpoint_interval);
             if due {
                 if let Err(e) = self.checkpoint() {
                     log::warn!("checkpoint failed ({e}); the log keeps its records and it is tried again");

@@ -103,6 +103,9 @@ impl Writeback {
             Ok(inner.dirty.values().any(|u| u.epoch <= target) || inner.in_flight.values().any(|u| u.epoch <= target))
         })?;
         let Some(data_only) = sync_backend else { return Ok(()) };
+        if self.store.capabilities().durable_writes {
+            return Ok(());
+        }
         // Also when this mount never wrote the file: an earlier mount may have left its data
         // written but not yet durable.
         let data = self.file_data(file, &mut inner)?;

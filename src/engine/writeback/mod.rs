@@ -57,6 +57,11 @@ pub struct WritebackConfig {
     pub io_timeout: Duration,
 }
 
+/// The durability map's size that brings the next checkpoint forward (which empties it but for
+/// files changed while it ran): about 100 bytes an entry, so some 10 MiB at most, whatever the
+/// number of files a tree extraction touches between two checkpoints.
+const DURABILITY_ENTRIES_BEFORE_CHECKPOINT: usize = 100_000;
+
 /// What the backend holds durably for one file, beyond its FileState's lifetime: whether a
 /// log fsync can stand for a backend sync.
 #[derive(Default, Debug)]
@@ -415,7 +420,22 @@ mod tests {
     }
 
     fn rig(buffer_units: u64, io_timeout: Duration) -> Rig {
-        let store = Arc::new(MemoryBackend::with_partial_writes(UNIT));
+        rig_with_log(buffer_units, io_timeout, None)
+    }
+
+    fn rig_with_log(buffer_units: u64, io_timeout: Duration, log: Option<IntentLog>) -> Rig {
+        rig_on(MemoryBackend::with_partial_writes(UNIT), buffer_units, io_timeout, log)
+    }
+
+    fn memory_log() -> IntentLog {
+        use crate::engine::intent_log::device::MemoryLogDevice;
+        use crate::engine::intent_log::format::LOG_BLOCK_BYTES;
+        let device = MemoryLogDevice::new(256 * LOG_BLOCK_BYTES as u64, LOG_BLOCK_BYTES);
+        IntentLog::open(Box::new(device), true, Arc::new(Metrics::default())).unwrap().0
+    }
+
+    fn rig_on(store: MemoryBackend, buffer_units: u64, io_timeout: Duration, log: Option<IntentLog>) -> Rig {
+        let store = Arc::new(store);
         let faults = Arc::new(Faults::new());
         let faulty = Arc::new(FaultyBackend::new(store.clone(), store.clone(), faults.clone()));
         let metrics = Arc::new(Metrics::default());
@@ -430,7 +450,7 @@ mod tests {
             checkpoint_interval: Duration::from_secs(3600),
             io_timeout,
         };
-        let wb = Writeback::new(faulty.clone(), faulty, config, metrics.clone(), None);
+        let wb = Writeback::new(faulty.clone(), faulty, config, metrics.clone(), log);
         Rig { store, faults, wb, metrics }
     }
 
@@ -592,5 +612,53 @@ mod tests {
         assert_eq!(r.wb.size(&f), 50);
         r.wb.flush_file(&f, Some(true), ErrorReport::Sync).unwrap();
         assert_eq!(r.stored("f"), vec![1; 50], "nothing past the size reaches the store");
+    }
+
+    #[test]
+    fn a_crowded_durability_map_brings_the_checkpoint_forward() {
+        let r = rig_with_log(4, Duration::from_secs(10), Some(memory_log())); // checkpoints hourly, unless crowded
+        for ino in 0..DURABILITY_ENTRIES_BEFORE_CHECKPOINT as u64 {
+            r.wb.note_created(1_000_000 + ino, Some(ROOT_ID), None);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            lock(&r.wb.durability).len(),
+            DURABILITY_ENTRIES_BEFORE_CHECKPOINT,
+            "at the bound: no checkpoint yet"
+        );
+        r.wb.note_created(999_999, Some(ROOT_ID), None);
+        r.wait_until("an early checkpoint to empty the map", || lock(&r.wb.durability).is_empty());
+    }
+
+    /// The rig's log thresholds are 0: only the whole-unit rule can send an fsync to the log.
+    #[test]
+    fn a_store_of_whole_units_gets_small_fsyncs_through_the_log() {
+        for (store, through_log) in
+            [(MemoryBackend::new(UNIT), true), (MemoryBackend::with_partial_writes(UNIT), false)]
+        {
+            let r = rig_on(store, 4, Duration::from_secs(10), Some(memory_log()));
+            let f = r.file("f");
+            r.wb.write(&f, 0, &[4; UNIT as usize], false).unwrap();
+            r.wb.fsync(&f, false).unwrap(); // a whole unit: to the store
+            r.wb.checkpoint().unwrap(); // the file's flush synced: the log may stand for the store again
+            r.wb.write(&f, 100, &[5; 1000], false).unwrap();
+            r.wb.fsync(&f, false).unwrap();
+            assert_eq!(
+                r.metrics.units_flushed_partial.load(Relaxed) == 0,
+                through_log,
+                "through the log: {through_log}"
+            );
+            assert_eq!(
+                r.metrics.backend_read_bytes_for_writes.load(Relaxed),
+                0,
+                "no unit was read to be written whole"
+            );
+            if through_log {
+                r.wb.write(&f, 4000, &[6; UNIT as usize / 2 + 1], false).unwrap();
+                r.wb.fsync(&f, false).unwrap();
+                assert_eq!(r.metrics.units_flushed_partial.load(Relaxed), 1, "more than half a unit goes to the store");
+                assert!(r.metrics.backend_read_bytes_for_writes.load(Relaxed) > 0, "whole: the rest read first");
+            }
+        }
     }
 }
