@@ -224,7 +224,12 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     }
     let config = engine_config(opts, &capabilities, Some(backend::local::STATE_DIR_NAME));
     let log = match log_setup(opts, &backing, faults.as_ref()) {
-        Ok(log) => log,
+        Ok(log) => {
+            if log.is_some() {
+                metrics.log_size_bytes.store(opts.log_size_bytes, std::sync::atomic::Ordering::Relaxed);
+            }
+            log
+        }
         Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
     };
     let (ns, store) = backends(backend, opts, &metrics, faults.as_ref());

@@ -156,7 +156,8 @@ pub struct Metrics {
     /// Pieces smaller than one logical block written through the page cache: each may make the
     /// kernel read the rest of its block first (the read-modify-write the log will remove).
     pub backend_subblock_writes: AtomicU64,
-    /// Bytes the engine itself read from the backend to complete a write. Always 0 by design.
+    /// Bytes the engine read from the backend to complete a unit before writing it whole: only
+    /// a store of whole units (partial_writes false) makes it read.
     pub backend_read_bytes_for_writes: AtomicU64,
     pub units_flushed_full: AtomicU64,
     pub units_flushed_partial: AtomicU64,
@@ -175,6 +176,8 @@ pub struct Metrics {
     pub unit_bytes: AtomicU64,
     /// fsyncs made durable by the intent log instead of the backend.
     pub log_fsyncs: AtomicU64,
+    /// The intent log's size; 0 when the log is off.
+    pub log_size_bytes: AtomicU64,
     pub log_batches: AtomicU64,
     pub log_records: AtomicU64,
     pub log_write_bytes: AtomicU64,
@@ -252,6 +255,7 @@ impl Metrics {
             ),
             ("unit_bytes", "Unit size", self.unit_bytes.load(Relaxed)),
             ("daemon_pid", "The daemon's process id", self.daemon_pid.load(Relaxed)),
+            ("log_size_bytes", "Size of the intent log (0: the log is off)", self.log_size_bytes.load(Relaxed)),
             ("log_fsyncs_total", "fsyncs made durable by the intent log", self.log_fsyncs.load(Relaxed)),
             ("log_batches_total", "Batches (group commits) written to the intent log", self.log_batches.load(Relaxed)),
             ("log_records_total", "Records written to the intent log", self.log_records.load(Relaxed)),
