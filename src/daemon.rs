@@ -18,6 +18,7 @@ use crate::backend::faults::Faults;
 use crate::backend::{Capabilities, Namespace, UnitStore};
 use crate::options::{BackendKind, LogPlace, MountOptions, MountRequest};
 use crate::runtime::RuntimeDir;
+use crate::state::{self, StateDir};
 use crate::{backend, control, engine, fuse, logging, metrics, mounts, sys};
 
 /// The exit status of a command that met a condition (usage errors exit 2).
@@ -63,15 +64,15 @@ pub fn open_backend(
 /// before it aborts the FUSE connection.
 const ABORT_AFTER: Duration = Duration::from_secs(10);
 
-/// What a successful `prepare` holds for the daemon: the backing directory opened and locked.
+/// What a successful `prepare` holds for the daemon: the backing directory opened, and it and
+/// the state directory locked (as long as the daemon runs: a second mount is refused).
 struct Prepared {
     backing: PathBuf,
     mount_point: PathBuf,
     runtime: RuntimeDir,
     metrics: Arc<metrics::Metrics>,
     backend: backend::local::LocalBackend,
-    /// Held as long as the daemon runs: a second mount of the same directory is refused.
-    _lock: Option<mounts::BackingLock>,
+    state: StateDir,
 }
 
 pub fn run_mount(request: MountRequest) -> ExitCode {
@@ -116,21 +117,25 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
     runtime.create().map_err(|e| format!("cannot create the runtime directory {}: {e}", runtime.path().display()))?;
     let metrics = Arc::new(metrics::Metrics::default());
     let backend = open_backend(&backing, opts.unit_bytes, &metrics)?;
-    let state_dir = match backend.open_state_dir() {
-        Ok(dir) => Some(dir),
-        Err(e) if opts.read_only => {
-            log::warn!("no state folder in a read-only backing directory ({e}); mounting without one");
-            None
-        }
-        Err(e) => return Err(format!("cannot create the state folder {}/.coalescefs: {e}", backing.display())),
-    };
-    let lock = state_dir.as_ref().map(|dir| mounts::lock_backing_dir(dir, &backing)).transpose()?;
+    let mut state = StateDir::find(&backing, opts.state_dir.as_deref())?;
+    // A crash's log that this mount would not replay stops it here, before it serves a byte.
+    state::check_log_marker(&backing, log_path(opts, &state).as_deref())?;
+    state.make(opts.read_only, opts.log != LogPlace::Off)?;
     // The last daemon's report was read by its `coalescefs umount`, or is out of date now.
     let _ = std::fs::remove_file(runtime.unmount_report_path());
-    Ok(Prepared { backing, mount_point, runtime, metrics, backend, _lock: lock })
+    Ok(Prepared { backing, mount_point, runtime, metrics, backend, state })
 }
 
-fn engine_config(opts: &MountOptions, capabilities: &Capabilities, hidden_name: Option<&str>) -> engine::EngineConfig {
+/// The intent log's file, when the log is on.
+fn log_path(opts: &MountOptions, state: &StateDir) -> Option<PathBuf> {
+    match &opts.log {
+        LogPlace::Off => None,
+        LogPlace::StateDir => Some(state.log_path()),
+        LogPlace::At(path) => Some(path.clone()),
+    }
+}
+
+fn engine_config(opts: &MountOptions, capabilities: &Capabilities, state: &StateDir) -> engine::EngineConfig {
     engine::EngineConfig {
         // st_blksize = unit: stdio-buffered writers (Perl print, fwrite, cp) then write whole units.
         block_size_bytes: capabilities.unit_bytes as u32,
@@ -146,7 +151,8 @@ fn engine_config(opts: &MountOptions, capabilities: &Capabilities, hidden_name: 
             io_timeout: opts.io_timeout,
         },
         page_cache: opts.writeback_cache,
-        hidden_name: hidden_name.map(std::ffi::OsString::from),
+        hidden_name: state.hidden_name().map(std::ffi::OsString::from),
+        hidden_root_xattr: Some(std::ffi::OsString::from(state::LOG_MARKER_XATTR)),
     }
 }
 
@@ -174,17 +180,18 @@ fn backends(
 }
 
 /// The intent log's device, when the log is on: its file opened (or made), and wrapped for
-/// fault injection when the daemon runs with it.
+/// fault injection when the daemon runs with it. From here on the backing directory names the
+/// log (see `state.rs`), until a clean unmount leaves the log empty.
 fn log_setup(
     opts: &MountOptions,
     backing: &Path,
+    state: &StateDir,
     faults: Option<&Arc<Faults>>,
 ) -> Result<Option<engine::LogSetup>, String> {
-    let path = match &opts.log {
-        LogPlace::Off => return Ok(None),
-        LogPlace::StateFolder => backend::local::default_log_path(backing),
-        LogPlace::At(path) => path.clone(),
-    };
+    let Some(path) = log_path(opts, state) else { return Ok(None) };
+    if !opts.read_only {
+        state::set_log_marker(backing, &path)?;
+    }
     let (device, created) = engine::intent_log::open_file_device(&path, Some(opts.log_size_bytes))
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let device: Box<dyn engine::intent_log::device::LogDevice> = match faults {
@@ -196,7 +203,7 @@ fn log_setup(
 
 /// The daemon proper (also in the foreground): runs until unmounted, then tears down.
 fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> ExitCode {
-    let Prepared { backing, mount_point, runtime, metrics, backend, _lock } = prepared;
+    let Prepared { backing, mount_point, runtime, metrics, backend, state } = prepared;
     block_termination_signals();
     // Modes arrive already masked by the kernel; the daemon's own umask must not mask twice.
     unsafe { libc::umask(0) };
@@ -222,8 +229,8 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     if faults.is_some() {
         log::warn!("fault injection is on (COALESCEFS_FAULTS): for tests only");
     }
-    let config = engine_config(opts, &capabilities, Some(backend::local::STATE_DIR_NAME));
-    let log = match log_setup(opts, &backing, faults.as_ref()) {
+    let config = engine_config(opts, &capabilities, &state);
+    let log = match log_setup(opts, &backing, &state, faults.as_ref()) {
         Ok(log) => {
             if log.is_some() {
                 metrics.log_size_bytes.store(opts.log_size_bytes, std::sync::atomic::Ordering::Relaxed);
@@ -276,6 +283,11 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     session_ended.store(true, std::sync::atomic::Ordering::Relaxed);
     // The kernel's DESTROY usually ran this already; after an aborted connection it did not.
     let unwritten = engine.shut_down();
+    if log_path(opts, &state).is_some() && !opts.read_only && unwritten.is_empty() && !engine.log_holds_records() {
+        if let Err(e) = state::clear_log_marker(&backing) {
+            log::warn!("{e}: the next mount will ask for the same intent log");
+        }
+    }
     runtime.remove_runtime_files();
     let exit = report_unwritten(&runtime, &unwritten);
     match result {

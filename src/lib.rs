@@ -4,7 +4,7 @@
 //! `engine` (every decision: the write buffer, flushers, the intent log, durability, replay),
 //! `backend` (storage: the namespace and unit store traits and their implementations). Around
 //! them: `daemon` (a mount's life), `control` (the stats socket and Prometheus endpoint),
-//! `metrics`, `mounts`, `options`, `runtime` (the runtime directory), `logging`, `sys`.
+//! `metrics`, `mounts`, `options`, `runtime` (the runtime directory), `state` (the state directory), `logging`, `sys`.
 //! The binary (`main.rs`) is the command line.
 
 pub mod backend;
@@ -17,4 +17,5 @@ pub mod metrics;
 pub mod mounts;
 pub mod options;
 pub mod runtime;
+pub mod state;
 pub mod sys;

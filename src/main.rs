@@ -3,7 +3,7 @@
 //! This file is the command line: each command parsed and run; `daemon` has the mount's life.
 
 use coalescefs::daemon::{fail, open_backend};
-use coalescefs::{backend, control, daemon, engine, logging, metrics, mounts, options, runtime};
+use coalescefs::{control, daemon, engine, logging, metrics, mounts, options, runtime, state};
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -19,8 +19,9 @@ usage:
   coalescefs stats MOUNTPOINT [--prometheus]
   coalescefs sync MOUNTPOINT     (everything written made durable on the backend; with the
                                   intent log, a checkpoint)
-  coalescefs recover BACKING_DIR [--log PATH]   (not mounted: applies every intact batch of a
-                                  damaged intent log, says which were lost, empties the log)
+  coalescefs recover BACKING_DIR [--state DIR | --log PATH]   (not mounted: applies every
+                                  intact batch of a damaged intent log, says which were lost,
+                                  empties the log)
   coalescefs BACKING_DIR MOUNTPOINT -o opts        (the form mount.fuse3 uses)
 
 mount options (-o): allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE workers, default 4),
@@ -31,7 +32,8 @@ mount options (-o): allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE wo
   cache_timeout=DURATION (how long the kernel trusts names and attributes, default 60s),
   io_timeout=DURATION (how long a request waits for a backend that finishes nothing before EIO, default 30s),
   backend=local|null (null: names and sizes in BACKING_DIR, data counted and discarded),
-  log=off|on|PATH (intent log for small fsyncs, default off; on: in BACKING_DIR/.coalescefs),
+  log=off|on|PATH (intent log for small fsyncs, default off; on: in the state directory),
+  state=DIR (the state directory, default /var/lib/coalescefs/<escaped BACKING_DIR>),
   log_size=SIZE (the intent log's ring, default 64M), checkpoint_interval=DURATION (default 30s),
   log_threshold=SIZE, log_threshold_new=SIZE (most bytes one fsync logs, of an existing / a new file),
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
@@ -138,10 +140,11 @@ fn backing_of_mount(target: &str) -> Result<(PathBuf, PathBuf), String> {
 }
 
 fn run_recover(args: &[String]) -> ExitCode {
-    let (backing, log_path) = match args {
-        [backing] => (backing, None),
-        [backing, flag, path] if flag == "--log" => (backing, Some(std::path::PathBuf::from(path))),
-        _ => return usage_error(UsageError("recover takes BACKING_DIR [--log PATH]".into())),
+    let (backing, state_dir, log_path) = match args {
+        [backing] => (backing, None, None),
+        [backing, flag, path] if flag == "--log" => (backing, None, Some(PathBuf::from(path))),
+        [backing, flag, path] if flag == "--state" => (backing, Some(PathBuf::from(path)), None),
+        _ => return usage_error(UsageError("recover takes BACKING_DIR [--state DIR | --log PATH]".into())),
     };
     let backing = match mounts::check_backing_dir(std::path::Path::new(backing), false) {
         Ok(path) => path,
@@ -151,16 +154,22 @@ fn run_recover(args: &[String]) -> ExitCode {
         Ok(backend) => backend,
         Err(message) => return fail(message),
     };
-    let state_dir = match backend.open_state_dir() {
-        Ok(dir) => dir,
-        Err(e) => return fail(format!("cannot open the state folder {}/.coalescefs: {e}", backing.display())),
-    };
     // Held while recovering: a mount of the same directory now would replay the same log.
-    let _lock = match mounts::lock_backing_dir(&state_dir, &backing) {
-        Ok(lock) => lock,
+    let state = match state::StateDir::find(&backing, state_dir.as_deref()) {
+        Ok(state) => state,
         Err(message) => return fail(format!("{message}: unmount it first")),
     };
-    let log_path = log_path.unwrap_or_else(|| backend::local::default_log_path(&backing));
+    // Which log: the one asked for, else the one the backing directory says it needs, else
+    // the state directory's.
+    let marker = match state::log_marker(&backing) {
+        Ok(marker) => marker,
+        Err(message) => return fail(message),
+    };
+    let log_path = match (log_path, state_dir) {
+        (Some(path), _) => path,
+        (None, Some(_)) => state.log_path(),
+        (None, None) => marker.clone().unwrap_or_else(|| state.log_path()),
+    };
     if !log_path.exists() {
         return fail(format!("no intent log at {}", log_path.display()));
     }
@@ -168,7 +177,13 @@ fn run_recover(args: &[String]) -> ExitCode {
         Ok((device, _)) => device,
         Err(e) => return fail(format!("{}: {e}", log_path.display())),
     };
-    match engine::salvage_log(&backend, &backend, Box::new(device)) {
+    let result = engine::salvage_log(&backend, &backend, Box::new(device));
+    if result.is_ok() && marker.as_deref() == Some(log_path.as_path()) {
+        if let Err(message) = state::clear_log_marker(&backing) {
+            return fail(message);
+        }
+    }
+    match result {
         Ok(lost) if lost.is_empty() => {
             println!("{}: every batch intact and applied; the log is empty", log_path.display());
             ExitCode::SUCCESS

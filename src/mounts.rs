@@ -3,7 +3,6 @@
 //! unmounting. Every failure here is an operating condition with a message a user can act on.
 
 use std::ffi::CString;
-use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -133,31 +132,6 @@ pub fn check_mount_point(path: &Path, backing: &Path) -> Result<PathBuf, String>
         ));
     }
     Ok(canonical)
-}
-
-/// The exclusive lock that makes a second mount of the same backing directory fail. It lives
-/// as long as the daemon: the kernel drops it when the process ends, even by kill -9.
-pub struct BackingLock {
-    _file: File,
-}
-
-pub fn lock_backing_dir(state_dir: &OwnedFd, backing: &Path) -> Result<BackingLock, String> {
-    let fd = sys::openat(state_dir.as_raw_fd(), c"lock", libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW, 0o600)
-        .map_err(|e| format!("cannot create the lock file in {}/.coalescefs: {e}", backing.display()))?;
-    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let holder =
-            crate::runtime::RuntimeDir::of(backing).read_pid().map(|pid| format!(" (pid {pid})")).unwrap_or_default();
-        let place = read_mounts()
-            .into_iter()
-            .find(|m| m.fs_type == FS_TYPE && Path::new(&m.source) == backing)
-            .map(|m| format!(" at {}", m.mount_point.display()))
-            .unwrap_or_default();
-        return Err(format!(
-            "backing directory {} is already mounted by another coalescefs{place}{holder}",
-            backing.display()
-        ));
-    }
-    Ok(BackingLock { _file: File::from(fd) })
 }
 
 /// Aborts FUSE connection `connection` (fusectl, mounted first if it is not): every request

@@ -47,8 +47,10 @@ pub struct MountOptions {
     /// `max_write=SIZE`: the largest FUSE write request asked of the kernel, instead of the
     /// unit size (capped at 16 MiB either way).
     pub max_write_bytes: Option<u64>,
-    /// `log=on|off|PATH`: the intent log, in the state folder (`on`) or at PATH.
+    /// `log=on|off|PATH`: the intent log, in the state directory (`on`) or at PATH.
     pub log: LogPlace,
+    /// `state=DIR`: the state directory (see `state.rs`; default under /var/lib/coalescefs).
+    pub state_dir: Option<std::path::PathBuf>,
     /// `log_size=SIZE`: the intent log's ring.
     pub log_size_bytes: u64,
     /// `checkpoint_interval=DURATION`: the longest between intent log checkpoints.
@@ -82,7 +84,7 @@ pub enum BackendKind {
 #[derive(Clone, Debug, PartialEq)]
 pub enum LogPlace {
     Off,
-    StateFolder,
+    StateDir,
     At(std::path::PathBuf),
 }
 
@@ -90,7 +92,7 @@ pub const LOG_SIZE_BYTES_DEFAULT: u64 = 64 << 20;
 
 pub const BUFFER_BYTES_DEFAULT: u64 = 256 << 20;
 
-/// Only this mount changes the backing directory while it is mounted (the state folder's lock
+/// Only this mount changes the backing directory while it is mounted (its lock on the directory
 /// keeps a second mount out), so what the kernel was told stays true until the mount itself
 /// changes it, and the kernel then learns of it. Every expiry costs a LOOKUP or GETATTR round
 /// trip per cached object (git status lstat()s every file); the timeout bounds how long
@@ -135,6 +137,7 @@ impl Default for MountOptions {
             backend: BackendKind::Local,
             max_write_bytes: None,
             log: LogPlace::Off,
+            state_dir: None,
             log_size_bytes: LOG_SIZE_BYTES_DEFAULT,
             checkpoint_interval: std::time::Duration::from_secs(30),
             log_threshold_bytes: LOG_THRESHOLD_BYTES_DEFAULT,
@@ -258,10 +261,17 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
         "log" => {
             options.log = match need_value(value)? {
                 "off" => LogPlace::Off,
-                "on" => LogPlace::StateFolder,
+                "on" => LogPlace::StateDir,
                 p if p.starts_with('/') => LogPlace::At(p.into()),
                 v => return Err(UsageError(format!("log={v}: expected on, off or an absolute path"))),
             }
+        }
+        "state" => {
+            let v = need_value(value)?;
+            if !v.starts_with('/') {
+                return Err(UsageError(format!("state={v}: expected an absolute path")));
+            }
+            options.state_dir = Some(v.into());
         }
         "log_size" => {
             let v = need_value(value)?;

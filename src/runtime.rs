@@ -7,8 +7,7 @@
 //! `$XDG_RUNTIME_DIR/coalescefs/...`, else `/tmp/coalescefs-<uid>/...`. Every command that
 //! finds the mount (`umount`, `stats`, `sync`) finds this directory from the backing path.
 //!
-//! The state folder in the backing directory keeps only what must survive the daemon: the
-//! lock and the intent log.
+//! What must survive the daemon (the intent log) is in the state directory (`state.rs`).
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -93,6 +93,9 @@ fn unknown_option_and_bad_values() {
         2,
         "checkpoint_interval=0s: must be more than 0",
     );
+    assert_fails(&coalescefs(&["mount", &b, &m, "-o", "state=rel/dir"]), 2, "state=rel/dir: expected an absolute path");
+    let inside = format!("log=on,state={b}/state");
+    assert_fails(&coalescefs(&["mount", &b, &m, "-o", &inside]), 1, "inside the backing directory");
     assert_fails(&coalescefs(&["mount", &b, &m, "--bogus"]), 2, "unknown flag '--bogus'");
     assert_fails(&coalescefs(&["mount", &b]), 2, "expected BACKING_DIR and MOUNTPOINT");
     assert_fails(&coalescefs(&["frobnicate"]), 2, "unknown command");
@@ -127,6 +130,18 @@ fn backing_directory_already_mounted_elsewhere() {
     let out = coalescefs(&["mount", &path_str(&m.backing), &path_str(other_mnt.path())]);
     assert_fails(&out, 1, "is already mounted by another coalescefs at");
     assert!(!is_mounted(&path_str(other_mnt.path())));
+}
+
+/// One state directory keeps one backing directory's log: a second backing directory given
+/// the same `state=` is refused while the first is mounted.
+#[test]
+fn a_state_directory_in_use_is_refused() {
+    let state = tempfile::tempdir().unwrap();
+    let option = format!("log=on,state={}", path_str(&state.path().join("s")));
+    let _first = TestMount::with_options(&[&option]);
+    let (_t, b, m) = dirs();
+    assert_fails(&coalescefs(&["mount", &b, &m, "-o", &option]), 1, "is in use by another coalescefs");
+    assert!(!is_mounted(&m));
 }
 
 #[test]

@@ -200,6 +200,7 @@ fn config() -> EngineConfig {
         },
         page_cache: PageCache::Off,
         hidden_name: None,
+        hidden_root_xattr: None,
     }
 }
 

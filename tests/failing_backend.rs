@@ -111,6 +111,7 @@ fn run_case(fault: Fault, workload: Workload, log: bool) {
     let small = SmallFileSystem::new(64);
     let backing = small.path().join("backing");
     fs::create_dir(&backing).unwrap();
+    let _state = StateCleanup::of(&backing);
     let buffer = format!("buffer={BUFFER_MIB}M");
     let mut options = vec![buffer.as_str(), "unit=1M", "io_timeout=5s", "flush_age=500ms"];
     if log {

@@ -116,6 +116,7 @@ fn a_failed_log_batch_that_landed_is_not_replayed_over_newer_durable_bytes() {
     let options = ["log=on", "unit=64K", "flush_age=3600s", "checkpoint_interval=3600s", "writeback_cache=off"];
     // The file exists before the mount, so that nothing else is logged before the fsync.
     let backing = tempfile::tempdir().unwrap();
+    let _state = StateCleanup::of(backing.path());
     let mut expected = pattern(300_000, 30);
     fs::write(backing.path().join("f"), &expected).unwrap();
 
@@ -312,7 +313,7 @@ fn recovery_interrupted_again_and_again_still_recovers_everything() {
         fs::read_dir(m.path("d")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     assert_eq!(names, ["f0", "f1", "f2", "f3", "f4", "f5"], "each file once, no leftovers");
-    assert!(!m.backing_path(".coalescefs/intent.log.replay-map").exists(), "the map goes with the log's records");
+    assert!(!m.state_dir().join("intent.log.replay-map").exists(), "the map goes with the log's records");
 }
 
 /// Files created and removed before any log batch carried their creation cost the log
@@ -419,7 +420,7 @@ fn a_damaged_log_stops_the_mount_and_says_where() {
     }
     kill_daemon(&mut m);
     drop(f);
-    let log = m.backing_path(".coalescefs/intent.log");
+    let log = m.log_path();
     let mut bytes = fs::read(&log).unwrap();
     // The batch holding the first fsync's bytes (the log also holds released batches).
     let first_bytes =
@@ -454,4 +455,44 @@ fn a_damaged_log_stops_the_mount_and_says_where() {
         "{}",
         stderr_of(&out)
     );
+}
+
+/// The backing directory names the log a crash left to replay: a mount that would not replay
+/// it (the log off, another state directory) is refused with what to do; `coalescefs recover`
+/// finds the log by that name, replays it and clears it.
+#[test]
+fn a_mount_that_would_not_replay_the_crash_log_is_refused() {
+    let options = ["log=on", "unit=64K", "flush_age=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    fs::write(m.path("f"), pattern(100_000, 1)).unwrap();
+    m.remount();
+    let f = OpenOptions::new().write(true).open(m.path("f")).unwrap();
+    f.write_all_at(&pattern(300, 2), 1000).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(m.counter("log_fsyncs_total"), 1, "the fsync went to the log");
+    kill_daemon(&mut m);
+    drop(f);
+    let (backing, mnt) = (path_str(&m.backing), path_str(&m.mnt));
+    let other_state = tempfile::tempdir().unwrap();
+    let elsewhere = format!("log=on,state={}", path_str(other_state.path()));
+    for args in [vec!["mount", &backing, &mnt], vec!["mount", &backing, &mnt, "-o", &elsewhere]] {
+        let out = coalescefs(&args);
+        let message = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {message}");
+        let state = path_str(&m.state_dir());
+        assert!(
+            message.contains("was not unmounted cleanly") && message.contains(&format!("log=on,state={state}")),
+            "{message}"
+        );
+        assert!(message.contains(&format!("coalescefs recover {backing}")), "{message}");
+    }
+    assert!(fs::read_dir(other_state.path()).unwrap().next().is_none(), "a refused mount makes nothing");
+    let out = coalescefs(&["recover", &backing]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(xattr_of(&m.backing, "user.coalescefs.log"), Err(libc::ENODATA), "recovered: no log needed");
+    m.set_options(&[]);
+    m.mount();
+    let mut expected = pattern(100_000, 1);
+    expected[1000..1300].copy_from_slice(&pattern(300, 2));
+    assert!(fs::read(m.path("f")).unwrap() == expected, "the fsynced bytes came back from the log");
 }

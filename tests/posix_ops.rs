@@ -21,10 +21,51 @@ fn written_data_reads_back_and_is_a_plain_file_in_the_backing_directory() {
     assert_eq!(fs::read(m.backing_path("data.bin")).unwrap(), data, "unmounted, the data is plainly there");
 }
 
+/// The daemon keeps nothing in the backing directory: without the log no state at all; with
+/// it, the log's file in the state directory and, while the log may be needed, one extended
+/// attribute of the backing root naming it, which the mount neither shows nor lets anyone
+/// change.
 #[test]
-fn state_folder_is_hidden_and_reserved() {
-    let m = TestMount::new();
-    assert!(m.backing_path(".coalescefs").is_dir(), "the daemon keeps its state in the backing dir");
+fn the_state_lives_outside_the_backing_directory() {
+    let mut m = TestMount::new();
+    fs::write(m.path("f"), b"x").unwrap();
+    let names_in_backing =
+        |m: &TestMount| -> Vec<_> { fs::read_dir(&m.backing).unwrap().map(|e| e.unwrap().file_name()).collect() };
+    assert_eq!(names_in_backing(&m), ["f"]);
+    assert!(!m.state_dir().exists(), "a mount without the log makes no state directory");
+    m.unmount();
+    m.set_options(&["log=on"]);
+    m.mount();
+    assert!(m.log_path().is_file(), "the log is {}", m.log_path().display());
+    assert_eq!(names_in_backing(&m), ["f"]);
+    let marker = xattr_of(&m.backing, "user.coalescefs.log").expect("the backing root names its log");
+    assert_eq!(marker, path_str(&m.log_path()).as_bytes());
+    let root = m.path("");
+    assert!(!xattr_names(&root).iter().any(|n| n.starts_with("user.coalescefs")), "{:?}", xattr_names(&root));
+    assert_eq!(xattr_of(&root, "user.coalescefs.log"), Err(libc::ENODATA));
+    let c = cstr(&root);
+    let set = unsafe { libc::setxattr(c.as_ptr(), c"user.coalescefs.log".as_ptr(), b"x".as_ptr().cast(), 1, 0) };
+    assert_eq!((set, errno()), (-1, libc::EPERM));
+    let removed = unsafe { libc::removexattr(c.as_ptr(), c"user.coalescefs.log".as_ptr()) };
+    assert_eq!((removed, errno()), (-1, libc::EPERM));
+    // Other attributes of the root are the application's, listed as ever.
+    let set = unsafe { libc::setxattr(c.as_ptr(), c"user.mine".as_ptr(), b"1".as_ptr().cast(), 1, 0) };
+    assert_eq!(set, 0);
+    assert_eq!(xattr_names(&root), ["user.mine"]);
+    m.unmount();
+    assert_eq!(xattr_of(&m.backing, "user.coalescefs.log"), Err(libc::ENODATA), "a clean unmount needs no log");
+}
+
+/// A backing directory where an earlier version kept its state in `.coalescefs` keeps it there,
+/// hidden and reserved.
+#[test]
+fn a_legacy_state_folder_stays_in_use_hidden_and_reserved() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("backing");
+    fs::create_dir_all(backing.join(".coalescefs")).unwrap();
+    let m = TestMount::build(&["log=on"], &[], Some(&backing));
+    assert!(m.backing_path(".coalescefs/intent.log").is_file(), "the legacy folder holds the log");
+    assert!(!m.state_dir().exists());
     let names: Vec<_> = fs::read_dir(&m.mnt).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(!names.iter().any(|n| n == ".coalescefs"), "listing shows {names:?}");
     assert_eq!(fs::metadata(m.path(".coalescefs")).unwrap_err().raw_os_error(), Some(libc::ENOENT));

@@ -102,8 +102,11 @@ pub struct EngineConfig {
     pub writeback: WritebackConfig,
     pub page_cache: PageCache,
     /// A name in the root directory the mount neither shows nor lets anyone make: the daemon's
-    /// state folder, when it lives in the backing directory.
+    /// legacy state folder, when it lives in the backing directory.
     pub hidden_name: Option<OsString>,
+    /// An extended attribute of the root the mount neither shows nor lets anyone change: the
+    /// record of which intent log the backing directory needs after a crash.
+    pub hidden_root_xattr: Option<OsString>,
 }
 
 /// The intent log's device, when the log is on, and whether it was just created (all zeros).
@@ -202,7 +205,7 @@ impl Engine {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// The state folder is the daemon's: the mount neither shows it nor lets anyone make it.
+    /// The legacy state folder is the daemon's: the mount neither shows it nor lets anyone make it.
     fn is_hidden(&self, parent: ObjectId, name: &OsStr) -> bool {
         parent == ROOT_ID && self.config.hidden_name.as_deref() == Some(name)
     }
@@ -686,7 +689,7 @@ impl Engine {
     }
 
     /// Up to `READDIR_BATCH` entries from `offset` on (0: the start; otherwise an entry's
-    /// `next_offset`), without the hidden state folder. An empty answer is the end.
+    /// `next_offset`), without the hidden legacy state folder. An empty answer is the end.
     pub fn readdir(&self, fh: u64, offset: u64) -> SysResult<Vec<ListedEntry>> {
         let dir = self.open_dir(fh)?;
         let entries = lock(&dir.reader).read(offset, READDIR_BATCH)?;
@@ -719,20 +722,63 @@ impl Engine {
         self.ns.statfs(id)
     }
 
+    fn is_hidden_xattr(&self, id: ObjectId, name: &OsStr) -> bool {
+        id == ROOT_ID && self.config.hidden_root_xattr.as_deref() == Some(name)
+    }
+
     pub fn set_xattr(&self, id: ObjectId, name: &OsStr, value: &[u8], flags: i32) -> SysResult<()> {
+        if self.is_hidden_xattr(id, name) {
+            return Err(Errno(libc::EPERM));
+        }
         self.ns.set_xattr(id, name, value, flags)
     }
 
     pub fn get_xattr(&self, id: ObjectId, name: &OsStr, size: u32) -> SysResult<XattrReply> {
+        if self.is_hidden_xattr(id, name) {
+            return Err(Errno(libc::ENODATA));
+        }
         self.ns.get_xattr(id, name, size as usize)
     }
 
+    /// The names of `id`'s extended attributes, NUL-terminated, without the hidden one.
     pub fn list_xattr(&self, id: ObjectId, size: u32) -> SysResult<XattrReply> {
-        self.ns.list_xattr(id, size as usize)
+        let Some(hidden) = self.config.hidden_root_xattr.as_deref().filter(|_| id == ROOT_ID) else {
+            return self.ns.list_xattr(id, size as usize);
+        };
+        // The whole list is needed to answer even a size query without the hidden name.
+        let names = loop {
+            let XattrReply::Size(needed) = self.ns.list_xattr(id, 0)? else { return Err(Errno(libc::EIO)) };
+            match self.ns.list_xattr(id, needed.max(1)) {
+                Ok(XattrReply::Data(names)) => break names,
+                Ok(XattrReply::Size(_)) => return Err(Errno(libc::EIO)),
+                // It grew between the two calls: ask again.
+                Err(Errno(libc::ERANGE)) => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        let shown: Vec<u8> = names
+            .split_inclusive(|&b| b == 0)
+            .filter(|name| name.strip_suffix(&[0]).unwrap_or(name) != hidden.as_encoded_bytes())
+            .flatten()
+            .copied()
+            .collect();
+        match size as usize {
+            0 => Ok(XattrReply::Size(shown.len())),
+            room if room < shown.len() => Err(Errno(libc::ERANGE)),
+            _ => Ok(XattrReply::Data(shown)),
+        }
     }
 
     pub fn remove_xattr(&self, id: ObjectId, name: &OsStr) -> SysResult<()> {
+        if self.is_hidden_xattr(id, name) {
+            return Err(Errno(libc::EPERM));
+        }
         self.ns.remove_xattr(id, name)
+    }
+
+    /// Whether the intent log still holds records a next mount would replay.
+    pub fn log_holds_records(&self) -> bool {
+        self.writeback.log_holds_records()
     }
 
     /// `coalescefs sync`: everything written so far made durable in the store (with the

@@ -53,6 +53,24 @@ pub struct TestMount {
     /// RLIMIT_NOFILE (soft and hard) for the daemon, when the test sets one.
     fd_limit: Option<u64>,
     mounted: bool,
+    /// The backing directory is the mount's own (not given by the test): its state directory
+    /// goes when the mount does. A test that gives one keeps a `StateCleanup` of its own.
+    owns_backing: bool,
+}
+
+/// Removes the default state directory of a backing directory (its intent log) when dropped.
+pub struct StateCleanup(PathBuf);
+
+impl StateCleanup {
+    pub fn of(backing: &Path) -> StateCleanup {
+        StateCleanup(state_dir(backing))
+    }
+}
+
+impl Drop for StateCleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 impl TestMount {
@@ -81,6 +99,7 @@ impl TestMount {
         fd_limit: Option<u64>,
     ) -> TestMount {
         let dir = tempfile::Builder::new().prefix("coalescefs-test-").tempdir().expect("tempdir");
+        let owns_backing = backing.is_none();
         let backing = backing.map(Path::to_path_buf).unwrap_or_else(|| dir.path().join("backing"));
         let mnt = dir.path().join("mnt");
         if !backing.exists() {
@@ -99,6 +118,7 @@ impl TestMount {
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             fd_limit,
             mounted: false,
+            owns_backing,
         };
         m.mount();
         m
@@ -143,6 +163,11 @@ impl TestMount {
         self.mounted = false;
     }
 
+    /// The options of the next `mount`.
+    pub fn set_options(&mut self, options: &[&str]) {
+        self.options = options.iter().map(|s| s.to_string()).collect();
+    }
+
     pub fn remount(&mut self) {
         self.unmount();
         self.mount();
@@ -159,6 +184,16 @@ impl TestMount {
     /// The daemon's runtime directory (log, pid, control socket; see src/runtime.rs).
     pub fn runtime_dir(&self) -> PathBuf {
         runtime_dir(&self.backing)
+    }
+
+    /// The daemon's state directory (the intent log's file; see src/state.rs), by default.
+    pub fn state_dir(&self) -> PathBuf {
+        state_dir(&self.backing)
+    }
+
+    /// The intent log's file with `log=on`.
+    pub fn log_path(&self) -> PathBuf {
+        self.state_dir().join("intent.log")
     }
 
     /// What the daemon has logged so far.
@@ -256,12 +291,25 @@ impl Drop for TestMount {
                 let _ = coalescefs(&["umount", "--lazy", &path_str(&self.mnt)]);
             }
         }
+        // The state directory lives outside the temporary directory; it goes with the test.
+        if self.owns_backing {
+            let _ = std::fs::remove_dir_all(self.state_dir());
+        }
     }
 }
 
 /// The runtime directory of the mount of `backing`, as src/runtime.rs names it: under
 /// /run/coalescefs (root), the canonical backing path escaped as `systemd-escape --path` does.
 pub fn runtime_dir(backing: &Path) -> PathBuf {
+    PathBuf::from("/run/coalescefs").join(escaped_name(backing))
+}
+
+/// The default state directory of `backing` (src/state.rs): /var/lib/coalescefs/<escaped>.
+pub fn state_dir(backing: &Path) -> PathBuf {
+    PathBuf::from("/var/lib/coalescefs").join(escaped_name(backing))
+}
+
+fn escaped_name(backing: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
     let canonical = std::fs::canonicalize(backing).unwrap_or_else(|_| backing.to_path_buf());
     let bytes = canonical.as_os_str().as_bytes();
@@ -276,8 +324,12 @@ pub fn runtime_dir(backing: &Path) -> PathBuf {
             other => name.push_str(&format!("\\x{other:02x}")),
         }
     }
-    assert_eq!(unsafe { libc::geteuid() }, 0, "the runtime directory of a non-root daemon is elsewhere");
-    PathBuf::from("/run/coalescefs").join(if name.is_empty() { "-".to_string() } else { name })
+    assert_eq!(unsafe { libc::geteuid() }, 0, "the runtime and state directories of a non-root daemon are elsewhere");
+    if name.is_empty() {
+        "-".to_string()
+    } else {
+        name
+    }
 }
 
 pub fn path_str(p: &Path) -> String {
@@ -292,6 +344,26 @@ pub fn set_mode(p: &Path, mode: u32) {
 pub fn cstr(p: &Path) -> std::ffi::CString {
     use std::os::unix::ffi::OsStrExt;
     std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+/// The value of extended attribute `name` of `path` itself (not followed), or its errno.
+pub fn xattr_of(path: &Path, name: &str) -> Result<Vec<u8>, i32> {
+    let name = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = unsafe { libc::lgetxattr(cstr(path).as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(errno());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// The names of `path`'s extended attributes.
+pub fn xattr_names(path: &Path) -> Vec<String> {
+    let mut buf = vec![0u8; 65536];
+    let n = unsafe { libc::llistxattr(cstr(path).as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n >= 0, "listxattr {}: errno {}", path.display(), errno());
+    buf[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()).map(|n| String::from_utf8_lossy(n).into()).collect()
 }
 
 pub fn errno() -> i32 {

@@ -8,7 +8,7 @@
 //! - `data`: a file's data, and how a unit reaches it (O_DIRECT, AIO, sub-block edges);
 //! - `geometry`: the unit discovered from the device under the backing directory.
 //!
-//! Must not: decide anything (caching, flushing, hiding the state folder): the engine does.
+//! Must not: decide anything (caching, flushing, hiding the daemon's state): the engine does.
 
 mod aio;
 pub mod data;
@@ -28,8 +28,6 @@ use crate::sys::{name_cstring, Errno, SysResult};
 use data::LocalFileData;
 use nodes::{BackingDir, DirStream, Node};
 use objects::{BackingKey, ObjectTable};
-
-pub use nodes::{default_log_path, STATE_DIR_NAME};
 
 fn key_of(st: &libc::stat) -> BackingKey {
     (st.st_dev, st.st_ino)
@@ -83,11 +81,6 @@ impl LocalBackend {
 
     pub fn root_path(&self) -> &Path {
         self.dir.root_path()
-    }
-
-    /// Creates (if needed) and opens the daemon's state folder in the backing directory.
-    pub fn open_state_dir(&self) -> SysResult<std::os::fd::OwnedFd> {
-        self.dir.open_state_dir()
     }
 
     /// How many objects the namespace holds now (the kernel's cached inodes and the engine's).

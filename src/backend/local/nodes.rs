@@ -24,13 +24,6 @@ use crate::engine::types::{TimeToSet, TimesToSet, XattrReply};
 use crate::metrics::Metrics;
 use crate::sys::{self, check, check_size, Errno, SysResult, EMPTY};
 
-/// Name of the daemon's own folder inside the backing directory; the mount never shows it.
-pub const STATE_DIR_NAME: &str = ".coalescefs";
-/// The intent log's file in the state folder, unless `-o log=PATH` puts it elsewhere.
-pub fn default_log_path(backing: &Path) -> std::path::PathBuf {
-    backing.join(STATE_DIR_NAME).join("intent.log")
-}
-
 /// The open `O_PATH` descriptors of nodes, the least recently used closed first beyond
 /// `capacity`. A descriptor in use stays open until its user is done (`NodeFd` shares it).
 pub struct NodeFds {
@@ -631,18 +624,6 @@ impl BackingDir {
     pub fn remove_xattr(&self, node: &Node, name: &CStr) -> SysResult<()> {
         let (_fd, path) = self.xattr_path(node)?;
         check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
-    }
-
-    /// Creates (if needed) and opens the daemon's state folder. It is made as a directory with
-    /// mode 0700; a symlink or file in its place is refused rather than followed.
-    pub fn open_state_dir(&self) -> SysResult<OwnedFd> {
-        let name = CString::new(STATE_DIR_NAME).expect("constant has no NUL");
-        let root = self.fd(&self.root)?;
-        match check(unsafe { libc::mkdirat(root.as_raw_fd(), name.as_ptr(), 0o700) }) {
-            Ok(_) | Err(Errno(libc::EEXIST)) => {}
-            Err(e) => return Err(e),
-        }
-        sys::openat(root.as_raw_fd(), &name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
     }
 }
 

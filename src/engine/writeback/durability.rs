@@ -365,6 +365,11 @@ impl Writeback {
 
     /// Every buffered unit written to the backend and the backend synced once: a checkpoint
     /// where there is a log.
+    /// Whether the intent log holds batches a next mount would replay.
+    pub fn log_holds_records(&self) -> bool {
+        self.log.as_ref().is_some_and(|log| log.holds_batches())
+    }
+
     pub fn sync_all(&self) -> SysResult<()> {
         if self.log.is_some() {
             return self.checkpoint();

@@ -1,0 +1,264 @@
+//! The daemon's state directory: what must outlive the daemon (the intent log's file, and the
+//! lock that keeps a second daemon off the same state), kept off the backing directory.
+//!
+//! Made only when the log is on (a mount without it keeps no state: the lock that keeps a
+//! second daemon out is taken on the backing directory itself). Where: `-o state=DIR`; else `/var/lib/coalescefs/<escaped backing path>/` for root (escaped
+//! as `systemd-escape --path` does), `${XDG_STATE_HOME:-~/.local/state}/coalescefs/...` for
+//! anyone else. A backing directory that already has the folder `.coalescefs` (where earlier
+//! versions kept the state) keeps using it, and the mount keeps hiding it. Inside the backing
+//! directory the folder cost every new file an inode-table block of its own: ext4 places a new
+//! file's inode near its directory's, and the state folder took the first inodes after the
+//! root's, so the files of the root landed one block further on.
+//!
+//! Because the log can live apart from the data it protects, the backing directory records
+//! which log it needs: while a mount with the log runs, and after it dies, the root of the
+//! backing directory carries the extended attribute `user.coalescefs.log` with the log file's
+//! path; a clean unmount (the log empty) removes it. A mount that would not replay that log
+//! (the log off, another state directory, the file gone) is refused with what to do, instead of
+//! serving files whose fsynced bytes are still only in the log.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::runtime::escape_path;
+use crate::sys::{self, Errno};
+
+/// The state folder's name inside a backing directory, where earlier versions kept it.
+pub const LEGACY_NAME: &str = ".coalescefs";
+/// The extended attribute of the backing root that names the log a crash left to replay.
+pub const LOG_MARKER_XATTR: &str = "user.coalescefs.log";
+
+const LOG_FILE_NAME: &str = "intent.log";
+
+pub struct StateDir {
+    path: PathBuf,
+    /// Set when the state folder is the legacy one in the backing directory.
+    hidden_name: Option<OsString>,
+    /// Held as long as the daemon runs: the kernel drops both locks when it ends, even by kill -9.
+    _state_lock: Option<File>,
+    _backing_lock: File,
+}
+
+/// Where the state of `backing` goes when no `state=` is given (and no legacy folder exists).
+pub fn default_path(backing: &Path) -> PathBuf {
+    let base = if unsafe { libc::geteuid() } == 0 {
+        PathBuf::from("/var/lib/coalescefs")
+    } else {
+        match std::env::var_os("XDG_STATE_HOME") {
+            Some(dir) if Path::new(&dir).is_absolute() => PathBuf::from(dir).join("coalescefs"),
+            _ => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/".into())).join(".local/state/coalescefs"),
+        }
+    };
+    base.join(escape_path(backing))
+}
+
+impl StateDir {
+    /// Locks the backing directory (a canonical path) and finds its state directory, making
+    /// nothing yet (see `make`).
+    pub fn find(backing: &Path, explicit: Option<&Path>) -> Result<StateDir, String> {
+        let backing_lock = lock_backing(backing)?;
+        let legacy = backing.join(LEGACY_NAME);
+        let (path, hidden_name) = match explicit {
+            Some(path) => {
+                let path = absolute_state_path(path)?;
+                if path.starts_with(backing) {
+                    return Err(format!(
+                        "state={}: inside the backing directory {}, where the mount would show it; give a directory outside it",
+                        path.display(),
+                        backing.display()
+                    ));
+                }
+                (path, None)
+            }
+            None if std::fs::symlink_metadata(&legacy).is_ok() => (legacy, Some(OsString::from(LEGACY_NAME))),
+            None => (default_path(backing), None),
+        };
+        Ok(StateDir { path, hidden_name, _state_lock: None, _backing_lock: backing_lock })
+    }
+
+    /// When `needed` (the log is on) or it is the legacy folder: makes the directory (unless
+    /// `read_only`) and locks it. A mount without the log keeps no state, and nothing is made.
+    pub fn make(&mut self, read_only: bool, needed: bool) -> Result<(), String> {
+        if !needed && self.hidden_name.is_none() {
+            return Ok(());
+        }
+        self._state_lock = match make_and_lock(&self.path, self.hidden_name.is_some(), read_only) {
+            Ok(lock) => lock,
+            Err(e) if read_only => {
+                log::warn!("no state directory for a read-only mount ({e}); mounting without one");
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The intent log's file, unless `log=PATH` puts it elsewhere.
+    pub fn log_path(&self) -> PathBuf {
+        self.path.join(LOG_FILE_NAME)
+    }
+
+    /// The name in the backing root the mount must hide: the legacy state folder's.
+    pub fn hidden_name(&self) -> Option<&OsStr> {
+        self.hidden_name.as_deref()
+    }
+}
+
+fn absolute_state_path(path: &Path) -> Result<PathBuf, String> {
+    if !path.is_absolute() {
+        return Err(format!("state={}: expected an absolute path", path.display()));
+    }
+    // The directory itself may not exist yet; its parent must.
+    match std::fs::canonicalize(path) {
+        Ok(canonical) => Ok(canonical),
+        Err(_) => {
+            let parent = path.parent().ok_or_else(|| format!("state={}: no parent directory", path.display()))?;
+            let parent = std::fs::canonicalize(parent).map_err(|e| format!("state={}: {e}", path.display()))?;
+            Ok(parent.join(path.file_name().unwrap_or_default()))
+        }
+    }
+}
+
+/// Makes the state directory (mode 0700; a symlink in its place is refused, not followed) and
+/// takes its lock, so that two backing directories never share one log.
+fn make_and_lock(path: &Path, inside_backing: bool, read_only: bool) -> Result<Option<File>, String> {
+    let shown = path.display();
+    if !read_only {
+        let mut builder = std::fs::DirBuilder::new();
+        // The default's parents (/var/lib/coalescefs) are made too; inside the backing
+        // directory only the folder itself.
+        builder.recursive(!inside_backing).mode(0o700);
+        match builder.create(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot create the state directory {shown}: {e}")),
+        }
+    }
+    let meta = std::fs::symlink_metadata(path).map_err(|e| format!("state directory {shown}: {e}"))?;
+    if !meta.is_dir() {
+        return Err(format!("state directory {shown} is not a directory"));
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .create(!read_only)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path.join("lock"))
+        .map_err(|e| format!("cannot open the lock file in the state directory {shown}: {e}"))?;
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(format!(
+            "state directory {shown} is in use by another coalescefs (a mount of another backing directory?)"
+        ));
+    }
+    Ok(Some(file))
+}
+
+/// The backing directory itself is locked (flock on the directory): a second daemon on it is
+/// refused whichever state directory it was given.
+fn lock_backing(backing: &Path) -> Result<File, String> {
+    let dir = File::open(backing).map_err(|e| format!("backing directory {}: {e}", backing.display()))?;
+    if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let holder =
+            crate::runtime::RuntimeDir::of(backing).read_pid().map(|pid| format!(" (pid {pid})")).unwrap_or_default();
+        let place = crate::mounts::read_mounts()
+            .into_iter()
+            .find(|m| m.fs_type == crate::mounts::FS_TYPE && Path::new(&m.source) == backing)
+            .map(|m| format!(" at {}", m.mount_point.display()))
+            .unwrap_or_default();
+        return Err(format!(
+            "backing directory {} is already mounted by another coalescefs{place}{holder}",
+            backing.display()
+        ));
+    }
+    Ok(dir)
+}
+
+/// The log the backing directory says a crash left to replay, if any.
+pub fn log_marker(backing: &Path) -> Result<Option<PathBuf>, String> {
+    let path = sys::path_cstring(backing).map_err(|e| format!("{}: {e}", backing.display()))?;
+    let name = std::ffi::CString::new(LOG_MARKER_XATTR).expect("constant has no NUL");
+    let mut buf = vec![0u8; 4096];
+    let n = unsafe { libc::lgetxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return match Errno::last() {
+            Errno(libc::ENODATA) | Errno(libc::ENOTSUP) => Ok(None),
+            e => Err(format!("reading {LOG_MARKER_XATTR} of {}: {e}", backing.display())),
+        };
+    }
+    buf.truncate(n as usize);
+    Ok(Some(PathBuf::from(OsStr::from_bytes(&buf))))
+}
+
+/// Refuses a mount that would leave a crash's log unreplayed: `log` is the log this mount
+/// replays (None: the log is off).
+pub fn check_log_marker(backing: &Path, log: Option<&Path>) -> Result<(), String> {
+    let Some(needed) = log_marker(backing)? else { return Ok(()) };
+    if log == Some(needed.as_path()) && needed.exists() {
+        return Ok(());
+    }
+    let why = match log {
+        _ if !needed.exists() => format!("and that file is gone ({LOG_MARKER_XATTR} names it)"),
+        None => "and this mount has the log off".to_string(),
+        Some(other) => format!("and this mount's log is {}", other.display()),
+    };
+    let options = match (needed.parent(), needed.file_name()) {
+        (Some(dir), Some(name)) if name == LOG_FILE_NAME => format!("-o log=on,state={}", dir.display()),
+        _ => format!("-o log={}", needed.display()),
+    };
+    Err(format!(
+        "{} was not unmounted cleanly with its intent log at {}, {why}: mount it with that log ({options}), or run \
+         `coalescefs recover {} --log {}`. If that log is lost for good, its fsynced bytes are too; \
+         `setfattr -x {LOG_MARKER_XATTR} {}` lets the directory mount without it",
+        backing.display(),
+        needed.display(),
+        backing.display(),
+        needed.display(),
+        backing.display()
+    ))
+}
+
+/// Records that `backing` needs the log at `log` after a crash. A file system without user
+/// extended attributes cannot keep the record: the mount goes on, said once in the log.
+pub fn set_log_marker(backing: &Path, log: &Path) -> Result<(), String> {
+    let path = sys::path_cstring(backing).map_err(|e| format!("{}: {e}", backing.display()))?;
+    let name = std::ffi::CString::new(LOG_MARKER_XATTR).expect("constant has no NUL");
+    let value = log.as_os_str().as_bytes();
+    let ret = unsafe { libc::lsetxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if ret != 0 {
+        return match Errno::last() {
+            Errno(libc::ENOTSUP) => {
+                log::warn!(
+                    "{} has no user extended attributes: it cannot record that it needs the intent log {} after a \
+                     crash; mount it with the same log= and state= options every time",
+                    backing.display(),
+                    log.display()
+                );
+                Ok(())
+            }
+            e => Err(format!("recording the intent log in {LOG_MARKER_XATTR} of {}: {e}", backing.display())),
+        };
+    }
+    Ok(())
+}
+
+/// After a clean unmount or a recovery: no log holds anything the directory needs.
+pub fn clear_log_marker(backing: &Path) -> Result<(), String> {
+    let path = sys::path_cstring(backing).map_err(|e| format!("{}: {e}", backing.display()))?;
+    let name = std::ffi::CString::new(LOG_MARKER_XATTR).expect("constant has no NUL");
+    if unsafe { libc::lremovexattr(path.as_ptr(), name.as_ptr()) } != 0 {
+        return match Errno::last() {
+            Errno(libc::ENODATA) | Errno(libc::ENOTSUP) => Ok(()),
+            e => Err(format!("removing {LOG_MARKER_XATTR} of {}: {e}", backing.display())),
+        };
+    }
+    Ok(())
+}
