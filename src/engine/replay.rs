@@ -34,8 +34,9 @@ use std::sync::Arc;
 
 use super::intent_log::device::LogDevice;
 use super::intent_log::format::{Batch, Record};
-use super::intent_log::IntentLog;
+use super::intent_log::{IntentLog, LogError};
 use super::types::{Kind, NewObject, ObjectId, Owner};
+use super::LogSetup;
 use crate::backend::{FileData, Namespace, OpenMode, UnitStore};
 use crate::metrics::Metrics;
 use crate::sys::{Errno, SysResult};
@@ -355,4 +356,34 @@ pub fn replay(
         log::warn!("intent log: a file created before the crash was not made again: {what}");
     }
     Ok(log)
+}
+
+/// `coalescefs recover`: applies every intact batch of a damaged intent log and empties the
+/// log. Returns a line for each batch that could not be read.
+pub fn salvage_log(
+    ns: &dyn Namespace,
+    store: &dyn UnitStore,
+    device: Box<dyn LogDevice>,
+) -> Result<Vec<String>, String> {
+    let metrics = Arc::new(Metrics::default());
+    let name = device.describe();
+    let (log, batches, lost) = IntentLog::salvage(device, metrics.clone()).map_err(|e| format!("{name}: {e}"))?;
+    replay(ns, store, log, &batches, &metrics).map_err(|e| format!("replaying {name}: {e}"))?;
+    Ok(lost)
+}
+
+/// Opens the intent log and applies what it holds after its checkpoint (see `replay`), so the
+/// log starts empty.
+pub(super) fn recover_from_log(
+    ns: &dyn Namespace,
+    store: &dyn UnitStore,
+    setup: LogSetup,
+    metrics: &Arc<Metrics>,
+) -> Result<IntentLog, String> {
+    let name = setup.device.describe();
+    let (log, batches) = IntentLog::open(setup.device, setup.created, metrics.clone()).map_err(|e| match e {
+        LogError::Corrupt(_) => format!("{name}: {e}; nothing was replayed or changed"),
+        _ => format!("{name}: {e}"),
+    })?;
+    replay(ns, store, log, &batches, metrics).map_err(|e| format!("replaying the intent log {name}: {e}"))
 }

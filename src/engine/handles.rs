@@ -1,0 +1,269 @@
+//! Open files and directories: handles, the page-cache choice writers share, and the data
+//! path of a handle (read, write, flush at close, fsync, preallocation, holes, copies), which
+//! hands written bytes to the write buffer and asks it for durability.
+
+use std::ffi::OsStr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use super::types::{Attr, Kind, NewObject, ObjectId};
+use super::writeback::{ErrorReport, FileState};
+use super::{lock, Caller, Engine, Opened, PageCache};
+use crate::backend::{DirReader, FileData, OpenMode};
+use crate::sys::{Errno, SysResult};
+
+pub(super) struct OpenFile {
+    pub(super) id: ObjectId,
+    /// The file's data, opened with the application's access mode, for reads.
+    pub(super) data: Arc<dyn FileData>,
+    /// The write buffer of a regular file, shared by all its handles.
+    pub(super) state: Option<Arc<FileState>>,
+    /// Opened for writing: its close flushes the file (a reader's close leaves it alone).
+    pub(super) writable: bool,
+}
+
+/// The writable handles open on one file, and the page-cache choice they share.
+pub(super) struct WriterMode {
+    pub(super) handles: usize,
+    pub(super) bypass_page_cache: bool,
+}
+
+impl OpenFile {
+    pub(super) fn state(&self) -> SysResult<&Arc<FileState>> {
+        self.state.as_ref().ok_or(Errno(libc::EINVAL))
+    }
+}
+
+pub(super) struct OpenDir {
+    pub(super) id: ObjectId,
+    /// Read a batch at a time from the offset the kernel asks for: nothing of the directory is
+    /// copied whole, whatever its size.
+    pub(super) reader: Mutex<Box<dyn DirReader>>,
+}
+
+impl Engine {
+    /// The data of a regular file opened for an application: the kernel has checked its access
+    /// mode; only O_NOATIME (the application's wish about reads) reaches the store, and write
+    /// access (the kernel reads partly written pages of the writeback cache through whichever
+    /// handle it holds, a write-only one included). Every other open flag was the kernel's to
+    /// act on, or is the engine's decision:
+    ///
+    /// | flag | why it is not passed on |
+    /// |---|---|
+    /// | O_NOFOLLOW, O_DIRECTORY | the kernel resolved the path (O_NOFOLLOW on the store's reopen made SQLite's and rsync's opens fail with ELOOP) |
+    /// | O_CREAT, O_EXCL, O_NOCTTY, O_TMPFILE | the kernel's (create is its own request) |
+    /// | O_TRUNC | FUSE_ATOMIC_O_TRUNC: the engine truncates through the write buffer |
+    /// | O_APPEND | the kernel sends the offset; Linux pwrite on an O_APPEND file would ignore it |
+    /// | O_SYNC, O_DSYNC | the engine makes such writes durable (through the log or the store) |
+    /// | O_DIRECT | the engine chooses how units reach the store |
+    /// | O_NONBLOCK, O_ASYNC, kernel-internal bits | mean nothing for a regular file's data |
+    fn open_mode(flags: i32) -> OpenMode {
+        OpenMode { write: flags & libc::O_ACCMODE != libc::O_RDONLY, no_atime: flags & libc::O_NOATIME != 0 }
+    }
+
+    fn register_file(&self, id: ObjectId, kind: Kind, flags: i32) -> SysResult<Opened> {
+        let mode = Self::open_mode(flags);
+        let data = self.store.open(id, mode)?;
+        let state = match kind {
+            Kind::File => Some(self.writeback.open_file(id, data.size()?)?),
+            _ => None,
+        };
+        // An empty file stays as it is: truncating it would change nothing but count as a
+        // backend change, and keep a new file's fsync off the intent log.
+        if let (Some(state), true) = (&state, flags & libc::O_TRUNC != 0) {
+            if self.writeback.size(state) != 0 {
+                self.writeback.set_size(state, 0)?;
+            }
+        }
+        let writable = mode.write;
+        let mut bypass_page_cache = false;
+        if let (Some(state), true, PageCache::Auto) = (&state, writable, self.config.page_cache) {
+            let mut modes = lock(&self.writer_modes);
+            let writer = modes
+                .entry(id)
+                .or_insert_with(|| WriterMode { handles: 0, bypass_page_cache: self.holds_data(&*data, state) });
+            writer.handles += 1;
+            bypass_page_cache = writer.bypass_page_cache;
+        }
+        let fh = self.new_handle();
+        lock(&self.files).insert(fh, Arc::new(OpenFile { id, data, state, writable }));
+        Ok(Opened { fh, bypass_page_cache, writable })
+    }
+
+    /// Whether a partial-page write into this file could make the kernel read old data:
+    /// bytes in the write buffer or data (not holes, not unwritten allocation) in the store.
+    fn holds_data(&self, data: &dyn FileData, state: &FileState) -> bool {
+        if self.writeback.size(state) == 0 {
+            return false;
+        }
+        self.writeback.has_buffered_data(state) || data.holds_data()
+    }
+
+    /// `drop_set_id_bits`: an unprivileged open with O_TRUNC (see [`Engine::drop_set_id_bits`]).
+    pub fn open(&self, id: ObjectId, flags: i32, drop_set_id_bits: bool) -> SysResult<Opened> {
+        let attr = self.ns.getattr(id)?;
+        if drop_set_id_bits && flags & libc::O_TRUNC != 0 {
+            self.drop_set_id_bits(id)?;
+        }
+        self.register_file(id, attr.kind, flags)
+    }
+
+    pub fn create(
+        &self,
+        parent: ObjectId,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> SysResult<(Attr, Opened)> {
+        let attr = match self.make(parent, name, NewObject::File { perm: mode & 0o7777 }, caller) {
+            Ok(attr) => attr,
+            // Made by someone else since the kernel looked: without O_EXCL that is an open.
+            Err(Errno(libc::EEXIST)) if flags & libc::O_EXCL == 0 => self.lookup(parent, name)?,
+            Err(e) => return Err(e),
+        };
+        let opened = self.register_file(attr.id, attr.kind, flags)?;
+        Ok((attr, opened))
+    }
+
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> SysResult<Vec<u8>> {
+        let open = self.open_file(fh)?;
+        let Some(state) = &open.state else {
+            let mut buf = vec![0u8; size as usize];
+            let n = open.data.read_at(&mut buf, offset)?;
+            buf.truncate(n);
+            return Ok(buf);
+        };
+        // The overlay is taken before the store is read: a unit whose flush ends in between is
+        // then in both, never in neither.
+        let (logical_size, overlay, _reading) = self.writeback.snapshot_overlay(state, offset, size as u64)?;
+        let len = logical_size.saturating_sub(offset).min(size as u64) as usize;
+        let mut buf = vec![0u8; len];
+        open.data.read_at(&mut buf, offset)?; // short where the store is shorter: zeros
+        for (at, bytes) in overlay {
+            let from = (at - offset) as usize;
+            let to = (from + bytes.len()).min(len);
+            if from < to {
+                buf[from..to].copy_from_slice(&bytes[..to - from]);
+            }
+        }
+        self.metrics.application_read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(buf)
+    }
+
+    /// `drop_set_id_bits`: the writer lacks CAP_FSETID (see [`Engine::drop_set_id_bits`]).
+    /// `from_page_cache`: see [`Writeback::write`].
+    pub fn write(
+        &self,
+        fh: u64,
+        offset: u64,
+        bytes: &[u8],
+        flags: i32,
+        drop_set_id_bits: bool,
+        from_page_cache: bool,
+    ) -> SysResult<u32> {
+        let open = self.open_file(fh)?;
+        let state = open.state()?;
+        if drop_set_id_bits {
+            self.drop_set_id_bits(open.id)?;
+        }
+        let taken = self.writeback.write(state, offset, bytes, from_page_cache)?;
+        self.metrics.application_write_bytes.fetch_add(taken as u64, Ordering::Relaxed);
+        self.metrics.application_write_requests.fetch_add(1, Ordering::Relaxed);
+        self.metrics.application_write_sizes.record(taken as u64);
+        if flags & libc::O_DSYNC != 0 {
+            // O_SYNC and O_DSYNC writes are durable when they return.
+            self.writeback.fsync(state, flags & libc::O_SYNC != libc::O_SYNC)?;
+        }
+        Ok(taken as u32)
+    }
+
+    /// close(2): the file's buffered data goes to the store, and a flush error is reported
+    /// here, where the application can still see it.
+    pub fn flush(&self, fh: u64) -> SysResult<()> {
+        let open = self.open_file(fh)?;
+        match &open.state {
+            Some(state) if open.writable => self.writeback.close_file(state),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn release(&self, fh: u64) -> SysResult<()> {
+        let open = lock(&self.files).remove(&fh).ok_or(Errno(libc::EBADF))?;
+        if open.writable && open.state.is_some() && self.config.page_cache == PageCache::Auto {
+            let mut modes = lock(&self.writer_modes);
+            if let Some(mode) = modes.get_mut(&open.id) {
+                mode.handles -= 1;
+                if mode.handles == 0 {
+                    modes.remove(&open.id);
+                }
+            }
+        }
+        if let Some(state) = &open.state {
+            self.writeback.release_file(state);
+        }
+        Ok(())
+    }
+
+    pub fn fsync(&self, fh: u64, data_only: bool) -> SysResult<()> {
+        let open = self.open_file(fh)?;
+        match &open.state {
+            Some(state) => self.writeback.fsync(state, data_only),
+            None => open.data.sync(data_only),
+        }
+    }
+
+    /// Operations the store performs on its own data flush the write buffer first, so that
+    /// they see, and are not later overwritten by, what the application wrote before them.
+    fn flushed(&self, fh: u64) -> SysResult<Arc<OpenFile>> {
+        let open = self.open_file(fh)?;
+        if let Some(state) = &open.state {
+            self.writeback.flush_file(state, None, ErrorReport::Write)?;
+        }
+        Ok(open)
+    }
+
+    pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> SysResult<()> {
+        // Before the flush: a store without it answers at once. The kernel turns ENOSYS into
+        // EOPNOTSUPP and asks no more on this mount; posix_fallocate then writes zeros.
+        if !self.store.capabilities().allocate {
+            return Err(Errno(libc::ENOSYS));
+        }
+        let open = self.flushed(fh)?;
+        open.data.allocate(mode, offset, length)?;
+        self.writeback.note_backend_changed(open.id);
+        if let (Some(state), true) = (&open.state, mode & libc::FALLOC_FL_KEEP_SIZE == 0) {
+            self.writeback.note_backend_size(state, offset + length);
+        }
+        Ok(())
+    }
+
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> SysResult<i64> {
+        let open = self.flushed(fh)?;
+        open.data.seek(offset, whence)
+    }
+
+    pub fn copy_file_range(
+        &self,
+        source_fh: u64,
+        source_offset: u64,
+        target_fh: u64,
+        target_offset: u64,
+        length: u64,
+    ) -> SysResult<u32> {
+        // ENOSYS: the kernel copies through reads and writes, and asks no more on this mount.
+        if !self.store.capabilities().copy_ranges {
+            return Err(Errno(libc::ENOSYS));
+        }
+        let source = self.flushed(source_fh)?;
+        let target = self.flushed(target_fh)?;
+        // FUSE replies carry a u32 byte count; the kernel loops for the rest.
+        let length = length.min(u32::MAX as u64 & !0xfff);
+        let copied = source.data.copy_to(source_offset, &*target.data, target_offset, length)?;
+        self.writeback.note_backend_changed(target.id);
+        if let Some(state) = &target.state {
+            self.writeback.note_backend_size(state, target_offset + copied as u64);
+        }
+        Ok(copied as u32)
+    }
+}

@@ -1,0 +1,333 @@
+//! The namespace side of the engine: names, attributes, links, renames, directories and
+//! their listings, extended attributes. Each call checks what the kernel cannot (the hidden
+//! names), keeps the write buffer's view and the store's in step (sizes, times, removals), and
+//! queues the name changes the intent log must carry.
+
+use std::ffi::OsStr;
+use std::sync::{Arc, Mutex};
+
+use super::handles::OpenDir;
+use super::intent_log::format::Record;
+use super::types::{Attr, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, Timestamp, XattrReply, ROOT_ID};
+use super::{lock, AttrChanges, Caller, Engine, ListedEntry};
+use crate::backend::OpenMode;
+use crate::sys::{Errno, SysResult};
+
+/// Directory entries read from the backend for one readdir request: about what a 4 KiB
+/// request holds when names are short (a readdirplus request holds fewer).
+const READDIR_BATCH: usize = 128;
+
+impl Engine {
+    pub fn lookup(&self, parent: ObjectId, name: &OsStr) -> SysResult<Attr> {
+        self.checked_name(parent, name, false)?;
+        Ok(self.finish_attr(self.ns.lookup(parent, name)?))
+    }
+
+    pub fn forget(&self, id: ObjectId, count: u64) {
+        self.ns.forget(id, count);
+    }
+
+    pub fn getattr(&self, id: ObjectId) -> SysResult<Attr> {
+        Ok(self.finish_attr(self.ns.getattr(id)?))
+    }
+
+    pub fn setattr(&self, id: ObjectId, fh: Option<u64>, changes: AttrChanges) -> SysResult<Attr> {
+        if changes.drop_set_id_bits && changes.mode.is_none() {
+            self.drop_set_id_bits(id)?;
+        }
+        if changes.uid.is_some() || changes.gid.is_some() || changes.mode.is_some() {
+            let owner_and_mode =
+                SetAttr { mode: changes.mode, uid: changes.uid, gid: changes.gid, ..SetAttr::default() };
+            self.ns.setattr(id, &owner_and_mode)?;
+        }
+        if let Some(size) = changes.size {
+            let state = match fh {
+                Some(fh) => self.open_file(fh)?.state.clone(),
+                None => self.writeback.file(id),
+            };
+            match state {
+                Some(state) => self.writeback.set_size(&state, size)?,
+                None => {
+                    self.store.open(id, OpenMode { write: true, no_atime: false })?.set_size(size)?;
+                    self.writeback.note_backend_changed(id);
+                }
+            }
+        }
+        if !changes.times.is_empty() {
+            // "Now" is fixed here: flushes may set the times again later (see note_times_set).
+            let times = changes.times.resolved(Timestamp::now());
+            self.ns.setattr(id, &SetAttr { times, ..SetAttr::default() })?;
+            if let Some(state) = self.writeback.file(id) {
+                self.writeback.note_times_set(&state, times);
+            }
+        }
+        self.getattr(id)
+    }
+
+    /// The FUSE adapter negotiates FUSE_HANDLE_KILLPRIV_V2, so clearing set-user-ID and
+    /// set-group-ID after an unprivileged write or truncate is ours to do (otherwise the kernel
+    /// asks for security.capability before every single write, one more round trip each).
+    /// The kernel's own rule (setattr_should_drop_suidgid): set-user-ID always; set-group-ID only
+    /// with group execute, since without it the bit marks mandatory locking, not privilege.
+    pub(super) fn drop_set_id_bits(&self, id: ObjectId) -> SysResult<()> {
+        let attr = self.ns.getattr(id)?;
+        if attr.kind != Kind::File {
+            return Ok(());
+        }
+        let mode = attr.perm;
+        let mut kept = mode & !libc::S_ISUID;
+        if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+            kept &= !libc::S_ISGID;
+        }
+        if kept != mode {
+            self.ns.setattr(id, &SetAttr { mode: Some(kept), ..SetAttr::default() })?;
+        }
+        Ok(())
+    }
+
+    pub fn readlink(&self, id: ObjectId) -> SysResult<Vec<u8>> {
+        self.ns.readlink(id)
+    }
+
+    /// Makes an object on a user's behalf (it belongs to that user, see `Namespace::make`),
+    /// and tells the write buffer and the log of a regular file made.
+    pub(super) fn make(&self, parent: ObjectId, name: &OsStr, what: NewObject<'_>, caller: Caller) -> SysResult<Attr> {
+        self.checked_name(parent, name, true)?;
+        let attr = self.ns.make(parent, name, what, Owner { uid: caller.uid, gid: caller.gid })?;
+        match attr.kind {
+            Kind::File => {
+                let record = self.create_record(attr.id, parent, name, &attr);
+                self.writeback.note_created(attr.id, Some(parent), record);
+            }
+            Kind::Directory => self.writeback.note_created(attr.id, None, None),
+            _ => {}
+        }
+        Ok(self.finish_attr(attr))
+    }
+
+    pub fn mknod(&self, parent: ObjectId, name: &OsStr, mode: u32, rdev: u64, caller: Caller) -> SysResult<Attr> {
+        let what = match mode & libc::S_IFMT {
+            libc::S_IFREG | 0 => NewObject::File { perm: mode & 0o7777 },
+            _ => NewObject::Node { mode, rdev },
+        };
+        self.make(parent, name, what, caller)
+    }
+
+    pub fn mkdir(&self, parent: ObjectId, name: &OsStr, mode: u32, caller: Caller) -> SysResult<Attr> {
+        self.make(parent, name, NewObject::Directory { perm: mode & 0o7777 }, caller)
+    }
+
+    pub fn symlink(&self, parent: ObjectId, name: &OsStr, target: &[u8], caller: Caller) -> SysResult<Attr> {
+        if target.contains(&0) {
+            return Err(Errno(libc::EINVAL));
+        }
+        self.make(parent, name, NewObject::Symlink { target }, caller)
+    }
+
+    pub fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
+        self.checked_name(new_parent, new_name, true)?;
+        let attr = self.ns.link(id, new_parent, new_name)?;
+        // The log records one name per file: a second one only a backend sync makes durable.
+        self.writeback.note_backend_changed(id);
+        self.writeback.note_names_changed(None, None, &[id]);
+        Ok(self.finish_attr(attr))
+    }
+
+    /// For the intent log: the record of a regular file's creation, queued when it happens, so
+    /// that the log holds names in the order they came to be (replay relies on it).
+    fn create_record(&self, id: ObjectId, parent: ObjectId, name: &OsStr, attr: &Attr) -> Option<Record> {
+        if !self.writeback.logging() {
+            return None;
+        }
+        Some(Record::Create {
+            file: self.ns.log_key(id).ok()?,
+            parent: self.ns.log_key(parent).ok()?,
+            name: name.as_encoded_bytes().to_vec(),
+            mode: attr.mode(),
+            uid: attr.uid,
+            gid: attr.gid,
+        })
+    }
+
+    /// For the intent log: what `name` in `parent` is now (its key and id), if anything,
+    /// before a change removes or replaces it.
+    fn named_object(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)> {
+        if !self.writeback.logging() {
+            return None;
+        }
+        self.ns.identify(parent, name)
+    }
+
+    pub fn unlink(&self, parent: ObjectId, name: &OsStr) -> SysResult<()> {
+        self.remove(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: ObjectId, name: &OsStr) -> SysResult<()> {
+        self.remove(parent, name, true)
+    }
+
+    fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
+        self.checked_name(parent, name, false)?;
+        let removed = self.named_object(parent, name);
+        // A file released with data still buffered (its flush refused, or not yet due): once its
+        // last name goes, that data can never be read and its descriptors keep the backend's
+        // space allocated, so both go. Looked up only when there is such a file.
+        let lingering = (!directory && self.writeback.has_lingering_files())
+            .then(|| self.ns.identify(parent, name))
+            .flatten()
+            .map(|(_, id)| id)
+            .filter(|&id| self.writeback.is_lingering(id));
+        self.ns.remove(parent, name, directory)?;
+        if let Some(id) = lingering {
+            if self.ns.getattr(id).is_ok_and(|now| now.nlink == 0) {
+                self.writeback.forget_file(id);
+            }
+        }
+        if let (Some((key, id)), Ok(parent_key)) = (removed, self.ns.log_key(parent)) {
+            let record =
+                Record::Unlink { file: key, parent: parent_key, name: name.as_encoded_bytes().to_vec(), directory };
+            self.writeback.note_names_changed(Some(record), None, &[id]);
+        }
+        Ok(())
+    }
+
+    pub fn rename(
+        &self,
+        parent: ObjectId,
+        name: &OsStr,
+        new_parent: ObjectId,
+        new_name: &OsStr,
+        flags: u32,
+    ) -> SysResult<()> {
+        self.checked_name(parent, name, false)?;
+        self.checked_name(new_parent, new_name, true)?;
+        let moved = self.named_object(parent, name);
+        let replaced = self.named_object(new_parent, new_name);
+        self.ns.rename(parent, name, new_parent, new_name, flags)?;
+        let Some((key, id)) = moved else { return Ok(()) };
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            let replaced_id = replaced.map(|(_, id)| id);
+            // Two names swapped: the log has no record for it, so only a backend sync makes
+            // either durable.
+            let both: Vec<ObjectId> = [Some(id), replaced_id].into_iter().flatten().collect();
+            for &one in &both {
+                self.writeback.note_backend_changed(one);
+            }
+            self.writeback.note_names_changed(None, None, &both);
+            return Ok(());
+        }
+        let (Ok(from_parent), Ok(to_parent)) = (self.ns.log_key(parent), self.ns.log_key(new_parent)) else {
+            return Ok(());
+        };
+        let (replaced_key, replaced_id) = replaced.map_or((Vec::new(), None), |(k, id)| (k, Some(id)));
+        let record = Record::Rename {
+            file: key,
+            from_parent,
+            from_name: name.as_encoded_bytes().to_vec(),
+            to_parent,
+            to_name: new_name.as_encoded_bytes().to_vec(),
+            replaced: replaced_key,
+        };
+        self.writeback.note_names_changed(
+            Some(record),
+            Some((id, new_parent)),
+            &replaced_id.into_iter().collect::<Vec<_>>(),
+        );
+        Ok(())
+    }
+
+    pub fn opendir(&self, id: ObjectId) -> SysResult<u64> {
+        let reader = self.ns.open_dir(id)?;
+        let fh = self.new_handle();
+        lock(&self.dirs).insert(fh, Arc::new(OpenDir { id, reader: Mutex::new(reader) }));
+        Ok(fh)
+    }
+
+    /// Up to `READDIR_BATCH` entries from `offset` on (0: the start; otherwise an entry's
+    /// `next_offset`), without the hidden legacy state folder. An empty answer is the end.
+    pub fn readdir(&self, fh: u64, offset: u64) -> SysResult<Vec<ListedEntry>> {
+        let dir = self.open_dir(fh)?;
+        let entries = lock(&dir.reader).read(offset, READDIR_BATCH)?;
+        // A batch of two or more cannot consist of the state folder alone: filtering never
+        // turns a full batch into a false end.
+        Ok(entries
+            .into_iter()
+            .filter(|entry| !self.is_hidden(dir.id, &entry.name))
+            .map(|entry| ListedEntry {
+                // ".." is reported as the directory itself: the kernel takes neither number.
+                ino: if entry.name == "." || entry.name == ".." { dir.id } else { entry.id },
+                next_offset: entry.next_offset,
+                kind: entry.kind,
+                name: entry.name,
+            })
+            .collect())
+    }
+
+    pub fn releasedir(&self, fh: u64) -> SysResult<()> {
+        lock(&self.dirs).remove(&fh).map(drop).ok_or(Errno(libc::EBADF))
+    }
+
+    pub fn fsyncdir(&self, fh: u64, _data_only: bool) -> SysResult<()> {
+        let dir = self.open_dir(fh)?;
+        self.writeback.commit_queued_names()?;
+        self.ns.sync_dir(dir.id)
+    }
+
+    pub fn statfs(&self, id: ObjectId) -> SysResult<StatFs> {
+        self.ns.statfs(id)
+    }
+
+    fn is_hidden_xattr(&self, id: ObjectId, name: &OsStr) -> bool {
+        id == ROOT_ID && self.config.hidden_root_xattr.as_deref() == Some(name)
+    }
+
+    pub fn set_xattr(&self, id: ObjectId, name: &OsStr, value: &[u8], flags: i32) -> SysResult<()> {
+        if self.is_hidden_xattr(id, name) {
+            return Err(Errno(libc::EPERM));
+        }
+        self.ns.set_xattr(id, name, value, flags)
+    }
+
+    pub fn get_xattr(&self, id: ObjectId, name: &OsStr, size: u32) -> SysResult<XattrReply> {
+        if self.is_hidden_xattr(id, name) {
+            return Err(Errno(libc::ENODATA));
+        }
+        self.ns.get_xattr(id, name, size as usize)
+    }
+
+    /// The names of `id`'s extended attributes, NUL-terminated, without the hidden one.
+    pub fn list_xattr(&self, id: ObjectId, size: u32) -> SysResult<XattrReply> {
+        let Some(hidden) = self.config.hidden_root_xattr.as_deref().filter(|_| id == ROOT_ID) else {
+            return self.ns.list_xattr(id, size as usize);
+        };
+        // The whole list is needed to answer even a size query without the hidden name.
+        let names = loop {
+            let XattrReply::Size(needed) = self.ns.list_xattr(id, 0)? else { return Err(Errno(libc::EIO)) };
+            match self.ns.list_xattr(id, needed.max(1)) {
+                Ok(XattrReply::Data(names)) => break names,
+                Ok(XattrReply::Size(_)) => return Err(Errno(libc::EIO)),
+                // It grew between the two calls: ask again.
+                Err(Errno(libc::ERANGE)) => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        let shown: Vec<u8> = names
+            .split_inclusive(|&b| b == 0)
+            .filter(|name| name.strip_suffix(&[0]).unwrap_or(name) != hidden.as_encoded_bytes())
+            .flatten()
+            .copied()
+            .collect();
+        match size as usize {
+            0 => Ok(XattrReply::Size(shown.len())),
+            room if room < shown.len() => Err(Errno(libc::ERANGE)),
+            _ => Ok(XattrReply::Data(shown)),
+        }
+    }
+
+    pub fn remove_xattr(&self, id: ObjectId, name: &OsStr) -> SysResult<()> {
+        if self.is_hidden_xattr(id, name) {
+            return Err(Errno(libc::EPERM));
+        }
+        self.ns.remove_xattr(id, name)
+    }
+}
