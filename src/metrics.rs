@@ -178,6 +178,8 @@ pub struct Metrics {
     pub log_fsyncs: AtomicU64,
     /// The intent log's size; 0 when the log is off.
     pub log_size_bytes: AtomicU64,
+    /// The intent log's block: the device bytes of the smallest commit.
+    pub log_block_bytes: AtomicU64,
     pub log_batches: AtomicU64,
     pub log_records: AtomicU64,
     pub log_write_bytes: AtomicU64,
@@ -256,6 +258,7 @@ impl Metrics {
             ("unit_bytes", "Unit size", self.unit_bytes.load(Relaxed)),
             ("daemon_pid", "The daemon's process id", self.daemon_pid.load(Relaxed)),
             ("log_size_bytes", "Size of the intent log (0: the log is off)", self.log_size_bytes.load(Relaxed)),
+            ("log_block_bytes", "The intent log's block, the smallest commit", self.log_block_bytes.load(Relaxed)),
             ("log_fsyncs_total", "fsyncs made durable by the intent log", self.log_fsyncs.load(Relaxed)),
             ("log_batches_total", "Batches (group commits) written to the intent log", self.log_batches.load(Relaxed)),
             ("log_records_total", "Records written to the intent log", self.log_records.load(Relaxed)),

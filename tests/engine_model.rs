@@ -213,7 +213,8 @@ fn start(store: &Arc<MemoryBackend>, log: &Arc<MemoryLogDevice>, created: bool) 
 impl World {
     fn new() -> World {
         let store = Arc::new(MemoryBackend::new(UNIT));
-        let log = Arc::new(MemoryLogDevice::new(256 * LOG_BLOCK_BYTES as u64, LOG_BLOCK_BYTES));
+        // A device of 512-byte sectors: the log's blocks are that small.
+        let log = Arc::new(MemoryLogDevice::new(256 * LOG_BLOCK_BYTES as u64, 512));
         let engine = start(&store, &log, true);
         let mut world = World { store, log, engine, handles: HashMap::new(), model: Model::default() };
         world.model.dirs_made.insert(0);

@@ -390,9 +390,12 @@ impl LogDevice for FaultyLogDevice {
     fn size_bytes(&self) -> SysResult<u64> {
         self.inner.size_bytes()
     }
-    fn write_blocks(&self, block: u64, bytes: &[u8]) -> SysResult<()> {
+    fn block_bytes(&self) -> usize {
+        self.inner.block_bytes()
+    }
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {
         self.faults.check(FaultOp::LogWrite, None)?;
-        self.inner.write_blocks(block, bytes)
+        self.inner.write_at(offset, bytes)
     }
     fn sync(&self) -> SysResult<()> {
         self.inner.sync()?;

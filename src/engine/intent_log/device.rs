@@ -20,8 +20,11 @@ use crate::sys::{self, check, Errno, SysResult};
 
 pub trait LogDevice: Send + Sync {
     fn size_bytes(&self) -> SysResult<u64>;
-    /// Writes whole blocks at block index `block`; durable only after `sync`.
-    fn write_blocks(&self, block: u64, bytes: &[u8]) -> SysResult<()>;
+    /// The smallest write the device takes in place, without reading around it (its direct-I/O
+    /// alignment): a new log's block. Every write is whole, aligned multiples of it.
+    fn block_bytes(&self) -> usize;
+    /// Writes `bytes` at byte `offset`, both multiples of `block_bytes`; durable only after `sync`.
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()>;
     /// Makes every block written so far durable.
     fn sync(&self) -> SysResult<()>;
     /// The whole log, as recovery reads it once.
@@ -73,8 +76,11 @@ impl FileLogDevice {
     /// Opens the log file, or creates it with `size_bytes` of zeros, durably (the file and its
     /// name). An existing file keeps its size: the caller checks it against what it expects.
     /// Returns whether it was created.
-    pub fn open_or_create(path: &Path, size_bytes: u64, block_bytes: usize) -> SysResult<(FileLogDevice, bool)> {
-        assert!(size_bytes > 0 && size_bytes % block_bytes as u64 == 0, "a log of whole blocks: {size_bytes}");
+    /// Opens the log file at `path`, or makes it `size_bytes` long (a multiple of 4 KiB) and
+    /// all zeros; says whether it was made.
+    pub fn open_or_create(path: &Path, size_bytes: u64) -> SysResult<(FileLogDevice, bool)> {
+        assert!(size_bytes > 0 && size_bytes % 4096 == 0, "a log of whole 4 KiB pages: {size_bytes}");
+        let block_bytes = 4096;
         let created = match OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path) {
             Ok(file) => {
                 fill_with_zeros(&file, size_bytes, block_bytes).inspect_err(|_| {
@@ -93,6 +99,8 @@ impl FileLogDevice {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(0).map_err(Errno::from)?, false),
             Err(e) => return Err(Errno::from(e)),
         };
+        // Through the page cache a write smaller than a page may make the kernel read the page.
+        let block_bytes = if direct { direct_io_alignment(&file).unwrap_or(block_bytes) } else { block_bytes };
         Ok((FileLogDevice { file, path: path.to_path_buf(), block_bytes, direct }, created))
     }
 
@@ -101,6 +109,19 @@ impl FileLogDevice {
         name.push(".replay-map");
         name.into()
     }
+}
+
+/// The file's direct-I/O offset alignment (statx STATX_DIOALIGN: the device's logical block
+/// where the file system takes direct I/O at that granularity), between 512 B and 4 KiB.
+fn direct_io_alignment(file: &File) -> Option<usize> {
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let ret =
+        unsafe { libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
+    if ret != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
+        return None;
+    }
+    let align = stx.stx_dio_offset_align as usize;
+    (align.is_power_of_two() && (512..=4096).contains(&align)).then_some(align)
 }
 
 fn sync_parent(path: &Path) -> SysResult<()> {
@@ -114,9 +135,13 @@ impl LogDevice for FileLogDevice {
         Ok(sys::fstat_fd(&self.file)?.st_size as u64)
     }
 
-    fn write_blocks(&self, block: u64, bytes: &[u8]) -> SysResult<()> {
+    fn block_bytes(&self) -> usize {
+        self.block_bytes
+    }
+
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {
         assert!(!bytes.is_empty() && bytes.len() % self.block_bytes == 0, "whole log blocks: {}", bytes.len());
-        let offset = block * self.block_bytes as u64;
+        assert!(offset % self.block_bytes as u64 == 0, "a log write at {offset}, not a block boundary");
         if self.direct {
             let aligned = AlignedScratch::copy_of(bytes, self.block_bytes.max(4096));
             sys::pwrite_all(self.file.as_raw_fd(), aligned.as_slice(bytes.len()), offset)
@@ -242,9 +267,14 @@ impl LogDevice for MemoryLogDevice {
         Ok(self.state().durable.len() as u64)
     }
 
-    fn write_blocks(&self, block: u64, bytes: &[u8]) -> SysResult<()> {
+    fn block_bytes(&self) -> usize {
+        self.block_bytes
+    }
+
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {
         assert!(!bytes.is_empty() && bytes.len() % self.block_bytes == 0, "whole log blocks: {}", bytes.len());
-        let at = block as usize * self.block_bytes;
+        assert!(offset % self.block_bytes as u64 == 0, "a log write at {offset}, not a block boundary");
+        let at = offset as usize;
         let mut state = self.state();
         assert!(at + bytes.len() <= state.durable.len(), "a log write past the device's end");
         state.unsynced.push((at, bytes.to_vec()));
@@ -286,8 +316,11 @@ impl<D: LogDevice + ?Sized> LogDevice for std::sync::Arc<D> {
     fn size_bytes(&self) -> SysResult<u64> {
         (**self).size_bytes()
     }
-    fn write_blocks(&self, block: u64, bytes: &[u8]) -> SysResult<()> {
-        (**self).write_blocks(block, bytes)
+    fn block_bytes(&self) -> usize {
+        (**self).block_bytes()
+    }
+    fn write_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {
+        (**self).write_at(offset, bytes)
     }
     fn sync(&self) -> SysResult<()> {
         (**self).sync()

@@ -1,7 +1,9 @@
 //! The intent log's on-disk format, and its reader. No I/O here: the writer and recovery hand
 //! in and take out bytes, so every way a log can be damaged can be tested on a byte image.
 //!
-//! Layout of a log file of `2 + area_blocks` log blocks of `LOG_BLOCK_BYTES`:
+//! Layout of a log file of `2 + area_blocks` log blocks of `block_bytes` (chosen when the log
+//! is made: the smallest write its device takes without a read, 512 bytes on most disks, 4 KiB
+//! on 4Kn ones; written in the superblock, so a reader knows it):
 //!
 //! ```text
 //! block 0, 1   superblock copies, written in turn; the valid one with the higher generation
@@ -22,7 +24,16 @@
 
 use std::fmt;
 
+/// The log block of a device that says nothing of its alignment, and of the tests' logs.
 pub const LOG_BLOCK_BYTES: usize = 4096;
+/// The block sizes a log may have: a sector at least, a large page at most.
+pub const MIN_LOG_BLOCK_BYTES: usize = 512;
+pub const MAX_LOG_BLOCK_BYTES: usize = 65536;
+
+/// Whether `bytes` is a log block size this format allows.
+pub fn valid_block_bytes(bytes: usize) -> bool {
+    bytes.is_power_of_two() && (MIN_LOG_BLOCK_BYTES..=MAX_LOG_BLOCK_BYTES).contains(&bytes)
+}
 pub const SUPERBLOCK_COPIES: u64 = 2;
 
 const SUPERBLOCK_MAGIC: [u8; 8] = *b"CFSLOGSB";
@@ -73,6 +84,8 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 /// Where the log stands: what the last checkpoint released, and how big the ring is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Superblock {
+    /// The log block, in bytes (a power of two, 512 to 64 KiB).
+    pub block_bytes: u32,
     pub generation: u64,
     pub area_blocks: u64,
     /// The sequence number of the first batch not yet checkpointed into the backend.
@@ -84,10 +97,11 @@ pub struct Superblock {
 impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.checkpoint_block < self.area_blocks, "checkpoint {self:?} outside the area");
-        let mut block = vec![0u8; LOG_BLOCK_BYTES];
+        assert!(valid_block_bytes(self.block_bytes as usize), "log block of {} bytes", self.block_bytes);
+        let mut block = vec![0u8; self.block_bytes as usize];
         block[0..8].copy_from_slice(&SUPERBLOCK_MAGIC);
         block[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        block[12..16].copy_from_slice(&(LOG_BLOCK_BYTES as u32).to_le_bytes());
+        block[12..16].copy_from_slice(&self.block_bytes.to_le_bytes());
         block[16..24].copy_from_slice(&self.generation.to_le_bytes());
         block[24..32].copy_from_slice(&self.area_blocks.to_le_bytes());
         block[32..40].copy_from_slice(&self.checkpoint_seq.to_le_bytes());
@@ -99,15 +113,17 @@ impl Superblock {
 
     /// None unless `block` is a whole, intact superblock of this format.
     pub fn decode(block: &[u8]) -> Option<Superblock> {
-        if block.len() < LOG_BLOCK_BYTES
+        if block.len() < SUPERBLOCK_BYTES_COVERED + 4
             || block[0..8] != SUPERBLOCK_MAGIC
             || u32_at(block, 48) != crc32c(&block[..SUPERBLOCK_BYTES_COVERED])
             || u32_at(block, 8) != FORMAT_VERSION
-            || u32_at(block, 12) as usize != LOG_BLOCK_BYTES
+            || !valid_block_bytes(u32_at(block, 12) as usize)
+            || block.len() < u32_at(block, 12) as usize
         {
             return None;
         }
         let sb = Superblock {
+            block_bytes: u32_at(block, 12),
             generation: u64_at(block, 16),
             area_blocks: u64_at(block, 24),
             checkpoint_seq: u64_at(block, 32),
@@ -119,6 +135,21 @@ impl Superblock {
     /// The superblock that counts, from the two copies; None when neither is intact.
     pub fn newest(copies: [&[u8]; 2]) -> Option<Superblock> {
         copies.iter().filter_map(|c| Superblock::decode(c)).max_by_key(|sb| sb.generation)
+    }
+
+    /// The superblock that counts in a log file's first bytes, whatever its block size: the
+    /// copies are blocks 0 and 1, and the second copy's place depends on the block size, which
+    /// a torn first copy cannot tell.
+    pub fn find(file_start: &[u8]) -> Option<Superblock> {
+        let sizes =
+            (MIN_LOG_BLOCK_BYTES.trailing_zeros()..=MAX_LOG_BLOCK_BYTES.trailing_zeros()).map(|shift| 1usize << shift);
+        sizes
+            .filter(|&block| file_start.len() >= 2 * block)
+            .filter_map(|block| {
+                Superblock::newest([&file_start[..block], &file_start[block..2 * block]])
+                    .filter(|sb| sb.block_bytes as usize == block)
+            })
+            .max_by_key(|sb| sb.generation)
     }
 }
 
@@ -347,25 +378,26 @@ pub struct Batch {
     pub records: Vec<Record>,
 }
 
-/// Whole log blocks for `records`.
-pub fn batch_blocks(records: &[Record]) -> u64 {
+/// Whole log blocks of `block_bytes` for `records`.
+pub fn batch_blocks(records: &[Record], block_bytes: usize) -> u64 {
     let bytes = BATCH_HEADER_BYTES + records.iter().map(Record::encoded_len).sum::<usize>();
-    bytes.div_ceil(LOG_BLOCK_BYTES) as u64
+    bytes.div_ceil(block_bytes) as u64
 }
 
 /// The batch as it goes to the log: whole blocks, zero-padded.
-pub fn encode_batch(seq: u64, records: &[Record]) -> Vec<u8> {
-    encode(seq, records, 0)
+pub fn encode_batch(seq: u64, records: &[Record], block_bytes: usize) -> Vec<u8> {
+    encode(seq, records, 0, block_bytes)
 }
 
 /// A one-block batch that sends the reader back to the start of the area.
-pub fn encode_wrap(seq: u64) -> Vec<u8> {
-    encode(seq, &[], FLAG_WRAP)
+pub fn encode_wrap(seq: u64, block_bytes: usize) -> Vec<u8> {
+    encode(seq, &[], FLAG_WRAP, block_bytes)
 }
 
-fn encode(seq: u64, records: &[Record], flags: u32) -> Vec<u8> {
-    let blocks = batch_blocks(records);
-    let mut out = Vec::with_capacity(blocks as usize * LOG_BLOCK_BYTES);
+fn encode(seq: u64, records: &[Record], flags: u32, block_bytes: usize) -> Vec<u8> {
+    assert!(valid_block_bytes(block_bytes), "log block of {block_bytes} bytes");
+    let blocks = batch_blocks(records, block_bytes);
+    let mut out = Vec::with_capacity(blocks as usize * block_bytes);
     out.extend_from_slice(&BATCH_MAGIC);
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(&(blocks as u32).to_le_bytes());
@@ -382,7 +414,7 @@ fn encode(seq: u64, records: &[Record], flags: u32) -> Vec<u8> {
     out[20..24].copy_from_slice(&payload_bytes.to_le_bytes());
     let crc = crc32c_extend(crc32c(&out[..BATCH_CRC_AT]), &out[BATCH_HEADER_BYTES..]);
     out[BATCH_CRC_AT..BATCH_HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
-    out.resize(blocks as usize * LOG_BLOCK_BYTES, 0);
+    out.resize(blocks as usize * block_bytes, 0);
     out
 }
 
@@ -395,17 +427,16 @@ struct ValidBatch {
 }
 
 /// The batch starting at `block` of the area, if its header and checksum hold.
-fn batch_at(area: &[u8], area_blocks: u64, block: u64) -> Option<ValidBatch> {
-    let start = block as usize * LOG_BLOCK_BYTES;
+fn batch_at(area: &[u8], sb: &Superblock, block: u64) -> Option<ValidBatch> {
+    let (area_blocks, block_bytes) = (sb.area_blocks, sb.block_bytes as usize);
+    let start = block as usize * block_bytes;
     let header = area.get(start..start + BATCH_HEADER_BYTES)?;
     if header[0..8] != BATCH_MAGIC {
         return None;
     }
     let blocks = u32_at(header, 16) as u64;
     let payload_bytes = u32_at(header, 20) as usize;
-    if blocks == 0
-        || block + blocks > area_blocks
-        || BATCH_HEADER_BYTES + payload_bytes > blocks as usize * LOG_BLOCK_BYTES
+    if blocks == 0 || block + blocks > area_blocks || BATCH_HEADER_BYTES + payload_bytes > blocks as usize * block_bytes
     {
         return None;
     }
@@ -441,15 +472,15 @@ pub struct LogContents {
     pub next_block: u64,
 }
 
-fn file_offset(block: u64) -> u64 {
-    (SUPERBLOCK_COPIES + block) * LOG_BLOCK_BYTES as u64
+fn file_offset(sb: &Superblock, block: u64) -> u64 {
+    (SUPERBLOCK_COPIES + block) * sb.block_bytes as u64
 }
 
 /// Reads every batch after the checkpoint from `area` (the log file's bytes after the
 /// superblocks). Stops at the first batch that is not there (the tail); returns an error when
 /// a batch before the tail is damaged, or a valid batch holds records that cannot be parsed.
 pub fn read_log(area: &[u8], sb: &Superblock) -> Result<LogContents, Corruption> {
-    assert!(area.len() >= sb.area_blocks as usize * LOG_BLOCK_BYTES, "the area is {} blocks", sb.area_blocks);
+    assert!(area.len() >= sb.area_blocks as usize * sb.block_bytes as usize, "the area is {} blocks", sb.area_blocks);
     let (mut block, mut seq) = (sb.checkpoint_block, sb.checkpoint_seq);
     let mut batches = Vec::new();
     let mut starts = Vec::new();
@@ -458,9 +489,9 @@ pub fn read_log(area: &[u8], sb: &Superblock) -> Result<LogContents, Corruption>
         if block == sb.area_blocks {
             block = 0;
         }
-        match batch_at(area, sb.area_blocks, block) {
+        match batch_at(area, sb, block) {
             Some(b) if b.seq == seq => {
-                let records = b.records.map_err(|reason| Corruption { offset: file_offset(block), reason })?;
+                let records = b.records.map_err(|reason| Corruption { offset: file_offset(sb, block), reason })?;
                 if !b.wrap {
                     batches.push(Batch { seq, records });
                 }
@@ -468,7 +499,7 @@ pub fn read_log(area: &[u8], sb: &Superblock) -> Result<LogContents, Corruption>
                 walked += b.blocks;
                 if walked > sb.area_blocks {
                     return Err(Corruption {
-                        offset: file_offset(block),
+                        offset: file_offset(sb, block),
                         reason: "the log goes round more than once".into(),
                     });
                 }
@@ -480,14 +511,14 @@ pub fn read_log(area: &[u8], sb: &Superblock) -> Result<LogContents, Corruption>
     }
     // The tail is here, unless a later batch exists: then this one was damaged.
     for later in 0..sb.area_blocks {
-        if let Some(b) = batch_at(area, sb.area_blocks, later) {
+        if let Some(b) = batch_at(area, sb, later) {
             if b.seq > seq {
                 return Err(Corruption {
-                    offset: file_offset(block),
+                    offset: file_offset(sb, block),
                     reason: format!(
                         "batch {seq} is damaged or missing, but batch {} follows at byte {}",
                         b.seq,
-                        file_offset(later)
+                        file_offset(sb, later)
                     ),
                 });
             }
@@ -509,7 +540,7 @@ pub fn salvage_log(area: &[u8], sb: &Superblock) -> Salvage {
     let mut found: Vec<(u64, u64, ValidBatch)> = Vec::new(); // (seq, block, batch)
     let mut block = 0;
     while block < sb.area_blocks {
-        match batch_at(area, sb.area_blocks, block) {
+        match batch_at(area, sb, block) {
             Some(b) if b.seq >= sb.checkpoint_seq => {
                 let next = block + b.blocks;
                 found.push((b.seq, block, b));
@@ -532,7 +563,7 @@ pub fn salvage_log(area: &[u8], sb: &Superblock) -> Salvage {
         match b.records {
             Ok(records) if !b.wrap => batches.push(Batch { seq, records }),
             Ok(_) => {}
-            Err(reason) => lost.push(format!("batch {seq} at byte {}: {reason}", file_offset(block))),
+            Err(reason) => lost.push(format!("batch {seq} at byte {}: {reason}", file_offset(sb, block))),
         }
         starts.push((seq, block));
         expected = seq + 1;
@@ -554,14 +585,31 @@ mod tests {
 
     #[test]
     fn superblocks_round_trip_and_the_newest_intact_copy_counts() {
-        let old = Superblock { generation: 6, area_blocks: 100, checkpoint_seq: 40, checkpoint_block: 7 };
-        let new = Superblock { generation: 7, checkpoint_seq: 45, checkpoint_block: 20, ..old };
-        assert_eq!(Superblock::decode(&old.encode()), Some(old));
-        assert_eq!(Superblock::newest([&old.encode(), &new.encode()]), Some(new));
-        let mut torn = new.encode();
-        torn[33] ^= 1;
-        assert_eq!(Superblock::newest([&old.encode(), &torn]), Some(old), "a torn newer copy leaves the older");
-        assert_eq!(Superblock::newest([&torn, &[0u8; LOG_BLOCK_BYTES]]), None);
+        for block_bytes in [512, 4096, 65536] {
+            let old =
+                Superblock { block_bytes, generation: 6, area_blocks: 100, checkpoint_seq: 40, checkpoint_block: 7 };
+            let new = Superblock { generation: 7, checkpoint_seq: 45, checkpoint_block: 20, ..old };
+            assert_eq!(old.encode().len(), block_bytes as usize);
+            assert_eq!(Superblock::decode(&old.encode()), Some(old));
+            assert_eq!(Superblock::newest([&old.encode(), &new.encode()]), Some(new));
+            let mut torn = new.encode();
+            torn[33] ^= 1;
+            assert_eq!(Superblock::newest([&old.encode(), &torn]), Some(old), "a torn newer copy leaves the older");
+            assert_eq!(Superblock::newest([&torn, &vec![0u8; block_bytes as usize]]), None);
+            // In a file: the copies are blocks 0 and 1, found whatever the block size, even
+            // when the first copy is torn.
+            let file = |first: &[u8], second: &[u8]| [first, second, &[0u8; 1024][..]].concat();
+            assert_eq!(Superblock::find(&file(&new.encode(), &old.encode())), Some(new));
+            assert_eq!(Superblock::find(&file(&torn, &old.encode())), Some(old), "{block_bytes}");
+            assert_eq!(Superblock::find(&file(&torn, &torn)), None);
+        }
+        let odd =
+            Superblock { block_bytes: 4096, generation: 1, area_blocks: 10, checkpoint_seq: 1, checkpoint_block: 0 };
+        let mut bytes = odd.encode();
+        bytes[12..16].copy_from_slice(&3000u32.to_le_bytes());
+        let crc = crc32c(&bytes[..SUPERBLOCK_BYTES_COVERED]);
+        bytes[48..52].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(Superblock::decode(&bytes), None, "a block size that is no power of two");
     }
 
     /// The writer's placement rule, for building test logs: a batch that does not fit before
@@ -577,11 +625,16 @@ mod tests {
     }
 
     impl TestLog {
-        fn new(area_blocks: u64, first_seq: u64, first_block: u64) -> TestLog {
-            let sb =
-                Superblock { generation: 1, area_blocks, checkpoint_seq: first_seq, checkpoint_block: first_block };
+        fn new(block_bytes: usize, area_blocks: u64, first_seq: u64, first_block: u64) -> TestLog {
+            let sb = Superblock {
+                block_bytes: block_bytes as u32,
+                generation: 1,
+                area_blocks,
+                checkpoint_seq: first_seq,
+                checkpoint_block: first_block,
+            };
             TestLog {
-                area: vec![0u8; area_blocks as usize * LOG_BLOCK_BYTES],
+                area: vec![0u8; area_blocks as usize * block_bytes],
                 sb,
                 next_block: first_block,
                 next_seq: first_seq,
@@ -591,22 +644,26 @@ mod tests {
         }
 
         fn put(&mut self, block: u64, bytes: &[u8]) {
-            let at = block as usize * LOG_BLOCK_BYTES;
+            let at = block as usize * self.block();
             self.area[at..at + bytes.len()].copy_from_slice(bytes);
         }
 
+        fn block(&self) -> usize {
+            self.sb.block_bytes as usize
+        }
+
         fn append(&mut self, records: Vec<Record>) {
-            let blocks = batch_blocks(&records);
+            let blocks = batch_blocks(&records, self.block());
             assert!(blocks < self.sb.area_blocks);
             if self.next_block + blocks > self.sb.area_blocks {
                 if self.next_block < self.sb.area_blocks {
-                    let wrap = encode_wrap(self.next_seq);
+                    let wrap = encode_wrap(self.next_seq, self.block());
                     self.put(self.next_block, &wrap);
                     self.next_seq += 1;
                 }
                 self.next_block = 0;
             }
-            let bytes = encode_batch(self.next_seq, &records);
+            let bytes = encode_batch(self.next_seq, &records, self.block());
             self.put(self.next_block, &bytes);
             self.places.push((self.next_block, blocks));
             self.written.push(Batch { seq: self.next_seq, records });
@@ -666,14 +723,16 @@ mod tests {
             .collect()
     }
 
-    /// A log that has gone round its ring: starts mid-area, wraps, ends before the start.
+    /// A log that has gone round its ring: starts mid-area, wraps, ends before the start; of
+    /// 512-byte or 4 KiB blocks.
     fn random_log(rng: &mut Rng) -> TestLog {
-        let area_blocks = 24 + rng.below(40);
-        let mut log = TestLog::new(area_blocks, 1000 + rng.below(1000), rng.below(area_blocks));
+        let block_bytes = if rng.below(2) == 0 { 512 } else { 4096 };
+        let area_blocks = (24 + rng.below(40)) * 4096 / block_bytes as u64;
+        let mut log = TestLog::new(block_bytes, area_blocks, 1000 + rng.below(1000), rng.below(area_blocks));
         let mut used = 0;
         loop {
             let records = random_records(rng);
-            let blocks = batch_blocks(&records);
+            let blocks = batch_blocks(&records, block_bytes);
             let wrap_waste = if log.next_block + blocks > area_blocks { area_blocks - log.next_block } else { 0 };
             // The ring never runs into its own checkpoint.
             if used + wrap_waste + blocks >= area_blocks {
@@ -706,9 +765,10 @@ mod tests {
             let mut log = random_log(&mut rng);
             let Some(&(start, blocks)) = log.places.last() else { continue };
             // Any prefix of the batch's blocks written, the rest as they were (zeros here).
-            let kept = rng.below(blocks * LOG_BLOCK_BYTES as u64) as usize;
-            let at = start as usize * LOG_BLOCK_BYTES;
-            log.area[at + kept..at + blocks as usize * LOG_BLOCK_BYTES].fill(0);
+            let block = log.block();
+            let kept = rng.below(blocks * block as u64) as usize;
+            let at = start as usize * block;
+            log.area[at + kept..at + blocks as usize * block].fill(0);
             let read = read_log(&log.area, &log.sb).unwrap();
             let whole = read.batches.len() == log.written.len();
             assert!(
@@ -730,19 +790,20 @@ mod tests {
         for round in 0..2000 {
             let mut log = random_log(&mut rng);
             for _ in 0..1 + rng.below(3) {
+                let size = log.block();
                 let block = rng.below(log.sb.area_blocks) as usize;
-                let at = block * LOG_BLOCK_BYTES;
+                let at = block * size;
                 match rng.below(3) {
                     0 => {
-                        let bit = rng.below(LOG_BLOCK_BYTES as u64 * 8) as usize;
+                        let bit = rng.below(size as u64 * 8) as usize;
                         log.area[at + bit / 8] ^= 1 << (bit % 8);
                     }
                     1 => {
-                        for b in &mut log.area[at..at + LOG_BLOCK_BYTES] {
+                        for b in &mut log.area[at..at + size] {
                             *b = rng.below(256) as u8;
                         }
                     }
-                    _ => log.area[at..at + LOG_BLOCK_BYTES].fill(0),
+                    _ => log.area[at..at + size].fill(0),
                 }
             }
             match read_log(&log.area, &log.sb) {
@@ -757,11 +818,11 @@ mod tests {
                     let lost = &log.written[read.batches.len()..];
                     let later_survivor =
                         lost.iter().zip(&log.places[read.batches.len()..]).skip(1).any(|(b, &(start, _))| {
-                            batch_at(&log.area, log.sb.area_blocks, start).is_some_and(|v| v.seq == b.seq)
+                            batch_at(&log.area, &log.sb, start).is_some_and(|v| v.seq == b.seq)
                         });
                     assert!(!later_survivor, "round {round}: a lost batch had a surviving successor, not reported");
                 }
-                Err(c) => assert!(c.offset >= 2 * LOG_BLOCK_BYTES as u64 && !c.reason.is_empty()),
+                Err(c) => assert!(c.offset >= 2 * log.block() as u64 && !c.reason.is_empty()),
             }
         }
     }
@@ -777,7 +838,8 @@ mod tests {
             }
             let victim = rng.below(intact.batches.len() as u64 - 1) as usize;
             let (seq, block) = *intact.starts.iter().find(|(s, _)| *s == intact.batches[victim].seq).unwrap();
-            log.area[block as usize * LOG_BLOCK_BYTES + 30] ^= 0x01;
+            let at = block as usize * log.block() + 30;
+            log.area[at] ^= 0x01;
             assert!(read_log(&log.area, &log.sb).is_err(), "damage before the tail stops the normal reader");
             let salvage = salvage_log(&log.area, &log.sb);
             let mut expected = intact.batches.clone();
@@ -791,11 +853,11 @@ mod tests {
 
     #[test]
     fn a_checksummed_batch_with_malformed_records_is_corruption() {
-        let mut log = TestLog::new(16, 1, 0);
+        let mut log = TestLog::new(LOG_BLOCK_BYTES, 16, 1, 0);
         let record = Record::Size { file: key(1), size: 2 };
         log.append(vec![record.clone()]);
         // Re-encode batch 1 claiming two records while holding one, with a valid checksum.
-        let mut bytes = encode_batch(1, std::slice::from_ref(&record));
+        let mut bytes = encode_batch(1, std::slice::from_ref(&record), LOG_BLOCK_BYTES);
         bytes[24..28].copy_from_slice(&2u32.to_le_bytes());
         let payload_end = BATCH_HEADER_BYTES + record.encoded_len();
         let crc = crc32c_extend(crc32c(&bytes[..BATCH_CRC_AT]), &bytes[BATCH_HEADER_BYTES..payload_end]);

@@ -19,8 +19,8 @@ use crate::metrics::Metrics;
 use crate::sys::Errno;
 use device::LogDevice;
 use format::{
-    batch_blocks, encode_batch, encode_wrap, read_log, salvage_log, Batch, Corruption, Record, Superblock,
-    LOG_BLOCK_BYTES, SUPERBLOCK_COPIES,
+    batch_blocks, encode_batch, encode_wrap, read_log, salvage_log, valid_block_bytes, Batch, Corruption, Record,
+    Superblock, SUPERBLOCK_COPIES,
 };
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -69,8 +69,7 @@ pub fn open_file_device(path: &Path, size_bytes: Option<u64>) -> Result<(device:
         Some(size) => size,
         None => std::fs::metadata(path).map_err(|e| LogError::Io("open", Errno::from(e)))?.len(),
     };
-    let (device, created) =
-        device::FileLogDevice::open_or_create(path, asked, LOG_BLOCK_BYTES).map_err(|e| LogError::Io("open", e))?;
+    let (device, created) = device::FileLogDevice::open_or_create(path, asked).map_err(|e| LogError::Io("open", e))?;
     let actual = device.size_bytes().map_err(|e| LogError::Io("open", e))?;
     if actual != asked {
         return Err(LogError::Mismatch(format!(
@@ -152,31 +151,48 @@ impl IntentLog {
         metrics: Arc<Metrics>,
         salvage: bool,
     ) -> Result<(IntentLog, Vec<Batch>, Vec<String>), LogError> {
-        let block = LOG_BLOCK_BYTES as u64;
         let size_bytes = device.size_bytes().map_err(|e| LogError::Io("open", e))?;
-        if size_bytes % block != 0 || size_bytes / block <= SUPERBLOCK_COPIES + 1 {
-            return Err(LogError::Mismatch(format!(
-                "a log of {size_bytes} bytes is not whole 4 KiB blocks, or too small"
-            )));
-        }
-        let area_blocks = size_bytes / block - SUPERBLOCK_COPIES;
+        let name = device.describe();
         if created {
-            let first = Superblock { generation: 0, area_blocks, checkpoint_seq: 1, checkpoint_block: 0 };
-            device.write_blocks(0, &first.encode()).map_err(|e| LogError::Io("write superblock", e))?;
+            // A new log's block is the device's smallest write in place: a commit of a few
+            // records costs one sector where the device has 512-byte sectors.
+            let block = device.block_bytes() as u64;
+            assert!(valid_block_bytes(block as usize), "{name}: a device block of {block} bytes");
+            if size_bytes % block != 0 || size_bytes / block <= SUPERBLOCK_COPIES + 1 {
+                return Err(LogError::Mismatch(format!(
+                    "a log of {size_bytes} bytes is not whole blocks of {block} bytes, or too small"
+                )));
+            }
+            let area_blocks = size_bytes / block - SUPERBLOCK_COPIES;
+            let first = Superblock {
+                block_bytes: block as u32,
+                generation: 0,
+                area_blocks,
+                checkpoint_seq: 1,
+                checkpoint_block: 0,
+            };
+            device.write_at(0, &first.encode()).map_err(|e| LogError::Io("write superblock", e))?;
             device.sync().map_err(|e| LogError::Io("sync", e))?;
         }
         let bytes = device.read_all().map_err(|e| LogError::Io("read", e))?;
-        let name = device.describe();
-        let copies = [&bytes[..LOG_BLOCK_BYTES], &bytes[LOG_BLOCK_BYTES..2 * LOG_BLOCK_BYTES]];
-        let sb = Superblock::newest(copies)
+        let sb = Superblock::find(&bytes)
             .ok_or_else(|| LogError::Mismatch(format!("{name} holds no intact log superblock")))?;
+        let block = sb.block_bytes as u64;
+        if block % device.block_bytes() as u64 != 0 {
+            return Err(LogError::Mismatch(format!(
+                "{name} has log blocks of {block} bytes, but its device takes writes of {} bytes at least \
+                 (moved to another disk?): `coalescefs recover` empties it, then remove it to have it made again",
+                device.block_bytes()
+            )));
+        }
+        let area_blocks = (size_bytes / block).saturating_sub(SUPERBLOCK_COPIES);
         if sb.area_blocks != area_blocks {
             return Err(LogError::Mismatch(format!(
                 "{name} says {} blocks, the file holds {area_blocks}",
                 sb.area_blocks
             )));
         }
-        let area = &bytes[2 * LOG_BLOCK_BYTES..];
+        let area = &bytes[2 * block as usize..];
         let (contents, lost) = match read_log(area, &sb) {
             Ok(contents) => (contents, Vec::new()),
             Err(_) if salvage => {
@@ -185,6 +201,7 @@ impl IntentLog {
             }
             Err(corruption) => return Err(LogError::Corrupt(corruption)),
         };
+        metrics.log_block_bytes.store(sb.block_bytes as u64, Relaxed);
         let ring = Ring {
             sb,
             next_block: contents.next_block,
@@ -303,7 +320,8 @@ impl IntentLog {
     }
 
     fn write_batch_locked(&self, ring: &mut Ring, records: &[Record]) -> Result<(), LogError> {
-        let blocks = batch_blocks(records);
+        let block_bytes = ring.sb.block_bytes as usize;
+        let blocks = batch_blocks(records, block_bytes);
         let area = ring.sb.area_blocks;
         let wrap_waste = if ring.next_block + blocks > area { area - ring.next_block } else { 0 };
         let free = area - ring.used_blocks();
@@ -315,7 +333,7 @@ impl IntentLog {
             let seq = ring.next_seq;
             let at = ring.next_block;
             self.device
-                .write_blocks(SUPERBLOCK_COPIES + at, &encode_wrap(seq))
+                .write_at((SUPERBLOCK_COPIES + at) * block_bytes as u64, &encode_wrap(seq, block_bytes))
                 .map_err(|e| LogError::Io("write", e))?;
             ring.starts.push_back((seq, at));
             ring.next_seq += 1;
@@ -324,19 +342,19 @@ impl IntentLog {
             ring.next_block = 0;
         }
         let (seq, at) = (ring.next_seq, ring.next_block);
-        let bytes = encode_batch(seq, records);
+        let bytes = encode_batch(seq, records, block_bytes);
         assert_eq!(
             bytes.len() as u64,
-            blocks * LOG_BLOCK_BYTES as u64,
+            blocks * block_bytes as u64,
             "a batch is the whole blocks it was given room for"
         );
-        self.device.write_blocks(SUPERBLOCK_COPIES + at, &bytes).map_err(|e| LogError::Io("write", e))?;
+        self.device
+            .write_at((SUPERBLOCK_COPIES + at) * block_bytes as u64, &bytes)
+            .map_err(|e| LogError::Io("write", e))?;
         self.device.sync().map_err(|e| LogError::Io("sync", e))?;
         self.metrics.log_batches.fetch_add(1, Relaxed);
         self.metrics.log_records.fetch_add(records.len() as u64, Relaxed);
-        self.metrics
-            .log_write_bytes
-            .fetch_add(bytes.len() as u64 + wrap_waste.min(1) * LOG_BLOCK_BYTES as u64, Relaxed);
+        self.metrics.log_write_bytes.fetch_add(bytes.len() as u64 + wrap_waste.min(1) * block_bytes as u64, Relaxed);
         ring.starts.push_back((seq, at));
         ring.next_seq += 1;
         ring.next_block = at + blocks;
@@ -365,7 +383,9 @@ impl IntentLog {
             ..ring.sb
         };
         let copy = sb.generation % SUPERBLOCK_COPIES;
-        self.device.write_blocks(copy, &sb.encode()).map_err(|e| LogError::Io("write superblock", e))?;
+        self.device
+            .write_at(copy * sb.block_bytes as u64, &sb.encode())
+            .map_err(|e| LogError::Io("write superblock", e))?;
         self.device.sync().map_err(|e| LogError::Io("sync", e))?;
         ring.sb = sb;
         self.metrics.log_checkpoints.fetch_add(1, Relaxed);
@@ -389,6 +409,11 @@ impl IntentLog {
     }
 
     /// The sequence number the next batch will get.
+    /// The log block, in bytes: what one small commit costs the device.
+    pub fn block_bytes(&self) -> usize {
+        lock(&self.ring).sb.block_bytes as usize
+    }
+
     pub fn next_seq(&self) -> u64 {
         lock(&self.ring).next_seq
     }
@@ -410,6 +435,7 @@ impl IntentLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use format::LOG_BLOCK_BYTES;
 
     fn metrics() -> Arc<Metrics> {
         Arc::new(Metrics::default())
@@ -529,13 +555,14 @@ mod tests {
         for i in 0..3 {
             log.commit(vec![data(1, i * 100, 100, 7)]).unwrap();
         }
+        let block = log.block_bytes();
         drop(log);
         // Flip one bit in the first batch (block 2 of the file).
         let mut bytes = std::fs::read(&path).unwrap();
-        bytes[2 * LOG_BLOCK_BYTES + 60] ^= 0x10;
+        bytes[2 * block + 60] ^= 0x10;
         std::fs::write(&path, &bytes).unwrap();
         match open(&path, size, metrics()) {
-            Err(LogError::Corrupt(c)) => assert_eq!(c.offset, 2 * LOG_BLOCK_BYTES as u64),
+            Err(LogError::Corrupt(c)) => assert_eq!(c.offset, 2 * block as u64),
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("a damaged log opened"),
         }
@@ -583,26 +610,29 @@ mod tests {
         // A batch of several blocks written a block at a time, then a crash keeping any subset
         // of those writes: the synced batch before it always comes back, and the new one only
         // when every one of its blocks survived.
-        let batch = encode_batch(2, &[data(1, 0, 9000, 2)]);
-        let blocks = batch.len() / LOG_BLOCK_BYTES;
-        assert!(blocks >= 3);
-        for keep_mask in 0..1u32 << blocks {
-            let device = Arc::new(device::MemoryLogDevice::new(64 * LOG_BLOCK_BYTES as u64, LOG_BLOCK_BYTES));
-            let (log, _) = IntentLog::open(Box::new(device.clone()), true, metrics()).unwrap();
-            log.commit(vec![data(1, 0, 100, 1)]).unwrap();
-            let next = log.next_seq();
-            assert_eq!(next, 2);
-            drop(log);
-            for (i, block) in batch.chunks(LOG_BLOCK_BYTES).enumerate() {
-                device.write_blocks(SUPERBLOCK_COPIES + 1 + i as u64, block).unwrap();
-            }
-            device.crash(|i| keep_mask & (1 << i) != 0);
-            let (_, replay) = IntentLog::open(Box::new(device.clone()), false, metrics()).unwrap();
-            assert_eq!(replay[0].records, vec![data(1, 0, 100, 1)], "mask {keep_mask:b}");
-            let whole = keep_mask == (1 << blocks) - 1;
-            assert_eq!(replay.len(), if whole { 2 } else { 1 }, "mask {keep_mask:b}");
-            if whole {
-                assert_eq!(replay[1].records, vec![data(1, 0, 9000, 2)]);
+        for block_bytes in [512, 4096] {
+            let batch = encode_batch(2, &[data(1, 0, if block_bytes == 512 { 1200 } else { 9000 }, 2)], block_bytes);
+            let blocks = batch.len() / block_bytes;
+            assert!(blocks >= 3);
+            for keep_mask in 0..1u32 << blocks {
+                let device = Arc::new(device::MemoryLogDevice::new(64 * 4096, block_bytes));
+                let (log, _) = IntentLog::open(Box::new(device.clone()), true, metrics()).unwrap();
+                assert_eq!(log.block_bytes(), block_bytes, "a new log takes the device's block");
+                log.commit(vec![data(1, 0, 100, 1)]).unwrap();
+                let next = log.next_seq();
+                assert_eq!(next, 2);
+                drop(log);
+                for (i, block) in batch.chunks(block_bytes).enumerate() {
+                    device.write_at((SUPERBLOCK_COPIES + 1 + i as u64) * block_bytes as u64, block).unwrap();
+                }
+                device.crash(|i| keep_mask & (1 << i) != 0);
+                let (_, replay) = IntentLog::open(Box::new(device.clone()), false, metrics()).unwrap();
+                assert_eq!(replay[0].records, vec![data(1, 0, 100, 1)], "mask {keep_mask:b}");
+                let whole = keep_mask == (1 << blocks) - 1;
+                assert_eq!(replay.len(), if whole { 2 } else { 1 }, "mask {keep_mask:b}");
+                if whole {
+                    assert_eq!(replay[1].records, vec![data(1, 0, if block_bytes == 512 { 1200 } else { 9000 }, 2)]);
+                }
             }
         }
     }
