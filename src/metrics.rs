@@ -202,12 +202,15 @@ impl Metrics {
         self.flush_latency_us_max.fetch_max(us, Relaxed);
     }
 
+    /// Every byte the daemon wrote toward storage (units and ranges to the backend, the
+    /// checkpoints' flushes among them, and the intent log's batches and superblocks) over the
+    /// bytes applications wrote.
     fn amplification(&self) -> f64 {
         let app = self.application_write_bytes.load(Relaxed);
         if app == 0 {
             0.0
         } else {
-            self.backend_write_bytes.load(Relaxed) as f64 / app as f64
+            (self.backend_write_bytes.load(Relaxed) + self.log_write_bytes.load(Relaxed)) as f64 / app as f64
         }
     }
 
@@ -313,7 +316,7 @@ impl Metrics {
                 "# HELP coalescefs_{name} {help}\n# TYPE coalescefs_{name} {kind}\ncoalescefs_{name} {value}"
             );
         }
-        let _ = writeln!(out, "# HELP coalescefs_write_amplification Backend bytes over application bytes\n# TYPE coalescefs_write_amplification gauge\ncoalescefs_write_amplification {}", self.amplification());
+        let _ = writeln!(out, "# HELP coalescefs_write_amplification Bytes written to the backend and the intent log over application bytes\n# TYPE coalescefs_write_amplification gauge\ncoalescefs_write_amplification {}", self.amplification());
         let served = self.fuse_requests.served();
         let _ = writeln!(out, "# HELP coalescefs_fuse_requests_total FUSE requests served, by kind\n# TYPE coalescefs_fuse_requests_total counter");
         for (op, count, _) in &served {

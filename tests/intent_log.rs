@@ -496,3 +496,31 @@ fn a_mount_that_would_not_replay_the_crash_log_is_refused() {
     expected[1000..1300].copy_from_slice(&pattern(300, 2));
     assert!(fs::read(m.path("f")).unwrap() == expected, "the fsynced bytes came back from the log");
 }
+
+/// `write_amplification` counts every byte the daemon writes toward storage: the backend's and
+/// the intent log's (batches and checkpoint superblocks), over the application's.
+#[test]
+fn write_amplification_counts_the_log_bytes_too() {
+    // Checkpoints only when asked: the counters then stand still while they are read.
+    let m = TestMount::with_options(&["log=on", "unit=64K", "checkpoint_interval=3600s", "writeback_cache=off"]);
+    let f = OpenOptions::new().create(true).write(true).truncate(true).open(m.path("f")).unwrap();
+    for i in 0..20u64 {
+        f.write_all_at(&pattern(300, i as u8), i * 300).unwrap();
+        f.sync_all().unwrap();
+    }
+    drop(f);
+    let synced = coalescefs(&["sync", &path_str(&m.mnt)]);
+    assert!(synced.status.success(), "{}", stderr_of(&synced));
+    assert!(m.counter("log_checkpoints_total") >= 1);
+    let out = coalescefs(&["stats", &path_str(&m.mnt)]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let value = |name: &str| -> f64 {
+        text.lines().find_map(|l| l.strip_prefix(name).filter(|r| r.starts_with(' '))).unwrap().trim().parse().unwrap()
+    };
+    let (app, backend, log) =
+        (value("application_write_bytes_total"), value("backend_write_bytes_total"), value("log_write_bytes_total"));
+    assert!(value("log_fsyncs_total") > 0.0 && log > 0.0, "{text}");
+    let expected = (backend + log) / app;
+    assert!((value("write_amplification") - expected).abs() < 0.001, "{expected} expected: {text}");
+    assert!(value("write_amplification") > backend / app, "the log's bytes count");
+}

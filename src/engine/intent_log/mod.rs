@@ -388,6 +388,7 @@ impl IntentLog {
             .map_err(|e| LogError::Io("write superblock", e))?;
         self.device.sync().map_err(|e| LogError::Io("sync", e))?;
         ring.sb = sb;
+        self.metrics.log_write_bytes.fetch_add(sb.block_bytes as u64, Relaxed);
         self.metrics.log_checkpoints.fetch_add(1, Relaxed);
         Ok(())
     }
