@@ -1,0 +1,259 @@
+"""The benchmark cases of bench/run: each case's workload and its configurations, the rows of
+its table, as (label, run) pairs; run(work) measures one repetition in the scratch directory
+`work` and returns its numbers (a dict, or a dict of rows).
+"""
+import json, os, sys, time
+
+from stores import REPO, Store, System, WriteTrace, cleanups, cleanups_global, diskstats, measured, sh
+
+
+def fio(path, **params):
+    """One fio job (or `numjobs` of them, reported as a group); `path` is a file, or a
+    directory when `numjobs` is given."""
+    args = ["fio", "--output-format=json", "--name=job", "--group_reporting=1",
+            "--percentile_list=50:99:99.9:100"]
+    args.append(f"--directory={path}" if "numjobs" in params else f"--filename={path}")
+    args += [f"--{k}={v}" for k, v in params.items()]
+    out = json.loads(sh(*args, capture=True))
+    job = out["jobs"][0]["write"]
+    pct = job.get("clat_ns", {}).get("percentile", {})
+    return {"bw_bytes": job["bw_bytes"], "runtime_ms": job["runtime"] or 1,
+            "clat_us": {k: pct.get(v, 0) / 1000 for k, v in
+                        (("p50", "50.000000"), ("p99", "99.000000"), ("p99.9", "99.900000"), ("max", "100.000000"))}}
+
+
+
+def in_store(name, opts, size_mib, sector, work_fn, prepare_fn=None, app_bytes=0, sample_rss=False):
+    """The usual run: a fresh store, one system on it, the work counted."""
+    def run(work):
+        store = Store(work, size_mib, sector)
+        system = System("coalescefs" if name.startswith("coalescefs") else name, store, opts)
+        r = measured(system, store, work_fn, prepare_fn, sample_rss)
+        r["app_bytes"] = app_bytes
+        store.close(); cleanups.remove(store.close)
+        return r
+    return run
+
+
+# The issue-3 comparison: coalescefs with the kernel writeback cache in each of its modes.
+SYSTEMS = [("native", []), ("bindfs", []), ("coalescefs", []), ("coalescefs+wbc", ["writeback_cache=on"]),
+           ("coalescefs+nowbc", ["writeback_cache=off"])]
+BASELINES = [("native", []), ("bindfs", []), ("coalescefs", [])]
+
+
+def case_seq(bs, size_mib):
+    work = lambda p: fio(os.path.join(p, "f"), rw="write", bs=bs, size=f"{size_mib}m", ioengine="psync", end_fsync=1)
+    return [(name, in_store(name, opts, size_mib * 2 + 256, 4096, work, app_bytes=size_mib << 20)) for name, opts in SYSTEMS]
+
+
+def case_rand512(size_mib, total_mib):
+    """Seed 003: 512-byte random writes into a cold file on a 512-byte-sector device; the
+    writeback-cache modes buffered, the baselines also with O_DIRECT and an fsync every 100."""
+    prep = lambda p: fio(os.path.join(p, "f"), rw="write", bs="1m", size=f"{size_mib}m", ioengine="psync", end_fsync=1)
+    configs = []
+    variants = [("buffered", {}), ("O_DIRECT", {"direct": 1}), ("buffered, fsync/100", {"fsync": 100}),
+                ("O_DIRECT, fsync/100", {"direct": 1, "fsync": 100})]
+    # With the intent log (off by default): fsyncs of the existing file go to the log.
+    with_log = BASELINES + [("coalescefs+log", ["log=on"])]
+    for label, extra in variants:
+        for name, opts in (SYSTEMS if label == "buffered" else with_log if "fsync" in label else BASELINES):
+            work = lambda p, extra=extra: fio(os.path.join(p, "f"), rw="randwrite", bs=512, size=f"{size_mib}m",
+                                              io_size=f"{total_mib}m", ioengine="psync", end_fsync=1, randseed=1234, **extra)
+            configs.append((f"{name} | {label}", in_store(name, opts, size_mib * 2 + 256, 512, work, prep, total_mib << 20)))
+    return configs
+
+
+def case_smallfiles(sizes_kib, quick, systems=None, patterns=("8k", "one", "rename")):
+    """Seed 000's steady state: for each size, N new files written in 8 KiB pieces, in one
+    piece, and as tmp + rename over an existing file, each fsynced; device bytes per file byte.
+    One store per system and repetition; each (size, pattern) phase counted on its own."""
+    # With the intent log, a new file's fsync logs its name and bytes; `coalescefs sync` at the
+    # end of each phase is the checkpoint that writes them to the backend, and is counted. The
+    # unmount after it is counted apart: it is paid once per mount, not per file.
+    systems = systems or BASELINES + [("coalescefs+log", ["log=on"])]
+    def count_for(kib):
+        n = 200 if kib <= 16 else (50 if kib <= 256 else 20)
+        return max(n // 10, 5) if quick else n
+
+    def write_files(path, kib, pattern):
+        size, n = kib * 1024, count_for(kib)
+        data = os.urandom(size)
+        step = size if pattern == "one" else 8192
+        for i in range(n):
+            final = os.path.join(path, f"f{kib}-{pattern}-{i}")
+            name = final + ".tmp" if pattern == "rename" else final
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            for off in range(0, size, step):
+                os.write(fd, data[off:off + step])
+            os.fsync(fd)
+            os.close(fd)
+            if pattern == "rename":
+                os.rename(name, final)
+
+    def existing(path, kib, pattern):
+        # tmp + rename replaces a file that is already there, as an editor or pmxcfs does.
+        if pattern == "rename":
+            for i in range(count_for(kib)):
+                with open(os.path.join(path, f"f{kib}-{pattern}-{i}"), "wb") as f:
+                    f.write(b"old")
+
+    def run_for(name, opts):
+        def run(work):
+            total = sum(3 * count_for(k) * k for k in sizes_kib) // 1024
+            store = Store(work, 512 + 2 * total, 4096)
+            trace = WriteTrace(store.dev)
+            rows = {}
+            for kib in sizes_kib:
+                for pattern in patterns:
+                    system = System("coalescefs" if name.startswith("coalescefs") else name, store, opts)
+                    r = measured(system, store, lambda p: write_files(p, kib, pattern), lambda p: existing(p, kib, pattern),
+                                 trace=trace, checkpoint=True)
+                    r["app_bytes"] = count_for(kib) * kib * 1024
+                    r["files"] = count_for(kib)
+                    rows[f"{kib}K/{pattern}"] = r
+            trace.close(); cleanups.remove(trace.close)
+            store.close(); cleanups.remove(store.close)
+            return rows
+        return run
+    return [(name, run_for(name, opts)) for name, opts in systems]
+
+
+APPS_DIR = os.path.join(REPO, "tests", "apps")
+APP_STEPS = ["tar extract", "git commit", "git rework", "sqlite inserts", "rsync", "make -j4", "rm -rf"]
+
+
+def case_apps(entries, quick):
+    """Real applications, the steps of tests/apps/run, timed: a generated source tree of
+    `entries` entries extracted with tar, committed and reworked with git, SQLite inserts in
+    WAL mode with synchronous=FULL (a second process reading), rsync of the tree, a parallel C
+    build, and rm -rf of it all. Per step: seconds, and device bytes of the step and the sync
+    after it (`coalescefs sync`, then `sync`; the sync is not timed), and the intent log's
+    batches."""
+    sys.path.insert(0, APPS_DIR)
+    import workload
+    systems = [("native", []), ("coalescefs", []), ("coalescefs log=on", ["log=on"]), ("coalescefs log=off", ["log=off"])]
+    transactions = 100 if quick else 1000
+
+    def run_for(name, opts):
+        def run(work):
+            src, tarball = os.path.join(work, "src"), os.path.join(work, "tree.tar")
+            workload.make_tree(src, entries)
+            workload.make_tarball(src, tarball)
+            tree_mib = int(sh("du", "-sm", src, capture=True).split()[0])
+            store = Store(work, 1024 + 6 * tree_mib, 4096)
+            system = System("coalescefs" if name.startswith("coalescefs") else name, store, opts)
+            system.mount()
+            rows = {}
+
+            def step(label, fn):
+                os.sync()
+                before, engine_before = diskstats(store.dev), system.stats()
+                t0 = time.monotonic()
+                fn()
+                elapsed = time.monotonic() - t0
+                system.checkpoint()
+                os.sync()
+                after, engine_after = diskstats(store.dev), system.stats()
+                row = {k: after[k] - before[k] for k in ("read_bytes", "write_bytes", "reads", "writes")}
+                row["seconds"] = elapsed
+                row["read_bytes_during_work"] = row["read_bytes"]
+                row["engine"] = {k: v - engine_before.get(k, 0) for k, v in engine_after.items() if k.endswith("_total")}
+                rows[label] = row
+
+            root = system.path
+            tree = os.path.join(root, "tree")
+            step("tar extract", lambda: workload.extract(tarball, tree))
+            step("git commit", lambda: workload.git_commit_tree(tree))
+            step("git rework", lambda: workload.git_rework(tree))
+            step("sqlite inserts", lambda: workload.sqlite_inserts(os.path.join(root, "db.sqlite"), transactions, 10))
+            step("rsync", lambda: workload.rsync(src, os.path.join(root, "copy")))
+            workload.make_c_project(os.path.join(root, "build"))
+            step("make -j4", lambda: workload.c_build(os.path.join(root, "build")))
+            step("rm -rf", lambda: [workload.remove_tree(os.path.join(root, d)) for d in os.listdir(root)])
+            system.unmount(); cleanups.remove(system.unmount)
+            store.close(); cleanups.remove(store.close)
+            return rows
+        return run
+    return [(name, run_for(name, opts)) for name, opts in systems]
+
+
+def case_requestsize(quick):
+    """Seed 001: throughput against the FUSE request size, unit 4 MiB, max_pages_limit raised.
+    The null backend is the ceiling; the local backend shows whole units whatever the request."""
+    sizes = ["128k", "16m"] if quick else ["128k", "256k", "1m", "4m", "16m"]
+    total_mib = 128 if quick else 1024
+    configs = []
+    for store_kind in ("null", "local"):
+        for jobs in (1, 4):
+            for direct in (1, 0):
+                for max_write in sizes:
+                    opts = [f"backend={store_kind}", "unit=4M", f"max_write={max_write}"]
+                    work = lambda p, jobs=jobs, direct=direct: fio(
+                        p, rw="write", bs="16m", size=f"{total_mib // jobs}m", numjobs=jobs, direct=direct,
+                        ioengine="psync", end_fsync=1, filename_format="f.$jobnum")
+                    label = f"{store_kind} | {jobs} | {'O_DIRECT' if direct else 'buffered'} | {max_write}"
+                    configs.append((label, in_store("coalescefs", opts, total_mib + 512, 4096, work, app_bytes=total_mib << 20)))
+    return configs
+
+
+def mixed_image(path, size_mib):
+    """Thirds of zeros, text and random bytes, in 1 MiB stripes."""
+    text = b"".join(f"line {i}: the quick brown fox jumps over the lazy dog\n".encode() for i in range(20000))
+    with open(path, "wb") as f:
+        for i in range(size_mib):
+            kind = i % 3
+            chunk = bytes(1 << 20) if kind == 0 else (text[(i * 7919) % 100000:][:1 << 20] if kind == 1 else os.urandom(1 << 20))
+            f.write(chunk.ljust(1 << 20, b"."))
+
+
+def case_qcow2(size_mib):
+    """Seed 002: qemu-img convert -c -O qcow2 of a mixed image; time, device bytes, and the page
+    cache the output leaves behind (fincore), as the application and as the backend see it."""
+    source = f"/dev/shm/coalescefs-bench-source-{size_mib}.img"
+
+    def convert(cache):
+        def work(p):
+            if not os.path.exists(source):
+                mixed_image(source, size_mib)
+                cleanups_global.append(lambda: os.path.exists(source) and os.unlink(source))
+            target = os.path.join(p, "out.qcow2")
+            sh("qemu-img", "convert", "-c", "-O", "qcow2", "-t", cache, source, target)
+            r = {"output_bytes": os.path.getsize(target), "cached_bytes": fincore(target)}
+            # Under a FUSE mount (work/mnt), the backend's copy (work/store/data) has its own.
+            backing = os.path.join(os.path.dirname(p), "store", "data", "out.qcow2")
+            r["backend_cached_bytes"] = fincore(backing) if os.path.basename(p) == "mnt" else None
+            return r
+        return work
+
+    return [(f"{name} | -t {cache}", in_store(name, [], size_mib + 512, 4096, convert(cache), app_bytes=size_mib << 20))
+            for name, cache in (("native", "writeback"), ("native", "none"), ("coalescefs", "none"))]
+
+
+def fincore(path):
+    out = sh("fincore", "--bytes", "--noheadings", "--output", "RES", path, capture=True, check=False) or "0"
+    try:
+        return int(out.split()[0])
+    except (ValueError, IndexError):
+        return 0
+
+
+def case_flushers(size_mib):
+    """Seed 004: one sequential writer of 1 MiB writes; native buffered and O_DIRECT against
+    coalescefs with 1, 2, 4 and 8 flushers."""
+    seq = lambda **extra: (lambda p: fio(os.path.join(p, "f"), rw="write", bs="1m", size=f"{size_mib}m",
+                                         ioengine="psync", end_fsync=1, **extra))
+    configs = [("native buffered", in_store("native", [], size_mib + 512, 4096, seq(), app_bytes=size_mib << 20)),
+               ("native O_DIRECT", in_store("native", [], size_mib + 512, 4096, seq(direct=1), app_bytes=size_mib << 20))]
+    for n in (1, 2, 4, 8):
+        configs.append((f"coalescefs flushers={n}",
+                        in_store("coalescefs", [f"flushers={n}"], size_mib + 512, 4096, seq(), app_bytes=size_mib << 20)))
+    return configs
+
+
+def case_memory(size_mib, writers=4):
+    """4 writers with -o buffer=64M, writing 4 KiB pieces (partial units held in memory): the
+    daemon's resident memory over time."""
+    work = lambda p: fio(p, rw="write", bs="4k", size=f"{size_mib}m", numjobs=writers, ioengine="psync",
+                         end_fsync=1, filename_format="f.$jobnum")
+    return [("coalescefs buffer=64M", in_store("coalescefs", ["buffer=64M", "writeback_cache=off"], writers * size_mib + 512,
+                                               4096, work, app_bytes=writers * size_mib << 20, sample_rss=True))]
