@@ -1,96 +1,216 @@
 //! coalescefs: a FUSE file system that shapes application writes into whole, aligned units.
 //!
-//! This file is the command line: each command parsed and run; `daemon` has the mount's life.
+//! This file is the command line (clap): each command parsed and run; `daemon` has the
+//! mount's life. `coalescefs man` and `coalescefs completions SHELL` print the man page and
+//! shell completions from the same definitions, so they cannot drift from `--help`.
 
 use coalescefs::daemon::{fail, open_backend};
 use coalescefs::{control, daemon, engine, logging, metrics, mounts, options, runtime, state};
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::{CommandFactory, Parser, Subcommand};
 use options::UsageError;
 
-const USAGE: &str = "\
-usage:
-  coalescefs mount BACKING_DIR MOUNTPOINT [-o opt,opt...] [-f|--foreground]
-  coalescefs umount [-z|--lazy] MOUNTPOINT
-  coalescefs stats MOUNTPOINT [--prometheus]
-  coalescefs sync MOUNTPOINT     (everything written made durable on the backend; with the
-                                  intent log, a checkpoint)
-  coalescefs recover BACKING_DIR [--state DIR | --log PATH]   (not mounted: applies every
-                                  intact batch of a damaged intent log, says which were lost,
-                                  empties the log)
-  coalescefs BACKING_DIR MOUNTPOINT -o opts        (the form mount.fuse3 uses)
-
-mount options (-o): allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE workers, default 4),
-  unit=SIZE (power of two, 4K..64M; default discovered from the backing device, else 1M),
-  buffer=SIZE (write buffer bound, default 256M), flushers=N (default: cores, 2..8),
-  flush_age=DURATION (default 5s), writeback_cache[=auto|on|off] (default auto), metrics=ADDR:PORT (Prometheus text),
-  max_write=SIZE (largest FUSE write request; default the unit, at most 16M),
-  cache_timeout=DURATION (how long the kernel trusts names and attributes, default 60s),
-  io_timeout=DURATION (how long a request waits for a backend that finishes nothing before EIO, default 30s),
-  backend=local|null (null: names and sizes in BACKING_DIR, data counted and discarded),
-  log=off|on|PATH (intent log for small fsyncs, default off; on: in the state directory),
-  state=DIR (the state directory, default /var/lib/coalescefs/<escaped BACKING_DIR>),
-  log_size=SIZE (the intent log's ring, default 64M), checkpoint_interval=DURATION (default 30s),
-  log_threshold=SIZE, log_threshold_new=SIZE (most bytes one fsync logs, of an existing / a new file),
+const MOUNT_OPTIONS_HELP: &str = "\
+Mount options (-o, comma-separated, repeatable):
+  allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE workers, default 4)
+  unit=SIZE          power of two, 4K..64M; default discovered from the backing device, else 1M
+  buffer=SIZE        write buffer bound (default 256M)
+  flushers=N         parallel flushers (default: cores, 2..8)
+  flush_age=DURATION how long a partial unit waits (default 5s)
+  writeback_cache[=auto|on|off]  the kernel's page cache for writes (default auto)
+  max_write=SIZE     largest FUSE write request (default the unit, at most 16M)
+  cache_timeout=DURATION  how long the kernel trusts names and attributes (default 60s)
+  io_timeout=DURATION     how long a request waits for a backend that finishes nothing (default 30s)
+  metrics=ADDR:PORT  serve the counters in the Prometheus text format
+  backend=local|null null: names and sizes in BACKING_DIR, data counted and discarded
+  log=off|on|PATH    intent log for small fsyncs (default off; on: in the state directory)
+  state=DIR          state directory (default /var/lib/coalescefs/<escaped BACKING_DIR>)
+  log_size=SIZE      the intent log's ring (default 64M)
+  checkpoint_interval=DURATION  (default 30s)
+  log_threshold=SIZE, log_threshold_new=SIZE  most bytes one fsync logs (existing / new file)
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
-  dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.";
+  dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.
 
-const EXIT_USAGE: u8 = 2;
+Examples:
+  coalescefs mount /srv/data /mnt/data -o allow_other,log=on
+  mount -t fuse.coalescefs /srv/data /mnt/data -o allow_other     (through mount.fuse.coalescefs)
+  /srv/data /mnt/data fuse.coalescefs defaults,allow_other,nofail 0 0     (an /etc/fstab line)";
+
+const EXIT_CODES_HELP: &str = "\
+Exit codes: 0 success; 1 the command failed (the message says why); 2 bad usage.
+
+Environment: RUST_LOG sets the daemon's log levels (e.g. RUST_LOG=coalescefs=debug; COALESCEFS_LOG=debug
+works too); the daemon's log is /run/coalescefs/<escaped BACKING_DIR>/daemon.log.";
+
+/// A FUSE file system that turns whatever applications write into whole, aligned units for the
+/// storage below, with an intent log for cheap, durable fsyncs.
+#[derive(Parser)]
+#[command(name = "coalescefs", version = VERSION, after_help = EXIT_CODES_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("COALESCEFS_COMMIT"), ")");
+
+#[derive(Subcommand)]
+enum Command {
+    /// Mount BACKING_DIR at MOUNTPOINT (returns once the mount answers; the daemon stays)
+    #[command(after_help = MOUNT_OPTIONS_HELP)]
+    Mount(MountArgs),
+    /// Unmount, waiting for the daemon to write everything (a dead daemon's mount is cleared)
+    #[command(alias = "unmount", after_help = "Example:\n  coalescefs umount /mnt/data")]
+    Umount {
+        /// Detach now even if files are open; the daemon finishes when they close
+        #[arg(short = 'z', long)]
+        lazy: bool,
+        /// Where it is mounted
+        mountpoint: PathBuf,
+    },
+    /// Print the mount's counters (bytes, requests, sizes, the log, write amplification)
+    #[command(after_help = "Example:\n  coalescefs stats /mnt/data | grep amplification")]
+    Stats {
+        /// The Prometheus text format instead
+        #[arg(long)]
+        prometheus: bool,
+        /// Where it is mounted
+        mountpoint: PathBuf,
+    },
+    /// Make everything written so far durable on the backend (with the intent log, a checkpoint)
+    #[command(after_help = "Example:\n  coalescefs sync /mnt/data")]
+    Sync {
+        /// Where it is mounted
+        mountpoint: PathBuf,
+    },
+    /// Not mounted: apply every intact batch of a damaged intent log, say which were lost, empty the log
+    #[command(after_help = "Without --state or --log, the log the backing directory names (after a crash), \
+else the default state directory's.\n\nExample:\n  coalescefs recover /srv/data")]
+    Recover {
+        /// The backing directory of the unmounted file system
+        backing_dir: PathBuf,
+        /// The state directory the log is in (as mounted with -o state=DIR)
+        #[arg(long, value_name = "DIR", conflicts_with = "log")]
+        state: Option<PathBuf>,
+        /// The log file itself (as mounted with -o log=PATH)
+        #[arg(long, value_name = "PATH")]
+        log: Option<PathBuf>,
+    },
+    /// Print shell completions (bash, zsh, fish, elvish, powershell)
+    #[command(after_help = "Example:\n  coalescefs completions bash > /etc/bash_completion.d/coalescefs")]
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page (roff)
+    #[command(after_help = "Example:\n  coalescefs man > /usr/local/share/man/man1/coalescefs.1")]
+    Man,
+}
+
+#[derive(clap::Args)]
+struct MountArgs {
+    /// The directory whose files the mount serves
+    backing_dir: PathBuf,
+    /// An empty directory to mount it on
+    mountpoint: PathBuf,
+    /// Mount options, comma-separated (listed below)
+    #[arg(short = 'o', value_name = "OPTIONS", action = clap::ArgAction::Append)]
+    options: Vec<String>,
+    /// Stay in the foreground (the daemon's log goes to stderr)
+    #[arg(short, long)]
+    foreground: bool,
+    /// Accepted for mount(8): no mtab
+    #[arg(short = 'n', hide = true)]
+    no_mtab: bool,
+    /// Accepted for mount(8): sloppy
+    #[arg(short = 's', hide = true)]
+    sloppy: bool,
+    /// Accepted for mount(8): verbose
+    #[arg(short = 'v', hide = true)]
+    verbose: bool,
+}
+
+const SUBCOMMANDS: &[&str] = &["mount", "umount", "unmount", "stats", "sync", "recover", "completions", "man", "help"];
 
 fn usage_error(err: UsageError) -> ExitCode {
-    eprintln!("coalescefs: {}\n{USAGE}", err.0);
-    ExitCode::from(EXIT_USAGE)
+    eprintln!("coalescefs: {}\n\nFor more information, try '--help'.", err.0);
+    ExitCode::from(2)
 }
 
 fn main() -> ExitCode {
     logging::init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        None => usage_error(UsageError("missing command".into())),
-        Some("-h" | "--help" | "help") => {
-            println!("{USAGE}");
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // mount.fuse3 (and mount -t fuse.coalescefs) run `coalescefs SOURCE MOUNTPOINT -o OPTIONS`.
+    if let Some(first) = args.get(1).and_then(|a| a.to_str()) {
+        if !first.starts_with('-') && !SUBCOMMANDS.contains(&first) && args.len() > 2 {
+            args.insert(1, "mount".into());
+        }
+    }
+    // clap prints help and errors itself, ignoring a closed pipe, and exits 0 or 2.
+    let cli = Cli::parse_from(args);
+    match cli.command {
+        Command::Mount(m) => run_mount(m),
+        Command::Umount { lazy, mountpoint } => run_umount(&mountpoint, lazy),
+        Command::Stats { prometheus, mountpoint } => run_stats(&mountpoint, prometheus),
+        Command::Sync { mountpoint } => run_sync(&mountpoint),
+        Command::Recover { backing_dir, state, log } => run_recover(&backing_dir, state, log),
+        Command::Completions { shell } => {
+            // Into memory first: clap_complete panics on a failed write (a closed pipe).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "coalescefs", &mut script);
+            let _ = std::io::stdout().write_all(&script);
             ExitCode::SUCCESS
         }
-        Some("-V" | "--version") => {
-            println!("coalescefs {}", env!("CARGO_PKG_VERSION"));
-            ExitCode::SUCCESS
-        }
-        Some("mount") => match options::parse_mount_args(&args[1..]) {
-            Ok(request) => daemon::run_mount(request),
-            Err(e) => usage_error(e),
-        },
-        Some("umount" | "unmount") => run_umount(&args[1..]),
-        Some("stats") => run_stats(&args[1..]),
-        Some("sync") => run_sync(&args[1..]),
-        Some("recover") => run_recover(&args[1..]),
-        Some(other) if other.starts_with('-') || args.len() < 2 => {
-            usage_error(UsageError(format!("unknown command '{other}'")))
-        }
-        // mount.fuse3 runs `coalescefs SOURCE MOUNTPOINT -o OPTIONS`.
-        Some(_) => match options::parse_mount_args(&args) {
-            Ok(request) => daemon::run_mount(request),
-            Err(e) => usage_error(e),
+        Command::Man => match print_man_page() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+            Err(e) => fail(format!("writing the man page: {e}")),
         },
     }
 }
 
-fn run_umount(args: &[String]) -> ExitCode {
-    let mut lazy = false;
-    let mut targets = Vec::new();
-    for arg in args {
-        match arg.as_str() {
-            "-z" | "--lazy" => lazy = true,
-            a if a.starts_with('-') => return usage_error(UsageError(format!("unknown flag '{a}'"))),
-            _ => targets.push(arg),
+/// The man page: the command's and every subcommand's help, as one page.
+fn print_man_page() -> std::io::Result<()> {
+    let command = Cli::command();
+    let mut out = std::io::stdout().lock();
+    let man = clap_mangen::Man::new(command.clone());
+    man.render_title(&mut out)?;
+    man.render_name_section(&mut out)?;
+    man.render_synopsis_section(&mut out)?;
+    man.render_description_section(&mut out)?;
+    man.render_options_section(&mut out)?;
+    for sub in command.get_subcommands().filter(|s| s.get_name() != "help") {
+        writeln!(out, ".SH \"{}\"", format!("coalescefs {}", sub.get_name()).to_uppercase())?;
+        let help = sub.clone().bin_name(format!("coalescefs {}", sub.get_name())).render_long_help().to_string();
+        writeln!(out, ".nf")?;
+        for line in help.lines() {
+            // roff: a line starting with . or ' is a request; backslashes escape.
+            let line = line.replace('\\', "\\e");
+            writeln!(out, "{}{line}", if line.starts_with(['.', '\'']) { "\\&" } else { "" })?;
+        }
+        writeln!(out, ".fi")?;
+    }
+    man.render_extra_section(&mut out)?;
+    man.render_version_section(&mut out)?;
+    Ok(())
+}
+
+fn run_mount(m: MountArgs) -> ExitCode {
+    let mut options = options::MountOptions::default();
+    for text in &m.options {
+        if let Err(e) = options::parse_mount_options(text, &mut options) {
+            return usage_error(e);
         }
     }
-    let [target] = targets.as_slice() else {
-        return usage_error(UsageError("umount takes one MOUNTPOINT".into()));
-    };
+    match options::mount_request(m.backing_dir, m.mountpoint, options, m.foreground) {
+        Ok(request) => daemon::run_mount(request),
+        Err(e) => usage_error(e),
+    }
+}
+
+fn run_umount(target: &Path, lazy: bool) -> ExitCode {
     let (mount_point, backing) = match backing_of_mount(target) {
         Ok(found) => found,
         Err(message) => return fail(message),
@@ -130,8 +250,8 @@ fn run_umount(args: &[String]) -> ExitCode {
 }
 
 /// The mount's backing directory, from /proc/self/mountinfo, or a message why there is none.
-fn backing_of_mount(target: &str) -> Result<(PathBuf, PathBuf), String> {
-    let mount_point = mounts::absolute(Path::new(target));
+fn backing_of_mount(target: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let mount_point = mounts::absolute(target);
     let info = mounts::mount_at(&mount_point).ok_or_else(|| format!("{} is not mounted", mount_point.display()))?;
     if info.fs_type != mounts::FS_TYPE {
         return Err(format!("{} is a {} mount, not coalescefs", mount_point.display(), info.fs_type));
@@ -139,14 +259,8 @@ fn backing_of_mount(target: &str) -> Result<(PathBuf, PathBuf), String> {
     Ok((mount_point, PathBuf::from(info.source)))
 }
 
-fn run_recover(args: &[String]) -> ExitCode {
-    let (backing, state_dir, log_path) = match args {
-        [backing] => (backing, None, None),
-        [backing, flag, path] if flag == "--log" => (backing, None, Some(PathBuf::from(path))),
-        [backing, flag, path] if flag == "--state" => (backing, Some(PathBuf::from(path)), None),
-        _ => return usage_error(UsageError("recover takes BACKING_DIR [--state DIR | --log PATH]".into())),
-    };
-    let backing = match mounts::check_backing_dir(std::path::Path::new(backing), false) {
+fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<PathBuf>) -> ExitCode {
+    let backing = match mounts::check_backing_dir(backing, false) {
         Ok(path) => path,
         Err(message) => return fail(message),
     };
@@ -200,10 +314,7 @@ fn run_recover(args: &[String]) -> ExitCode {
     }
 }
 
-fn run_sync(args: &[String]) -> ExitCode {
-    let [target] = args else {
-        return usage_error(UsageError("sync takes one MOUNTPOINT".into()));
-    };
+fn run_sync(target: &Path) -> ExitCode {
     let (mount_point, backing) = match backing_of_mount(target) {
         Ok(found) => found,
         Err(message) => return fail(message),
@@ -217,19 +328,15 @@ fn run_sync(args: &[String]) -> ExitCode {
     }
 }
 
-fn run_stats(args: &[String]) -> ExitCode {
-    let prometheus = args.iter().any(|a| a == "--prometheus");
-    let targets: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    let [target] = targets.as_slice() else {
-        return usage_error(UsageError("stats takes one MOUNTPOINT".into()));
-    };
+fn run_stats(target: &Path, prometheus: bool) -> ExitCode {
     let (mount_point, backing) = match backing_of_mount(target) {
         Ok(found) => found,
         Err(message) => return fail(message),
     };
     match control::ask(&runtime::RuntimeDir::of(&backing).socket_path(), if prometheus { "metrics" } else { "stats" }) {
         Ok(answer) => {
-            print!("{answer}");
+            // A reader that stops early (`| head`) is not an error.
+            let _ = std::io::stdout().write_all(answer.as_bytes());
             ExitCode::SUCCESS
         }
         Err(e) => fail(format!("the daemon of {} does not answer: {e}", mount_point.display())),

@@ -358,6 +358,17 @@ pub fn parse_mount_args(args: &[String]) -> Result<MountRequest, UsageError> {
     if positional.len() != 2 {
         return Err(UsageError(format!("expected BACKING_DIR and MOUNTPOINT, got {} argument(s)", positional.len())));
     }
+    mount_request(PathBuf::from(&positional[0]), PathBuf::from(&positional[1]), options, foreground)
+}
+
+/// The arguments of `mount` once parsed (by the command line, or `parse_mount_args`), with
+/// the checks that take several options together.
+pub fn mount_request(
+    backing_dir: PathBuf,
+    mount_point: PathBuf,
+    options: MountOptions,
+    foreground: bool,
+) -> Result<MountRequest, UsageError> {
     if options.allow_other && options.allow_root {
         return Err(UsageError("allow_other and allow_root exclude each other".into()));
     }
@@ -381,12 +392,7 @@ pub fn parse_mount_args(args: &[String]) -> Result<MountRequest, UsageError> {
             )));
         }
     }
-    Ok(MountRequest {
-        backing_dir: PathBuf::from(&positional[0]),
-        mount_point: PathBuf::from(&positional[1]),
-        foreground,
-        options,
-    })
+    Ok(MountRequest { backing_dir, mount_point, foreground, options })
 }
 
 #[cfg(test)]
