@@ -166,8 +166,11 @@ impl Filesystem for FuseAdapter {
             // two round trips per write instead of one. The price is that clearing
             // set-user-ID/set-group-ID after unprivileged writes and truncates is ours.
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2
-            // O_TRUNC arrives with the open, so the engine sees a file emptied on open as empty.
-            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            // Not FUSE_ATOMIC_O_TRUNC: with it, an O_RDONLY|O_TRUNC open reaches the daemon
+            // before the kernel checks write access, so a running executable was truncated
+            // although the open then failed with ETXTBSY (pjdfstest's open::etxtbsy caught
+            // the program dying as its pages went). The kernel sends the truncate as a setattr
+            // after its checks.
             // Link targets stay in the page cache (only this mount changes them).
             | InitFlags::FUSE_CACHE_SYMLINKS;
         match self.engine.page_cache() {

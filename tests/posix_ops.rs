@@ -578,3 +578,36 @@ fn times_set_between_the_last_write_and_close_survive_the_flush() {
         assert!(fs::metadata(m.path("small")).unwrap().mtime() > 1_600_000_000, "writeback_cache={mode}");
     }
 }
+
+/// A program running from the mount: every open that would change it fails with ETXTBSY, and
+/// none changes a byte. O_RDONLY|O_TRUNC is the subtle one: the kernel checks write access only
+/// after the file system's open, so a file system that truncates in its open (FUSE's
+/// atomic_o_trunc) emptied the program on the backend though the open failed, and the program
+/// died at its next page read (pjdfstest's open::etxtbsy, now and then).
+#[test]
+fn a_running_program_is_neither_opened_for_writing_nor_truncated() {
+    let m = TestMount::new();
+    let program = m.path("sleeper");
+    fs::copy("/bin/sleep", &program).unwrap();
+    fs::set_permissions(&program, fs::Permissions::from_mode(0o755)).unwrap();
+    let original = fs::read("/bin/sleep").unwrap();
+    let mut child = Command::new(&program).arg("30").spawn().unwrap();
+    for flags in [libc::O_WRONLY, libc::O_RDWR, libc::O_RDONLY | libc::O_TRUNC] {
+        let fd = unsafe { libc::open(cstr(&program).as_ptr(), flags) };
+        let err = errno();
+        if fd >= 0 {
+            unsafe { libc::close(fd) };
+        }
+        assert_eq!((fd, err), (-1, libc::ETXTBSY), "open flags {flags:#x}");
+        assert!(fs::read(m.backing_path("sleeper")).unwrap() == original, "flags {flags:#x} changed the program");
+    }
+    assert!(child.try_wait().unwrap().is_none(), "the program still runs");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Not running any more: O_TRUNC truncates, through the kernel's setattr.
+    let fd = unsafe { libc::open(cstr(&program).as_ptr(), libc::O_RDONLY | libc::O_TRUNC) };
+    assert!(fd >= 0, "errno {}", errno());
+    unsafe { libc::close(fd) };
+    assert_eq!(fs::metadata(&program).unwrap().len(), 0);
+    assert_eq!(fs::metadata(m.backing_path("sleeper")).unwrap().len(), 0);
+}

@@ -52,7 +52,7 @@ impl Engine {
     /// |---|---|
     /// | O_NOFOLLOW, O_DIRECTORY | the kernel resolved the path (O_NOFOLLOW on the store's reopen made SQLite's and rsync's opens fail with ELOOP) |
     /// | O_CREAT, O_EXCL, O_NOCTTY, O_TMPFILE | the kernel's (create is its own request) |
-    /// | O_TRUNC | FUSE_ATOMIC_O_TRUNC: the engine truncates through the write buffer |
+    /// | O_TRUNC | the kernel truncates with a setattr after its own checks (ETXTBSY); an O_TRUNC the engine is given (in-process callers) truncates through the write buffer |
     /// | O_APPEND | the kernel sends the offset; Linux pwrite on an O_APPEND file would ignore it |
     /// | O_SYNC, O_DSYNC | the engine makes such writes durable (through the log or the store) |
     /// | O_DIRECT | the engine chooses how units reach the store |

@@ -95,7 +95,8 @@ pub struct LogSetup {
 /// file system exists to avoid. `Auto` takes the cache where that cannot happen: a handle
 /// opened for writing bypasses the page cache (FOPEN_DIRECT_IO, so every write reaches the
 /// write buffer as it was made) when the file already holds data, and uses it when the file
-/// is new, empty, truncated on open or only allocated. Readers always use the cache. All
+/// is new, empty or only allocated (an O_TRUNC open over data is truncated after the open, by
+/// the kernel's setattr, so it counts as holding data). Readers always use the cache. All
 /// writable handles of one file share one choice while any is open, so cached and uncached
 /// writes never mix on a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
