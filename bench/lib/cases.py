@@ -4,7 +4,7 @@ its table, as (label, run) pairs; run(work) measures one repetition in the scrat
 """
 import json, os, sys, time
 
-from stores import REPO, Store, System, WriteTrace, cleanups, cleanups_global, diskstats, measured, sh
+from stores import REPO, Store, System, WriteTrace, cleanups, cleanups_global, diskstats, drop_caches, measured, sh
 
 
 def fio(path, **params):
@@ -116,6 +116,74 @@ def case_smallfiles(sizes_kib, quick, systems=None, patterns=("8k", "one", "rena
             return rows
         return run
     return [(name, run_for(name, opts)) for name, opts in systems]
+
+
+PERFILE_PATTERNS = ("new-8k", "new-one", "rename-8k", "rename-one", "trunc-8k", "trunc-one")
+
+
+def case_perfile(sizes_kib, quick, sectors=(512, 4096), systems=None):
+    """Seed 000's own method, one file at a time: `sync`, drop caches, read the device's
+    counters; write the file as `dd` does (8 KiB pieces, or one write) and close it, no fsync;
+    `sync`, drop caches, read again. Six patterns: a new file, tmp + rename over an existing
+    file, and an existing file rewritten in place with O_TRUNC, each in 8 KiB pieces and in one
+    write. The median file's device bytes per (size, pattern), on a device of 512-byte and of
+    4 KiB sectors. `sync` does not reach a FUSE daemon: for coalescefs the close is the only
+    durability point it sees, and what the backing file system writes at `sync` is counted."""
+    systems = systems or [("native", []), ("coalescefs", []), ("coalescefs+log", ["log=on"])]
+    files = 3 if quick else 7
+
+    def write_one(path, name, data, pattern):
+        kind, pieces = pattern.split("-")
+        target = os.path.join(path, name)
+        written = target + ".tmp" if kind == "rename" else target
+        step = 8192 if pieces == "8k" else max(len(data), 1)
+        fd = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for off in range(0, len(data), step):
+                os.write(fd, data[off:off + step])
+        finally:
+            os.close(fd)
+        if kind == "rename":
+            os.rename(written, target)
+
+    def run_for(name, opts, sector):
+        def run(work):
+            total_mib = sum(2 * files * k for k in sizes_kib) * len(PERFILE_PATTERNS) // 1024
+            store = Store(work, 256 + total_mib, sector)
+            rows = {}
+            for kib in sizes_kib:
+                data = os.urandom(kib * 1024)
+                for pattern in PERFILE_PATTERNS:
+                    system = System("coalescefs" if name.startswith("coalescefs") else name, store, opts)
+                    system.mount()
+                    names = [f"f{kib}-{pattern}-{i}" for i in range(files)]
+                    if not pattern.startswith("new"):
+                        # Rename and rewrite in place act on files that exist, as an editor's or
+                        # pmxcfs's do, made before the mount that is measured.
+                        for n in names:
+                            with open(os.path.join(system.path, n), "wb") as f:
+                                f.write(os.urandom(kib * 1024))
+                        system.unmount(); cleanups.remove(system.unmount)
+                        system.mount()
+                    per_file = []
+                    t0 = time.monotonic()
+                    for n in names:
+                        os.sync(); drop_caches()
+                        before = diskstats(store.dev)
+                        write_one(system.path, n, data, pattern)
+                        os.sync(); drop_caches()
+                        per_file.append(diskstats(store.dev)["write_bytes"] - before["write_bytes"])
+                    elapsed = time.monotonic() - t0
+                    engine = system.stats()
+                    system.unmount(); cleanups.remove(system.unmount)
+                    per_file.sort()
+                    rows[f"{kib}K/{pattern}"] = {"seconds": elapsed, "write_bytes": per_file[len(per_file) // 2],
+                                                 "per_file": per_file, "app_bytes": kib * 1024, "sector": sector,
+                                                 "read_bytes_during_work": 0, "engine": engine}
+            store.close(); cleanups.remove(store.close)
+            return rows
+        return run
+    return [(f"{name} | {sector}", run_for(name, opts, sector)) for sector in sectors for name, opts in systems]
 
 
 APPS_DIR = os.path.join(REPO, "tests", "apps")

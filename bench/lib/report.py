@@ -151,6 +151,29 @@ def smallfiles_table(c, pattern_filter=None):
     return lines
 
 
+def perfile_tables(c):
+    """Seed 000's per-file method: KiB of device writes for one file, per pattern and size, on
+    each sector size; the floor is the file rounded up to the sector plus one sector (the
+    bytes and one record naming them)."""
+    pf = c["perfile"]
+    systems = list(dict.fromkeys(label.split(" | ")[0] for label in pf))
+    sectors = sorted({int(label.split(" | ")[1]) for label in pf})
+    lines = []
+    for sector in sectors:
+        rows = list(pf[f"{systems[0]} | {sector}"].keys())
+        patterns = list(dict.fromkeys(r.split("/")[1] for r in rows))
+        sizes = list(dict.fromkeys(int(r.split("K/")[0]) for r in rows))
+        lines += ["", f"Device of {sector}-byte sectors, KiB written per file (median; the floor is the file "
+                  "rounded up to a sector, plus one sector):", ""]
+        header = "| size | floor | " + " | ".join(f"{p}: {s}" for p in patterns for s in systems) + " |"
+        lines += [header, "|---" * (2 + len(patterns) * len(systems)) + "|"]
+        for kib in sizes:
+            floor = (-(-kib * 1024 // sector) * sector + sector) / 1024
+            cells = [f"{pf[f'{s} | {sector}'][f'{kib}K/{p}']['write_bytes'] / 1024:.0f}" for p in patterns for s in systems]
+            lines.append(f"| {kib} KiB | {floor:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
 # Issue 4's figures for seed 000's workload (device bytes / file bytes), new files in 8 KiB pieces.
 SMALLFILE_LIMITS = {1: 12, 4: 3.5, 128: 1.4, 1024: 1.05}
 
@@ -251,6 +274,8 @@ def summary(results):
     """What the README shows: the targets, and one line per seed."""
     c = results["cases"]
     lines = targets(results)
+    if "perfile" in c:
+        lines += ["", "Seed 000, one file at a time (the seed's method, no fsync):"] + perfile_tables(c)
     if "smallfiles" in c:
         lines += ["", "Seed 000, new files in 8 KiB pieces then fsync, device bytes / file bytes:", ""] + smallfiles_table(c, "8k")
         lines += ["", "Seed 000 with the intent log, against the intent log issue's figures:", ""] + smallfiles_targets(c)
@@ -328,6 +353,13 @@ def render(results, plots):
                          f"| {ratio(r, 'write_bytes', r['app_bytes'])} | {r['read_bytes_during_work']} | "
                          + " | ".join(f"{lat.get(k, 0):.0f}" for k in ("p50", "p99", "p99.9", "max")) + " |")
         lines += ["", plot_link(plots, "rand512"), ""]
+    if "perfile" in c:
+        lines += ["## Seed 000, one file at a time: the seed's own method", "",
+                  "Per file: `sync`, drop caches, read `/proc/diskstats` of the store's loop device; write the file "
+                  "(8 KiB pieces as `dd bs=8k` does, or one write) and close it, without fsync; `sync`, drop caches, "
+                  "read again. A new file; a temporary file renamed over an existing one; an existing file rewritten "
+                  "in place with O_TRUNC. `sync` does not reach a FUSE daemon (the kernel sends it no syncfs): "
+                  "coalescefs's own durability point is the close."] + perfile_tables(c) + [""]
     if "smallfiles" in c:
         lines += ["## Seed 000: new files written then fsynced, device bytes / file bytes", "",
                   "Per size, N new files (200 up to 16 KiB, 50 up to 256 KiB, 20 at 1 MiB), each written in 8 KiB pieces, "
