@@ -417,8 +417,8 @@ impl Writeback {
 
     /// At unmount: every file's buffered data written and synced, each given `io_timeout`
     /// without progress at most (so a backend that answers nothing cannot hold the daemon);
-    /// then the last checkpoint; then the threads stopped. Returns what could not be written,
-    /// per file, once (later calls return the same).
+    /// then the last checkpoint (without the log, a sync of the backend); then the threads
+    /// stopped. Returns what could not be written, per file, once (later calls return the same).
     pub fn shut_down(&self) -> Vec<Unwritten> {
         let mut report = lock(&self.shut_down_report);
         if let Some(done) = &*report {
@@ -453,8 +453,14 @@ impl Writeback {
             self.metrics.unmount_dropped_bytes.fetch_add(bytes, Relaxed);
             unwritten.push(Unwritten { name, bytes, in_log, error: e });
         }
-        if let Err(e) = self.checkpoint() {
-            log::error!("the last checkpoint failed ({e}); the next mount replays the intent log");
+        // A clean unmount is a durability point, as a native file system's: what was written
+        // survives a power cut after `umount` returns (with the log, the checkpoint's sync).
+        if self.log.is_some() {
+            if let Err(e) = self.checkpoint() {
+                log::error!("the last checkpoint failed ({e}); the next mount replays the intent log");
+            }
+        } else if let Err(e) = self.sync_backend() {
+            log::error!("syncing the backend at unmount failed ({e}): what was written may not survive a power cut");
         }
         self.stopping.store(true, Relaxed);
         self.queue_ready.notify_all();
