@@ -52,19 +52,30 @@ impl NodeFds {
         self.cache().get(&id).cloned()
     }
 
+    // Descriptors leave the cache under its lock but are closed after it: the close of a
+    // deleted file's last descriptor is where the backing file system frees its inode and
+    // blocks, which must not stall every other node behind the lock.
+
     fn insert(&self, id: u64, fd: Arc<OwnedFd>) {
+        let mut evicted = Vec::new();
         let mut cache = self.cache();
-        cache.put(id, fd);
+        if let Some(replaced) = cache.put(id, fd) {
+            evicted.push(replaced);
+        }
         while cache.len() > self.capacity {
-            cache.pop_lru();
+            evicted.extend(cache.pop_lru().map(|(_, fd)| fd));
         }
         self.metrics.node_fds_open.store(cache.len() as u64, Ordering::Relaxed);
+        drop(cache);
+        drop(evicted);
     }
 
     fn forget(&self, id: u64) {
         let mut cache = self.cache();
-        cache.pop(&id);
+        let closing = cache.pop(&id);
         self.metrics.node_fds_open.store(cache.len() as u64, Ordering::Relaxed);
+        drop(cache);
+        drop(closing);
     }
 
     /// The process ran out of descriptors (files the applications hold open count too): half
@@ -72,10 +83,10 @@ impl NodeFds {
     fn shed_half(&self) -> usize {
         let mut cache = self.cache();
         let shed = cache.len().div_ceil(2);
-        for _ in 0..shed {
-            cache.pop_lru();
-        }
+        let closing: Vec<_> = (0..shed).filter_map(|_| cache.pop_lru()).collect();
         self.metrics.node_fds_open.store(cache.len() as u64, Ordering::Relaxed);
+        drop(cache);
+        drop(closing);
         shed
     }
 }

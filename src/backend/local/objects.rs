@@ -91,7 +91,11 @@ impl ObjectTable {
             let slot = table.by_id.get_mut(&id).expect("by_key and by_id agree");
             if slot.object.node.is_same_object(&node) {
                 slot.lookups += 1;
-                return slot.object.clone();
+                let known = slot.object.clone();
+                drop(table);
+                // Closing the new node's descriptor happens outside the lock.
+                drop(node);
+                return known;
             }
             number_taken = true;
         }
@@ -133,6 +137,11 @@ impl ObjectTable {
             if table.by_key.get(&slot.object.key) == Some(&id) {
                 table.by_key.remove(&slot.object.key);
             }
+            drop(table);
+            // The last reference to a deleted file closes its descriptor, and the backing
+            // file system frees the inode in that close (blocks, bitmaps): slow work that
+            // must not hold every other lookup and getattr behind this lock.
+            drop(slot);
         }
     }
 
