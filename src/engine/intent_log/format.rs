@@ -45,32 +45,17 @@ const BATCH_CRC_AT: usize = 36;
 const FLAG_WRAP: u32 = 1;
 const RECORD_HEADER_BYTES: usize = 8;
 
-/// crc32c (Castagnoli), as ext4, iSCSI and BlueStore use; table-driven, one byte at a time.
+/// crc32c (Castagnoli), as ext4, iSCSI and BlueStore use. Every log byte goes through it, so
+/// it is the `crc32c` crate's, which uses the CPU's instruction (SSE 4.2, ARMv8 CRC) where
+/// there is one: ~26 GB/s here against the 0.5 GB/s of the table-driven loop it replaced, which
+/// took 140 of the 310 us a 64 KiB commit cost (now 4.5 of 157; `examples/log_commit.rs`).
 pub fn crc32c(bytes: &[u8]) -> u32 {
-    crc32c_extend(0, bytes)
+    crc32c::crc32c(bytes)
 }
 
+/// The crc32c of what `crc` covered followed by `bytes`.
 fn crc32c_extend(crc: u32, bytes: &[u8]) -> u32 {
-    const TABLE: [u32; 256] = {
-        let mut table = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut c = i as u32;
-            let mut k = 0;
-            while k < 8 {
-                c = if c & 1 != 0 { (c >> 1) ^ 0x82F6_3B78 } else { c >> 1 };
-                k += 1;
-            }
-            table[i] = c;
-            i += 1;
-        }
-        table
-    };
-    let mut c = !crc;
-    for &b in bytes {
-        c = TABLE[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8);
-    }
-    !c
+    crc32c::crc32c_append(crc, bytes)
 }
 
 fn u32_at(bytes: &[u8], at: usize) -> u32 {
