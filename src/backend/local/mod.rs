@@ -10,7 +10,8 @@
 //!
 //! Must not: decide anything (caching, flushing, hiding the daemon's state): the engine does.
 
-mod aio;
+// Public for examples/aio_vs_uring.rs, which measures it against io_uring.
+pub mod aio;
 pub mod data;
 pub mod geometry;
 pub mod nodes;
