@@ -17,6 +17,9 @@ use coalescefs::backend::local::aio;
 
 const MAX_IN_FLIGHT: usize = 128;
 
+/// `(bytes, offset)` pieces, as `aio::write_many_at` takes them.
+type Pieces<'a> = Vec<(&'a [u8], u64)>;
+
 /// The same contract as `aio::write_many_at`, on an io_uring of MAX_IN_FLIGHT entries.
 fn uring_write_many_at(ring: &mut io_uring::IoUring, fd: i32, pieces: &[(&[u8], u64)]) -> Vec<std::io::Result<()>> {
     let mut results: Vec<Option<std::io::Result<()>>> = (0..pieces.len()).map(|_| None).collect();
@@ -77,7 +80,7 @@ fn main() {
     }
     let mut ring = io_uring::IoUring::new(MAX_IN_FLIGHT as u32).expect("io_uring_setup");
 
-    let shapes: Vec<(&str, Vec<(&[u8], u64)>)> = vec![
+    let shapes: Vec<(&str, Pieces)> = vec![
         ("256 x 512 B over 1 MiB", (0..256u64).map(|i| (&unit[..512], (i * 4093 % 2048) * 512)).collect()),
         ("64 x 4 KiB over 1 MiB", (0..64u64).map(|i| (&unit[..4096], (i * 37 % 256) * 4096)).collect()),
         ("4 x 1 MiB", (0..4u64).map(|i| (&unit[..1 << 20], i << 20)).collect()),
