@@ -37,7 +37,7 @@ pub fn serve_control_socket(
 
 fn answer_control(
     stream: UnixStream,
-    metrics: &Metrics,
+    metrics: &Arc<Metrics>,
     sync_all: &SyncAll,
     faults: Option<&Faults>,
 ) -> std::io::Result<()> {
@@ -76,6 +76,8 @@ pub fn ask(socket: &Path, command: &str) -> std::io::Result<String> {
 }
 
 /// Binds before the mount is reported ready, so a busy port fails the mount with a message.
+/// One fixed document per connection, whatever was asked: a few lines of HTTP rather than an
+/// HTTP stack and an async runtime in the daemon for it.
 pub fn serve_prometheus(address: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
     let listener = TcpListener::bind(address)?;
     std::thread::Builder::new().name("metrics".into()).spawn(move || {
@@ -86,7 +88,7 @@ pub fn serve_prometheus(address: SocketAddr, metrics: Arc<Metrics>) -> std::io::
             let _ = (&stream).read(&mut request);
             let body = metrics.render_prometheus();
             let response = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
             let _ = (&stream).write_all(response.as_bytes());

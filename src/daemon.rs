@@ -201,6 +201,53 @@ fn log_setup(
     Ok(Some(engine::LogSetup { device, created }))
 }
 
+/// The options as the mount runs with them, defaults and discoveries resolved (the unit the
+/// device gave, the log's file): what `coalescefs_mount_info` shows.
+fn options_in_effect(
+    opts: &MountOptions,
+    capabilities: &Capabilities,
+    backing: &Path,
+    mount_point: &Path,
+    state: &StateDir,
+    max_write: u64,
+) -> Vec<(String, String)> {
+    let page_cache = match opts.writeback_cache {
+        engine::PageCache::Auto => "auto",
+        engine::PageCache::On => "on",
+        engine::PageCache::Off => "off",
+    };
+    let backend = match opts.backend {
+        BackendKind::Local => "local",
+        BackendKind::Null => "null",
+    };
+    let log = log_path(opts, state).map(|p| p.display().to_string()).unwrap_or_else(|| "off".into());
+    let metrics = opts.metrics_address.map(|a| a.to_string()).unwrap_or_else(|| "off".into());
+    [
+        ("backing", backing.display().to_string()),
+        ("mountpoint", mount_point.display().to_string()),
+        ("backend", backend.to_string()),
+        ("unit_bytes", capabilities.unit_bytes.to_string()),
+        ("logical_block_bytes", capabilities.logical_block_bytes.to_string()),
+        ("buffer_bytes", opts.buffer_bytes.to_string()),
+        ("flushers", opts.flushers.to_string()),
+        ("flush_age_ms", opts.flush_age.as_millis().to_string()),
+        ("writeback_cache", page_cache.to_string()),
+        ("max_write_bytes", max_write.to_string()),
+        ("log", log),
+        ("log_size_bytes", if opts.log == LogPlace::Off { "0".into() } else { opts.log_size_bytes.to_string() }),
+        ("checkpoint_interval_ms", opts.checkpoint_interval.as_millis().to_string()),
+        ("log_threshold_bytes", opts.log_threshold_bytes.to_string()),
+        ("log_threshold_new_bytes", opts.log_threshold_new_bytes.to_string()),
+        ("cache_timeout_ms", opts.cache_timeout.as_millis().to_string()),
+        ("io_timeout_ms", opts.io_timeout.as_millis().to_string()),
+        ("read_only", opts.read_only.to_string()),
+        ("metrics", metrics),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
 /// The daemon proper (also in the foreground): runs until unmounted, then tears down.
 fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> ExitCode {
     let Prepared { backing, mount_point, runtime, metrics, backend, state } = prepared;
@@ -245,6 +292,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
     };
     let max_write = opts.max_write_bytes.unwrap_or(capabilities.unit_bytes).min(fuse::MAX_WRITE_BYTES_LIMIT);
+    metrics.set_mount_options(options_in_effect(opts, &capabilities, &backing, &mount_point, &state, max_write));
     let adapter = fuse::FuseAdapter::new(engine.clone(), metrics.clone(), max_write as u32, opts.cache_timeout);
     let session = match start_session(adapter, &backing, &mount_point, opts) {
         Ok(session) => session,

@@ -74,11 +74,17 @@ enum Command {
         mountpoint: PathBuf,
     },
     /// Print the mount's counters (bytes, requests, sizes, the log, write amplification)
-    #[command(after_help = "Example:\n  coalescefs stats /mnt/data | grep amplification")]
+    #[command(
+        after_help = "Examples:\n  coalescefs stats /mnt/data | grep amplification\n  coalescefs stats --watch 5 /mnt/data"
+    )]
     Stats {
-        /// The Prometheus text format instead
-        #[arg(long)]
+        /// The Prometheus (OpenMetrics) text format instead
+        #[arg(long, conflicts_with = "watch")]
         prometheus: bool,
+        /// One line every SECONDS of what happened since the last: application, backend and log
+        /// MiB/s, the amplification of that interval, fsyncs, FUSE requests, buffer in use
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2")]
+        watch: Option<f64>,
         /// Where it is mounted
         mountpoint: PathBuf,
     },
@@ -153,7 +159,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Mount(m) => run_mount(m),
         Command::Umount { lazy, mountpoint } => run_umount(&mountpoint, lazy),
-        Command::Stats { prometheus, mountpoint } => run_stats(&mountpoint, prometheus),
+        Command::Stats { prometheus, watch: None, mountpoint } => run_stats(&mountpoint, prometheus),
+        Command::Stats { watch: Some(seconds), mountpoint, .. } => watch_stats(&mountpoint, seconds),
         Command::Sync { mountpoint } => run_sync(&mountpoint),
         Command::Recover { backing_dir, state, log } => run_recover(&backing_dir, state, log),
         Command::Completions { shell } => {
@@ -326,6 +333,84 @@ fn run_sync(target: &Path) -> ExitCode {
         }
         Err(e) => fail(format!("the daemon of {} does not answer: {e}", mount_point.display())),
     }
+}
+
+/// `stats --watch`: a line per interval, until interrupted or the mount goes away.
+fn watch_stats(target: &Path, seconds: f64) -> ExitCode {
+    if !(seconds.is_finite() && seconds >= 0.1) {
+        return usage_error(UsageError(format!("--watch {seconds}: give an interval of at least 0.1 seconds")));
+    }
+    let (mount_point, backing) = match backing_of_mount(target) {
+        Ok(found) => found,
+        Err(message) => return fail(message),
+    };
+    let socket = runtime::RuntimeDir::of(&backing).socket_path();
+    let sample = || -> Result<std::collections::HashMap<String, f64>, String> {
+        let answer = control::ask(&socket, "stats")
+            .map_err(|e| format!("the daemon of {} does not answer: {e}", mount_point.display()))?;
+        Ok(answer
+            .lines()
+            .filter_map(|l| {
+                let mut words = l.split_whitespace();
+                let (name, value) = (words.next()?, words.next()?);
+                words.next().is_none().then(|| Some((name.to_string(), value.parse().ok()?))).flatten()
+            })
+            .collect())
+    };
+    let mut out = std::io::stdout();
+    let mut before = match sample() {
+        Ok(s) => s,
+        Err(message) => return fail(message),
+    };
+    let header = format!(
+        "{:>8} {:>10} {:>10} {:>10} {:>13} {:>9} {:>10} {:>10}",
+        "time", "app MiB/s", "store MiB/s", "log MiB/s", "amplification", "fsyncs/s", "FUSE req/s", "buffer MiB"
+    );
+    if writeln!(out, "{header}").is_err() {
+        return ExitCode::SUCCESS;
+    }
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs_f64(seconds));
+        let now = match sample() {
+            Ok(s) => s,
+            Err(message) => return fail(message),
+        };
+        let delta = |name: &str| now.get(name).copied().unwrap_or(0.0) - before.get(name).copied().unwrap_or(0.0);
+        let requests: f64 = now
+            .keys()
+            .filter(|k| k.starts_with("fuse_") && k.ends_with("_total") && !k.ends_with("_busy_us_total"))
+            .map(|k| delta(k))
+            .sum();
+        let (app, store, log) = (
+            delta("application_write_bytes_total"),
+            delta("backend_write_bytes_total"),
+            delta("log_write_bytes_total"),
+        );
+        let amplification = if app > 0.0 { format!("{:.3}", (store + log) / app) } else { "-".to_string() };
+        let mib_s = |bytes: f64| bytes / seconds / (1 << 20) as f64;
+        let line = format!(
+            "{:>8} {:>10.1} {:>10.1} {:>10.1} {:>13} {:>9.0} {:>10.0} {:>10.1}",
+            clock_now(),
+            mib_s(app),
+            mib_s(store),
+            mib_s(log),
+            amplification,
+            delta("fuse_fsync_total") / seconds,
+            requests / seconds,
+            now.get("buffer_bytes_used").copied().unwrap_or(0.0) / (1 << 20) as f64
+        );
+        // A reader that stops (`| head`) ends the watch without an error.
+        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+            return ExitCode::SUCCESS;
+        }
+        before = now;
+    }
+}
+
+/// HH:MM:SS, UTC, for `stats --watch` lines.
+fn clock_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    format!("{:02}:{:02}:{:02}", secs / 3600 % 24, secs / 60 % 60, secs % 60)
 }
 
 fn run_stats(target: &Path, prometheus: bool) -> ExitCode {

@@ -22,15 +22,43 @@ pub fn bucket_upper_bytes(bucket: usize) -> u64 {
 #[derive(Default)]
 pub struct Histogram {
     counts: [AtomicU64; SIZE_BUCKETS],
+    /// Bytes of every request recorded: Prometheus's `_sum`.
+    sum: AtomicU64,
 }
 
 impl Histogram {
     pub fn record(&self, bytes: u64) {
         self.counts[size_bucket(bytes)].fetch_add(1, Relaxed);
+        self.sum.fetch_add(bytes, Relaxed);
     }
     pub fn counts(&self) -> [u64; SIZE_BUCKETS] {
         std::array::from_fn(|i| self.counts[i].load(Relaxed))
     }
+    pub fn sum(&self) -> u64 {
+        self.sum.load(Relaxed)
+    }
+}
+
+/// Bytes in binary units with one decimal: "0 B", "512 B", "1.5 KiB", "12.0 MiB".
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// Whether a number only grows (a counter) or goes up and down (a gauge).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    Counter,
+    Gauge,
 }
 
 /// The kinds of FUSE request the adapter serves: what a workload costs in round trips.
@@ -194,6 +222,8 @@ pub struct Metrics {
     pub fuse_requests: FuseRequests,
     /// The daemon's process id, for tools that signal it.
     pub daemon_pid: AtomicU64,
+    /// The options the mount runs with (`set_mount_options`).
+    mount_options: std::sync::OnceLock<Vec<(String, String)>>,
 }
 
 impl Metrics {
@@ -214,6 +244,8 @@ impl Metrics {
         }
     }
 
+    /// (name, help, value) of every plain number; counters are the names ending in `_total`
+    /// and the flush latency sum.
     fn scalars(&self) -> Vec<(&'static str, &'static str, u64)> {
         vec![
             ("application_write_bytes_total", "Bytes applications wrote", self.application_write_bytes.load(Relaxed)),
@@ -243,7 +275,11 @@ impl Metrics {
             ("units_flushed_full_total", "Units flushed whole", self.units_flushed_full.load(Relaxed)),
             ("units_flushed_partial_total", "Units flushed as dirty ranges", self.units_flushed_partial.load(Relaxed)),
             ("flush_errors_total", "Unit flushes the backend refused", self.flush_errors.load(Relaxed)),
-            ("flush_latency_us_sum", "Sum of unit flush latencies", self.flush_latency_us_sum.load(Relaxed)),
+            (
+                "flush_latency_us_sum",
+                "Microseconds spent flushing units, summed (over units_flushed: the mean)",
+                self.flush_latency_us_sum.load(Relaxed),
+            ),
             ("flush_latency_us_max", "Longest unit flush", self.flush_latency_us_max.load(Relaxed)),
             ("buffer_bytes_used", "Write buffer memory in use", self.buffer_bytes_used.load(Relaxed)),
             ("buffer_bytes_limit", "Write buffer memory bound", self.buffer_bytes_limit.load(Relaxed)),
@@ -282,9 +318,22 @@ impl Metrics {
         ]
     }
 
-    /// What `coalescefs stats` prints.
+    /// What `coalescefs stats` prints: a summary in human units, the options the mount runs
+    /// with, then every number by its name (the names carry their units).
     pub fn render_text(&self) -> String {
         let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "write amplification {:.3}: applications wrote {}; the daemon wrote {} to the backend and {} to the intent log",
+            self.amplification(),
+            human_bytes(self.application_write_bytes.load(Relaxed)),
+            human_bytes(self.backend_write_bytes.load(Relaxed)),
+            human_bytes(self.log_write_bytes.load(Relaxed)),
+        );
+        if let Some(options) = self.mount_options.get() {
+            let listed: Vec<String> = options.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = writeln!(out, "options: {}", listed.join(" "));
+        }
         for (name, _, value) in self.scalars() {
             let _ = writeln!(out, "{name:<40} {value}");
         }
@@ -306,40 +355,112 @@ impl Metrics {
         out
     }
 
-    /// The Prometheus text exposition format.
-    pub fn render_prometheus(&self) -> String {
+    /// The mount's options as it runs with them (the unit it found, the log's path), for the
+    /// `mount_info` metric. Set once, at mount.
+    pub fn set_mount_options(&self, options: Vec<(String, String)>) {
+        let _ = self.mount_options.set(options);
+    }
+
+    fn kind_of(name: &str) -> Kind {
+        if name.ends_with("_total") || name == "flush_latency_us_sum" {
+            Kind::Counter
+        } else {
+            Kind::Gauge
+        }
+    }
+
+    /// The OpenMetrics text format (which Prometheus scrapes), encoded by `prometheus-client`:
+    /// counters end in `_total`, histograms have `_bucket`, `_sum` and `_count`, and the
+    /// options the mount runs with are `coalescefs_mount_info`'s labels.
+    pub fn render_prometheus(self: &std::sync::Arc<Self>) -> String {
+        let mut registry = prometheus_client::registry::Registry::with_prefix("coalescefs");
+        registry.register_collector(Box::new(Exposition(self.clone())));
         let mut out = String::new();
-        for (name, help, value) in self.scalars() {
-            let kind = if name.ends_with("_total") || name.ends_with("_sum") { "counter" } else { "gauge" };
-            let _ = writeln!(
-                out,
-                "# HELP coalescefs_{name} {help}\n# TYPE coalescefs_{name} {kind}\ncoalescefs_{name} {value}"
-            );
-        }
-        let _ = writeln!(out, "# HELP coalescefs_write_amplification Bytes written to the backend and the intent log over application bytes\n# TYPE coalescefs_write_amplification gauge\ncoalescefs_write_amplification {}", self.amplification());
-        let served = self.fuse_requests.served();
-        let _ = writeln!(out, "# HELP coalescefs_fuse_requests_total FUSE requests served, by kind\n# TYPE coalescefs_fuse_requests_total counter");
-        for (op, count, _) in &served {
-            let _ = writeln!(out, "coalescefs_fuse_requests_total{{op=\"{op}\"}} {count}");
-        }
-        let _ = writeln!(out, "# HELP coalescefs_fuse_busy_us_total Microseconds spent serving FUSE requests, by kind\n# TYPE coalescefs_fuse_busy_us_total counter");
-        for (op, _, busy_us) in &served {
-            let _ = writeln!(out, "coalescefs_fuse_busy_us_total{{op=\"{op}\"}} {busy_us}");
-        }
-        for (name, hist) in [
-            ("application_write_size_bytes", &self.application_write_sizes),
-            ("backend_write_size_bytes", &self.backend_write_sizes),
-        ] {
-            let _ = writeln!(out, "# HELP coalescefs_{name} Write request sizes\n# TYPE coalescefs_{name} histogram");
-            let mut cumulative = 0;
-            for (i, count) in hist.counts().iter().enumerate() {
-                cumulative += count;
-                let le = if i == SIZE_BUCKETS - 1 { "+Inf".to_string() } else { bucket_upper_bytes(i).to_string() };
-                let _ = writeln!(out, "coalescefs_{name}_bucket{{le=\"{le}\"}} {cumulative}");
-            }
-            let _ = writeln!(out, "coalescefs_{name}_count {cumulative}");
-        }
+        prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
         out
+    }
+}
+
+/// The counters as a `prometheus-client` collector: read at each scrape, so the atomics the
+/// daemon increments stay the only copy.
+struct Exposition(std::sync::Arc<Metrics>);
+
+impl std::fmt::Debug for Exposition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Exposition")
+    }
+}
+
+impl prometheus_client::collector::Collector for Exposition {
+    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
+        use prometheus_client::encoding::{EncodeMetric, NoLabelSet};
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        use prometheus_client::metrics::MetricType;
+        let m = &self.0;
+        for (name, help, value) in m.scalars() {
+            match Metrics::kind_of(name) {
+                Kind::Counter => {
+                    // The encoder adds the `_total` a counter's samples end with.
+                    let base = name.strip_suffix("_total").or_else(|| name.strip_suffix("_sum")).unwrap_or(name);
+                    let counter = ConstCounter::new(value);
+                    counter.encode(encoder.encode_descriptor(base, help, None, counter.metric_type())?)?;
+                }
+                Kind::Gauge => {
+                    let gauge = ConstGauge::new(value as i64);
+                    gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+                }
+            }
+        }
+        let amplification = ConstGauge::new(m.amplification());
+        amplification.encode(encoder.encode_descriptor(
+            "write_amplification",
+            "Every byte the daemon wrote toward storage (backend units and ranges, checkpoint flushes, intent log batches and superblocks) over the bytes applications wrote",
+            None,
+            amplification.metric_type(),
+        )?)?;
+        let served = m.fuse_requests.served();
+        let mut requests =
+            encoder.encode_descriptor("fuse_requests", "FUSE requests served, by kind", None, MetricType::Counter)?;
+        for (op, count, _) in &served {
+            ConstCounter::new(*count).encode(requests.encode_family(&[("op", *op)])?)?;
+        }
+        let mut busy = encoder.encode_descriptor(
+            "fuse_busy_us",
+            "Microseconds spent serving FUSE requests, by kind",
+            None,
+            MetricType::Counter,
+        )?;
+        for (op, _, busy_us) in &served {
+            ConstCounter::new(*busy_us).encode(busy.encode_family(&[("op", *op)])?)?;
+        }
+        for (name, help, hist) in [
+            (
+                "application_write_size_bytes",
+                "Sizes of the write requests applications made",
+                &m.application_write_sizes,
+            ),
+            ("backend_write_size_bytes", "Sizes of the write requests sent to the backend", &m.backend_write_sizes),
+        ] {
+            let counts = hist.counts();
+            let buckets: Vec<(f64, u64)> = (0..SIZE_BUCKETS)
+                // The encoder writes the last bucket as "+Inf" when its bound is f64::MAX.
+                .map(|i| (if i == SIZE_BUCKETS - 1 { f64::MAX } else { bucket_upper_bytes(i) as f64 }, counts[i]))
+                .collect();
+            let total = counts.iter().sum();
+            encoder.encode_descriptor(name, help, None, MetricType::Histogram)?.encode_histogram::<NoLabelSet>(
+                hist.sum() as f64,
+                total,
+                &buckets,
+                None,
+            )?;
+        }
+        if let Some(options) = m.mount_options.get() {
+            encoder
+                .encode_descriptor("mount", "The options the mount runs with, as labels", None, MetricType::Info)?
+                .encode_info(options)?;
+        }
+        Ok(())
     }
 }
 
@@ -358,18 +479,35 @@ mod tests {
     }
 
     #[test]
-    fn prometheus_text_has_help_type_and_cumulative_buckets() {
-        let m = Metrics::default();
+    fn human_bytes_in_binary_units() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(12 << 20), "12.0 MiB");
+    }
+
+    #[test]
+    fn prometheus_text_has_help_type_sum_and_cumulative_buckets() {
+        let m = std::sync::Arc::new(Metrics::default());
+        m.set_mount_options(vec![("unit_bytes".into(), "65536".into()), ("log".into(), "off".into())]);
         m.application_write_bytes.fetch_add(8192, Relaxed);
         m.backend_write_bytes.fetch_add(8192, Relaxed);
         m.application_write_sizes.record(4096);
         m.application_write_sizes.record(4096);
         let text = m.render_prometheus();
-        assert!(text.contains(
-            "# TYPE coalescefs_application_write_bytes_total counter\ncoalescefs_application_write_bytes_total 8192"
-        ));
-        assert!(text.contains("coalescefs_application_write_size_bytes_bucket{le=\"4096\"} 2"));
-        assert!(text.contains("coalescefs_application_write_size_bytes_bucket{le=\"+Inf\"} 2"));
-        assert!(text.contains("coalescefs_write_amplification 1"));
+        assert!(
+            text.contains(
+                "# TYPE coalescefs_application_write_bytes counter\ncoalescefs_application_write_bytes_total 8192"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("coalescefs_application_write_size_bytes_bucket{le=\"4096.0\"} 2"), "{text}");
+        assert!(text.contains("coalescefs_application_write_size_bytes_bucket{le=\"+Inf\"} 2"), "{text}");
+        assert!(text.contains("coalescefs_application_write_size_bytes_sum 8192.0"), "{text}");
+        assert!(text.contains("coalescefs_application_write_size_bytes_count 2"), "{text}");
+        assert!(text.contains("coalescefs_write_amplification 1.0"), "{text}");
+        assert!(text.contains("coalescefs_flush_latency_us_total 0"), "{text}");
+        assert!(text.contains("coalescefs_mount_info{unit_bytes=\"65536\",log=\"off\"} 1"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

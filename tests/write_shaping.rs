@@ -415,7 +415,42 @@ fn stats_and_prometheus_answer() {
     let mut answer = String::new();
     conn.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200 OK"));
-    assert!(answer.contains("# TYPE coalescefs_backend_write_bytes_total counter"));
+    assert!(answer.contains("Content-Type: application/openmetrics-text"), "{answer}");
+    assert!(answer.contains("# TYPE coalescefs_backend_write_bytes counter"), "{answer}");
+    // The histogram's _sum is the bytes behind its _count, and the options are labels.
+    assert!(answer.contains("coalescefs_application_write_size_bytes_sum 10000.0"), "{answer}");
+    assert!(answer.contains("coalescefs_mount_info{backing="), "{answer}");
+    assert!(answer.contains("metrics=\"127.0.0.1:39177\""), "{answer}");
+    assert!(answer.ends_with("# EOF\n"), "{answer}");
+    // The text form leads with the amplification in human units and the options.
+    let out = coalescefs(&["stats", &path_str(&m.mnt)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("write amplification "), "{text}");
+    assert!(text.contains("applications wrote 9.8 KiB"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("options: ") && l.contains(" writeback_cache=auto ")), "{text}");
+}
+
+#[test]
+fn stats_watch_prints_a_line_per_interval_and_stops_with_its_reader() {
+    let m = TestMount::new();
+    let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_coalescefs"))
+        .args(["stats", "--watch", "0.2", &path_str(&m.mnt)])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(watch.stdout.take().unwrap()));
+    let header = lines.next().unwrap().unwrap();
+    assert!(header.contains("amplification") && header.contains("app MiB/s"), "{header}");
+    fs::write(m.path("f"), pattern(1 << 20, 3)).unwrap();
+    let rows: Vec<String> = (0..4).map(|_| lines.next().unwrap().unwrap()).collect();
+    // Some interval saw the MiB written: its application rate is not zero.
+    assert!(
+        rows.iter().any(|r| r.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) > 0.0),
+        "{rows:?}"
+    );
+    drop(lines); // the reader goes away: the watch ends by itself, without an error
+    let status = watch.wait().unwrap();
+    assert!(status.success(), "{status:?}");
 }
 
 #[test]
