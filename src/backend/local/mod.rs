@@ -122,8 +122,8 @@ impl LocalBackend {
     /// Gives a just-made object to the user who made it. The daemon makes it as itself (root),
     /// so without this every file would belong to root. A set-group-ID parent keeps its group,
     /// as the kernel would have done.
-    fn give_to(&self, parent: &Node, node: &Node, owner: Owner) -> SysResult<libc::stat> {
-        let made = self.dir.stat(node)?;
+    /// `made`: the object's stat as it was made (the lookup that made its node took it).
+    fn give_to(&self, parent: &Node, node: &Node, made: libc::stat, owner: Owner) -> SysResult<libc::stat> {
         if !self.is_root_daemon {
             return Ok(made);
         }
@@ -227,7 +227,7 @@ impl Namespace for LocalBackend {
     fn make(&self, parent: ObjectId, name: &OsStr, what: NewObject<'_>, owner: Owner) -> SysResult<Attr> {
         let name = name_cstring(name)?;
         let parent = self.node(parent)?;
-        let (node, _) = match what {
+        let (node, made) = match what {
             NewObject::File { perm } => self.dir.mknod(&parent.node, &name, libc::S_IFREG | (perm & 0o7777), 0)?,
             NewObject::Directory { perm } => self.dir.mkdir(&parent.node, &name, perm & 0o7777)?,
             NewObject::Node { mode, rdev } => self.dir.mknod(&parent.node, &name, mode, rdev)?,
@@ -236,7 +236,7 @@ impl Namespace for LocalBackend {
                 self.dir.symlink(&parent.node, &name, &target)?
             }
         };
-        let st = self.give_to(&parent.node, &node, owner)?;
+        let st = self.give_to(&parent.node, &node, made, owner)?;
         Ok(self.remember(node, &st))
     }
 

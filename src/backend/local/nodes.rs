@@ -101,6 +101,9 @@ pub struct Node {
     handle: Option<Box<[u8]>>,
     pinned: Option<OwnedFd>,
     fds: Arc<NodeFds>,
+    /// An inode's type never changes: known from the stat that made the node, so that calls
+    /// that treat symbolic links apart (chmod, times, xattrs) need no stat of their own.
+    is_symlink: bool,
 }
 
 impl std::fmt::Debug for Node {
@@ -320,8 +323,13 @@ impl BackingDir {
                 root_path.display()
             );
         }
-        let root =
-            Node { id: fds.next_id.fetch_add(1, Ordering::Relaxed), handle: None, pinned: Some(fd), fds: fds.clone() };
+        let root = Node {
+            id: fds.next_id.fetch_add(1, Ordering::Relaxed),
+            handle: None,
+            pinned: Some(fd),
+            fds: fds.clone(),
+            is_symlink: false,
+        };
         Ok(BackingDir { root, root_path: root_path.to_path_buf(), root_dev, mount_fd, by_handle, fds })
     }
 
@@ -332,30 +340,38 @@ impl BackingDir {
     /// A second handle on the root, for the engine's inode table.
     pub fn root_node(&self) -> SysResult<Node> {
         let fd = check(unsafe { libc::fcntl(self.fd(&self.root)?.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
-        Ok(self.pinned_node(unsafe { OwnedFd::from_raw_fd(fd) }))
+        Ok(self.pinned_node(unsafe { OwnedFd::from_raw_fd(fd) }, false))
     }
 
-    fn pinned_node(&self, fd: OwnedFd) -> Node {
+    fn pinned_node(&self, fd: OwnedFd, is_symlink: bool) -> Node {
         Node {
             id: self.fds.next_id.fetch_add(1, Ordering::Relaxed),
             handle: None,
             pinned: Some(fd),
             fds: self.fds.clone(),
+            is_symlink,
         }
     }
 
     /// Makes a node of a descriptor just opened on the object (`O_PATH | O_NOFOLLOW`).
     fn adopt(&self, fd: OwnedFd, st: &libc::stat) -> Node {
+        let symlink = is_symlink(st);
         if !self.by_handle || st.st_dev != self.root_dev {
-            return self.pinned_node(fd);
+            return self.pinned_node(fd, symlink);
         }
         match handle_of(fd.as_raw_fd(), EMPTY, libc::AT_EMPTY_PATH) {
             Ok(handle) => {
                 let id = self.fds.next_id.fetch_add(1, Ordering::Relaxed);
                 self.fds.insert(id, Arc::new(fd));
-                Node { id, handle: Some(handle.into_boxed_slice()), pinned: None, fds: self.fds.clone() }
+                Node {
+                    id,
+                    handle: Some(handle.into_boxed_slice()),
+                    pinned: None,
+                    fds: self.fds.clone(),
+                    is_symlink: symlink,
+                }
             }
-            Err(_) => self.pinned_node(fd),
+            Err(_) => self.pinned_node(fd, symlink),
         }
     }
 
@@ -399,7 +415,7 @@ impl BackingDir {
 
     pub fn chmod(&self, node: &Node, mode: u32) -> SysResult<()> {
         let fd = self.fd(node)?;
-        if is_symlink(&sys::fstat_fd(&fd)?) {
+        if node.is_symlink {
             // Linux has no symlink modes; chmod through a link name would follow it.
             return Err(Errno(libc::EOPNOTSUPP));
         }
@@ -420,7 +436,7 @@ impl BackingDir {
     pub fn set_times(&self, node: &Node, times: TimesToSet) -> SysResult<()> {
         let spec = [timespec_of(times.atime), timespec_of(times.mtime)];
         let fd = self.fd(node)?;
-        if is_symlink(&sys::fstat_fd(&fd)?) {
+        if node.is_symlink {
             check(unsafe {
                 libc::utimensat(
                     fd.as_raw_fd(),
@@ -588,7 +604,7 @@ impl BackingDir {
     /// while the path is used.
     fn xattr_path<'a>(&self, node: &'a Node) -> SysResult<(NodeFd<'a>, CString)> {
         let fd = self.fd(node)?;
-        if is_symlink(&sys::fstat_fd(&fd)?) {
+        if node.is_symlink {
             // The /proc/self/fd path of a symlink would be followed; user xattrs are not allowed
             // on symlinks anyway.
             return Err(Errno(libc::EPERM));
