@@ -431,6 +431,19 @@ fn stats_and_prometheus_answer() {
 }
 
 #[test]
+fn coalescefs_sync_without_the_log_puts_every_buffered_byte_on_the_backend() {
+    // Nothing would flush on its own for an hour: only the sync can put the bytes there.
+    let m = TestMount::with_options(&["unit=64K", "flush_age=3600s", "writeback_cache=off"]);
+    let f = OpenOptions::new().write(true).create(true).truncate(true).open(m.path("f")).unwrap();
+    f.write_all_at(&pattern(100_000, 7), 0).unwrap();
+    assert!(fs::read(m.backing_path("f")).unwrap().len() < 100_000, "the partial unit is still buffered");
+    let out = coalescefs(&["sync", &path_str(&m.mnt)]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(100_000, 7), "the backend holds every byte");
+    drop(f);
+}
+
+#[test]
 fn stats_watch_prints_a_line_per_interval_and_stops_with_its_reader() {
     let m = TestMount::new();
     let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_coalescefs"))
