@@ -220,7 +220,7 @@ impl Writeback {
                         let older = flown.ranges.minus(&newer.ranges);
                         for r in older.iter() {
                             let (a, b) = (r.start as usize, r.end as usize);
-                            newer.buf.as_mut_slice()[a..b].copy_from_slice(&flown.buf.as_slice()[a..b]);
+                            newer.buf.range_mut(a..b).copy_from_slice(&flown.buf.as_slice()[a..b]);
                             newer.ranges.insert(r.clone());
                         }
                         newer.epoch = newer.epoch.min(flown.epoch);
@@ -315,12 +315,12 @@ pub(crate) fn write_unit_to(
         data.write_unit(write)
     } else {
         let mut merged = AlignedBuf::zeroed(write.unit_bytes as usize);
-        let read = data.read_at(&mut merged.as_mut_slice()[..limit as usize], write.start())?;
+        let read = data.read_at(merged.range_mut(0..limit as usize), write.start())?;
         metrics.backend_read_bytes_for_writes.fetch_add(read as u64, Relaxed);
         for r in write.ranges.iter() {
             let (a, b) = (r.start as usize, (r.end.min(limit)) as usize);
             if a < b {
-                merged.as_mut_slice()[a..b].copy_from_slice(&write.buf[a..b]);
+                merged.range_mut(a..b).copy_from_slice(&write.buf[a..b]);
             }
         }
         let whole = RangeSet::from(0..limit);
@@ -353,7 +353,7 @@ pub(crate) fn write_range(
         let piece_end = end.min(unit_start + unit_bytes);
         let mut buf = AlignedBuf::zeroed(unit_bytes as usize);
         let (from, to) = ((pos - unit_start) as usize, (piece_end - unit_start) as usize);
-        buf.as_mut_slice()[from..to].copy_from_slice(&bytes[(pos - offset) as usize..(piece_end - offset) as usize]);
+        buf.range_mut(from..to).copy_from_slice(&bytes[(pos - offset) as usize..(piece_end - offset) as usize]);
         let ranges = RangeSet::from(from as u64..to as u64);
         write_unit_to(
             store,

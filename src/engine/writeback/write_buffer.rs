@@ -314,7 +314,9 @@ impl Writeback {
             let in_flight = inner.in_flight.contains_key(&unit);
             let dirty = inner.dirty.get_mut(&unit).expect("inserted above");
             let (from, to) = (pos - unit_start, piece_end - unit_start);
-            dirty.buf.as_mut_slice()[from as usize..to as usize]
+            dirty
+                .buf
+                .range_mut(from as usize..to as usize)
                 .copy_from_slice(&bytes[(pos - offset) as usize..(piece_end - offset) as usize]);
             dirty.ranges.insert(from..to);
             if !dirty.logged.is_empty() {
@@ -384,7 +386,7 @@ impl Writeback {
             if unit_start < size {
                 let keep = size - unit_start;
                 dirty.ranges.clip_end(keep);
-                dirty.buf.as_mut_slice()[keep as usize..].fill(0);
+                dirty.buf.zero_from(keep as usize);
             }
             if unit_start >= size || dirty.ranges.is_empty() {
                 let dropped = inner.dirty.remove(&unit).expect("listed above");
