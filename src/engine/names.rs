@@ -308,17 +308,24 @@ impl Engine {
         let Some(hidden) = self.config.hidden_root_xattr.as_deref().filter(|_| id == ROOT_ID) else {
             return self.ns.list_xattr(id, size as usize);
         };
-        // The whole list is needed to answer even a size query without the hidden name.
-        let names = loop {
+        // The whole list is needed to answer even a size query without the hidden name. A
+        // list that keeps growing between the size query and the read gets a few more tries,
+        // then the caller hears ERANGE, as from listxattr(2) itself.
+        const TRIES: usize = 8;
+        let mut names = None;
+        for _ in 0..TRIES {
             let XattrReply::Size(needed) = self.ns.list_xattr(id, 0)? else { return Err(Errno(libc::EIO)) };
             match self.ns.list_xattr(id, needed.max(1)) {
-                Ok(XattrReply::Data(names)) => break names,
+                Ok(XattrReply::Data(listed)) => {
+                    names = Some(listed);
+                    break;
+                }
                 Ok(XattrReply::Size(_)) => return Err(Errno(libc::EIO)),
-                // It grew between the two calls: ask again.
                 Err(Errno(libc::ERANGE)) => continue,
                 Err(e) => return Err(e),
             }
-        };
+        }
+        let Some(names) = names else { return Err(Errno(libc::ERANGE)) };
         let shown: Vec<u8> = names
             .split_inclusive(|&b| b == 0)
             .filter(|name| name.strip_suffix(&[0]).unwrap_or(name) != hidden.as_encoded_bytes())
