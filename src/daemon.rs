@@ -330,14 +330,14 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     let result = session.run();
     session_ended.store(true, std::sync::atomic::Ordering::Relaxed);
     // The kernel's DESTROY usually ran this already; after an aborted connection it did not.
-    let unwritten = engine.shut_down();
-    if log_path(opts, &state).is_some() && !opts.read_only && unwritten.is_empty() && !engine.log_holds_records() {
+    let done = engine.shut_down();
+    if log_path(opts, &state).is_some() && !opts.read_only && done.unwritten.is_empty() && !engine.log_holds_records() {
         if let Err(e) = state::clear_log_marker(&backing) {
             log::warn!("{e}: the next mount will ask for the same intent log");
         }
     }
     runtime.remove_runtime_files();
-    let exit = report_unwritten(&runtime, &unwritten);
+    let exit = report_shut_down(&runtime, &done);
     match result {
         Ok(()) => log::info!("unmounted {}", mount_point.display()),
         Err(e) => log::info!("the session on {} ended: {e}", mount_point.display()),
@@ -388,21 +388,30 @@ fn start_session(
         .map_err(|e| format!("mount of {} failed: {e}", mount_point.display()))
 }
 
-/// Says what could not be written, in the log and in the runtime directory's report that
-/// `coalescefs umount` prints; exit status 1 when anything was lost.
-fn report_unwritten(runtime: &RuntimeDir, unwritten: &[engine::writeback::Unwritten]) -> ExitCode {
-    if unwritten.is_empty() {
+/// Says what could not be written (or synced), in the log and in the runtime directory's
+/// report that `coalescefs umount` prints; exit status 1 when the unmount was not clean.
+fn report_shut_down(runtime: &RuntimeDir, done: &engine::writeback::ShutDown) -> ExitCode {
+    if done.is_clean() {
         return ExitCode::SUCCESS;
     }
-    let lost: u64 = unwritten.iter().map(|u| u.bytes).sum();
-    let mut report =
-        format!("{lost} written bytes in {} file(s) could not be written before unmount:\n", unwritten.len());
+    let unwritten = &done.unwritten;
+    let mut report = String::new();
+    if !unwritten.is_empty() {
+        let lost: u64 = unwritten.iter().map(|u| u.bytes).sum();
+        report +=
+            &format!("{lost} written bytes in {} file(s) could not be written before unmount:\n", unwritten.len());
+    }
     for u in unwritten {
         report += &format!("  {}: {} bytes lost ({})", u.name, u.bytes, u.error);
         if u.in_log > 0 {
             report += &format!(", {} fsynced bytes kept in the intent log for the next mount", u.in_log);
         }
         report.push('\n');
+    }
+    if let Some(e) = done.backend_unsynced {
+        report += &format!(
+            "the backend's sync at unmount failed ({e}): what was written is on the backing file system but may not survive a power cut\n"
+        );
     }
     log::error!("{}", report.trim_end());
     if let Err(e) = std::fs::write(runtime.unmount_report_path(), &report) {

@@ -312,6 +312,21 @@ fn a_stalled_backend_fails_the_waiting_request_after_io_timeout() {
     assert!(fs::read(m.backing_path("f")).unwrap() == expected);
 }
 
+/// Without the log a clean unmount is a durability point because the daemon syncs the
+/// backend last; when that sync fails, `coalescefs umount` says so and exits 1 (the data is on
+/// the backing file system, written, not known durable).
+#[test]
+fn a_failed_sync_at_unmount_is_reported_by_umount() {
+    let mut m = TestMount::build(&["unit=64K"], &[("COALESCEFS_FAULTS", "")], None);
+    fs::write(m.path("f"), pattern(100_000, 3)).unwrap();
+    m.inject("sync=EIO");
+    let out = m.unmount_reporting();
+    assert_eq!(out.status.code(), Some(1), "umount after a failed sync: {out:?}");
+    let said = stderr_of(&out);
+    assert!(said.contains("sync at unmount failed") && said.contains("Input/output error"), "{said}");
+    assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(100_000, 3), "written, though not known durable");
+}
+
 /// SIGTERM while a process keeps a file open on the mount and the backend answers nothing:
 /// the daemon unmounts lazily, and when the mount has not let go ten seconds later it aborts
 /// the FUSE connection, so it exits (the process gets ENOTCONN) and says what it could not

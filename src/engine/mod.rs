@@ -36,7 +36,7 @@ use crate::sys::{Errno, SysResult};
 use handles::{OpenDir, OpenFile, WriterMode};
 use intent_log::device::LogDevice;
 use types::{Attr, Kind, ObjectId, TimesToSet, Timestamp, ROOT_ID};
-use writeback::{Unwritten, Writeback, WritebackConfig};
+use writeback::{ShutDown, Writeback, WritebackConfig};
 
 /// Who asked: files and directories created on a user's behalf belong to that user.
 #[derive(Debug, Clone, Copy)]
@@ -224,10 +224,10 @@ impl Engine {
 
     /// Called once the kernel has let go of the mount: nothing may stay only in memory. Returns
     /// what could not be written (see `Writeback::shut_down`); later calls return the same.
-    pub fn shut_down(&self) -> Vec<Unwritten> {
-        let unwritten = self.writeback.shut_down();
+    pub fn shut_down(&self) -> ShutDown {
+        let done = self.writeback.shut_down();
         log::info!("shut down with {} open files", lock(&self.files).len());
-        unwritten
+        done
     }
 
     /// For in-process tests: stops as a killed daemon would, writing nothing more and keeping

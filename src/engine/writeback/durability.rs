@@ -412,14 +412,15 @@ impl Writeback {
         for thread in threads {
             let _ = thread.join();
         }
-        *lock(&self.shut_down_report) = Some(Vec::new());
+        *lock(&self.shut_down_report) = Some(ShutDown::default());
     }
 
     /// At unmount: every file's buffered data written and synced, each given `io_timeout`
     /// without progress at most (so a backend that answers nothing cannot hold the daemon);
     /// then the last checkpoint (without the log, a sync of the backend); then the threads
-    /// stopped. Returns what could not be written, per file, once (later calls return the same).
-    pub fn shut_down(&self) -> Vec<Unwritten> {
+    /// stopped. Returns what could not be written, per file, and whether the closing sync
+    /// failed; computed once (later calls return the same).
+    pub fn shut_down(&self) -> ShutDown {
         let mut report = lock(&self.shut_down_report);
         if let Some(done) = &*report {
             return done.clone();
@@ -459,7 +460,12 @@ impl Writeback {
             if let Err(e) = self.checkpoint() {
                 log::error!("the last checkpoint failed ({e}); the next mount replays the intent log");
             }
-        } else if let Err(e) = self.sync_backend() {
+        }
+        let backend_unsynced = match self.log.is_some() {
+            true => None,
+            false => self.sync_backend().err(),
+        };
+        if let Some(e) = backend_unsynced {
             log::error!("syncing the backend at unmount failed ({e}): what was written may not survive a power cut");
         }
         self.stopping.store(true, Relaxed);
@@ -480,7 +486,8 @@ impl Writeback {
                 );
             }
         }
-        *report = Some(unwritten.clone());
-        unwritten
+        let done = ShutDown { unwritten, backend_unsynced };
+        *report = Some(done.clone());
+        done
     }
 }

@@ -301,7 +301,7 @@ pub struct Writeback {
     /// Files with data buffered and no handle open (see `forget_file`).
     lingering: std::sync::atomic::AtomicUsize,
     /// What shut-down could not write, once it has run.
-    shut_down_report: Mutex<Option<Vec<Unwritten>>>,
+    shut_down_report: Mutex<Option<ShutDown>>,
     /// Bytes of buffer memory held by units the backend refused (`DirtyUnit::refused`), and
     /// the error it refused the last one with.
     refused: Mutex<RefusedMemory>,
@@ -328,6 +328,21 @@ pub struct Unwritten {
     /// Bytes acknowledged through the intent log, which keeps them for the next mount.
     pub in_log: u64,
     pub error: Errno,
+}
+
+/// What the unmount could not do: files whose data did not reach the backend, and whether
+/// the backend's closing sync failed (without the log, the sync that makes `umount` a
+/// durability point).
+#[derive(Clone, Debug, Default)]
+pub struct ShutDown {
+    pub unwritten: Vec<Unwritten>,
+    pub backend_unsynced: Option<Errno>,
+}
+
+impl ShutDown {
+    pub fn is_clean(&self) -> bool {
+        self.unwritten.is_empty() && self.backend_unsynced.is_none()
+    }
 }
 
 #[derive(Default)]
