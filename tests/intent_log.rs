@@ -487,7 +487,13 @@ fn a_mount_that_would_not_replay_the_crash_log_is_refused() {
         assert!(message.contains(&format!("coalescefs recover {backing}")), "{message}");
     }
     assert!(fs::read_dir(other_state.path()).unwrap().next().is_none(), "a refused mount makes nothing");
-    let out = coalescefs(&["recover", &backing]);
+    // The log named relative to the working directory is the marked one all the same.
+    let log = m.log_path();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_coalescefs"))
+        .current_dir(log.parent().unwrap())
+        .args(["recover", &backing, "--log", log.file_name().unwrap().to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert_eq!(xattr_of(&m.backing, "user.coalescefs.log"), Err(libc::ENODATA), "recovered: no log needed");
     m.set_options(&[]);
