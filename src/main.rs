@@ -75,7 +75,7 @@ enum Command {
     },
     /// Print the mount's counters (bytes, requests, sizes, the log, write amplification)
     #[command(
-        after_help = "Examples:\n  coalescefs stats /mnt/data | grep amplification\n  coalescefs stats --watch 5 /mnt/data"
+        after_help = "Examples:\n  coalescefs stats /mnt/data | grep amplification\n  coalescefs stats --watch=5 /mnt/data"
     )]
     Stats {
         /// The Prometheus (OpenMetrics) text format instead
@@ -83,7 +83,8 @@ enum Command {
         prometheus: bool,
         /// One line every SECONDS of what happened since the last: application, backend and log
         /// MiB/s, the amplification of that interval, fsyncs, FUSE requests, buffer in use
-        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2")]
+        // `--watch=N` with an equals sign: `--watch /mnt/data` is the mount point, not N.
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, require_equals = true, default_missing_value = "2")]
         watch: Option<f64>,
         /// Where it is mounted
         mountpoint: PathBuf,

@@ -447,7 +447,7 @@ fn coalescefs_sync_without_the_log_puts_every_buffered_byte_on_the_backend() {
 fn stats_watch_prints_a_line_per_interval_and_stops_with_its_reader() {
     let m = TestMount::new();
     let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_coalescefs"))
-        .args(["stats", "--watch", "0.2", &path_str(&m.mnt)])
+        .args(["stats", "--watch=0.2", &path_str(&m.mnt)])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
