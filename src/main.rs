@@ -300,7 +300,7 @@ fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<Path
         Err(e) => return fail(format!("{}: {e}", log_path.display())),
     };
     let result = engine::salvage_log(&backend, &backend, Box::new(device));
-    if result.is_ok() && marker.as_deref().is_some_and(|marked| same_file(marked, &log_path)) {
+    if result.is_ok() && marker.as_deref().is_some_and(|marked| state::same_file(marked, &log_path)) {
         if let Err(message) = state::clear_log_marker(&backing) {
             return fail(message);
         }
@@ -412,15 +412,6 @@ fn watch_stats(target: &Path, seconds: f64) -> ExitCode {
 fn clock_now() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     format!("{:02}:{:02}:{:02}", secs / 3600 % 24, secs / 60 % 60, secs % 60)
-}
-
-/// Whether two paths name one file (however written: relative, through links).
-fn same_file(a: &Path, b: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
-        _ => a == b,
-    }
 }
 
 fn run_stats(target: &Path, prometheus: bool) -> ExitCode {

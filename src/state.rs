@@ -200,9 +200,19 @@ pub fn log_marker(backing: &Path) -> Result<Option<PathBuf>, String> {
 
 /// Refuses a mount that would leave a crash's log unreplayed: `log` is the log this mount
 /// replays (None: the log is off).
+/// Whether two paths name one file, however written (relative, through links, `..`): the
+/// marker holds the log's path as the mount that wrote it spelled it.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => a == b,
+    }
+}
+
 pub fn check_log_marker(backing: &Path, log: Option<&Path>) -> Result<(), String> {
     let Some(needed) = log_marker(backing)? else { return Ok(()) };
-    if log == Some(needed.as_path()) && needed.exists() {
+    if log.is_some_and(|log| same_file(log, &needed)) && needed.exists() {
         return Ok(());
     }
     let why = match log {
