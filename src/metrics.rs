@@ -204,6 +204,11 @@ pub struct Metrics {
     pub unit_bytes: AtomicU64,
     /// fsyncs made durable by the intent log instead of the backend.
     pub log_fsyncs: AtomicU64,
+    /// Files created since the last checkpoint whose name and bytes went to the intent log at
+    /// close or fsync, the backend not yet told (`engine::pending`); and of all the files made
+    /// that way, those the backend has been given (at a checkpoint, or earlier when needed).
+    pub pending_files_logged: AtomicU64,
+    pub pending_files_made: AtomicU64,
     /// The intent log's size; 0 when the log is off.
     pub log_size_bytes: AtomicU64,
     /// The intent log's block: the device bytes of the smallest commit.
@@ -299,6 +304,16 @@ impl Metrics {
             ("log_size_bytes", "Size of the intent log (0: the log is off)", self.log_size_bytes.load(Relaxed)),
             ("log_block_bytes", "The intent log's block, the smallest commit", self.log_block_bytes.load(Relaxed)),
             ("log_fsyncs_total", "fsyncs made durable by the intent log", self.log_fsyncs.load(Relaxed)),
+            (
+                "pending_files_logged_total",
+                "New files made durable by the intent log alone at close or fsync",
+                self.pending_files_logged.load(Relaxed),
+            ),
+            (
+                "pending_files_made_total",
+                "New files held in memory and the log, then made on the backend",
+                self.pending_files_made.load(Relaxed),
+            ),
             ("log_batches_total", "Batches (group commits) written to the intent log", self.log_batches.load(Relaxed)),
             ("log_records_total", "Records written to the intent log", self.log_records.load(Relaxed)),
             ("log_write_bytes_total", "Bytes written to the intent log", self.log_write_bytes.load(Relaxed)),

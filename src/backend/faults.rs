@@ -246,6 +246,18 @@ impl Namespace for FaultyBackend {
         self.check(FaultOp::Mutate, Some(parent))?;
         self.ns.make(parent, name, what, owner)
     }
+    fn make_with_id(
+        &self,
+        id: ObjectId,
+        parent: ObjectId,
+        name: &OsStr,
+        perm: u32,
+        owner: Owner,
+    ) -> SysResult<Attr> {
+        self.check(FaultOp::Create, Some(parent))?;
+        self.check(FaultOp::Mutate, Some(parent))?;
+        self.ns.make_with_id(id, parent, name, perm, owner)
+    }
     fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
         self.check(FaultOp::Create, Some(new_parent))?;
         self.check(FaultOp::Mutate, Some(new_parent))?;

@@ -190,6 +190,68 @@ impl Default for MemoryBackend {
 }
 
 impl MemoryBackend {
+    fn make_object(
+        &self,
+        parent: ObjectId,
+        name: &OsStr,
+        what: NewObject<'_>,
+        owner: Owner,
+        chosen_id: Option<ObjectId>,
+    ) -> SysResult<Attr> {
+        valid_name(name)?;
+
+        let mut s = lock(&self.state);
+        if s.dir(parent)?.entries.contains_key(name) {
+            return Err(Errno(libc::EEXIST));
+        }
+        let now = Timestamp::now();
+        let (kind, perm, rdev, target) = match what {
+            NewObject::File { perm } => (Kind::File, perm, 0, Vec::new()),
+            NewObject::Directory { perm } => (Kind::Directory, perm, 0, Vec::new()),
+            NewObject::Node { mode, rdev } => (Kind::of_mode(mode), mode & 0o7777, rdev, Vec::new()),
+            NewObject::Symlink { target } => (Kind::Symlink, 0o777, 0, target.to_vec()),
+        };
+        let id = match chosen_id {
+            Some(id) => {
+                assert!(!s.tree.objects.contains_key(&id), "id {id} given out twice");
+                id
+            }
+            None => {
+                s.tree.next_id += 1;
+                s.tree.next_id - 1
+            }
+        };
+        let birth = s.next_birth;
+        s.next_birth += 1;
+        let nlink = if kind == Kind::Directory { 2 } else { 1 };
+        let object = Object {
+            kind,
+            perm: perm & 0o7777,
+            uid: owner.uid,
+            gid: owner.gid,
+            rdev,
+            nlink,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            birth,
+            target,
+            xattrs: BTreeMap::new(),
+            entries: BTreeMap::new(),
+        };
+        s.tree.objects.insert(id, object);
+        if kind == Kind::File {
+            s.data.insert(id, Vec::new());
+        }
+        s.object_mut(parent)?.entries.insert(name.to_os_string(), id);
+        if kind == Kind::Directory {
+            s.object_mut(parent)?.nlink += 1;
+        }
+        s.touch(parent);
+        s.count_lookup(id);
+        s.attr(id)
+    }
+
     /// An empty tree (the root directory only), taking whole units of `unit_bytes`.
     pub fn new(unit_bytes: u64) -> MemoryBackend {
         let now = Timestamp::now();
@@ -338,49 +400,18 @@ impl Namespace for MemoryBackend {
     }
 
     fn make(&self, parent: ObjectId, name: &OsStr, what: NewObject<'_>, owner: Owner) -> SysResult<Attr> {
-        valid_name(name)?;
-        let mut s = lock(&self.state);
-        if s.dir(parent)?.entries.contains_key(name) {
-            return Err(Errno(libc::EEXIST));
-        }
-        let now = Timestamp::now();
-        let (kind, perm, rdev, target) = match what {
-            NewObject::File { perm } => (Kind::File, perm, 0, Vec::new()),
-            NewObject::Directory { perm } => (Kind::Directory, perm, 0, Vec::new()),
-            NewObject::Node { mode, rdev } => (Kind::of_mode(mode), mode & 0o7777, rdev, Vec::new()),
-            NewObject::Symlink { target } => (Kind::Symlink, 0o777, 0, target.to_vec()),
-        };
-        let id = s.tree.next_id;
-        s.tree.next_id += 1;
-        let birth = s.next_birth;
-        s.next_birth += 1;
-        let nlink = if kind == Kind::Directory { 2 } else { 1 };
-        let object = Object {
-            kind,
-            perm: perm & 0o7777,
-            uid: owner.uid,
-            gid: owner.gid,
-            rdev,
-            nlink,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            birth,
-            target,
-            xattrs: BTreeMap::new(),
-            entries: BTreeMap::new(),
-        };
-        s.tree.objects.insert(id, object);
-        if kind == Kind::File {
-            s.data.insert(id, Vec::new());
-        }
-        s.object_mut(parent)?.entries.insert(name.to_os_string(), id);
-        if kind == Kind::Directory {
-            s.object_mut(parent)?.nlink += 1;
-        }
-        s.touch(parent);
-        s.count_lookup(id);
-        s.attr(id)
+        self.make_object(parent, name, what, owner, None)
+    }
+
+    fn make_with_id(
+        &self,
+        id: ObjectId,
+        parent: ObjectId,
+        name: &OsStr,
+        perm: u32,
+        owner: Owner,
+    ) -> SysResult<Attr> {
+        self.make_object(parent, name, NewObject::File { perm }, owner, Some(id))
     }
 
     fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {

@@ -96,6 +96,20 @@ pub trait Namespace: Send + Sync {
     /// `owner`; counts one lookup of it.
     fn make(&self, parent: ObjectId, name: &OsStr, what: NewObject<'_>, owner: Owner) -> SysResult<Attr>;
 
+    /// Makes a regular file as `make` does, under the id `id`, which the engine chose from its
+    /// own range (`engine::pending`) and served the file under while only its memory and the
+    /// intent log held it; counts one lookup of it. ENOSYS where the namespace cannot.
+    fn make_with_id(
+        &self,
+        _id: ObjectId,
+        _parent: ObjectId,
+        _name: &OsStr,
+        _perm: u32,
+        _owner: Owner,
+    ) -> SysResult<Attr> {
+        Err(Errno(libc::ENOSYS))
+    }
+
     /// Gives `id` the further name `new_name` in `new_parent`; counts one lookup.
     fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr>;
 

@@ -229,6 +229,7 @@ impl Engine {
         if !self.store.capabilities().allocate {
             return Err(Errno(libc::ENOSYS));
         }
+        self.make_real(self.open_file(fh)?.id)?;
         let open = self.flushed(fh)?;
         open.data.allocate(mode, offset, length)?;
         self.writeback.note_backend_changed(open.id);
@@ -255,6 +256,8 @@ impl Engine {
         if !self.store.capabilities().copy_ranges {
             return Err(Errno(libc::ENOSYS));
         }
+        self.make_real(self.open_file(source_fh)?.id)?;
+        self.make_real(self.open_file(target_fh)?.id)?;
         let source = self.flushed(source_fh)?;
         let target = self.flushed(target_fh)?;
         // FUSE replies carry a u32 byte count; the kernel loops for the rest.

@@ -8,6 +8,8 @@
 //!   path of a handle (read, write, close, fsync, fallocate, lseek, copy_file_range);
 //! - `writeback`: the write buffer, the flushers, the memory bound, flush errors, and the
 //!   durability rules of fsync and close with the intent log;
+//! - `pending`: files created since the last checkpoint that only the engine's memory and the
+//!   intent log hold, in front of the backend's namespace and unit store;
 //! - `buffer`: unit buffers and dirty-range sets;
 //! - `intent_log`: the log's format, ring and device;
 //! - `replay`: recovery from the log at mount, and `coalescefs recover`'s salvage.
@@ -19,6 +21,7 @@ pub mod buffer;
 mod handles;
 pub mod intent_log;
 mod names;
+pub mod pending;
 mod replay;
 pub mod types;
 pub mod writeback;
@@ -117,8 +120,10 @@ pub struct Opened {
 }
 
 pub struct Engine {
+    /// With the intent log, `pending`'s views of the backend's namespace and store.
     ns: Arc<dyn Namespace>,
     store: Arc<dyn UnitStore>,
+    pending: Option<Arc<pending::Pending>>,
     writeback: Arc<Writeback>,
     metrics: Arc<Metrics>,
     config: EngineConfig,
@@ -147,10 +152,29 @@ impl Engine {
             Some(setup) => Some(replay::recover_from_log(&*ns, &*store, setup, &metrics)?),
             None => None,
         };
-        let writeback = Writeback::new(ns.clone(), store.clone(), config.writeback.clone(), metrics.clone(), log);
+        // With the log, new files can live in it until a checkpoint: the engine then sees the
+        // backend through the files it holds.
+        let (ns, store, pending) = match &log {
+            Some(_) => {
+                let held = Arc::new(pending::Pending::new(ns, store, metrics.clone()));
+                let ns: Arc<dyn Namespace> = Arc::new(pending::PendingNamespace(held.clone()));
+                let store: Arc<dyn UnitStore> = Arc::new(pending::PendingStore(held.clone()));
+                (ns, store, Some(held))
+            }
+            None => (ns, store, None),
+        };
+        let writeback = Writeback::new(
+            ns.clone(),
+            store.clone(),
+            config.writeback.clone(),
+            metrics.clone(),
+            log,
+            pending.clone(),
+        );
         Ok(Engine {
             ns,
             store,
+            pending,
             writeback,
             metrics,
             config,
@@ -209,6 +233,27 @@ impl Engine {
             }
         }
         attr
+    }
+
+    /// Makes a file the engine holds (`pending`) a backend file, for an operation held files do
+    /// not model: at once when the log has not seen it, else by a checkpoint.
+    fn make_real(&self, id: ObjectId) -> SysResult<()> {
+        let Some(held) = &self.pending else { return Ok(()) };
+        // A checkpoint leaves a file logged while it ran for the next one: a few tries.
+        for _ in 0..4 {
+            match held.status(id) {
+                pending::Held::No => return Ok(()),
+                pending::Held::Unlogged => match held.make_unlogged_now(id)? {
+                    Some(made) => self.writeback.note_made_early(id, made),
+                    // Unlinked while open: it can no longer be made anywhere.
+                    None if held.is_held(id) => return Err(Errno(libc::EOPNOTSUPP)),
+                    None => {}
+                },
+                pending::Held::Logged(_) => self.writeback.checkpoint()?,
+            }
+        }
+        log::error!("inode {id}: still held after four checkpoints");
+        Err(Errno(libc::EIO))
     }
 
     /// Whether the intent log still holds records a next mount would replay.

@@ -93,7 +93,17 @@ impl Engine {
     /// and tells the write buffer and the log of a regular file made.
     pub(super) fn make(&self, parent: ObjectId, name: &OsStr, what: NewObject<'_>, caller: Caller) -> SysResult<Attr> {
         self.checked_name(parent, name, true)?;
-        let attr = self.ns.make(parent, name, what, Owner { uid: caller.uid, gid: caller.gid })?;
+        let owner = Owner { uid: caller.uid, gid: caller.gid };
+        if let (Some(held), NewObject::File { perm }) = (&self.pending, &what) {
+            if self.writeback.may_hold_new_file(parent) {
+                // Only memory holds it until its close or fsync logs it, and the backend makes
+                // it at the next checkpoint (`pending`).
+                let attr = held.make(parent, name, *perm, owner)?;
+                self.writeback.note_created(attr.id, Some(parent), None);
+                return Ok(self.finish_attr(attr));
+            }
+        }
+        let attr = self.ns.make(parent, name, what, owner)?;
         match attr.kind {
             Kind::File => {
                 let record = self.create_record(attr.id, parent, name, &attr);
@@ -126,6 +136,7 @@ impl Engine {
 
     pub fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
         self.checked_name(new_parent, new_name, true)?;
+        self.make_real(id)?;
         let attr = self.ns.link(id, new_parent, new_name)?;
         // The log records one name per file: a second one only a backend sync makes durable.
         self.writeback.note_backend_changed(id);
@@ -168,6 +179,22 @@ impl Engine {
 
     fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
         self.checked_name(parent, name, false)?;
+        let gate = self.pending.as_ref().map(|held| held.names_gate.read().unwrap_or_else(|p| p.into_inner()));
+        if let Some(held) = self.held_at(parent, name).filter(|_| !directory) {
+            match self.unlink_held(held, parent, name) {
+                // Made on the backend meanwhile (a flush grew it past the log's bound).
+                Err(Errno(libc::ENOENT)) if !self.pending.as_ref().is_some_and(|h| h.is_held(held)) => {}
+                Err(e) => return Err(e),
+                Ok(record) => {
+                    // Committed without the gate: a checkpoint the commit may need takes it.
+                    drop(gate);
+                    if let Some(record) = record {
+                        self.writeback.commit_names_now(vec![record]);
+                    }
+                    return Ok(());
+                }
+            }
+        }
         let removed = self.named_object(parent, name);
         // A file released with data still buffered (its flush refused, or not yet due): once its
         // last name goes, that data can never be read and its descriptors keep the backend's
@@ -201,6 +228,33 @@ impl Engine {
     ) -> SysResult<()> {
         self.checked_name(parent, name, false)?;
         self.checked_name(new_parent, new_name, true)?;
+        if self.pending.is_some() {
+            let source = self.held_at(parent, name);
+            let target = self.ns.identify(new_parent, new_name).map(|(_, id)| id);
+            if let Some(source) = source {
+                if target == Some(source) {
+                    return Ok(()); // one object, two names of it: nothing to do (see below)
+                }
+                if target.is_none() && flags & !libc::RENAME_NOREPLACE == 0 {
+                    match self.rename_held(source, parent, name, new_parent, new_name) {
+                        // Made on the backend meanwhile (a flush grew it past the log's bound).
+                        Err(Errno(libc::ENOENT)) if !self.pending.as_ref().is_some_and(|h| h.is_held(source)) => {}
+                        Err(e) => return Err(e),
+                        Ok(record) => {
+                            if let Some(record) = record {
+                                self.writeback.commit_names_now(vec![record]);
+                            }
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+            // Anything else a held file takes part in happens on the backend.
+            for id in [source, target].into_iter().flatten() {
+                self.make_real(id)?;
+            }
+        }
+        let _gate = self.pending.as_ref().map(|held| held.names_gate.read().unwrap_or_else(|p| p.into_inner()));
         let moved = self.named_object(parent, name);
         let replaced = self.named_object(new_parent, new_name);
         self.ns.rename(parent, name, new_parent, new_name, flags)?;
@@ -244,6 +298,52 @@ impl Engine {
         Ok(())
     }
 
+    /// The file named `name` in `parent`, if only memory and the log hold it (`pending`).
+    fn held_at(&self, parent: ObjectId, name: &OsStr) -> Option<ObjectId> {
+        let held = self.pending.as_ref()?;
+        let (_, id) = self.ns.identify(parent, name)?;
+        held.is_held(id).then_some(id)
+    }
+
+    /// Unlinks a file only memory and the log hold. If the log knows it, returns the Unlink
+    /// record the caller commits before it answers (replay would make the file again).
+    fn unlink_held(&self, id: ObjectId, parent: ObjectId, name: &OsStr) -> SysResult<Option<Record>> {
+        let held = self.pending.as_ref().expect("held files exist with the log");
+        let logged = held.unlink(parent, name)?;
+        if self.writeback.is_lingering(id) {
+            self.writeback.forget_file(id);
+        }
+        self.writeback.note_names_changed(None, None, &[id]);
+        let Some(file) = logged else { return Ok(None) };
+        let parent = self.ns.log_key(parent)?;
+        Ok(Some(Record::Unlink { file, parent, name: name.as_encoded_bytes().to_vec(), directory: false }))
+    }
+
+    /// Renames a file only memory and the log hold to a free name; returns the record to
+    /// commit, as `unlink_held`.
+    fn rename_held(
+        &self,
+        id: ObjectId,
+        parent: ObjectId,
+        name: &OsStr,
+        new_parent: ObjectId,
+        new_name: &OsStr,
+    ) -> SysResult<Option<Record>> {
+        let held = self.pending.as_ref().expect("held files exist with the log");
+        let _gate = held.names_gate.read().unwrap_or_else(|p| p.into_inner());
+        let logged = held.rename(parent, name, new_parent, new_name)?;
+        self.writeback.note_names_changed(None, Some((id, new_parent)), &[]);
+        let Some(file) = logged else { return Ok(None) };
+        Ok(Some(Record::Rename {
+            file,
+            from_parent: self.ns.log_key(parent)?,
+            from_name: name.as_encoded_bytes().to_vec(),
+            to_parent: self.ns.log_key(new_parent)?,
+            to_name: new_name.as_encoded_bytes().to_vec(),
+            replaced: Vec::new(),
+        }))
+    }
+
     pub fn opendir(&self, id: ObjectId) -> SysResult<u64> {
         let reader = self.ns.open_dir(id)?;
         let fh = self.new_handle();
@@ -277,6 +377,7 @@ impl Engine {
 
     pub fn fsyncdir(&self, fh: u64, _data_only: bool) -> SysResult<()> {
         let dir = self.open_dir(fh)?;
+        self.writeback.commit_held_in(dir.id)?;
         self.writeback.commit_queued_names()?;
         self.ns.sync_dir(dir.id)
     }
@@ -293,6 +394,7 @@ impl Engine {
         if self.is_hidden_xattr(id, name) {
             return Err(Errno(libc::EPERM));
         }
+        self.make_real(id)?;
         self.ns.set_xattr(id, name, value, flags)
     }
 
@@ -342,6 +444,9 @@ impl Engine {
     pub fn remove_xattr(&self, id: ObjectId, name: &OsStr) -> SysResult<()> {
         if self.is_hidden_xattr(id, name) {
             return Err(Errno(libc::EPERM));
+        }
+        if self.pending.as_ref().is_some_and(|held| held.is_held(id)) {
+            return Err(Errno(libc::ENODATA)); // a held file has none
         }
         self.ns.remove_xattr(id, name)
     }

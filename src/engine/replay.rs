@@ -21,6 +21,15 @@
 //!
 //! Then one sync of the backing file system and a checkpoint, so the log starts empty.
 //!
+//! Files the backend had not made when they were logged (`pending`: created since the last
+//! checkpoint and held in memory, logged at their close or fsync) are logged under keys no
+//! backend gives out. Their name records were committed as they happened, so the log knows
+//! the name each ends with: such a file is made there, with its records' bytes, unless a
+//! checkpoint had already made it there before the crash (then that file is taken as it, and
+//! its bytes written again); one the log saw unlinked is not made at all. Their Rename and
+//! Unlink records are never applied one by one, and never tell where the backend is (step 1):
+//! a checkpoint made them later than their records say.
+//!
 //! A replay can itself be interrupted (kill -9, a power cut). Everything it does is applied
 //! again by the next one the same way, except making a file again: that gives the file a new
 //! handle, which the log does not know. So each file made again is written, with its logged
@@ -34,6 +43,7 @@ use std::sync::Arc;
 
 use super::intent_log::device::LogDevice;
 use super::intent_log::format::{Batch, Record};
+use super::pending::is_pending_key;
 use super::intent_log::{IntentLog, LogError};
 use super::types::{Kind, NewObject, ObjectId, Owner};
 use super::LogSetup;
@@ -87,6 +97,8 @@ impl Replay<'_> {
             return Ok(*found);
         }
         let found = match self.current_key(key).map(<[u8]>::to_vec) {
+            // Never made on the backend (yet): no backend key finds it.
+            Some(current) if is_pending_key(&current) => None,
             Some(current) => match self.ns.find(&current) {
                 Ok(Some(id)) => match self.ns.getattr(id) {
                     Ok(attr) if attr.kind == kind => Some(id),
@@ -180,6 +192,7 @@ impl Replay<'_> {
             Record::Create { file, .. } if self.made_by_replay.contains(file) || self.recreated.contains_key(file) => {
                 false
             }
+            record if is_pending_key(record.file()) => false,
             Record::Create { file, .. } => match self.ns.find(file) {
                 Ok(Some(id)) => {
                     self.ns.forget(id, 1);
@@ -234,6 +247,29 @@ impl Replay<'_> {
         }
     }
 
+    /// A new file the log held (`pending`) that a checkpoint had made at `name` in `parent`
+    /// (its last logged name) before the crash: that file is this one from now on (recorded in
+    /// the replay map, as a file made again is). Returns whether there was one.
+    fn adopt(&mut self, key: &[u8], parent: &[u8], name: &[u8]) -> SysResult<bool> {
+        if self.recreated.contains_key(key) {
+            return Ok(true); // an interrupted replay made or took it already
+        }
+        let Some(dir) = self.directory(parent)? else { return Ok(false) };
+        let Some(holder) = self.ns.key_at(dir, name_of(name)) else { return Ok(false) };
+        if self.made_by_replay.contains(&holder) || self.object(&holder, Kind::File)?.is_none() {
+            return Ok(false);
+        }
+        let mut entry = Vec::new();
+        for k in [key, holder.as_slice()] {
+            entry.extend_from_slice(&(k.len() as u32).to_le_bytes());
+            entry.extend_from_slice(k);
+        }
+        self.device.append_map_synced(&entry)?;
+        // `object(key)` now finds the holder (looked up once more, and forgotten, as any).
+        self.recreated.insert(key.to_vec(), holder);
+        Ok(true)
+    }
+
     /// Lets go of every object found.
     fn release(&mut self) {
         self.open.clear();
@@ -261,6 +297,10 @@ fn read_replay_map(device: &dyn LogDevice) -> SysResult<HashMap<Vec<u8>, Vec<u8>
         map.insert(old, new);
     }
     Ok(map)
+}
+
+fn describe_key(k: &[u8]) -> String {
+    k.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// One line for the debug log: what a record is, without its bytes.
@@ -312,6 +352,31 @@ pub fn replay(
         recreated_files: 0,
         not_restored: Vec::new(),
     };
+    // Where each new file the log held ends (None: unlinked), and those a checkpoint made.
+    let mut held_ends: HashMap<&[u8], Option<(&[u8], &[u8])>> = HashMap::new();
+    for r in &records {
+        match r {
+            Record::Create { file, parent, name, .. } if is_pending_key(file) => {
+                held_ends.insert(file, Some((parent, name)));
+            }
+            Record::Rename { file, to_parent, to_name, .. } if is_pending_key(file) => {
+                if let Some(end) = held_ends.get_mut(file.as_slice()) {
+                    *end = Some((to_parent, to_name));
+                }
+            }
+            Record::Unlink { file, .. } if is_pending_key(file) => {
+                held_ends.insert(file, None);
+            }
+            _ => {}
+        }
+    }
+    for (key, end) in &held_ends {
+        if let Some((parent, name)) = end {
+            if replay.adopt(key, parent, name)? {
+                log::debug!("replay: new file {} found made at its last name", describe_key(key));
+            }
+        }
+    }
     let mut backend_holds_names_up_to = 0;
     for (i, r) in records.iter().enumerate() {
         if r.is_namespace() && replay.shows(r)? {
@@ -321,6 +386,22 @@ pub fn replay(
     for (i, r) in records.iter().enumerate() {
         let contents = matches!(r, Record::Data { .. } | Record::Size { .. });
         if contents && last_barrier.get(r.file()).is_some_and(|&b| i <= b) {
+            continue;
+        }
+        if is_pending_key(r.file()) && r.is_namespace() {
+            // Made at its last name, or taken there, or never made; see the module's notes.
+            let applied = match (r, held_ends.get(r.file()).copied().flatten()) {
+                (Record::Create { file, mode, uid, gid, .. }, Some((parent, name))) => {
+                    replay.create(file, parent, name, *mode, *uid, *gid)?
+                }
+                _ => false,
+            };
+            replay.applied += u64::from(applied);
+            log::debug!("replay {i}: new file, {}: {}", if applied { "made" } else { "skipped" }, describe(r));
+            continue;
+        }
+        if is_pending_key(r.file()) && held_ends.get(r.file()).is_some_and(Option::is_none) {
+            log::debug!("replay {i}: a new file the log saw unlinked: {}", describe(r));
             continue;
         }
         if r.is_namespace() && i < backend_holds_names_up_to {

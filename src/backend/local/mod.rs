@@ -240,6 +240,22 @@ impl Namespace for LocalBackend {
         Ok(self.remember(node, &st))
     }
 
+    fn make_with_id(
+        &self,
+        id: ObjectId,
+        parent: ObjectId,
+        name: &OsStr,
+        perm: u32,
+        owner: Owner,
+    ) -> SysResult<Attr> {
+        let name = name_cstring(name)?;
+        let parent = self.node(parent)?;
+        let (node, made) = self.dir.mknod(&parent.node, &name, libc::S_IFREG | (perm & 0o7777), 0)?;
+        let st = self.give_to(&parent.node, &node, made, owner)?;
+        let object = self.objects.remember_as(node, key_of(&st), id);
+        Ok(self.attr_of(object.id, &st))
+    }
+
     fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
         let new_name = name_cstring(new_name)?;
         let object = self.node(id)?;

@@ -112,6 +112,17 @@ impl ObjectTable {
         object
     }
 
+    /// Records one lookup of a just-made object under an id the engine chose (a file it had
+    /// served from its own memory until now, under that id, see `Namespace::make_with_id`).
+    pub fn remember_as(&self, node: Node, key: BackingKey, id: ObjectId) -> Arc<Object> {
+        let mut table = self.table();
+        assert!(!table.by_id.contains_key(&id), "id {id} given out twice");
+        let object = Arc::new(Object { id, key, node });
+        table.by_id.insert(id, Slot { object: object.clone(), lookups: 1 });
+        table.by_key.insert(key, id);
+        object
+    }
+
     /// One more lookup of a known object (the engine holding it while it has state for it).
     pub fn hold(&self, id: ObjectId) -> bool {
         match self.table().by_id.get_mut(&id) {

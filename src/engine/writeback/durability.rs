@@ -33,6 +33,127 @@ impl Writeback {
         }
     }
 
+    /// Whether a new regular file in `parent` may be held in memory and the log until the next
+    /// checkpoint (`pending`): not in a directory made since the last checkpoint, which the
+    /// backend may not hold durably (replay would have nowhere to make the file).
+    pub fn may_hold_new_file(&self, parent: u64) -> bool {
+        self.pending.is_some() && !lock(&self.durability).get(&parent).is_some_and(|d| d.created)
+    }
+
+    /// A held file was made on the backend before a checkpoint (nothing of it in the log): from
+    /// now on it is a file created since the last checkpoint like any other, with its Create
+    /// record queued, and bytes on the backend that no sync has made durable yet.
+    pub fn note_made_early(&self, id: u64, made: Made) {
+        let record = match (self.ns.log_key(id), self.ns.log_key(made.parent)) {
+            (Ok(file), Ok(parent)) => Some(Record::Create {
+                file,
+                parent,
+                name: made.name.as_encoded_bytes().to_vec(),
+                mode: made.attr.mode(),
+                uid: made.attr.uid,
+                gid: made.attr.gid,
+            }),
+            _ => None,
+        };
+        let named_in = record.as_ref().map(|_| made.parent);
+        self.note_created(id, named_in, record);
+        self.note_backend_changed(id);
+    }
+
+    /// Name records of held files the log knows (`pending`), committed before the caller is
+    /// answered: replay finds such a file by the name its records leave it with, so no later
+    /// change may depend on a name change the log does not have yet.
+    pub fn commit_names_now(&self, records: Vec<Record>) {
+        let Some(log) = &self.log else { return };
+        let result = match log.commit(records.clone()) {
+            Err(LogError::Full { .. }) => self.checkpoint().map_err(LogError::from).and_then(|()| log.commit(records)),
+            other => other,
+        };
+        if let Err(e) = result {
+            log::warn!("committing a name change of a new file to the intent log: {e}; it stays queued");
+        }
+    }
+
+    /// Close and fsync of a file only memory holds (`pending`): its buffered bytes go to that
+    /// memory, then its name and bytes to the log in one commit. None when the file is not
+    /// held (any more): the caller goes on as for any file. A file the log has not seen that
+    /// is larger than `log_threshold_new` is made on the backend instead.
+    pub(super) fn commit_pending(&self, file: &Arc<FileState>, report: ErrorReport) -> Option<SysResult<()>> {
+        let (held, log) = (self.pending.as_ref()?, self.log.as_ref()?);
+        if !held.is_held(file.id) {
+            return None;
+        }
+        if let Err(e) = self.flush_file(file, None, report) {
+            return Some(Err(e));
+        }
+        for attempt in 0..2 {
+            let committed = held.commit(file.id, self.config.log_threshold_new_bytes, |records| {
+                log.commit(records)?;
+                Ok::<u64, LogError>(log.next_seq())
+            });
+            match committed {
+                Ok(Commit::NotHeld) => return None,
+                Ok(Commit::TooLarge) => {
+                    match held.make_unlogged_now(file.id) {
+                        Ok(Some(made)) => self.note_made_early(file.id, made),
+                        Ok(None) => {}
+                        Err(e) => return Some(Err(e)),
+                    }
+                    return None;
+                }
+                Ok(Commit::Unnamed | Commit::Unchanged) => return Some(Ok(())),
+                Ok(Commit::Committed) => {
+                    // Made on the backend by a checkpoint that does not release these records,
+                    // the file is then synced at close as any file the log holds records of.
+                    lock(&self.durability).entry(file.id).or_default().logged_before_seq = log.next_seq();
+                    if report == ErrorReport::Sync {
+                        self.metrics.log_fsyncs.fetch_add(1, Relaxed);
+                    }
+                    return Some(Ok(()));
+                }
+                Err(LogError::Full { .. }) if attempt == 0 => {
+                    // The checkpoint makes the file on the backend unless the log knows it.
+                    if let Err(e) = self.checkpoint() {
+                        return Some(Err(e));
+                    }
+                }
+                Err(e) => {
+                    log::error!("{}: committing a new file to the intent log: {e}", self.name_of(file));
+                    return Some(Err(Errno(libc::EIO)));
+                }
+            }
+        }
+        Some(Err(Errno(libc::EIO)))
+    }
+
+    /// fsync of a directory: the files only memory holds in it (`pending`) logged, names and
+    /// bytes (or made on the backend, where the directory's sync that follows covers them).
+    pub fn commit_held_in(&self, dir: u64) -> SysResult<()> {
+        let Some(held) = &self.pending else { return Ok(()) };
+        for id in held.named_in(dir) {
+            let result = match self.file(id) {
+                Some(file) => self.commit_pending(&file, ErrorReport::Sync),
+                None => {
+                    let log = self.log.as_ref().expect("held files exist with the log");
+                    let committed = held.commit(id, u64::MAX, |records| {
+                        log.commit(records)?;
+                        Ok::<u64, LogError>(log.next_seq())
+                    });
+                    Some(match committed {
+                        Ok(_) => Ok(()),
+                        Err(LogError::Full { .. }) => self.checkpoint(),
+                        Err(e) => {
+                            log::error!("inode {id}: committing a new file to the intent log: {e}");
+                            Err(Errno(libc::EIO))
+                        }
+                    })
+                }
+            };
+            result.unwrap_or(Ok(()))?;
+        }
+        Ok(())
+    }
+
     /// A name changed on the backend: `record` (if any) says how, for replay; `moved` is the
     /// object renamed and its new directory, `lost_names` those whose one name no longer holds.
     /// Called after the backend change and before the caller is answered, so the record is
@@ -119,6 +240,9 @@ impl Writeback {
     /// would be taken back to the logged ones by a replay after a daemon crash, and what close
     /// acknowledged survives a daemon crash, with the log as without it.
     pub fn close_file(&self, file: &Arc<FileState>) -> SysResult<()> {
+        if let Some(result) = self.commit_pending(file, ErrorReport::Close) {
+            return result;
+        }
         // Only when something newer than the log's records would be left unsynced: a close
         // right after an fsync costs nothing more.
         let backend_behind = match lock(&self.durability).get(&file.id) {
@@ -140,6 +264,9 @@ impl Writeback {
         let Some(log) = &self.log else {
             return self.flush_file(file, Some(data_only), report);
         };
+        if let Some(result) = self.commit_pending(file, report) {
+            return result;
+        }
         if let Some(result) = self.fsync_through_log(file, log, report) {
             return result;
         }
@@ -181,6 +308,9 @@ impl Writeback {
             return Ok(key.clone());
         }
         let key = self.ns.log_key(file.id)?;
+        if super::super::pending::is_pending_key(&key) {
+            return Ok(key); // the backend's key replaces it once the file is made there
+        }
         Ok(file.log_key.get_or_init(|| key).clone())
     }
 
@@ -324,6 +454,16 @@ impl Writeback {
         }
         let release_before = log.next_seq();
         self.flush_every_file(ErrorReport::Checkpoint)?;
+        // Held files whose records this checkpoint releases are made on the backend, in
+        // directory order; nothing renames or unlinks them before their records are released
+        // (replay finds such a file by the name its records leave it with).
+        let held = self.pending.as_ref().filter(|held| held.any_named());
+        let _names_still = held.map(|held| held.names_gate.write().unwrap_or_else(|p| p.into_inner()));
+        if let Some(held) = held {
+            held.make_all(release_before).inspect_err(|e| {
+                log::error!("making new files on the backend at a checkpoint: {e}; the log keeps them");
+            })?;
+        }
         let flushed: Vec<(u64, u64)> =
             lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
         self.sync_backend()?;
@@ -387,9 +527,11 @@ impl Writeback {
         while !self.stopping.load(Relaxed) {
             std::thread::sleep(Duration::from_millis(100).min(self.config.checkpoint_interval));
             let entries = lock(&self.durability).len();
+            let held_bytes = self.pending.as_ref().map_or(0, |held| held.bytes_held());
             let waiting = log.holds_batches() || entries > 0;
             let due = log.used_fraction() > 0.5
                 || entries > DURABILITY_ENTRIES_BEFORE_CHECKPOINT
+                || held_bytes > HELD_BYTES_BEFORE_CHECKPOINT
                 || (waiting && last.elapsed() >= self.config.checkpoint_interval);
             if due {
                 if let Err(e) = self.checkpoint() {
@@ -459,6 +601,14 @@ impl Writeback {
         if self.log.is_some() {
             if let Err(e) = self.checkpoint() {
                 log::error!("the last checkpoint failed ({e}); the next mount replays the intent log");
+            }
+        }
+        // Files the log took after that checkpoint began, or whose commit failed: made on the
+        // backend too (nothing changes any more; the next mount's replay finds them there).
+        if let Some(held) = self.pending.as_ref().filter(|held| held.any_named()) {
+            let made = held.make_all(u64::MAX).and_then(|_| self.sync_backend());
+            if let Err(e) = made {
+                log::error!("making new files on the backend at unmount: {e}; the intent log keeps them");
             }
         }
         let backend_unsynced = match self.log.is_some() {

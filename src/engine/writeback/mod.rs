@@ -33,6 +33,7 @@ pub(crate) use flushers::write_range;
 use super::buffer::{AlignedBuf, RangeSet};
 use super::intent_log::format::Record;
 use super::intent_log::{IntentLog, LogError};
+use super::pending::{Commit, Made, Pending};
 use super::types::{ObjectId, SetAttr, TimesToSet};
 use crate::backend::{FileData, Namespace, OpenMode, UnitStore, UnitWrite};
 use crate::metrics::Metrics;
@@ -61,6 +62,9 @@ pub struct WritebackConfig {
 /// files changed while it ran): about 100 bytes an entry, so some 10 MiB at most, whatever the
 /// number of files a tree extraction touches between two checkpoints.
 const DURABILITY_ENTRIES_BEFORE_CHECKPOINT: usize = 100_000;
+
+/// The bytes of new files held in memory (`pending`) that bring the next checkpoint forward.
+const HELD_BYTES_BEFORE_CHECKPOINT: u64 = 64 << 20;
 
 /// What the backend holds durably for one file, beyond its FileState's lifetime: whether a
 /// log fsync can stand for a backend sync.
@@ -306,6 +310,8 @@ pub struct Writeback {
     /// the error it refused the last one with.
     refused: Mutex<RefusedMemory>,
     log: Option<IntentLog>,
+    /// New files only memory and the log hold (with the log).
+    pending: Option<Arc<Pending>>,
     /// Per inode number; see `Durability`. Entries go at checkpoints.
     durability: Mutex<HashMap<u64, Durability>>,
     /// One checkpoint at a time; fsyncs of one file never pass each other.
@@ -358,6 +364,7 @@ impl Writeback {
         config: WritebackConfig,
         metrics: Arc<Metrics>,
         log: Option<IntentLog>,
+        pending: Option<Arc<Pending>>,
     ) -> Arc<Writeback> {
         assert!(config.unit_bytes.is_power_of_two() && config.logical_block_bytes.is_power_of_two());
         assert!(config.logical_block_bytes <= config.unit_bytes, "units are whole logical blocks");
@@ -380,6 +387,7 @@ impl Writeback {
             timer_threads: Mutex::new(Vec::new()),
             shut_down_report: Mutex::new(None),
             log,
+            pending,
             durability: Mutex::new(HashMap::new()),
             checkpointing: Mutex::new(()),
         });
@@ -465,7 +473,7 @@ mod tests {
             checkpoint_interval: Duration::from_secs(3600),
             io_timeout,
         };
-        let wb = Writeback::new(faulty.clone(), faulty, config, metrics.clone(), log);
+        let wb = Writeback::new(faulty.clone(), faulty, config, metrics.clone(), log, None);
         Rig { store, faults, wb, metrics }
     }
 

@@ -408,6 +408,17 @@ impl Writeback {
 
     /// The file's data in the store, opened for writing by whoever first needs it.
     pub(super) fn file_data(&self, file: &FileState, inner: &mut FileInner) -> SysResult<Arc<dyn FileData>> {
+        // A held file (`pending`) the log has not seen, grown past what its close would log:
+        // the backend makes it now, and its bytes go there.
+        if let Some(held) = &self.pending {
+            if inner.size > self.config.log_threshold_new_bytes
+                && held.status(file.id) == super::super::pending::Held::Unlogged
+            {
+                if let Some(made) = held.make_unlogged_now(file.id)? {
+                    self.note_made_early(file.id, made);
+                }
+            }
+        }
         if let Some(data) = &inner.data {
             return Ok(data.clone());
         }

@@ -1,0 +1,979 @@
+//! Files the backend has not seen yet: regular files created since the last checkpoint, whose
+//! name, attributes and bytes live in the engine's memory and, once a close or fsync has made
+//! them durable, in the intent log alone. The backend makes them at the next checkpoint, many
+//! at once and in directory order, so that their inodes share inode-table blocks, their names
+//! directory blocks, and all of them one journal commit: a small file closed costs its bytes
+//! and a record in the log, not an inode, bitmaps and a directory block of its own.
+//!
+//! `Pending` stands in front of the backend's namespace and unit store: it answers for the
+//! files it holds (lookup, getattr, readdir, open, read, write, rename, unlink) and passes
+//! everything else through. The engine decides which files it holds (`Engine::make`), makes
+//! their close and fsync a log commit (`Writeback::commit_pending`), and asks for a file to be
+//! made on the backend before anything it does not model (a second name, an extended
+//! attribute, preallocation, a rename over another file): at once for a file the log has not
+//! seen, through a checkpoint for one it has.
+//!
+//! Ids and keys: a held file gets an id from `PENDING_ID_BASE` on (the backend keeps it when it
+//! makes the file, `Namespace::make_with_id`), and a log key no backend gives out
+//! (`is_pending_key`). Replay makes such a file at the name its records leave it with, or, when
+//! a checkpoint had made it there before the crash, takes that file as it (see `replay`).
+//!
+//! Invariants: a held file's name was free on the backend when the file took it (made or
+//! renamed there), so a held name never hides a backend one; a held file's body is the truth
+//! for it until `real` is set, after which every call goes to the backend.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use super::intent_log::format::Record;
+use super::types::{Attr, DirEntry, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, TimeToSet, TimesToSet};
+use super::types::{Timestamp, XattrReply};
+use crate::backend::{Capabilities, DirReader, FileData, Namespace, OpenMode, UnitStore, UnitWrite};
+use crate::metrics::Metrics;
+use crate::sys::{Errno, SysResult};
+
+/// Ids of held files start here. The local backend's own synthetic ids count up from 1 << 63,
+/// and backing file systems give out inode numbers far below either.
+pub const PENDING_ID_BASE: u64 = 0xC000_0000_0000_0000;
+
+/// Log keys of held files start with this; no backend key does (a file handle starts with its
+/// length and type, the memory store's with a small id).
+const KEY_MAGIC: &[u8; 4] = b"CFSn";
+
+/// Whether a log key names a file the backend had not made when it was logged.
+pub fn is_pending_key(key: &[u8]) -> bool {
+    key.len() == 20 && key.starts_with(KEY_MAGIC)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Where a held file stands with the log, for the engine's name records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// Not held (never, or made on the backend since).
+    No,
+    /// Held, and no record of it is in the log: nothing needs logging when it changes name.
+    Unlogged,
+    /// Held, and its creation is in the log under this key.
+    Logged(Vec<u8>),
+}
+
+/// What a log commit of a held file did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Commit {
+    /// Not held (any more): the caller goes on as for any file.
+    NotHeld,
+    /// No name any more: there is nothing to make durable.
+    Unnamed,
+    /// Never logged and larger than the caller's bound: better made on the backend.
+    TooLarge,
+    /// Nothing changed since the last commit.
+    Unchanged,
+    Committed,
+}
+
+struct Body {
+    /// Its directory and name; None once unlinked.
+    name: Option<(ObjectId, OsString)>,
+    attr: Attr,
+    bytes: Vec<u8>,
+    /// Lookups the kernel and the engine hold, handed to the backend when it makes the file.
+    lookups: u64,
+    /// Set by the first commit: the log's records of the file end before this sequence number.
+    logged_before_seq: Option<u64>,
+    changed_since_log: bool,
+    /// The backend's file, once made: every call goes there from then on.
+    real: Option<Arc<dyn FileData>>,
+}
+
+pub struct PendingFile {
+    id: ObjectId,
+    key: Vec<u8>,
+    body: Mutex<Body>,
+}
+
+impl PendingFile {
+    fn body(&self) -> MutexGuard<'_, Body> {
+        lock(&self.body)
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    by_id: HashMap<ObjectId, Arc<PendingFile>>,
+    by_name: HashMap<(ObjectId, OsString), ObjectId>,
+    next: u64,
+}
+
+/// A file made on the backend for one that was held: where, so the engine can log its creation.
+pub struct Made {
+    pub parent: ObjectId,
+    pub name: OsString,
+    pub attr: Attr,
+}
+
+pub struct Pending {
+    ns: Arc<dyn Namespace>,
+    store: Arc<dyn UnitStore>,
+    metrics: Arc<Metrics>,
+    /// Distinguishes this mount's keys from an earlier one's (a log may outlive a mount).
+    nonce: u64,
+    /// A leaf lock: never held while a body's is taken.
+    table: Mutex<Table>,
+    bytes_held: AtomicU64,
+    /// Held for writing by a checkpoint from the moment it makes held files on the backend until
+    /// the log has released their records; renames and unlinks hold it for reading. Replay
+    /// finds such a file by the name its records leave it with, which nothing may change before
+    /// the records are gone.
+    pub(super) names_gate: RwLock<()>,
+}
+
+fn now() -> Timestamp {
+    Timestamp::now()
+}
+
+impl Pending {
+    pub fn new(ns: Arc<dyn Namespace>, store: Arc<dyn UnitStore>, metrics: Arc<Metrics>) -> Pending {
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ (std::process::id() as u64) << 32;
+        Pending {
+            ns,
+            store,
+            metrics,
+            nonce,
+            table: Mutex::new(Table::default()),
+            bytes_held: AtomicU64::new(0),
+            names_gate: RwLock::new(()),
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        lock(&self.table)
+    }
+
+    fn get(&self, id: ObjectId) -> Option<Arc<PendingFile>> {
+        if id < PENDING_ID_BASE {
+            return None;
+        }
+        self.table().by_id.get(&id).cloned()
+    }
+
+    fn named(&self, parent: ObjectId, name: &OsStr) -> Option<Arc<PendingFile>> {
+        let table = self.table();
+        if table.by_name.is_empty() {
+            return None;
+        }
+        let id = table.by_name.get(&(parent, name.to_os_string()))?;
+        table.by_id.get(id).cloned()
+    }
+
+    /// `f` on the held file `id` and its locked body, while it is held.
+    fn with_held<T>(&self, id: ObjectId, f: impl FnOnce(&Arc<PendingFile>, &mut Body) -> T) -> Option<T> {
+        let file = self.get(id)?;
+        let mut body = file.body();
+        if body.real.is_some() {
+            return None;
+        }
+        Some(f(&file, &mut body))
+    }
+
+    /// `f` on the held file named `name` in `parent` and its locked body, while it is.
+    fn with_held_at<T>(
+        &self,
+        parent: ObjectId,
+        name: &OsStr,
+        f: impl FnOnce(&Arc<PendingFile>, &mut Body) -> T,
+    ) -> Option<T> {
+        let file = self.named(parent, name)?;
+        let mut body = file.body();
+        if body.real.is_some() || !body.name.as_ref().is_some_and(|(p, n)| *p == parent && n == name) {
+            return None;
+        }
+        Some(f(&file, &mut body))
+    }
+
+    pub fn files_held(&self) -> usize {
+        self.table().by_id.len()
+    }
+
+    pub fn bytes_held(&self) -> u64 {
+        self.bytes_held.load(Relaxed)
+    }
+
+    pub fn is_held(&self, id: ObjectId) -> bool {
+        self.with_held(id, |_, _| ()).is_some()
+    }
+
+    /// Where the file `id` stands with the log (see `Held`).
+    pub fn status(&self, id: ObjectId) -> Held {
+        self.with_held(id, |file, body| match body.logged_before_seq {
+            Some(_) => Held::Logged(file.key.clone()),
+            None => Held::Unlogged,
+        })
+        .unwrap_or(Held::No)
+    }
+
+    /// Whether a held file is named in the directory `dir` (which the backend then may think
+    /// empty).
+    fn has_names_in(&self, dir: ObjectId) -> bool {
+        let table = self.table();
+        !table.by_name.is_empty() && table.by_name.keys().any(|(parent, _)| *parent == dir)
+    }
+
+    /// Whether the backend has `name` in `parent` (errors other than "no such name" are the
+    /// caller's: a name that cannot be checked is not taken).
+    fn backend_has(&self, parent: ObjectId, name: &OsStr) -> SysResult<bool> {
+        match self.ns.lookup(parent, name) {
+            Ok(attr) => {
+                self.ns.forget(attr.id, 1);
+                Ok(true)
+            }
+            Err(Errno(libc::ENOENT)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Makes a regular file that only this memory holds, named `name` in `parent` (free on the
+    /// backend and here, else EEXIST); counts one lookup.
+    pub fn make(&self, parent: ObjectId, name: &OsStr, perm: u32, owner: Owner) -> SysResult<Attr> {
+        if self.named(parent, name).is_some() || self.backend_has(parent, name)? {
+            return Err(Errno(libc::EEXIST));
+        }
+        // A set-group-ID directory gives its group, as the backend will when it makes the file.
+        let parent_attr = self.ns.getattr(parent)?;
+        if parent_attr.kind != Kind::Directory {
+            return Err(Errno(libc::ENOTDIR));
+        }
+        let gid = if parent_attr.perm & libc::S_ISGID != 0 { parent_attr.gid } else { owner.gid };
+        let mut table = self.table();
+        if table.by_name.contains_key(&(parent, name.to_os_string())) {
+            return Err(Errno(libc::EEXIST));
+        }
+        // Ids the backend was given by an earlier mount's checkpoints may still be its own.
+        let id = loop {
+            table.next += 1;
+            let id = PENDING_ID_BASE + table.next;
+            if self.ns.getattr(id).is_err() {
+                break id;
+            }
+        };
+        let mut key = KEY_MAGIC.to_vec();
+        key.extend_from_slice(&self.nonce.to_le_bytes());
+        key.extend_from_slice(&table.next.to_le_bytes());
+        debug_assert!(is_pending_key(&key));
+        let t = now();
+        let attr = Attr {
+            id,
+            kind: Kind::File,
+            perm: perm & 0o7777,
+            nlink: 1,
+            uid: owner.uid,
+            gid,
+            rdev: 0,
+            size: 0,
+            blocks: 0,
+            blksize: 4096,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        };
+        let body = Body {
+            name: Some((parent, name.to_os_string())),
+            attr: attr.clone(),
+            bytes: Vec::new(),
+            lookups: 1,
+            logged_before_seq: None,
+            changed_since_log: true,
+            real: None,
+        };
+        table.by_id.insert(id, Arc::new(PendingFile { id, key, body: Mutex::new(body) }));
+        table.by_name.insert((parent, name.to_os_string()), id);
+        Ok(attr)
+    }
+
+    fn attr_of(body: &Body) -> Attr {
+        let mut attr = body.attr.clone();
+        attr.size = body.bytes.len() as u64;
+        attr.blocks = attr.size.div_ceil(512);
+        attr.nlink = u32::from(body.name.is_some());
+        attr
+    }
+
+    /// Lets go of a held file nothing names or holds (open handles keep its body alive).
+    fn drop_if_gone(&self, file: &PendingFile, body: &mut Body) {
+        if body.name.is_none() && body.lookups == 0 {
+            self.table().by_id.remove(&file.id);
+            self.bytes_held.fetch_sub(body.bytes.len() as u64, Relaxed);
+            body.bytes = Vec::new();
+        }
+    }
+
+    /// Renames a held file to a name free here and on the backend (the engine makes the file
+    /// on the backend first for anything else). Returns its log key if the log knows it (the
+    /// caller logs the rename, committed before anything can take the old name).
+    pub fn rename(
+        &self,
+        parent: ObjectId,
+        name: &OsStr,
+        new_parent: ObjectId,
+        new_name: &OsStr,
+    ) -> SysResult<Option<Vec<u8>>> {
+        if (parent, name) == (new_parent, new_name) {
+            return Ok(None);
+        }
+        if self.named(new_parent, new_name).is_some() || self.backend_has(new_parent, new_name)? {
+            return Err(Errno(libc::EEXIST));
+        }
+        if self.ns.getattr(new_parent)?.kind != Kind::Directory {
+            return Err(Errno(libc::ENOTDIR));
+        }
+        self.with_held_at(parent, name, |file, body| {
+            let mut table = self.table();
+            table.by_name.remove(&(parent, name.to_os_string()));
+            table.by_name.insert((new_parent, new_name.to_os_string()), file.id);
+            drop(table);
+            body.name = Some((new_parent, new_name.to_os_string()));
+            body.attr.ctime = now();
+            body.logged_before_seq.map(|_| file.key.clone())
+        })
+        .ok_or(Errno(libc::ENOENT))
+    }
+
+    /// Unlinks a held file. Returns its log key if the log knows it (see `rename`).
+    pub fn unlink(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<Vec<u8>>> {
+        self.with_held_at(parent, name, |file, body| {
+            self.table().by_name.remove(&(parent, name.to_os_string()));
+            body.name = None;
+            body.attr.ctime = now();
+            let logged = body.logged_before_seq.map(|_| file.key.clone());
+            self.drop_if_gone(file, body);
+            logged
+        })
+        .ok_or(Errno(libc::ENOENT))
+    }
+
+    /// Makes the file's name and bytes durable in the log, through `commit` (which returns the
+    /// sequence number the log's records now end before): the first time its creation and
+    /// bytes, later its bytes and size again, if they changed. The body stays locked through
+    /// the commit, so a rename or unlink logged after it comes after it in the log.
+    pub fn commit<E>(
+        &self,
+        id: ObjectId,
+        max_unlogged_bytes: u64,
+        commit: impl FnOnce(Vec<Record>) -> Result<u64, E>,
+    ) -> Result<Commit, E>
+    where
+        E: From<Errno>,
+    {
+        let Some(file) = self.get(id) else { return Ok(Commit::NotHeld) };
+        let mut body = file.body();
+        if body.real.is_some() {
+            return Ok(Commit::NotHeld);
+        }
+        let Some((parent, name)) = body.name.clone() else { return Ok(Commit::Unnamed) };
+        let first = body.logged_before_seq.is_none();
+        if first && body.bytes.len() as u64 > max_unlogged_bytes {
+            return Ok(Commit::TooLarge);
+        }
+        if !first && !body.changed_since_log {
+            return Ok(Commit::Unchanged);
+        }
+        let mut records = Vec::with_capacity(3);
+        if first {
+            records.push(Record::Create {
+                file: file.key.clone(),
+                parent: self.ns.log_key(parent)?,
+                name: name.as_encoded_bytes().to_vec(),
+                mode: body.attr.mode(),
+                uid: body.attr.uid,
+                gid: body.attr.gid,
+            });
+        }
+        if !body.bytes.is_empty() {
+            records.push(Record::Data { file: file.key.clone(), offset: 0, bytes: body.bytes.clone() });
+        }
+        if !first {
+            // Made again over what earlier records left: a shorter file must not keep their tail.
+            records.push(Record::Size { file: file.key.clone(), size: body.bytes.len() as u64 });
+        }
+        match commit(records) {
+            Ok(before_seq) => {
+                body.logged_before_seq = Some(before_seq);
+                body.changed_since_log = false;
+                if first {
+                    self.metrics.pending_files_logged.fetch_add(1, Relaxed);
+                }
+                Ok(Commit::Committed)
+            }
+            Err(e) => {
+                // The log puts a failed batch's name records back in its queue: the creation
+                // may yet be logged, so the file counts as logged, and only a checkpoint at
+                // unmount makes it on the backend (`make_all_now`).
+                if first {
+                    body.logged_before_seq = Some(u64::MAX);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes the held file `id` on the backend now, at its name, with its attributes and bytes,
+    /// under its id, if `when` says so of its body. Ok(None): not held, unlinked, or `when`
+    /// declined.
+    fn make_if(&self, id: ObjectId, when: impl Fn(&Body) -> bool) -> SysResult<Option<Made>> {
+        let Some(file) = self.get(id) else { return Ok(None) };
+        let mut body = file.body();
+        if body.real.is_some() || !when(&body) {
+            return Ok(None);
+        }
+        // Unlinked: nothing can name it on the backend, and its bytes go with its last handle.
+        let Some((parent, name)) = body.name.clone() else { return Ok(None) };
+        let owner = Owner { uid: body.attr.uid, gid: body.attr.gid };
+        let made = self.ns.make_with_id(id, parent, &name, body.attr.perm, owner)?;
+        assert_eq!(made.id, id, "the backend keeps the id it is given");
+        let written = (|| {
+            let data = self.store.open(id, OpenMode { write: true, no_atime: false })?;
+            if !body.bytes.is_empty() {
+                super::writeback::write_range(&*self.store, &*data, 0, &body.bytes, &self.metrics)?;
+            }
+            let times = TimesToSet {
+                atime: Some(TimeToSet::At(body.attr.atime)),
+                mtime: Some(TimeToSet::At(body.attr.mtime)),
+            };
+            self.ns.setattr(id, &SetAttr { times, ..SetAttr::default() })?;
+            Ok(data)
+        })();
+        let data = match written {
+            Ok(data) => data,
+            Err(e) => {
+                // Taken back: the file stays held, whole, and the backend keeps no half of it.
+                let _ = self.ns.remove(parent, &name, false);
+                self.ns.forget(id, 1);
+                return Err(e);
+            }
+        };
+        // The lookups held so far pass to the backend (which counted one for the make).
+        match body.lookups {
+            0 => self.ns.forget(id, 1),
+            n => {
+                for _ in 1..n {
+                    self.ns.hold(id)?;
+                }
+            }
+        }
+        body.real = Some(data);
+        self.bytes_held.fetch_sub(body.bytes.len() as u64, Relaxed);
+        body.bytes = Vec::new();
+        let mut table = self.table();
+        table.by_id.remove(&id);
+        table.by_name.remove(&(parent, name.clone()));
+        drop(table);
+        self.metrics.pending_files_made.fetch_add(1, Relaxed);
+        Ok(Some(Made { parent, name, attr: made }))
+    }
+
+    /// Makes a held file the log has not seen on the backend now (for an operation the
+    /// engine does not model on held files, or a file grown past the log's bound).
+    pub fn make_unlogged_now(&self, id: ObjectId) -> SysResult<Option<Made>> {
+        self.make_if(id, |body| body.logged_before_seq.is_none())
+    }
+
+    /// A checkpoint's pass: every named held file whose records all precede `released_before`
+    /// (or that has none) made on the backend, in directory order. Files logged since stay
+    /// held: their records outlive this checkpoint.
+    pub fn make_all(&self, released_before: u64) -> SysResult<usize> {
+        let mut files: Vec<(ObjectId, OsString, ObjectId)> = self
+            .table()
+            .by_name
+            .iter()
+            .map(|((parent, name), id)| (*parent, name.clone(), *id))
+            .collect();
+        files.sort();
+        let mut made = 0;
+        for (_, _, id) in files {
+            let due = |body: &Body| body.logged_before_seq.is_none_or(|seq| seq <= released_before);
+            if self.make_if(id, due)?.is_some() {
+                made += 1;
+            }
+        }
+        Ok(made)
+    }
+
+    /// The held files named in the directory `dir`.
+    pub fn named_in(&self, dir: ObjectId) -> Vec<ObjectId> {
+        let table = self.table();
+        table.by_name.iter().filter(|((parent, _), _)| *parent == dir).map(|(_, id)| *id).collect()
+    }
+
+    /// Whether a checkpoint would make anything (see `make_all`).
+    pub fn any_named(&self) -> bool {
+        !self.table().by_name.is_empty()
+    }
+}
+
+/// Directory entries of held files come after the backend's, at offsets no backend uses
+/// (file systems' directory offsets are positive `loff_t`s, below 1 << 63).
+const HELD_OFFSET_BASE: u64 = 1 << 63;
+
+struct MergedDirReader {
+    backend: Box<dyn DirReader>,
+    pending: Arc<PendingNames>,
+    dir: ObjectId,
+    /// The held names of the directory, taken when the backend's entries ran out.
+    held: Option<Vec<(OsString, ObjectId)>>,
+}
+
+/// What the directory reader needs of `Pending` (which it cannot borrow).
+struct PendingNames {
+    table: Arc<Pending>,
+}
+
+impl DirReader for MergedDirReader {
+    fn read(&mut self, offset: u64, max: usize) -> SysResult<Vec<DirEntry>> {
+        let mut entries = Vec::new();
+        if offset < HELD_OFFSET_BASE {
+            entries = self.backend.read(offset, max)?;
+            if entries.len() == max {
+                return Ok(entries);
+            }
+        }
+        let held = self.held.get_or_insert_with(|| {
+            let table = self.pending.table.table();
+            let mut names: Vec<(OsString, ObjectId)> = table
+                .by_name
+                .iter()
+                .filter(|((parent, _), _)| *parent == self.dir)
+                .map(|((_, name), id)| (name.clone(), *id))
+                .collect();
+            names.sort();
+            names
+        });
+        let start = offset.checked_sub(HELD_OFFSET_BASE).unwrap_or(0) as usize;
+        for (i, (name, id)) in held.iter().enumerate().skip(start) {
+            if entries.len() == max {
+                break;
+            }
+            entries.push(DirEntry {
+                name: name.clone(),
+                id: *id,
+                kind: Some(Kind::File),
+                next_offset: HELD_OFFSET_BASE + i as u64 + 1,
+            });
+        }
+        Ok(entries)
+    }
+}
+
+impl PendingNamespace {
+    fn set_held_attr(body: &mut Body, changes: &SetAttr) {
+        let t = now();
+        if let Some(mode) = changes.mode {
+            body.attr.perm = mode & 0o7777;
+        }
+        if let Some(uid) = changes.uid {
+            body.attr.uid = uid;
+        }
+        if let Some(gid) = changes.gid {
+            body.attr.gid = gid;
+        }
+        let at = |time: TimeToSet| if let TimeToSet::At(at) = time { at } else { t };
+        if let Some(atime) = changes.times.atime {
+            body.attr.atime = at(atime);
+        }
+        if let Some(mtime) = changes.times.mtime {
+            body.attr.mtime = at(mtime);
+        }
+        body.attr.ctime = t;
+    }
+}
+
+/// The namespace the engine sees: held files first, the backend's for the rest.
+pub struct PendingNamespace(pub Arc<Pending>);
+
+impl Namespace for PendingNamespace {
+    fn lookup(&self, parent: ObjectId, name: &OsStr) -> SysResult<Attr> {
+        let p = &self.0;
+        let held = p.with_held_at(parent, name, |_, body| {
+            body.lookups += 1;
+            Pending::attr_of(body)
+        });
+        match held {
+            Some(attr) => Ok(attr),
+            None => p.ns.lookup(parent, name),
+        }
+    }
+
+    fn forget(&self, id: ObjectId, lookups: u64) {
+        let p = &self.0;
+        let held = p.with_held(id, |file, body| {
+            body.lookups = body.lookups.saturating_sub(lookups);
+            p.drop_if_gone(file, body);
+        });
+        if held.is_none() {
+            p.ns.forget(id, lookups)
+        }
+    }
+
+    fn hold(&self, id: ObjectId) -> SysResult<()> {
+        match self.0.with_held(id, |_, body| body.lookups += 1) {
+            Some(()) => Ok(()),
+            None => self.0.ns.hold(id),
+        }
+    }
+
+    fn getattr(&self, id: ObjectId) -> SysResult<Attr> {
+        match self.0.with_held(id, |_, body| Pending::attr_of(body)) {
+            Some(attr) => Ok(attr),
+            None => self.0.ns.getattr(id),
+        }
+    }
+
+    fn setattr(&self, id: ObjectId, changes: &SetAttr) -> SysResult<()> {
+        let changed = self.0.with_held(id, |_, body| Self::set_held_attr(body, changes));
+        match changed {
+            Some(()) => Ok(()),
+            None => self.0.ns.setattr(id, changes),
+        }
+    }
+
+    fn make(&self, parent: ObjectId, name: &OsStr, what: NewObject<'_>, owner: Owner) -> SysResult<Attr> {
+        if self.0.named(parent, name).is_some() {
+            return Err(Errno(libc::EEXIST));
+        }
+        self.0.ns.make(parent, name, what, owner)
+    }
+
+    fn make_with_id(
+        &self,
+        id: ObjectId,
+        parent: ObjectId,
+        name: &OsStr,
+        perm: u32,
+        owner: Owner,
+    ) -> SysResult<Attr> {
+        self.0.ns.make_with_id(id, parent, name, perm, owner)
+    }
+    fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
+        if self.0.named(new_parent, new_name).is_some() {
+            return Err(Errno(libc::EEXIST));
+        }
+        if self.0.is_held(id) {
+            // The engine makes the file on the backend first (`Engine::make_real`).
+            log::error!("link of a held file reached the namespace");
+            return Err(Errno(libc::EIO));
+        }
+        self.0.ns.link(id, new_parent, new_name)
+    }
+
+    fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
+        let p = &self.0;
+        if p.with_held_at(parent, name, |_, _| ()).is_some() {
+            if directory {
+                return Err(Errno(libc::ENOTDIR));
+            }
+            return p.unlink(parent, name).map(drop);
+        }
+        if directory && p.any_named() {
+            if let Some((_, dir)) = p.ns.identify(parent, name) {
+                if p.has_names_in(dir) {
+                    return Err(Errno(libc::ENOTEMPTY));
+                }
+            }
+        }
+        p.ns.remove(parent, name, directory)
+    }
+
+    fn rename(
+        &self,
+        parent: ObjectId,
+        name: &OsStr,
+        new_parent: ObjectId,
+        new_name: &OsStr,
+        flags: u32,
+    ) -> SysResult<()> {
+        let p = &self.0;
+        if p.with_held_at(parent, name, |_, _| ()).is_some() {
+            if flags & !libc::RENAME_NOREPLACE != 0 {
+                log::error!("a rename of a held file with flags {flags:#x} reached the namespace");
+                return Err(Errno(libc::EIO));
+            }
+            return p.rename(parent, name, new_parent, new_name).map(drop);
+        }
+        if p.named(new_parent, new_name).is_some() {
+            log::error!("a rename over a held file reached the namespace");
+            return Err(Errno(libc::EIO));
+        }
+        if p.any_named() {
+            // A directory renamed over an empty one: empty on the backend may not be empty here.
+            if let Some((_, target)) = p.ns.identify(new_parent, new_name) {
+                if p.has_names_in(target) && flags & libc::RENAME_EXCHANGE == 0 {
+                    return Err(Errno(libc::ENOTEMPTY));
+                }
+            }
+        }
+        p.ns.rename(parent, name, new_parent, new_name, flags)
+    }
+
+    fn readlink(&self, id: ObjectId) -> SysResult<Vec<u8>> {
+        if self.0.is_held(id) {
+            return Err(Errno(libc::EINVAL));
+        }
+        self.0.ns.readlink(id)
+    }
+
+    fn set_xattr(&self, id: ObjectId, name: &OsStr, value: &[u8], flags: i32) -> SysResult<()> {
+        if self.0.is_held(id) {
+            log::error!("an extended attribute of a held file reached the namespace");
+            return Err(Errno(libc::EIO));
+        }
+        self.0.ns.set_xattr(id, name, value, flags)
+    }
+
+    fn get_xattr(&self, id: ObjectId, name: &OsStr, size: usize) -> SysResult<XattrReply> {
+        if self.0.is_held(id) {
+            return Err(Errno(libc::ENODATA));
+        }
+        self.0.ns.get_xattr(id, name, size)
+    }
+
+    fn list_xattr(&self, id: ObjectId, size: usize) -> SysResult<XattrReply> {
+        if self.0.is_held(id) {
+            return Ok(if size == 0 { XattrReply::Size(0) } else { XattrReply::Data(Vec::new()) });
+        }
+        self.0.ns.list_xattr(id, size)
+    }
+
+    fn remove_xattr(&self, id: ObjectId, name: &OsStr) -> SysResult<()> {
+        if self.0.is_held(id) {
+            return Err(Errno(libc::ENODATA));
+        }
+        self.0.ns.remove_xattr(id, name)
+    }
+
+    fn statfs(&self, id: ObjectId) -> SysResult<StatFs> {
+        let id = if self.0.is_held(id) { crate::engine::types::ROOT_ID } else { id };
+        self.0.ns.statfs(id)
+    }
+
+    fn open_dir(&self, id: ObjectId) -> SysResult<Box<dyn DirReader>> {
+        let backend = self.0.ns.open_dir(id)?;
+        Ok(Box::new(MergedDirReader {
+            backend,
+            pending: Arc::new(PendingNames { table: self.0.clone() }),
+            dir: id,
+            held: None,
+        }))
+    }
+
+    fn sync_dir(&self, id: ObjectId) -> SysResult<()> {
+        self.0.ns.sync_dir(id)
+    }
+
+    fn log_key(&self, id: ObjectId) -> SysResult<Vec<u8>> {
+        match self.0.with_held(id, |file, _| file.key.clone()) {
+            Some(key) => Ok(key),
+            None => self.0.ns.log_key(id),
+        }
+    }
+
+    fn identify(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)> {
+        match self.0.with_held_at(parent, name, |file, _| (file.key.clone(), file.id)) {
+            Some(found) => Some(found),
+            None => self.0.ns.identify(parent, name),
+        }
+    }
+
+    fn describe(&self, id: ObjectId) -> Option<String> {
+        if let Some(named) = self.0.with_held(id, |_, body| body.name.clone()) {
+            let (parent, name) = named?;
+            let dir = self.0.ns.describe(parent).unwrap_or_else(|| format!("inode {parent}"));
+            return Some(format!("{dir}/{} (not yet on the backend)", name.to_string_lossy()));
+        }
+        self.0.ns.describe(id)
+    }
+
+    fn find(&self, key: &[u8]) -> SysResult<Option<ObjectId>> {
+        if is_pending_key(key) {
+            return Ok(None);
+        }
+        self.0.ns.find(key)
+    }
+
+    fn key_at(&self, parent: ObjectId, name: &OsStr) -> Option<Vec<u8>> {
+        match self.0.with_held_at(parent, name, |file, _| file.key.clone()) {
+            Some(key) => Some(key),
+            None => self.0.ns.key_at(parent, name),
+        }
+    }
+}
+
+/// A held file's data: its body's bytes, or the backend's file once it is made.
+struct PendingData {
+    file: Arc<PendingFile>,
+    pending: Arc<Pending>,
+}
+
+impl PendingData {
+    fn real(&self) -> Option<Arc<dyn FileData>> {
+        self.file.body().real.clone()
+    }
+}
+
+impl FileData for PendingData {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> SysResult<usize> {
+        let body = self.file.body();
+        if let Some(real) = body.real.clone() {
+            drop(body);
+            return real.read_at(buf, offset);
+        }
+        let start = (offset as usize).min(body.bytes.len());
+        let n = (body.bytes.len() - start).min(buf.len());
+        buf[..n].copy_from_slice(&body.bytes[start..start + n]);
+        Ok(n)
+    }
+
+    fn write_unit(&self, unit: &UnitWrite<'_>) -> SysResult<()> {
+        let mut body = self.file.body();
+        if let Some(real) = body.real.clone() {
+            drop(body);
+            return real.write_unit(unit);
+        }
+        let start = unit.start();
+        let limit = unit.limit();
+        let before = body.bytes.len();
+        for r in unit.ranges.iter() {
+            let end = r.end.min(limit);
+            if r.start >= end {
+                continue;
+            }
+            let (from, to) = ((start + r.start) as usize, (start + end) as usize);
+            if body.bytes.len() < to {
+                body.bytes.resize(to, 0);
+            }
+            body.bytes[from..to].copy_from_slice(&unit.buf[r.start as usize..end as usize]);
+        }
+        let t = now();
+        body.attr.mtime = t;
+        body.attr.ctime = t;
+        body.changed_since_log = true;
+        let grown = body.bytes.len() - before;
+        self.pending.bytes_held.fetch_add(grown as u64, Relaxed);
+        Ok(())
+    }
+
+    fn set_size(&self, size: u64) -> SysResult<()> {
+        let mut body = self.file.body();
+        if let Some(real) = body.real.clone() {
+            drop(body);
+            return real.set_size(size);
+        }
+        let before = body.bytes.len() as u64;
+        body.bytes.resize(size as usize, 0);
+        if size >= before {
+            self.pending.bytes_held.fetch_add(size - before, Relaxed);
+        } else {
+            self.pending.bytes_held.fetch_sub(before - size, Relaxed);
+        }
+        let t = now();
+        body.attr.mtime = t;
+        body.attr.ctime = t;
+        body.changed_since_log = true;
+        Ok(())
+    }
+
+    fn size(&self) -> SysResult<u64> {
+        let body = self.file.body();
+        match body.real.clone() {
+            Some(real) => {
+                drop(body);
+                real.size()
+            }
+            None => Ok(body.bytes.len() as u64),
+        }
+    }
+
+    /// A held file is made durable by the log (`Writeback::commit_pending`), never here: the
+    /// engine routes its fsync and close there before any sync of its data.
+    fn sync(&self, data_only: bool) -> SysResult<()> {
+        match self.real() {
+            Some(real) => real.sync(data_only),
+            None => Ok(()),
+        }
+    }
+
+    fn holds_data(&self) -> bool {
+        let body = self.file.body();
+        match body.real.clone() {
+            Some(real) => {
+                drop(body);
+                real.holds_data()
+            }
+            None => !body.bytes.is_empty(),
+        }
+    }
+
+    fn allocate(&self, mode: i32, offset: u64, length: u64) -> SysResult<()> {
+        // The engine makes the file on the backend before it preallocates (`Engine::make_real`).
+        match self.real() {
+            Some(real) => real.allocate(mode, offset, length),
+            None => Err(Errno(libc::EOPNOTSUPP)),
+        }
+    }
+
+    fn seek(&self, offset: i64, whence: i32) -> SysResult<i64> {
+        let body = self.file.body();
+        if let Some(real) = body.real.clone() {
+            drop(body);
+            return real.seek(offset, whence);
+        }
+        // No holes in memory: data everywhere before the end.
+        let size = body.bytes.len() as i64;
+        if offset < 0 || offset >= size {
+            return Err(Errno(libc::ENXIO));
+        }
+        Ok(if whence == libc::SEEK_DATA { offset } else { size })
+    }
+
+    fn copy_to(&self, source_offset: u64, target: &dyn FileData, target_offset: u64, length: u64) -> SysResult<usize> {
+        // Both files are on the backend by now (`Engine::make_real`); the target may be one
+        // made from a held file, which the store knows only through its data.
+        let target = match target.as_any().downcast_ref::<PendingData>() {
+            Some(held) => held.real().ok_or(Errno(libc::EOPNOTSUPP))?,
+            None => return self.real().ok_or(Errno(libc::EOPNOTSUPP))?.copy_to(source_offset, target, target_offset, length),
+        };
+        self.real().ok_or(Errno(libc::EOPNOTSUPP))?.copy_to(source_offset, &*target, target_offset, length)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The unit store the engine sees: held files' data in memory, the backend's for the rest.
+pub struct PendingStore(pub Arc<Pending>);
+
+impl UnitStore for PendingStore {
+    fn capabilities(&self) -> &Capabilities {
+        self.0.store.capabilities()
+    }
+
+    fn open(&self, id: ObjectId, mode: OpenMode) -> SysResult<Arc<dyn FileData>> {
+        if let Some(file) = self.0.get(id) {
+            let real = file.body().real.is_some();
+            if !real {
+                return Ok(Arc::new(PendingData { file, pending: self.0.clone() }));
+            }
+        }
+        self.0.store.open(id, mode)
+    }
+
+    fn sync_all(&self) -> SysResult<()> {
+        self.0.store.sync_all()
+    }
+}
