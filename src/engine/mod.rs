@@ -236,24 +236,23 @@ impl Engine {
     }
 
     /// Makes a file the engine holds (`pending`) a backend file, for an operation held files do
-    /// not model: at once when the log has not seen it, else by a checkpoint.
+    /// not model: at once when the log has not seen it, else durably with a barrier.
     fn make_real(&self, id: ObjectId) -> SysResult<()> {
         let Some(held) = &self.pending else { return Ok(()) };
-        // A checkpoint leaves a file logged while it ran for the next one: a few tries.
-        for _ in 0..4 {
+        // A commit between the status and the make changes which make applies: twice at most.
+        for _ in 0..3 {
             match held.status(id) {
                 pending::Held::No => return Ok(()),
-                pending::Held::Unlogged => match held.make_unlogged_now(id)? {
-                    Some(made) => self.writeback.note_made_early(id, made),
-                    // Unlinked while open: it can no longer be made anywhere.
-                    None if held.is_held(id) => return Err(Errno(libc::EOPNOTSUPP)),
-                    None => {}
-                },
-                pending::Held::Logged(_) => self.writeback.checkpoint()?,
+                pending::Held::Unlogged => {
+                    if let Some(made) = held.make_unlogged_now(id)? {
+                        self.writeback.note_made_early(id, made);
+                    }
+                }
+                pending::Held::Logged(_) => self.writeback.make_held_durably(id)?,
             }
         }
-        log::error!("inode {id}: still held after four checkpoints");
-        Err(Errno(libc::EIO))
+        // Unlinked while open: it can no longer be made anywhere.
+        Err(Errno(libc::EOPNOTSUPP))
     }
 
     /// Whether the intent log still holds records a next mount would replay.

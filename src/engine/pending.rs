@@ -86,6 +86,8 @@ struct Body {
     /// Set by the first commit: the log's records of the file end before this sequence number.
     logged_before_seq: Option<u64>,
     changed_since_log: bool,
+    /// The lowest offset written or cut since the last commit: the next one logs from there.
+    changed_from: u64,
     /// The backend's file, once made: every call goes there from then on.
     real: Option<Arc<dyn FileData>>,
 }
@@ -290,6 +292,7 @@ impl Pending {
             lookups: 1,
             logged_before_seq: None,
             changed_since_log: true,
+            changed_from: 0,
             real: None,
         };
         table.by_id.insert(id, Arc::new(PendingFile { id, key, body: Mutex::new(body) }));
@@ -395,8 +398,9 @@ impl Pending {
                 gid: body.attr.gid,
             });
         }
-        if !body.bytes.is_empty() {
-            records.push(Record::Data { file: file.key.clone(), offset: 0, bytes: body.bytes.clone() });
+        let from = if first { 0 } else { body.changed_from.min(body.bytes.len() as u64) };
+        if (from as usize) < body.bytes.len() {
+            records.push(Record::Data { file: file.key.clone(), offset: from, bytes: body.bytes[from as usize..].to_vec() });
         }
         if !first {
             // Made again over what earlier records left: a shorter file must not keep their tail.
@@ -406,6 +410,7 @@ impl Pending {
             Ok(before_seq) => {
                 body.logged_before_seq = Some(before_seq);
                 body.changed_since_log = false;
+                body.changed_from = u64::MAX;
                 if first {
                     self.metrics.pending_files_logged.fetch_add(1, Relaxed);
                 }
@@ -427,6 +432,17 @@ impl Pending {
     /// under its id, if `when` says so of its body. Ok(None): not held, unlinked, or `when`
     /// declined.
     fn make_if(&self, id: ObjectId, when: impl Fn(&Body) -> bool) -> SysResult<Option<Made>> {
+        self.make_with(id, when, None)
+    }
+
+    /// `make_if`; with `durably`, the file and its name are synced on the backend and then
+    /// `durably(key)` runs (the log's barrier), all before anything else can reach the file.
+    fn make_with(
+        &self,
+        id: ObjectId,
+        when: impl Fn(&Body) -> bool,
+        durably: Option<&dyn Fn(Vec<u8>) -> SysResult<()>>,
+    ) -> SysResult<Option<Made>> {
         let Some(file) = self.get(id) else { return Ok(None) };
         let mut body = file.body();
         if body.real.is_some() || !when(&body) {
@@ -447,6 +463,11 @@ impl Pending {
                 mtime: Some(TimeToSet::At(body.attr.mtime)),
             };
             self.ns.setattr(id, &SetAttr { times, ..SetAttr::default() })?;
+            if let Some(barrier) = durably {
+                data.sync(false)?;
+                self.ns.sync_dir(parent)?;
+                barrier(file.key.clone())?;
+            }
             Ok(data)
         })();
         let data = match written {
@@ -482,6 +503,14 @@ impl Pending {
     /// engine does not model on held files, or a file grown past the log's bound).
     pub fn make_unlogged_now(&self, id: ObjectId) -> SysResult<Option<Made>> {
         self.make_if(id, |body| body.logged_before_seq.is_none())
+    }
+
+    /// Makes a held file the log knows on the backend now, durably (the file synced, then its
+    /// directory), then runs `barrier` with its log key (which commits a Barrier record: replay
+    /// then leaves the file's earlier records alone). Costs what an fsync of a new backend file
+    /// costs, and no checkpoint.
+    pub fn make_logged_now(&self, id: ObjectId, barrier: &dyn Fn(Vec<u8>) -> SysResult<()>) -> SysResult<Option<Made>> {
+        self.make_with(id, |body| body.logged_before_seq.is_some(), Some(barrier))
     }
 
     /// A checkpoint's pass: every named held file whose records all precede `released_before`
@@ -862,6 +891,8 @@ impl FileData for PendingData {
         body.attr.mtime = t;
         body.attr.ctime = t;
         body.changed_since_log = true;
+        let lowest = unit.ranges.iter().map(|r| start + r.start).min().unwrap_or(start);
+        body.changed_from = body.changed_from.min(lowest);
         let grown = body.bytes.len() - before;
         self.pending.bytes_held.fetch_add(grown as u64, Relaxed);
         Ok(())
@@ -884,6 +915,7 @@ impl FileData for PendingData {
         body.attr.mtime = t;
         body.attr.ctime = t;
         body.changed_since_log = true;
+        body.changed_from = body.changed_from.min(size);
         Ok(())
     }
 

@@ -364,7 +364,8 @@ pub fn replay(
                     *end = Some((to_parent, to_name));
                 }
             }
-            Record::Unlink { file, .. } if is_pending_key(file) => {
+            // Unlinked; or made on the backend durably, its records barred (`make_logged_now`).
+            Record::Unlink { file, .. } | Record::Barrier { file } if is_pending_key(file) => {
                 held_ends.insert(file, None);
             }
             _ => {}

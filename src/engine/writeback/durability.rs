@@ -60,6 +60,24 @@ impl Writeback {
         self.note_backend_changed(id);
     }
 
+    /// Makes a held file the log knows on the backend now, durably, and bars its earlier
+    /// records (see `Pending::make_logged_now`); from then on it is like any synced file.
+    pub fn make_held_durably(&self, id: u64) -> SysResult<()> {
+        let (Some(held), Some(log)) = (&self.pending, &self.log) else { return Ok(()) };
+        let barrier = |key: Vec<u8>| {
+            log.commit(vec![Record::Barrier { file: key }]).map_err(|e| {
+                log::error!("inode {id}: committing the barrier of a new file made on the backend: {e}");
+                Errno(libc::EIO)
+            })
+        };
+        if held.make_logged_now(id, &barrier)?.is_some() {
+            // Synced, named durably, its log records barred: as a file older than the
+            // checkpoint, in sync with the backend.
+            lock(&self.durability).insert(id, Durability::default());
+        }
+        Ok(())
+    }
+
     /// Name records of held files the log knows (`pending`), committed before the caller is
     /// answered: replay finds such a file by the name its records leave it with, so no later
     /// change may depend on a name change the log does not have yet.
