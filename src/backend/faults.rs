@@ -246,14 +246,7 @@ impl Namespace for FaultyBackend {
         self.check(FaultOp::Mutate, Some(parent))?;
         self.ns.make(parent, name, what, owner)
     }
-    fn make_with_id(
-        &self,
-        id: ObjectId,
-        parent: ObjectId,
-        name: &OsStr,
-        perm: u32,
-        owner: Owner,
-    ) -> SysResult<Attr> {
+    fn make_with_id(&self, id: ObjectId, parent: ObjectId, name: &OsStr, perm: u32, owner: Owner) -> SysResult<Attr> {
         self.check(FaultOp::Create, Some(parent))?;
         self.check(FaultOp::Mutate, Some(parent))?;
         self.ns.make_with_id(id, parent, name, perm, owner)

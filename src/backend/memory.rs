@@ -403,14 +403,7 @@ impl Namespace for MemoryBackend {
         self.make_object(parent, name, what, owner, None)
     }
 
-    fn make_with_id(
-        &self,
-        id: ObjectId,
-        parent: ObjectId,
-        name: &OsStr,
-        perm: u32,
-        owner: Owner,
-    ) -> SysResult<Attr> {
+    fn make_with_id(&self, id: ObjectId, parent: ObjectId, name: &OsStr, perm: u32, owner: Owner) -> SysResult<Attr> {
         self.make_object(parent, name, NewObject::File { perm }, owner, Some(id))
     }
 

@@ -163,14 +163,8 @@ impl Engine {
             }
             None => (ns, store, None),
         };
-        let writeback = Writeback::new(
-            ns.clone(),
-            store.clone(),
-            config.writeback.clone(),
-            metrics.clone(),
-            log,
-            pending.clone(),
-        );
+        let writeback =
+            Writeback::new(ns.clone(), store.clone(), config.writeback.clone(), metrics.clone(), log, pending.clone());
         Ok(Engine {
             ns,
             store,

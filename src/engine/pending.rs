@@ -140,10 +140,9 @@ fn now() -> Timestamp {
 
 impl Pending {
     pub fn new(ns: Arc<dyn Namespace>, store: Arc<dyn UnitStore>, metrics: Arc<Metrics>) -> Pending {
-        let nonce = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-            ^ (std::process::id() as u64) << 32;
+        let nonce =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+                ^ (std::process::id() as u64) << 32;
         Pending {
             ns,
             store,
@@ -400,7 +399,11 @@ impl Pending {
         }
         let from = if first { 0 } else { body.changed_from.min(body.bytes.len() as u64) };
         if (from as usize) < body.bytes.len() {
-            records.push(Record::Data { file: file.key.clone(), offset: from, bytes: body.bytes[from as usize..].to_vec() });
+            records.push(Record::Data {
+                file: file.key.clone(),
+                offset: from,
+                bytes: body.bytes[from as usize..].to_vec(),
+            });
         }
         if !first {
             // Made again over what earlier records left: a shorter file must not keep their tail.
@@ -458,10 +461,8 @@ impl Pending {
             if !body.bytes.is_empty() {
                 super::writeback::write_range(&*self.store, &*data, 0, &body.bytes, &self.metrics)?;
             }
-            let times = TimesToSet {
-                atime: Some(TimeToSet::At(body.attr.atime)),
-                mtime: Some(TimeToSet::At(body.attr.mtime)),
-            };
+            let times =
+                TimesToSet { atime: Some(TimeToSet::At(body.attr.atime)), mtime: Some(TimeToSet::At(body.attr.mtime)) };
             self.ns.setattr(id, &SetAttr { times, ..SetAttr::default() })?;
             if let Some(barrier) = durably {
                 data.sync(false)?;
@@ -517,12 +518,8 @@ impl Pending {
     /// (or that has none) made on the backend, in directory order. Files logged since stay
     /// held: their records outlive this checkpoint.
     pub fn make_all(&self, released_before: u64) -> SysResult<usize> {
-        let mut files: Vec<(ObjectId, OsString, ObjectId)> = self
-            .table()
-            .by_name
-            .iter()
-            .map(|((parent, name), id)| (*parent, name.clone(), *id))
-            .collect();
+        let mut files: Vec<(ObjectId, OsString, ObjectId)> =
+            self.table().by_name.iter().map(|((parent, name), id)| (*parent, name.clone(), *id)).collect();
         files.sort();
         let mut made = 0;
         for (_, _, id) in files {
@@ -583,7 +580,7 @@ impl DirReader for MergedDirReader {
             names.sort();
             names
         });
-        let start = offset.checked_sub(HELD_OFFSET_BASE).unwrap_or(0) as usize;
+        let start = offset.saturating_sub(HELD_OFFSET_BASE) as usize;
         for (i, (name, id)) in held.iter().enumerate().skip(start) {
             if entries.len() == max {
                 break;
@@ -678,14 +675,7 @@ impl Namespace for PendingNamespace {
         self.0.ns.make(parent, name, what, owner)
     }
 
-    fn make_with_id(
-        &self,
-        id: ObjectId,
-        parent: ObjectId,
-        name: &OsStr,
-        perm: u32,
-        owner: Owner,
-    ) -> SysResult<Attr> {
+    fn make_with_id(&self, id: ObjectId, parent: ObjectId, name: &OsStr, perm: u32, owner: Owner) -> SysResult<Attr> {
         self.0.ns.make_with_id(id, parent, name, perm, owner)
     }
     fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
@@ -977,7 +967,14 @@ impl FileData for PendingData {
         // made from a held file, which the store knows only through its data.
         let target = match target.as_any().downcast_ref::<PendingData>() {
             Some(held) => held.real().ok_or(Errno(libc::EOPNOTSUPP))?,
-            None => return self.real().ok_or(Errno(libc::EOPNOTSUPP))?.copy_to(source_offset, target, target_offset, length),
+            None => {
+                return self.real().ok_or(Errno(libc::EOPNOTSUPP))?.copy_to(
+                    source_offset,
+                    target,
+                    target_offset,
+                    length,
+                )
+            }
         };
         self.real().ok_or(Errno(libc::EOPNOTSUPP))?.copy_to(source_offset, &*target, target_offset, length)
     }

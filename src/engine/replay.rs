@@ -43,8 +43,8 @@ use std::sync::Arc;
 
 use super::intent_log::device::LogDevice;
 use super::intent_log::format::{Batch, Record};
-use super::pending::is_pending_key;
 use super::intent_log::{IntentLog, LogError};
+use super::pending::is_pending_key;
 use super::types::{Kind, NewObject, ObjectId, Owner};
 use super::LogSetup;
 use crate::backend::{FileData, Namespace, OpenMode, UnitStore};
@@ -299,6 +299,9 @@ fn read_replay_map(device: &dyn LogDevice) -> SysResult<HashMap<Vec<u8>, Vec<u8>
     Ok(map)
 }
 
+/// A new file's last logged name: its directory's key and the name.
+type LastName<'a> = (&'a [u8], &'a [u8]);
+
 fn describe_key(k: &[u8]) -> String {
     k.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -353,7 +356,7 @@ pub fn replay(
         not_restored: Vec::new(),
     };
     // Where each new file the log held ends (None: unlinked), and those a checkpoint made.
-    let mut held_ends: HashMap<&[u8], Option<(&[u8], &[u8])>> = HashMap::new();
+    let mut held_ends: HashMap<&[u8], Option<LastName<'_>>> = HashMap::new();
     for r in &records {
         match r {
             Record::Create { file, parent, name, .. } if is_pending_key(file) => {

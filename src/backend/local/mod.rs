@@ -240,14 +240,7 @@ impl Namespace for LocalBackend {
         Ok(self.remember(node, &st))
     }
 
-    fn make_with_id(
-        &self,
-        id: ObjectId,
-        parent: ObjectId,
-        name: &OsStr,
-        perm: u32,
-        owner: Owner,
-    ) -> SysResult<Attr> {
+    fn make_with_id(&self, id: ObjectId, parent: ObjectId, name: &OsStr, perm: u32, owner: Owner) -> SysResult<Attr> {
         let name = name_cstring(name)?;
         let parent = self.node(parent)?;
         let (node, made) = self.dir.mknod(&parent.node, &name, libc::S_IFREG | (perm & 0o7777), 0)?;
