@@ -3,7 +3,8 @@
 //! to stderr until the daemon detaches and to its runtime directory's `daemon.log` after that
 //! (see `runtime`: never on the backing file system, which may be the one that ran full).
 //!
-//! Repeats are rate-limited per call site: a backend that refuses every flush must not write
+//! Repeats of warnings, errors and notices are rate-limited per call site (debug lines, asked
+//! for to trace a run, never are): a backend that refuses every flush must not write
 //! a line per retry. At most `LINES_PER_WINDOW` lines per site in each `WINDOW`; the rest are
 //! counted and said in one line ("N more like this") when the site speaks again. The file is
 //! kept under `MAX_LOG_BYTES` by moving it to `daemon.log.1` when it would grow past that.
@@ -126,7 +127,8 @@ impl log::Log for DaemonLogger {
         if !self.inner.matches(record) {
             return;
         }
-        let (write, repeats) = self.admit(record);
+        // Debug lines are asked for, to trace one run: all of them are written.
+        let (write, repeats) = if record.level() >= log::Level::Debug { (true, None) } else { self.admit(record) };
         if let Some(n) = repeats {
             self.inner.log(
                 &log::Record::builder()
