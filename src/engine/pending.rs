@@ -22,7 +22,7 @@
 //! renamed there), so a held name never hides a backend one; a held file's body is the truth
 //! for it until `real` is set, after which every call goes to the backend.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -132,6 +132,10 @@ pub struct Pending {
     /// finds such a file by the name its records leave it with, which nothing may change before
     /// the records are gone.
     pub(super) names_gate: RwLock<()>,
+    /// Files the running checkpoint made on the backend: their records stay in the log until
+    /// it releases them, and a replay before that would write their older bytes over anything
+    /// synced since, so an fsync or close of one waits for the checkpoint (`wait_if_being_made`).
+    made_by_checkpoint: Mutex<HashSet<ObjectId>>,
 }
 
 fn now() -> Timestamp {
@@ -151,6 +155,7 @@ impl Pending {
             table: Mutex::new(Table::default()),
             bytes_held: AtomicU64::new(0),
             names_gate: RwLock::new(()),
+            made_by_checkpoint: Mutex::new(HashSet::new()),
         }
     }
 
@@ -439,12 +444,13 @@ impl Pending {
     }
 
     /// `make_if`; with `durably`, the file and its name are synced on the backend and then
-    /// `durably(key)` runs (the log's barrier), all before anything else can reach the file.
+    /// `durably(records)` runs (the log's commit of `made_durably_records`), all before anything
+    /// else can reach the file.
     fn make_with(
         &self,
         id: ObjectId,
         when: impl Fn(&Body) -> bool,
-        durably: Option<&dyn Fn(Vec<u8>) -> SysResult<()>>,
+        durably: Option<&dyn Fn(Vec<Record>) -> SysResult<()>>,
     ) -> SysResult<Option<Made>> {
         let Some(file) = self.get(id) else { return Ok(None) };
         let mut body = file.body();
@@ -464,10 +470,10 @@ impl Pending {
             let times =
                 TimesToSet { atime: Some(TimeToSet::At(body.attr.atime)), mtime: Some(TimeToSet::At(body.attr.mtime)) };
             self.ns.setattr(id, &SetAttr { times, ..SetAttr::default() })?;
-            if let Some(barrier) = durably {
+            if let Some(commit) = durably {
                 data.sync(false)?;
                 self.ns.sync_dir(parent)?;
-                barrier(file.key.clone())?;
+                commit(self.made_durably_records(&file.key, parent, &name, &made)?)?;
             }
             Ok(data)
         })();
@@ -489,6 +495,11 @@ impl Pending {
                 }
             }
         }
+        if durably.is_none() && body.logged_before_seq.is_some() {
+            // Made by a checkpoint (nothing else makes a logged file without a barrier), marked
+            // before its body is let go: whoever finds it made finds it marked.
+            lock(&self.made_by_checkpoint).insert(id);
+        }
         body.real = Some(data);
         self.bytes_held.fetch_sub(body.bytes.len() as u64, Relaxed);
         body.bytes = Vec::new();
@@ -500,6 +511,26 @@ impl Pending {
         Ok(Some(Made { parent, name, attr: made }))
     }
 
+    /// What the log is told of a held file made on the backend durably: a Barrier under its
+    /// held key (replay leaves its earlier records alone: the backend holds all of it), and its
+    /// creation under its backend key, as for any file created since the checkpoint. Without
+    /// that Create, replay could not follow the file's later renames and unlinks once the
+    /// backend lost it (the power-cut test found a file renamed over and then unlinked made
+    /// again: the Create of the file it replaced was replayed, its replacement's rename not).
+    fn made_durably_records(&self, key: &[u8], parent: ObjectId, name: &OsStr, made: &Attr) -> SysResult<Vec<Record>> {
+        Ok(vec![
+            Record::Barrier { file: key.to_vec() },
+            Record::Create {
+                file: self.ns.log_key(made.id)?,
+                parent: self.ns.log_key(parent)?,
+                name: name.as_encoded_bytes().to_vec(),
+                mode: made.mode(),
+                uid: made.uid,
+                gid: made.gid,
+            },
+        ])
+    }
+
     /// Makes a held file the log has not seen on the backend now (for an operation the
     /// engine does not model on held files, or a file grown past the log's bound).
     pub fn make_unlogged_now(&self, id: ObjectId) -> SysResult<Option<Made>> {
@@ -507,11 +538,14 @@ impl Pending {
     }
 
     /// Makes a held file the log knows on the backend now, durably (the file synced, then its
-    /// directory), then runs `barrier` with its log key (which commits a Barrier record: replay
-    /// then leaves the file's earlier records alone). Costs what an fsync of a new backend file
-    /// costs, and no checkpoint.
-    pub fn make_logged_now(&self, id: ObjectId, barrier: &dyn Fn(Vec<u8>) -> SysResult<()>) -> SysResult<Option<Made>> {
-        self.make_with(id, |body| body.logged_before_seq.is_some(), Some(barrier))
+    /// directory), then runs `commit` with the records that say so (`made_durably_records`).
+    /// Costs what an fsync of a new backend file costs, and no checkpoint.
+    pub fn make_logged_now(
+        &self,
+        id: ObjectId,
+        commit: &dyn Fn(Vec<Record>) -> SysResult<()>,
+    ) -> SysResult<Option<Made>> {
+        self.make_with(id, |body| body.logged_before_seq.is_some(), Some(commit))
     }
 
     /// A checkpoint's pass: every named held file whose records all precede `released_before`
@@ -529,6 +563,21 @@ impl Pending {
             }
         }
         Ok(made)
+    }
+
+    /// The checkpoint that made files (`make_all`) has released their records.
+    pub fn checkpoint_released(&self) {
+        lock(&self.made_by_checkpoint).clear();
+    }
+
+    /// Called by fsync and close of a file that is not held: if the running checkpoint made it,
+    /// waits until that checkpoint has released its records (it holds `names_gate` until then).
+    pub fn wait_if_being_made(&self, id: ObjectId) {
+        let made = lock(&self.made_by_checkpoint);
+        if !made.is_empty() && made.contains(&id) {
+            drop(made);
+            drop(self.names_gate.read().unwrap_or_else(|p| p.into_inner()));
+        }
     }
 
     /// The held files named in the directory `dir`.

@@ -111,6 +111,16 @@ struct Pending {
     failed: std::collections::VecDeque<(u64, u64, LogError)>,
     failed_total: u64,
     leader_active: bool,
+    /// Ticket ranges written, oldest first, each with the sequence number its batch ends
+    /// before, kept until every caller in the range has read it (`commit_before_seq`).
+    written: std::collections::VecDeque<WrittenRound>,
+}
+
+struct WrittenRound {
+    first_ticket: u64,
+    last_ticket: u64,
+    before_seq: u64,
+    unread: u64,
 }
 
 pub struct IntentLog {
@@ -220,6 +230,7 @@ impl IntentLog {
                 failed: Default::default(),
                 failed_total: 0,
                 leader_active: false,
+                written: Default::default(),
             }),
             committed: Condvar::new(),
         };
@@ -230,6 +241,14 @@ impl IntentLog {
     /// batches: whoever finds no batch being written writes everything queued, as one batch,
     /// while the others wait for it.
     pub fn commit(&self, records: Vec<Record>) -> Result<(), LogError> {
+        self.commit_before_seq(records).map(drop)
+    }
+
+    /// `commit`, and the sequence number the batch holding `records` ends before: exactly,
+    /// not `next_seq` read afterwards, which a concurrent batch may have moved on. A checkpoint
+    /// that releases batches before S makes a held file on the backend when its records end
+    /// before S; a later number would let the checkpoint release them and keep the file held.
+    pub fn commit_before_seq(&self, records: Vec<Record>) -> Result<u64, LogError> {
         let mut pending = lock(&self.pending);
         pending.records.extend(records);
         let ticket = pending.next_ticket;
@@ -244,10 +263,18 @@ impl IntentLog {
             let (first, last) = (pending.durable_ticket + 1, pending.next_ticket - 1);
             drop(pending);
             // Nothing queued (a caller making sure earlier names are durable): no batch.
-            let result = if records.is_empty() { Ok(()) } else { self.write_batch(&records) };
+            let result = if records.is_empty() { Ok(self.next_seq()) } else { self.write_batch(&records) };
             pending = lock(&self.pending);
             pending.leader_active = false;
             pending.durable_ticket = last;
+            if let Ok(before_seq) = result {
+                pending.written.push_back(WrittenRound {
+                    first_ticket: first,
+                    last_ticket: last,
+                    before_seq,
+                    unread: last - first + 1,
+                });
+            }
             if let Err(e) = result {
                 // Names go back in front of what was queued since, in their order: a later
                 // batch must not hold a create without the unlinks and renames before it.
@@ -263,10 +290,22 @@ impl IntentLog {
             }
             self.committed.notify_all();
         }
-        match pending.failed.iter().find(|(first, last, _)| (*first..=*last).contains(&ticket)) {
-            Some((_, _, why)) => Err(why.clone()),
-            None => Ok(()),
+        if let Some((_, _, why)) = pending.failed.iter().find(|(first, last, _)| (*first..=*last).contains(&ticket)) {
+            return Err(why.clone());
         }
+        let Some(at) =
+            pending.written.iter().position(|round| (round.first_ticket..=round.last_ticket).contains(&ticket))
+        else {
+            // Its round failed so many rounds ago that the failure was forgotten.
+            return Err(LogError::Io("write", Errno(libc::EIO)));
+        };
+        let round = &mut pending.written[at];
+        let before_seq = round.before_seq;
+        round.unread -= 1;
+        while pending.written.front().is_some_and(|round| round.unread == 0) {
+            pending.written.pop_front();
+        }
+        Ok(before_seq)
     }
 
     /// Queues namespace records to ride along with the next batch, without waiting for it:
@@ -307,7 +346,8 @@ impl IntentLog {
         }
     }
 
-    fn write_batch(&self, records: &[Record]) -> Result<(), LogError> {
+    /// Writes one batch; returns the sequence number it ends before.
+    fn write_batch(&self, records: &[Record]) -> Result<u64, LogError> {
         let mut ring = lock(&self.ring);
         let result = self.write_batch_locked(&mut ring, records);
         // Refusing for want of room writes nothing; any other failure may have written.
@@ -316,7 +356,7 @@ impl IntentLog {
             Err(LogError::Full { .. }) => {}
             Err(_) => ring.failed_write_at_next = true,
         }
-        result
+        result.map(|()| ring.next_seq)
     }
 
     fn write_batch_locked(&self, ring: &mut Ring, records: &[Record]) -> Result<(), LogError> {

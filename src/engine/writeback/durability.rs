@@ -64,8 +64,8 @@ impl Writeback {
     /// records (see `Pending::make_logged_now`); from then on it is like any synced file.
     pub fn make_held_durably(&self, id: u64) -> SysResult<()> {
         let (Some(held), Some(log)) = (&self.pending, &self.log) else { return Ok(()) };
-        let barrier = |key: Vec<u8>| {
-            log.commit(vec![Record::Barrier { file: key }]).map_err(|e| {
+        let barrier = |records: Vec<Record>| {
+            log.commit(records).map_err(|e| {
                 log::error!("inode {id}: committing the barrier of a new file made on the backend: {e}");
                 Errno(libc::EIO)
             })
@@ -99,18 +99,20 @@ impl Writeback {
     pub(super) fn commit_pending(&self, file: &Arc<FileState>, report: ErrorReport) -> Option<SysResult<()>> {
         let (held, log) = (self.pending.as_ref()?, self.log.as_ref()?);
         if !held.is_held(file.id) {
+            held.wait_if_being_made(file.id);
             return None;
         }
         if let Err(e) = self.flush_file(file, None, report) {
             return Some(Err(e));
         }
         for attempt in 0..2 {
-            let committed = held.commit(file.id, self.config.log_threshold_new_bytes, |records| {
-                log.commit(records)?;
-                Ok::<u64, LogError>(log.next_seq())
-            });
+            let committed =
+                held.commit(file.id, self.config.log_threshold_new_bytes, |records| log.commit_before_seq(records));
             match committed {
-                Ok(Commit::NotHeld) => return None,
+                Ok(Commit::NotHeld) => {
+                    held.wait_if_being_made(file.id);
+                    return None;
+                }
                 Ok(Commit::TooLarge) => {
                     match held.make_unlogged_now(file.id) {
                         Ok(Some(made)) => self.note_made_early(file.id, made),
@@ -153,10 +155,7 @@ impl Writeback {
                 Some(file) => self.commit_pending(&file, ErrorReport::Sync),
                 None => {
                     let log = self.log.as_ref().expect("held files exist with the log");
-                    let committed = held.commit(id, u64::MAX, |records| {
-                        log.commit(records)?;
-                        Ok::<u64, LogError>(log.next_seq())
-                    });
+                    let committed = held.commit(id, u64::MAX, |records| log.commit_before_seq(records));
                     Some(match committed {
                         Ok(_) => Ok(()),
                         Err(LogError::Full { .. }) => self.checkpoint(),
@@ -489,6 +488,9 @@ impl Writeback {
             log::error!("{e}");
             Errno(libc::EIO)
         })?;
+        if let Some(held) = &self.pending {
+            held.checkpoint_released();
+        }
         let mut d = lock(&self.durability);
         for (ino, changes) in flushed {
             if let Some(entry) = d.get_mut(&ino) {
