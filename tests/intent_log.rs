@@ -396,6 +396,37 @@ fn a_held_file_renamed_over_another_and_unlinked_stays_gone() {
     assert!(names.is_empty(), "the directory holds {names:?} after replay; everything in it was unlinked");
 }
 
+/// A new file the log holds, made on the backend by a checkpoint, and rewritten and fsynced
+/// while that checkpoint has not yet released its records: replay after a crash would write
+/// the older logged bytes over the fsynced ones, so that fsync waits for the checkpoint. The
+/// checkpoint's backend sync is stalled to hold it open; the rewrite is larger than the log
+/// takes, so its fsync syncs the backend.
+#[test]
+fn an_fsync_during_the_checkpoint_that_makes_a_new_file_is_not_undone() {
+    if !in_a_process_of_its_own("an_fsync_during_the_checkpoint_that_makes_a_new_file_is_not_undone") {
+        return;
+    }
+    let options = ["log=on", "unit=64K", "flush_age=3600s", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::build(&options, &[("COALESCEFS_FAULTS", "")], None);
+    fs::create_dir(m.path("d")).unwrap();
+    m.remount();
+    fs::write(m.path("d/a"), pattern(1000, 1)).unwrap();
+    assert!(!m.backing_path("d/a").exists(), "d/a is held in the log");
+    m.inject("sync=stall:4s*1");
+    let mnt = path_str(&m.mnt);
+    let checkpoint = std::thread::spawn(move || coalescefs(&["sync", &mnt]));
+    wait_for(|| m.backing_path("d/a").exists(), "the checkpoint to make d/a on the backend");
+    let rewritten = pattern(100_000, 2);
+    let f = OpenOptions::new().write(true).open(m.path("d/a")).unwrap();
+    f.write_all_at(&rewritten, 0).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    kill_daemon(&mut m);
+    let _ = checkpoint.join();
+    m.mount();
+    assert!(fs::read(m.path("d/a")).unwrap() == rewritten, "the fsynced rewrite of d/a was undone by replay");
+}
+
 /// `coalescefs sync` is a checkpoint: the backend holds everything, and the log is empty, so a
 /// crash right after it has nothing to replay.
 #[test]
