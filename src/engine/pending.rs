@@ -22,7 +22,7 @@
 //! renamed there), so a held name never hides a backend one; a held file's body is the truth
 //! for it until `real` is set, after which every call goes to the backend.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -107,8 +107,29 @@ impl PendingFile {
 #[derive(Default)]
 struct Table {
     by_id: HashMap<ObjectId, Arc<PendingFile>>,
-    by_name: HashMap<(ObjectId, OsString), ObjectId>,
+    /// Held names by directory, each directory's in name order (a listing's order); a
+    /// directory with none has no entry.
+    by_name: HashMap<ObjectId, BTreeMap<OsString, ObjectId>>,
     next: u64,
+}
+
+impl Table {
+    fn id_at(&self, parent: ObjectId, name: &OsStr) -> Option<ObjectId> {
+        self.by_name.get(&parent)?.get(name).copied()
+    }
+
+    fn name(&mut self, parent: ObjectId, name: &OsStr, id: ObjectId) {
+        self.by_name.entry(parent).or_default().insert(name.to_os_string(), id);
+    }
+
+    fn unname(&mut self, parent: ObjectId, name: &OsStr) {
+        if let Some(names) = self.by_name.get_mut(&parent) {
+            names.remove(name);
+            if names.is_empty() {
+                self.by_name.remove(&parent);
+            }
+        }
+    }
 }
 
 /// A file made on the backend for one that was held: where, so the engine can log its creation.
@@ -172,11 +193,8 @@ impl Pending {
 
     fn named(&self, parent: ObjectId, name: &OsStr) -> Option<Arc<PendingFile>> {
         let table = self.table();
-        if table.by_name.is_empty() {
-            return None;
-        }
-        let id = table.by_name.get(&(parent, name.to_os_string()))?;
-        table.by_id.get(id).cloned()
+        let id = table.id_at(parent, name)?;
+        table.by_id.get(&id).cloned()
     }
 
     /// `f` on the held file `id` and its locked body, while it is held.
@@ -228,8 +246,7 @@ impl Pending {
     /// Whether a held file is named in the directory `dir` (which the backend then may think
     /// empty).
     fn has_names_in(&self, dir: ObjectId) -> bool {
-        let table = self.table();
-        !table.by_name.is_empty() && table.by_name.keys().any(|(parent, _)| *parent == dir)
+        self.table().by_name.contains_key(&dir)
     }
 
     /// Whether the backend has `name` in `parent` (errors other than "no such name" are the
@@ -258,7 +275,7 @@ impl Pending {
         }
         let gid = if parent_attr.perm & libc::S_ISGID != 0 { parent_attr.gid } else { owner.gid };
         let mut table = self.table();
-        if table.by_name.contains_key(&(parent, name.to_os_string())) {
+        if table.id_at(parent, name).is_some() {
             return Err(Errno(libc::EEXIST));
         }
         // Ids the backend was given by an earlier mount's checkpoints may still be its own.
@@ -300,7 +317,7 @@ impl Pending {
             real: None,
         };
         table.by_id.insert(id, Arc::new(PendingFile { id, key, body: Mutex::new(body) }));
-        table.by_name.insert((parent, name.to_os_string()), id);
+        table.name(parent, name, id);
         Ok(attr)
     }
 
@@ -342,8 +359,8 @@ impl Pending {
         }
         self.with_held_at(parent, name, |file, body| {
             let mut table = self.table();
-            table.by_name.remove(&(parent, name.to_os_string()));
-            table.by_name.insert((new_parent, new_name.to_os_string()), file.id);
+            table.unname(parent, name);
+            table.name(new_parent, new_name, file.id);
             drop(table);
             body.name = Some((new_parent, new_name.to_os_string()));
             body.attr.ctime = now();
@@ -355,7 +372,7 @@ impl Pending {
     /// Unlinks a held file. Returns its log key if the log knows it (see `rename`).
     pub fn unlink(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<Vec<u8>>> {
         self.with_held_at(parent, name, |file, body| {
-            self.table().by_name.remove(&(parent, name.to_os_string()));
+            self.table().unname(parent, name);
             body.name = None;
             body.attr.ctime = now();
             let logged = body.logged_before_seq.map(|_| file.key.clone());
@@ -505,7 +522,7 @@ impl Pending {
         body.bytes = Vec::new();
         let mut table = self.table();
         table.by_id.remove(&id);
-        table.by_name.remove(&(parent, name.clone()));
+        table.unname(parent, &name);
         drop(table);
         self.metrics.pending_files_made.fetch_add(1, Relaxed);
         Ok(Some(Made { parent, name, attr: made }))
@@ -552,11 +569,16 @@ impl Pending {
     /// (or that has none) made on the backend, in directory order. Files logged since stay
     /// held: their records outlive this checkpoint.
     pub fn make_all(&self, released_before: u64) -> SysResult<usize> {
-        let mut files: Vec<(ObjectId, OsString, ObjectId)> =
-            self.table().by_name.iter().map(|((parent, name), id)| (*parent, name.clone(), *id)).collect();
-        files.sort();
+        let mut files: Vec<(ObjectId, ObjectId)> = self
+            .table()
+            .by_name
+            .iter()
+            .flat_map(|(parent, names)| names.values().map(|id| (*parent, *id)))
+            .collect();
+        // Directory by directory, each in name order (stable: names come sorted).
+        files.sort_by_key(|(parent, _)| *parent);
         let mut made = 0;
-        for (_, _, id) in files {
+        for (_, id) in files {
             let due = |body: &Body| body.logged_before_seq.is_none_or(|seq| seq <= released_before);
             if self.make_if(id, due)?.is_some() {
                 made += 1;
@@ -583,7 +605,7 @@ impl Pending {
     /// The held files named in the directory `dir`.
     pub fn named_in(&self, dir: ObjectId) -> Vec<ObjectId> {
         let table = self.table();
-        table.by_name.iter().filter(|((parent, _), _)| *parent == dir).map(|(_, id)| *id).collect()
+        table.by_name.get(&dir).map_or_else(Vec::new, |names| names.values().copied().collect())
     }
 
     /// Whether a checkpoint would make anything (see `make_all`).
@@ -598,15 +620,10 @@ const HELD_OFFSET_BASE: u64 = 1 << 63;
 
 struct MergedDirReader {
     backend: Box<dyn DirReader>,
-    pending: Arc<PendingNames>,
+    pending: Arc<Pending>,
     dir: ObjectId,
     /// The held names of the directory, taken when the backend's entries ran out.
     held: Option<Vec<(OsString, ObjectId)>>,
-}
-
-/// What the directory reader needs of `Pending` (which it cannot borrow).
-struct PendingNames {
-    table: Arc<Pending>,
 }
 
 impl DirReader for MergedDirReader {
@@ -619,15 +636,10 @@ impl DirReader for MergedDirReader {
             }
         }
         let held = self.held.get_or_insert_with(|| {
-            let table = self.pending.table.table();
-            let mut names: Vec<(OsString, ObjectId)> = table
-                .by_name
-                .iter()
-                .filter(|((parent, _), _)| *parent == self.dir)
-                .map(|((_, name), id)| (name.clone(), *id))
-                .collect();
-            names.sort();
-            names
+            let table = self.pending.table();
+            table.by_name.get(&self.dir).map_or_else(Vec::new, |names| {
+                names.iter().map(|(name, id)| (name.clone(), *id)).collect()
+            })
         });
         let start = offset.saturating_sub(HELD_OFFSET_BASE) as usize;
         for (i, (name, id)) in held.iter().enumerate().skip(start) {
@@ -833,7 +845,7 @@ impl Namespace for PendingNamespace {
         let backend = self.0.ns.open_dir(id)?;
         Ok(Box::new(MergedDirReader {
             backend,
-            pending: Arc::new(PendingNames { table: self.0.clone() }),
+            pending: self.0.clone(),
             dir: id,
             held: None,
         }))
