@@ -427,6 +427,38 @@ fn an_fsync_during_the_checkpoint_that_makes_a_new_file_is_not_undone() {
     assert!(fs::read(m.path("d/a")).unwrap() == rewritten, "the fsynced rewrite of d/a was undone by replay");
 }
 
+/// A checkpoint that fails after making new files on the backend (its sync fails) leaves
+/// their held records in the log. An unlink of one, and an fsync of another, each settle the
+/// file first (synced, logged as made durably): after a crash the unlinked file stays gone and
+/// the other holds what its fsync acknowledged.
+#[test]
+fn files_a_failed_checkpoint_made_keep_their_later_unlinks_and_fsyncs() {
+    if !in_a_process_of_its_own("files_a_failed_checkpoint_made_keep_their_later_unlinks_and_fsyncs") {
+        return;
+    }
+    let options = ["log=on", "unit=64K", "flush_age=3600s", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::build(&options, &[("COALESCEFS_FAULTS", "")], None);
+    fs::create_dir(m.path("d")).unwrap();
+    m.remount();
+    fs::write(m.path("d/gone"), pattern(1000, 1)).unwrap();
+    fs::write(m.path("d/kept"), pattern(2000, 2)).unwrap();
+    m.inject("sync=EIO*1");
+    let out = coalescefs(&["sync", &path_str(&m.mnt)]);
+    assert!(!out.status.success(), "the checkpoint was to fail at its backend sync");
+    assert!(m.backing_path("d/gone").exists() && m.backing_path("d/kept").exists(), "the checkpoint made both files");
+    fs::remove_file(m.path("d/gone")).unwrap();
+    fs::File::open(m.path("d")).unwrap().sync_all().unwrap();
+    let rewritten = pattern(100_000, 3);
+    let f = OpenOptions::new().write(true).open(m.path("d/kept")).unwrap();
+    f.write_all_at(&rewritten, 0).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    kill_daemon(&mut m);
+    m.mount();
+    assert!(!m.path("d/gone").exists(), "the acknowledged unlink was undone by replay");
+    assert!(fs::read(m.path("d/kept")).unwrap() == rewritten, "the fsynced rewrite of d/kept was undone by replay");
+}
+
 /// `coalescefs sync` is a checkpoint: the backend holds everything, and the log is empty, so a
 /// crash right after it has nothing to replay.
 #[test]

@@ -196,6 +196,9 @@ impl Engine {
             }
         }
         let removed = self.named_object(parent, name);
+        if let Some((_, id)) = removed.as_ref().filter(|_| !directory) {
+            self.writeback.settle_made(*id, true)?;
+        }
         // A file released with data still buffered (its flush refused, or not yet due): once its
         // last name goes, that data can never be read and its descriptors keep the backend's
         // space allocated, so both go. Looked up only when there is such a file.
@@ -257,6 +260,9 @@ impl Engine {
         let _gate = self.pending.as_ref().map(|held| held.names_gate.read().unwrap_or_else(|p| p.into_inner()));
         let moved = self.named_object(parent, name);
         let replaced = self.named_object(new_parent, new_name);
+        for (_, id) in moved.iter().chain(&replaced) {
+            self.writeback.settle_made(*id, true)?;
+        }
         self.ns.rename(parent, name, new_parent, new_name, flags)?;
         let Some((key, id)) = moved else { return Ok(()) };
         if replaced.as_ref().is_some_and(|(_, replaced_id)| *replaced_id == id) {

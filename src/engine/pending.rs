@@ -22,7 +22,7 @@
 //! renamed there), so a held name never hides a backend one; a held file's body is the truth
 //! for it until `real` is set, after which every call goes to the backend.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -153,10 +153,21 @@ pub struct Pending {
     /// finds such a file by the name its records leave it with, which nothing may change before
     /// the records are gone.
     pub(super) names_gate: RwLock<()>,
-    /// Files the running checkpoint made on the backend: their records stay in the log until
-    /// it releases them, and a replay before that would write their older bytes over anything
-    /// synced since, so an fsync or close of one waits for the checkpoint (`wait_if_being_made`).
-    made_by_checkpoint: Mutex<HashSet<ObjectId>>,
+    /// Files a checkpoint made on the backend whose records it has not released (it is
+    /// running, or it failed after making them). Replay would find such a file by its held
+    /// records alone: write their older bytes over anything synced since, and make it again
+    /// at its last held name after a rename or unlink. So an fsync or close of one waits for
+    /// the running checkpoint, and one a failed checkpoint left is settled first (synced, and
+    /// logged as made durably) before it is fsynced, renamed or unlinked (`settle_made`).
+    made_by_checkpoint: Mutex<HashMap<ObjectId, Unreleased>>,
+}
+
+/// A file a checkpoint made, as `made_durably_records` needs it.
+struct Unreleased {
+    key: Vec<u8>,
+    parent: ObjectId,
+    name: OsString,
+    attr: Attr,
 }
 
 fn now() -> Timestamp {
@@ -176,7 +187,7 @@ impl Pending {
             table: Mutex::new(Table::default()),
             bytes_held: AtomicU64::new(0),
             names_gate: RwLock::new(()),
-            made_by_checkpoint: Mutex::new(HashSet::new()),
+            made_by_checkpoint: Mutex::new(HashMap::new()),
         }
     }
 
@@ -515,7 +526,8 @@ impl Pending {
         if durably.is_none() && body.logged_before_seq.is_some() {
             // Made by a checkpoint (nothing else makes a logged file without a barrier), marked
             // before its body is let go: whoever finds it made finds it marked.
-            lock(&self.made_by_checkpoint).insert(id);
+            let unreleased = Unreleased { key: file.key.clone(), parent, name: name.clone(), attr: made.clone() };
+            lock(&self.made_by_checkpoint).insert(id, unreleased);
         }
         body.real = Some(data);
         self.bytes_held.fetch_sub(body.bytes.len() as u64, Relaxed);
@@ -569,12 +581,8 @@ impl Pending {
     /// (or that has none) made on the backend, in directory order. Files logged since stay
     /// held: their records outlive this checkpoint.
     pub fn make_all(&self, released_before: u64) -> SysResult<usize> {
-        let mut files: Vec<(ObjectId, ObjectId)> = self
-            .table()
-            .by_name
-            .iter()
-            .flat_map(|(parent, names)| names.values().map(|id| (*parent, *id)))
-            .collect();
+        let mut files: Vec<(ObjectId, ObjectId)> =
+            self.table().by_name.iter().flat_map(|(parent, names)| names.values().map(|id| (*parent, *id))).collect();
         // Directory by directory, each in name order (stable: names come sorted).
         files.sort_by_key(|(parent, _)| *parent);
         let mut made = 0;
@@ -592,14 +600,39 @@ impl Pending {
         lock(&self.made_by_checkpoint).clear();
     }
 
-    /// Called by fsync and close of a file that is not held: if the running checkpoint made it,
-    /// waits until that checkpoint has released its records (it holds `names_gate` until then).
-    pub fn wait_if_being_made(&self, id: ObjectId) {
-        let made = lock(&self.made_by_checkpoint);
-        if !made.is_empty() && made.contains(&id) {
-            drop(made);
-            drop(self.names_gate.read().unwrap_or_else(|p| p.into_inner()));
+    /// Whether any file a checkpoint made still has its held records in the log.
+    pub fn any_unreleased(&self) -> bool {
+        !lock(&self.made_by_checkpoint).is_empty()
+    }
+
+    /// Before an fsync or close of a file that is not held: if a checkpoint made it and is
+    /// still running, waits until it has released the file's records (it holds `names_gate`
+    /// until then); if it failed, settles the file (`settle_unreleased`).
+    pub fn settle_if_made_by_checkpoint(
+        &self,
+        id: ObjectId,
+        commit: &dyn Fn(Vec<Record>) -> SysResult<()>,
+    ) -> SysResult<()> {
+        if !lock(&self.made_by_checkpoint).contains_key(&id) {
+            return Ok(());
         }
+        drop(self.names_gate.read().unwrap_or_else(|p| p.into_inner()));
+        self.settle_unreleased(id, commit)
+    }
+
+    /// A file a failed checkpoint made, whose held records are still in the log: synced on the
+    /// backend with its directory, then `commit` of the records that say it was made durably
+    /// (as `make_logged_now`), so that replay leaves its held records alone and follows what
+    /// comes next. The caller holds `names_gate` for reading, or no checkpoint is running.
+    pub fn settle_unreleased(&self, id: ObjectId, commit: &dyn Fn(Vec<Record>) -> SysResult<()>) -> SysResult<()> {
+        // Held through the settling: a second caller must not go on before the commit.
+        let mut made = lock(&self.made_by_checkpoint);
+        let Some(file) = made.get(&id) else { return Ok(()) };
+        self.store.open(id, OpenMode { write: true, no_atime: false })?.sync(false)?;
+        self.ns.sync_dir(file.parent)?;
+        commit(self.made_durably_records(&file.key, file.parent, &file.name, &file.attr)?)?;
+        made.remove(&id);
+        Ok(())
     }
 
     /// The held files named in the directory `dir`.
@@ -637,9 +670,10 @@ impl DirReader for MergedDirReader {
         }
         let held = self.held.get_or_insert_with(|| {
             let table = self.pending.table();
-            table.by_name.get(&self.dir).map_or_else(Vec::new, |names| {
-                names.iter().map(|(name, id)| (name.clone(), *id)).collect()
-            })
+            table
+                .by_name
+                .get(&self.dir)
+                .map_or_else(Vec::new, |names| names.iter().map(|(name, id)| (name.clone(), *id)).collect())
         });
         let start = offset.saturating_sub(HELD_OFFSET_BASE) as usize;
         for (i, (name, id)) in held.iter().enumerate().skip(start) {
@@ -843,12 +877,7 @@ impl Namespace for PendingNamespace {
 
     fn open_dir(&self, id: ObjectId) -> SysResult<Box<dyn DirReader>> {
         let backend = self.0.ns.open_dir(id)?;
-        Ok(Box::new(MergedDirReader {
-            backend,
-            pending: self.0.clone(),
-            dir: id,
-            held: None,
-        }))
+        Ok(Box::new(MergedDirReader { backend, pending: self.0.clone(), dir: id, held: None }))
     }
 
     fn sync_dir(&self, id: ObjectId) -> SysResult<()> {

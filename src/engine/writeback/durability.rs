@@ -63,19 +63,34 @@ impl Writeback {
     /// Makes a held file the log knows on the backend now, durably, and bars its earlier
     /// records (see `Pending::make_logged_now`); from then on it is like any synced file.
     pub fn make_held_durably(&self, id: u64) -> SysResult<()> {
-        let (Some(held), Some(log)) = (&self.pending, &self.log) else { return Ok(()) };
-        let barrier = |records: Vec<Record>| {
-            log.commit(records).map_err(|e| {
-                log::error!("inode {id}: committing the barrier of a new file made on the backend: {e}");
-                Errno(libc::EIO)
-            })
-        };
-        if held.make_logged_now(id, &barrier)?.is_some() {
+        let Some(held) = &self.pending else { return Ok(()) };
+        if held.make_logged_now(id, &|records| self.commit_made_durably(id, records))?.is_some() {
             // Synced, named durably, its log records barred: as a file older than the
             // checkpoint, in sync with the backend.
             lock(&self.durability).insert(id, Durability::default());
         }
         Ok(())
+    }
+
+    /// The records of a new file made on the backend durably (`Pending::made_durably_records`).
+    fn commit_made_durably(&self, id: u64, records: Vec<Record>) -> SysResult<()> {
+        let Some(log) = &self.log else { return Ok(()) };
+        log.commit(records).map_err(|e| {
+            log::error!("inode {id}: committing the barrier of a new file made on the backend: {e}");
+            Errno(libc::EIO)
+        })
+    }
+
+    /// A file a checkpoint made is settled before it is fsynced, renamed or unlinked (see
+    /// `Pending::settle_if_made_by_checkpoint`); `names_held`: the caller holds the names gate.
+    pub fn settle_made(&self, id: u64, names_held: bool) -> SysResult<()> {
+        let Some(held) = self.pending.as_ref().filter(|held| held.any_unreleased()) else { return Ok(()) };
+        let commit = |records| self.commit_made_durably(id, records);
+        if names_held {
+            held.settle_unreleased(id, &commit)
+        } else {
+            held.settle_if_made_by_checkpoint(id, &commit)
+        }
     }
 
     /// Name records of held files the log knows (`pending`), committed before the caller is
@@ -99,8 +114,7 @@ impl Writeback {
     pub(super) fn commit_pending(&self, file: &Arc<FileState>, report: ErrorReport) -> Option<SysResult<()>> {
         let (held, log) = (self.pending.as_ref()?, self.log.as_ref()?);
         if !held.is_held(file.id) {
-            held.wait_if_being_made(file.id);
-            return None;
+            return self.settle_made(file.id, false).err().map(Err);
         }
         if let Err(e) = self.flush_file(file, None, report) {
             return Some(Err(e));
@@ -109,10 +123,7 @@ impl Writeback {
             let committed =
                 held.commit(file.id, self.config.log_threshold_new_bytes, |records| log.commit_before_seq(records));
             match committed {
-                Ok(Commit::NotHeld) => {
-                    held.wait_if_being_made(file.id);
-                    return None;
-                }
+                Ok(Commit::NotHeld) => return self.settle_made(file.id, false).err().map(Err),
                 Ok(Commit::TooLarge) => {
                     match held.make_unlogged_now(file.id) {
                         Ok(Some(made)) => self.note_made_early(file.id, made),
