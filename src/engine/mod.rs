@@ -232,17 +232,13 @@ impl Engine {
     /// Makes a file the engine holds (`pending`) a backend file, for an operation held files do
     /// not model: at once when the log has not seen it, else durably with a barrier.
     fn make_real(&self, id: ObjectId) -> SysResult<()> {
-        let Some(held) = &self.pending else { return Ok(()) };
+        if self.pending.is_none() {
+            return Ok(());
+        }
         // A commit between the status and the make changes which make applies: twice at most.
         for _ in 0..3 {
-            match held.status(id) {
-                pending::Held::No => return Ok(()),
-                pending::Held::Unlogged => {
-                    if let Some(made) = held.make_unlogged_now(id)? {
-                        self.writeback.note_made_early(id, made);
-                    }
-                }
-                pending::Held::Logged(_) => self.writeback.make_held_durably(id)?,
+            if !self.writeback.make_held_on_backend(id)? {
+                return Ok(());
             }
         }
         // Unlinked while open: it can no longer be made anywhere.

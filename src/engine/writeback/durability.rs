@@ -60,6 +60,24 @@ impl Writeback {
         self.note_backend_changed(id);
     }
 
+    /// Makes a held file (`pending`) a backend file: at once when the log has not seen it, else
+    /// durably (`make_held_durably`). Returns whether it was held: a commit racing with this
+    /// can change which make applies, so a caller that needs the file made calls again until
+    /// it was not.
+    pub fn make_held_on_backend(&self, id: u64) -> SysResult<bool> {
+        let Some(held) = &self.pending else { return Ok(false) };
+        match held.status(id) {
+            Held::No => return Ok(false),
+            Held::Unlogged => {
+                if let Some(made) = held.make_unlogged_now(id)? {
+                    self.note_made_early(id, made);
+                }
+            }
+            Held::Logged(_) => self.make_held_durably(id)?,
+        }
+        Ok(true)
+    }
+
     /// Makes a held file the log knows on the backend now, durably, and bars its earlier
     /// records (see `Pending::make_logged_now`); from then on it is like any synced file.
     pub fn make_held_durably(&self, id: u64) -> SysResult<()> {

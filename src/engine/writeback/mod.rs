@@ -33,7 +33,7 @@ pub(crate) use flushers::write_range;
 use super::buffer::{AlignedBuf, RangeSet};
 use super::intent_log::format::Record;
 use super::intent_log::{IntentLog, LogError};
-use super::pending::{Commit, Made, Pending};
+use super::pending::{Commit, Held, Made, Pending};
 use super::types::{ObjectId, SetAttr, TimesToSet};
 use crate::backend::{FileData, Namespace, OpenMode, UnitStore, UnitWrite};
 use crate::metrics::Metrics;

@@ -410,20 +410,10 @@ impl Writeback {
     pub(super) fn file_data(&self, file: &FileState, inner: &mut FileInner) -> SysResult<Arc<dyn FileData>> {
         // A held file (`pending`) the log has not seen, grown past what its close would log:
         // the backend makes it now, and its bytes go there.
-        if let Some(held) = &self.pending {
-            if inner.size > self.config.log_threshold_new_bytes {
-                match held.status(file.id) {
-                    super::super::pending::Held::Unlogged => {
-                        if let Some(made) = held.make_unlogged_now(file.id)? {
-                            self.note_made_early(file.id, made);
-                        }
-                    }
-                    // Logged while small (a shell's redirection closes the new file once
-                    // before anything is written), then grown: made durably, as its fsync would.
-                    super::super::pending::Held::Logged(_) => self.make_held_durably(file.id)?,
-                    super::super::pending::Held::No => {}
-                }
-            }
+        // (Logged while small, as a shell's redirection closes the new file once before anything
+        // is written, then grown: made durably, as its fsync would.)
+        if self.pending.is_some() && inner.size > self.config.log_threshold_new_bytes {
+            self.make_held_on_backend(file.id)?;
         }
         if let Some(data) = &inner.data {
             return Ok(data.clone());
