@@ -647,25 +647,21 @@ impl Writeback {
         }
         // A clean unmount is a durability point, as a native file system's: what was written
         // survives a power cut after `umount` returns (with the log, the checkpoint's sync).
+        let mut backend_unsynced = None;
         if self.log.is_some() {
-            if let Err(e) = self.checkpoint() {
+            let mut checkpointed = self.checkpoint();
+            // New files the log took after that checkpoint began, or whose commit failed, are
+            // made on the backend too (nothing changes any more), and a second checkpoint
+            // releases their records: a clean unmount leaves nothing to replay.
+            if let Some(held) = self.pending.as_ref().filter(|held| checkpointed.is_ok() && held.any_named()) {
+                checkpointed = held.make_all(u64::MAX).and_then(|_| self.checkpoint());
+            }
+            if let Err(e) = checkpointed {
                 log::error!("the last checkpoint failed ({e}); the next mount replays the intent log");
             }
-        }
-        // Files the log took after that checkpoint began, or whose commit failed: made on the
-        // backend too (nothing changes any more; the next mount's replay finds them there).
-        if let Some(held) = self.pending.as_ref().filter(|held| held.any_named()) {
-            let made = held.make_all(u64::MAX).and_then(|_| self.sync_backend());
-            if let Err(e) = made {
-                log::error!("making new files on the backend at unmount: {e}; the intent log keeps them");
-            }
-        }
-        let backend_unsynced = match self.log.is_some() {
-            true => None,
-            false => self.sync_backend().err(),
-        };
-        if let Some(e) = backend_unsynced {
+        } else if let Err(e) = self.sync_backend() {
             log::error!("syncing the backend at unmount failed ({e}): what was written may not survive a power cut");
+            backend_unsynced = Some(e);
         }
         self.stopping.store(true, Relaxed);
         self.queue_ready.notify_all();
