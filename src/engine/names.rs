@@ -180,7 +180,8 @@ impl Engine {
     fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
         self.checked_name(parent, name, false)?;
         let gate = self.pending.as_ref().map(|held| held.names_gate.read().unwrap_or_else(|p| p.into_inner()));
-        if let Some(held) = self.held_at(parent, name).filter(|_| !directory) {
+        let held = self.pending.as_ref().filter(|_| !directory).and_then(|held| held.id_named(parent, name));
+        if let Some(held) = held {
             match self.unlink_held(held, parent, name) {
                 // Made on the backend meanwhile (a flush grew it past the log's bound).
                 Err(Errno(libc::ENOENT)) if !self.pending.as_ref().is_some_and(|h| h.is_held(held)) => {}
@@ -231,9 +232,14 @@ impl Engine {
     ) -> SysResult<()> {
         self.checked_name(parent, name, false)?;
         self.checked_name(new_parent, new_name, true)?;
-        if self.pending.is_some() {
-            let source = self.held_at(parent, name);
-            let target = self.ns.identify(new_parent, new_name).map(|(_, id)| id);
+        if let Some(held) = &self.pending {
+            let source = held.id_named(parent, name);
+            // What the target name holds, where a held source may go there; else only whether
+            // it is a held file (which must be made on the backend first).
+            let target = match source {
+                Some(_) => self.ns.identify(new_parent, new_name).map(|(_, id)| id),
+                None => held.id_named(new_parent, new_name),
+            };
             if let Some(source) = source {
                 if target == Some(source) {
                     return Ok(()); // one object, two names of it: nothing to do (see below)
@@ -302,13 +308,6 @@ impl Engine {
             &replaced_id.into_iter().collect::<Vec<_>>(),
         );
         Ok(())
-    }
-
-    /// The file named `name` in `parent`, if only memory and the log hold it (`pending`).
-    fn held_at(&self, parent: ObjectId, name: &OsStr) -> Option<ObjectId> {
-        let held = self.pending.as_ref()?;
-        let (_, id) = self.ns.identify(parent, name)?;
-        held.is_held(id).then_some(id)
     }
 
     /// Unlinks a file only memory and the log hold. If the log knows it, returns the Unlink

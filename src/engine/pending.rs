@@ -241,6 +241,11 @@ impl Pending {
         self.bytes_held.load(Relaxed)
     }
 
+    /// The held file named `name` in `parent`, if there is one (the backend is not asked).
+    pub fn id_named(&self, parent: ObjectId, name: &OsStr) -> Option<ObjectId> {
+        self.with_held_at(parent, name, |file, _| file.id)
+    }
+
     pub fn is_held(&self, id: ObjectId) -> bool {
         self.with_held(id, |_, _| ()).is_some()
     }
