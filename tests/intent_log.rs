@@ -459,6 +459,45 @@ fn files_a_failed_checkpoint_made_keep_their_later_unlinks_and_fsyncs() {
     assert!(fs::read(m.path("d/kept")).unwrap() == rewritten, "the fsynced rewrite of d/kept was undone by replay");
 }
 
+/// A new file the log alone holds keeps the metadata its close and fsync made durable: the
+/// times an application set before close (GNU tar's futimens), and a mode changed after the
+/// first close and made durable by fsync, come back after a crash with its bytes.
+#[test]
+fn a_held_file_keeps_its_times_and_mode_after_a_crash() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::io::AsRawFd;
+    if !in_a_process_of_its_own("a_held_file_keeps_its_times_and_mode_after_a_crash") {
+        return;
+    }
+    let options = ["log=on", "unit=64K", "flush_age=3600s", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    fs::create_dir(m.path("d")).unwrap();
+    m.remount();
+    let times = [
+        libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 123_456_789 },
+        libc::timespec { tv_sec: 1_000_000_001, tv_nsec: 987_654_321 },
+    ];
+    {
+        let f = OpenOptions::new().write(true).create_new(true).open(m.path("d/tarred")).unwrap();
+        f.write_all_at(&pattern(3000, 1), 0).unwrap();
+        assert_eq!(unsafe { libc::futimens(f.as_raw_fd(), times.as_ptr()) }, 0);
+    }
+    write_and_fsync(&m.path("d/chmodded"), &pattern(1000, 2));
+    let f = fs::File::open(m.path("d/chmodded")).unwrap();
+    f.set_permissions(fs::Permissions::from_mode(0o604)).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    assert!(!m.backing_path("d/tarred").exists(), "d/tarred is held in the log");
+    kill_daemon(&mut m);
+    m.mount();
+    let tarred = fs::metadata(m.path("d/tarred")).unwrap();
+    assert_eq!((tarred.atime(), tarred.atime_nsec()), (1_000_000_000, 123_456_789), "atime after replay");
+    assert_eq!((tarred.mtime(), tarred.mtime_nsec()), (1_000_000_001, 987_654_321), "mtime after replay");
+    assert!(fs::read(m.path("d/tarred")).unwrap() == pattern(3000, 1), "d/tarred differs");
+    let mode = fs::metadata(m.path("d/chmodded")).unwrap().mode() & 0o7777;
+    assert_eq!(mode, 0o604, "the mode fsynced after the first close");
+}
+
 /// `coalescefs sync` is a checkpoint: the backend holds everything, and the log is empty, so a
 /// crash right after it has nothing to replay.
 #[test]

@@ -398,9 +398,9 @@ impl Pending {
         .ok_or(Errno(libc::ENOENT))
     }
 
-    /// Makes the file's name and bytes durable in the log, through `commit` (which returns the
-    /// sequence number the log's records now end before): the first time its creation and
-    /// bytes, later its bytes and size again, if they changed. The body stays locked through
+    /// Makes the file's name, bytes and attributes durable in the log, through `commit` (which
+    /// returns the sequence number the log's records now end before): the first time its
+    /// creation and bytes, later its bytes and size again, if they or its attributes changed. The body stays locked through
     /// the commit, so a rename or unlink logged after it comes after it in the log.
     pub fn commit<E>(
         &self,
@@ -447,6 +447,15 @@ impl Pending {
             // Made again over what earlier records left: a shorter file must not keep their tail.
             records.push(Record::Size { file: file.key.clone(), size: body.bytes.len() as u64 });
         }
+        // Last: replay's writes of the bytes above would stamp the file with their own time.
+        records.push(Record::Attrs {
+            file: file.key.clone(),
+            mode: body.attr.perm,
+            uid: body.attr.uid,
+            gid: body.attr.gid,
+            atime: body.attr.atime,
+            mtime: body.attr.mtime,
+        });
         match commit(records) {
             Ok(before_seq) => {
                 body.logged_before_seq = Some(before_seq);
@@ -716,6 +725,7 @@ impl PendingNamespace {
             body.attr.mtime = at(mtime);
         }
         body.attr.ctime = t;
+        body.changed_since_log = true;
     }
 }
 

@@ -45,7 +45,7 @@ use super::intent_log::device::LogDevice;
 use super::intent_log::format::{Batch, Record};
 use super::intent_log::{IntentLog, LogError};
 use super::pending::is_pending_key;
-use super::types::{Kind, NewObject, ObjectId, Owner};
+use super::types::{Kind, NewObject, ObjectId, Owner, SetAttr, TimeToSet, TimesToSet};
 use super::LogSetup;
 use crate::backend::{FileData, Namespace, OpenMode, UnitStore};
 use crate::metrics::Metrics;
@@ -222,6 +222,25 @@ impl Replay<'_> {
                 Some(data) => data.set_size(*size).map(|()| true),
                 None => Ok(false),
             },
+            Record::Attrs { file, mode, uid, gid, atime, mtime } => match self.object(file, Kind::File)? {
+                Some(id) => {
+                    let now = self.ns.getattr(id)?;
+                    if (now.uid, now.gid) != (*uid, *gid) {
+                        // First: a change of owner clears set-user-ID bits the mode then sets. A
+                        // daemon that may not give files away keeps them its own, as it made them.
+                        let owner = SetAttr { uid: Some(*uid), gid: Some(*gid), ..SetAttr::default() };
+                        match self.ns.setattr(id, &owner) {
+                            Err(Errno(libc::EPERM)) => {}
+                            other => other?,
+                        }
+                    }
+                    let times = TimesToSet { atime: Some(TimeToSet::At(*atime)), mtime: Some(TimeToSet::At(*mtime)) };
+                    Self::skip_if_moved_on(
+                        self.ns.setattr(id, &SetAttr { mode: Some(*mode), times, ..SetAttr::default() }),
+                    )
+                }
+                None => Ok(false),
+            },
             Record::Barrier { .. } => Ok(false),
             Record::Create { file, parent, name, mode, uid, gid } => self.create(file, parent, name, *mode, *uid, *gid),
             Record::Unlink { file, parent, name, directory } => {
@@ -314,6 +333,7 @@ fn describe(record: &Record) -> String {
         Record::Data { file, offset, bytes } => format!("data {} {}+{}", key(file), offset, bytes.len()),
         Record::Size { file, size } => format!("size {} {size}", key(file)),
         Record::Barrier { file } => format!("barrier {}", key(file)),
+        Record::Attrs { file, mode, mtime, .. } => format!("attrs {} mode {mode:o} mtime {}", key(file), mtime.sec),
         Record::Create { file, parent, name: n, .. } => format!("create {} as {}/{}", key(file), key(parent), name(n)),
         Record::Unlink { file, parent, name: n, .. } => format!("unlink {} at {}/{}", key(file), key(parent), name(n)),
         Record::Rename { file, from_name, to_name, replaced, .. } => {
@@ -388,7 +408,7 @@ pub fn replay(
         }
     }
     for (i, r) in records.iter().enumerate() {
-        let contents = matches!(r, Record::Data { .. } | Record::Size { .. });
+        let contents = matches!(r, Record::Data { .. } | Record::Size { .. } | Record::Attrs { .. });
         if contents && last_barrier.get(r.file()).is_some_and(|&b| i <= b) {
             continue;
         }

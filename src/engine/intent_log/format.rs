@@ -24,6 +24,8 @@
 
 use std::fmt;
 
+use super::super::types::Timestamp;
+
 /// The log block of a device that says nothing of its alignment, and of the tests' logs.
 pub const LOG_BLOCK_BYTES: usize = 4096;
 /// The block sizes a log may have: a sector at least, a large page at most.
@@ -158,6 +160,9 @@ pub enum Record {
     Create { file: Vec<u8>, parent: Vec<u8>, name: Vec<u8>, mode: u32, uid: u32, gid: u32 },
     /// `name` in `parent`, which was `file`, was removed (`directory`: by rmdir).
     Unlink { file: Vec<u8>, parent: Vec<u8>, name: Vec<u8>, directory: bool },
+    /// The file's mode, owner and times became these (a new file the log alone holds: its
+    /// fsync makes its metadata durable too, and a tar's or cp -p's times survive a crash).
+    Attrs { file: Vec<u8>, mode: u32, uid: u32, gid: u32, atime: Timestamp, mtime: Timestamp },
     /// `file` was renamed from `from_name` in `from_parent` to `to_name` in `to_parent`,
     /// replacing `replaced` (empty: the name was free).
     Rename {
@@ -176,6 +181,7 @@ const KIND_BARRIER: u8 = 3;
 const KIND_CREATE: u8 = 4;
 const KIND_UNLINK: u8 = 5;
 const KIND_RENAME: u8 = 6;
+const KIND_ATTRS: u8 = 7;
 
 fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
@@ -204,6 +210,7 @@ impl Record {
             | Record::Barrier { file }
             | Record::Create { file, .. }
             | Record::Unlink { file, .. }
+            | Record::Attrs { file, .. }
             | Record::Rename { file, .. } => file,
         }
     }
@@ -233,6 +240,7 @@ impl Record {
                 Record::Barrier { .. } => 0,
                 Record::Create { parent, name, .. } => 8 + parent.len() + name.len() + 12,
                 Record::Unlink { parent, name, .. } => 8 + parent.len() + name.len() + 4,
+                Record::Attrs { .. } => 12 + 2 * 12,
                 Record::Rename { from_parent, from_name, to_parent, to_name, replaced, .. } => {
                     20 + from_parent.len() + from_name.len() + to_parent.len() + to_name.len() + replaced.len()
                 }
@@ -251,6 +259,7 @@ impl Record {
             Record::Create { .. } => KIND_CREATE,
             Record::Unlink { .. } => KIND_UNLINK,
             Record::Rename { .. } => KIND_RENAME,
+            Record::Attrs { .. } => KIND_ATTRS,
         };
         let start = out.len();
         out.extend_from_slice(&[kind, 0, 0, 0]);
@@ -278,6 +287,15 @@ impl Record {
             Record::Rename { from_parent, from_name, to_parent, to_name, replaced, .. } => {
                 for part in [from_parent, from_name, to_parent, to_name, replaced] {
                     put_bytes(out, part);
+                }
+            }
+            Record::Attrs { mode, uid, gid, atime, mtime, .. } => {
+                for v in [mode, uid, gid] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                for t in [atime, mtime] {
+                    out.extend_from_slice(&t.sec.to_le_bytes());
+                    out.extend_from_slice(&t.nsec.to_le_bytes());
                 }
             }
         }
@@ -350,6 +368,16 @@ impl Record {
                 to_name: take_bytes(rest)?,
                 replaced: take_bytes(rest)?,
             },
+            KIND_ATTRS => {
+                let (mode, uid, gid) = (take_u32(rest)?, take_u32(rest)?, take_u32(rest)?);
+                let mut time = || -> Option<Timestamp> {
+                    let sec = u64_at(rest.get(..8)?, 0) as i64;
+                    *rest = &rest[8..];
+                    let nsec = take_u32(rest)?;
+                    (nsec < 1_000_000_000).then_some(Timestamp { sec, nsec })
+                };
+                Record::Attrs { file, mode, uid, gid, atime: time()?, mtime: time()? }
+            }
             _ => return None,
         };
         rest.is_empty().then_some(record)
@@ -674,7 +702,7 @@ mod tests {
 
     fn random_records(rng: &mut Rng) -> Vec<Record> {
         (0..1 + rng.below(6))
-            .map(|_| match rng.below(8) {
+            .map(|_| match rng.below(9) {
                 0 => Record::Size { file: key(rng.below(50)), size: rng.below(1 << 40) },
                 1 => Record::Barrier { file: key(rng.below(50)) },
                 2 => Record::Create {
@@ -698,6 +726,17 @@ mod tests {
                     to_parent: key(rng.below(50)),
                     to_name: key(rng.below(1 << 30)),
                     replaced: if rng.below(2) == 0 { Vec::new() } else { key(rng.below(50)) },
+                },
+                5 => Record::Attrs {
+                    file: key(rng.below(50)),
+                    mode: rng.below(0o170000) as u32,
+                    uid: rng.below(70000) as u32,
+                    gid: rng.below(70000) as u32,
+                    atime: Timestamp {
+                        sec: rng.below(1 << 40) as i64 - (1 << 39),
+                        nsec: rng.below(1_000_000_000) as u32,
+                    },
+                    mtime: Timestamp { sec: rng.below(1 << 40) as i64, nsec: rng.below(1_000_000_000) as u32 },
                 },
                 _ => Record::Data {
                     file: key(rng.below(50)),
