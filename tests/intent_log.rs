@@ -212,8 +212,8 @@ fn write_and_fsync(path: &std::path::Path, bytes: &[u8]) {
 
 /// New files fsynced under a name: the log holds the name and the bytes, and the backend has
 /// never seen the files (they wait in memory for the next checkpoint), so they come back after
-/// a kill -9 from the log alone, under the names their renames and unlinks left. A new file
-/// renamed over a backend file is first made on the backend, durably. (tests/powercut/run
+/// a kill -9 from the log alone, under the names their renames and unlinks left, including one
+/// renamed over a backend file (whose unlink the log records first). (tests/powercut/run
 /// checks the states a real power cut leaves.)
 #[test]
 fn new_files_come_back_under_their_names_when_the_backend_lost_them() {
@@ -229,6 +229,7 @@ fn new_files_come_back_under_their_names_when_the_backend_lost_them() {
     // tmp + rename over an existing file, the rename not fsynced.
     write_and_fsync(&m.path("d/tmp"), &pattern(3000, 2));
     fs::rename(m.path("d/tmp"), m.path("d/b")).unwrap();
+    assert!(!m.backing_path("d/b").exists(), "the backend's d/b went, and the new d/b is held");
     // A name reused: unlinked, then created again; and a rename to a free name.
     write_and_fsync(&m.path("d/again"), &pattern(500, 3));
     fs::remove_file(m.path("d/again")).unwrap();

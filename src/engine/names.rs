@@ -196,6 +196,12 @@ impl Engine {
                 }
             }
         }
+        self.remove_on_backend(parent, name, directory)
+    }
+
+    /// The backend's `name` in `parent` removed, the write buffer told, and the removal queued
+    /// for the log.
+    fn remove_on_backend(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
         let removed = self.named_object(parent, name);
         if let Some((_, id)) = removed.as_ref().filter(|_| !directory) {
             self.writeback.settle_made(*id, true)?;
@@ -244,14 +250,18 @@ impl Engine {
                 if target == Some(source) {
                     return Ok(()); // one object, two names of it: nothing to do (see below)
                 }
-                if target.is_none() && flags & !libc::RENAME_NOREPLACE == 0 {
-                    match self.rename_held(source, parent, name, new_parent, new_name) {
+                // Over a regular file, the held file takes the name and the target goes as an
+                // unlink would: no backend file is made for it, as a rename to a free name.
+                let replaceable = || target.is_some_and(|t| self.ns.getattr(t).is_ok_and(|a| a.kind == Kind::File));
+                let plain = flags & !libc::RENAME_NOREPLACE == 0;
+                if plain && (target.is_none() || flags == 0 && replaceable()) {
+                    match self.rename_held(source, target, parent, name, new_parent, new_name) {
                         // Made on the backend meanwhile (a flush grew it past the log's bound).
                         Err(Errno(libc::ENOENT)) if !self.pending.as_ref().is_some_and(|h| h.is_held(source)) => {}
                         Err(e) => return Err(e),
-                        Ok(record) => {
-                            if let Some(record) = record {
-                                self.writeback.commit_names_now(vec![record]);
+                        Ok(records) => {
+                            if !records.is_empty() {
+                                self.writeback.commit_names_now(records);
                             }
                             return Ok(());
                         }
@@ -324,29 +334,41 @@ impl Engine {
         Ok(Some(Record::Unlink { file, parent, name: name.as_encoded_bytes().to_vec(), directory: false }))
     }
 
-    /// Renames a file only memory and the log hold to a free name; returns the record to
-    /// commit, as `unlink_held`.
+    /// Renames a file only memory and the log hold, to a free name or over the regular file
+    /// `target`, which goes first as an unlink would (a held one from memory, with its Unlink
+    /// record if the log knows it; a backend one from the backend, its Unlink record queued).
+    /// Returns the records to commit before the caller is answered: replay makes a held file at
+    /// the name its records end with, after the backend's unlink of what it replaced.
     fn rename_held(
         &self,
         id: ObjectId,
+        target: Option<ObjectId>,
         parent: ObjectId,
         name: &OsStr,
         new_parent: ObjectId,
         new_name: &OsStr,
-    ) -> SysResult<Option<Record>> {
+    ) -> SysResult<Vec<Record>> {
         let held = self.pending.as_ref().expect("held files exist with the log");
         let _gate = held.names_gate.read().unwrap_or_else(|p| p.into_inner());
+        let mut records = Vec::new();
+        match target {
+            Some(target) if held.is_held(target) => records.extend(self.unlink_held(target, new_parent, new_name)?),
+            Some(_) => self.remove_on_backend(new_parent, new_name, false)?,
+            None => {}
+        }
         let logged = held.rename(parent, name, new_parent, new_name)?;
         self.writeback.note_names_changed(None, Some((id, new_parent)), &[]);
-        let Some(file) = logged else { return Ok(None) };
-        Ok(Some(Record::Rename {
-            file,
-            from_parent: self.ns.log_key(parent)?,
-            from_name: name.as_encoded_bytes().to_vec(),
-            to_parent: self.ns.log_key(new_parent)?,
-            to_name: new_name.as_encoded_bytes().to_vec(),
-            replaced: Vec::new(),
-        }))
+        if let Some(file) = logged {
+            records.push(Record::Rename {
+                file,
+                from_parent: self.ns.log_key(parent)?,
+                from_name: name.as_encoded_bytes().to_vec(),
+                to_parent: self.ns.log_key(new_parent)?,
+                to_name: new_name.as_encoded_bytes().to_vec(),
+                replaced: Vec::new(),
+            });
+        }
+        Ok(records)
     }
 
     pub fn opendir(&self, id: ObjectId) -> SysResult<u64> {

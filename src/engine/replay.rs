@@ -28,7 +28,9 @@
 //! checkpoint had already made it there before the crash (then that file is taken as it, and
 //! its bytes written again); one the log saw unlinked is not made at all. Their Rename and
 //! Unlink records are never applied one by one, and never tell where the backend is (step 1):
-//! a checkpoint made them later than their records say.
+//! a checkpoint made them later than their records say. All their records wait until every
+//! other record is applied: the name such a file ends with may be freed by one of those (a
+//! held file renamed over a backend file logs that file's unlink first).
 //!
 //! A replay can itself be interrupted (kill -9, a power cut). Everything it does is applied
 //! again by the next one the same way, except making a file again: that gives the file a new
@@ -394,13 +396,6 @@ pub fn replay(
             _ => {}
         }
     }
-    for (key, end) in &held_ends {
-        if let Some((parent, name)) = end {
-            if replay.adopt(key, parent, name)? {
-                log::debug!("replay: new file {} found made at its last name", describe_key(key));
-            }
-        }
-    }
     let mut backend_holds_names_up_to = 0;
     for (i, r) in records.iter().enumerate() {
         if r.is_namespace() && replay.shows(r)? {
@@ -408,24 +403,11 @@ pub fn replay(
         }
     }
     for (i, r) in records.iter().enumerate() {
+        if is_pending_key(r.file()) {
+            continue; // below, after the rest
+        }
         let contents = matches!(r, Record::Data { .. } | Record::Size { .. } | Record::Attrs { .. });
         if contents && last_barrier.get(r.file()).is_some_and(|&b| i <= b) {
-            continue;
-        }
-        if is_pending_key(r.file()) && r.is_namespace() {
-            // Made at its last name, or taken there, or never made; see the module's notes.
-            let applied = match (r, held_ends.get(r.file()).copied().flatten()) {
-                (Record::Create { file, mode, uid, gid, .. }, Some((parent, name))) => {
-                    replay.create(file, parent, name, *mode, *uid, *gid)?
-                }
-                _ => false,
-            };
-            replay.applied += u64::from(applied);
-            log::debug!("replay {i}: new file, {}: {}", if applied { "made" } else { "skipped" }, describe(r));
-            continue;
-        }
-        if is_pending_key(r.file()) && held_ends.get(r.file()).is_some_and(Option::is_none) {
-            log::debug!("replay {i}: a new file the log saw unlinked: {}", describe(r));
             continue;
         }
         if r.is_namespace() && i < backend_holds_names_up_to {
@@ -439,6 +421,29 @@ pub fn replay(
             replay.applied += 1;
         }
         log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, describe(r));
+    }
+    // New files the log held, last: each is made at the name its records leave it with (or
+    // taken there, made by a checkpoint), which the records above may have freed (the unlink of
+    // a backend file a held one was renamed over), then given its bytes and attributes.
+    for (key, end) in &held_ends {
+        if let Some((parent, name)) = end {
+            if replay.adopt(key, parent, name)? {
+                log::debug!("replay: new file {} found made at its last name", describe_key(key));
+            }
+        }
+    }
+    for (i, r) in records.iter().enumerate().filter(|(_, r)| is_pending_key(r.file())) {
+        let Some((parent, name)) = held_ends.get(r.file()).copied().flatten() else {
+            log::debug!("replay {i}: a new file the log saw unlinked or made durably: {}", describe(r));
+            continue;
+        };
+        let applied = match r {
+            Record::Create { file, mode, uid, gid, .. } => replay.create(file, parent, name, *mode, *uid, *gid)?,
+            r if r.is_namespace() => false, // its renames: made at its last name
+            r => replay.apply(r)?,
+        };
+        replay.applied += u64::from(applied);
+        log::debug!("replay {i}: new file, {}: {}", if applied { "applied" } else { "skipped" }, describe(r));
     }
     replay.release();
     store.sync_all()?;
