@@ -499,6 +499,39 @@ fn a_held_file_keeps_its_times_and_mode_after_a_crash() {
     assert_eq!(mode, 0o604, "the mode fsynced after the first close");
 }
 
+/// A new file the log holds, committed a second time (a chmod made durable by fsync) while a
+/// checkpoint is between the point it releases the log up to and making the file: that
+/// checkpoint releases the file's Create, so it must make the file, whatever came after. (The
+/// crash harness found such a file lost: kept held, with only its second commit in the log.)
+/// The checkpoint is held there by a stalled write of another new file it makes first.
+#[test]
+fn a_new_file_committed_again_during_a_checkpoint_is_made_by_it() {
+    use std::os::unix::fs::PermissionsExt;
+    if !in_a_process_of_its_own("a_new_file_committed_again_during_a_checkpoint_is_made_by_it") {
+        return;
+    }
+    let options = ["log=on", "unit=64K", "flush_age=3600s", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::build(&options, &[("COALESCEFS_FAULTS", "")], None);
+    fs::create_dir(m.path("d")).unwrap();
+    m.remount();
+    write_and_fsync(&m.path("d/a"), &pattern(1000, 1));
+    fs::write(m.path("d/0"), pattern(100, 2)).unwrap(); // made first: "0" sorts before "a"
+    m.inject("write=stall:3s*1@d/0");
+    let mnt = path_str(&m.mnt);
+    let checkpoint = std::thread::spawn(move || coalescefs(&["sync", &mnt]));
+    wait_for(|| m.backing_path("d/0").exists(), "the checkpoint to start making d/0");
+    let a = OpenOptions::new().write(true).open(m.path("d/a")).unwrap();
+    a.set_permissions(fs::Permissions::from_mode(0o600)).unwrap();
+    a.sync_all().unwrap();
+    drop(a);
+    let out = checkpoint.join().unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(m.backing_path("d/a").exists(), "the checkpoint that released d/a's creation did not make it");
+    kill_daemon(&mut m);
+    m.mount();
+    assert!(fs::read(m.path("d/a")).unwrap() == pattern(1000, 1), "d/a lost or changed after the crash");
+}
+
 /// `coalescefs sync` is a checkpoint: the backend holds everything, and the log is empty, so a
 /// crash right after it has nothing to replay.
 #[test]

@@ -83,8 +83,12 @@ struct Body {
     bytes: Vec<u8>,
     /// Lookups the kernel and the engine hold, handed to the backend when it makes the file.
     lookups: u64,
-    /// Set by the first commit: the log's records of the file end before this sequence number.
-    logged_before_seq: Option<u64>,
+    /// Set by the first commit: the batch holding the file's Create record ends before this
+    /// sequence number. Later commits leave it: a checkpoint that releases the Create makes the
+    /// file (its later records, under a key no Create names any more, replay then skips), and
+    /// one that released the Create and kept the file held would leave it nowhere (the crash
+    /// harness found that, a second commit at close having moved this on).
+    created_before_seq: Option<u64>,
     changed_since_log: bool,
     /// The lowest offset written or cut since the last commit: the next one logs from there.
     changed_from: u64,
@@ -252,7 +256,7 @@ impl Pending {
 
     /// Where the file `id` stands with the log (see `Held`).
     pub fn status(&self, id: ObjectId) -> Held {
-        self.with_held(id, |file, body| match body.logged_before_seq {
+        self.with_held(id, |file, body| match body.created_before_seq {
             Some(_) => Held::Logged(file.key.clone()),
             None => Held::Unlogged,
         })
@@ -327,7 +331,7 @@ impl Pending {
             attr: attr.clone(),
             bytes: Vec::new(),
             lookups: 1,
-            logged_before_seq: None,
+            created_before_seq: None,
             changed_since_log: true,
             changed_from: 0,
             real: None,
@@ -380,7 +384,7 @@ impl Pending {
             drop(table);
             body.name = Some((new_parent, new_name.to_os_string()));
             body.attr.ctime = now();
-            body.logged_before_seq.map(|_| file.key.clone())
+            body.created_before_seq.map(|_| file.key.clone())
         })
         .ok_or(Errno(libc::ENOENT))
     }
@@ -391,7 +395,7 @@ impl Pending {
             self.table().unname(parent, name);
             body.name = None;
             body.attr.ctime = now();
-            let logged = body.logged_before_seq.map(|_| file.key.clone());
+            let logged = body.created_before_seq.map(|_| file.key.clone());
             self.drop_if_gone(file, body);
             logged
         })
@@ -417,7 +421,7 @@ impl Pending {
             return Ok(Commit::NotHeld);
         }
         let Some((parent, name)) = body.name.clone() else { return Ok(Commit::Unnamed) };
-        let first = body.logged_before_seq.is_none();
+        let first = body.created_before_seq.is_none();
         if first && body.bytes.len() as u64 > max_unlogged_bytes {
             return Ok(Commit::TooLarge);
         }
@@ -458,7 +462,10 @@ impl Pending {
         });
         match commit(records) {
             Ok(before_seq) => {
-                body.logged_before_seq = Some(before_seq);
+                // After a failed first batch, its Create rode along with this one or earlier.
+                if first || body.created_before_seq == Some(u64::MAX) {
+                    body.created_before_seq = Some(before_seq);
+                }
                 body.changed_since_log = false;
                 body.changed_from = u64::MAX;
                 if first {
@@ -471,7 +478,7 @@ impl Pending {
                 // may yet be logged, so the file counts as logged, and only a checkpoint at
                 // unmount makes it on the backend (`make_all_now`).
                 if first {
-                    body.logged_before_seq = Some(u64::MAX);
+                    body.created_before_seq = Some(u64::MAX);
                 }
                 Err(e)
             }
@@ -537,7 +544,7 @@ impl Pending {
                 }
             }
         }
-        if durably.is_none() && body.logged_before_seq.is_some() {
+        if durably.is_none() && body.created_before_seq.is_some() {
             // Made by a checkpoint (nothing else makes a logged file without a barrier), marked
             // before its body is let go: whoever finds it made finds it marked.
             let unreleased = Unreleased { key: file.key.clone(), parent, name: name.clone(), attr: made.clone() };
@@ -577,7 +584,7 @@ impl Pending {
     /// Makes a held file the log has not seen on the backend now (for an operation the
     /// engine does not model on held files, or a file grown past the log's bound).
     pub fn make_unlogged_now(&self, id: ObjectId) -> SysResult<Option<Made>> {
-        self.make_if(id, |body| body.logged_before_seq.is_none())
+        self.make_if(id, |body| body.created_before_seq.is_none())
     }
 
     /// Makes a held file the log knows on the backend now, durably (the file synced, then its
@@ -588,12 +595,12 @@ impl Pending {
         id: ObjectId,
         commit: &dyn Fn(Vec<Record>) -> SysResult<()>,
     ) -> SysResult<Option<Made>> {
-        self.make_with(id, |body| body.logged_before_seq.is_some(), Some(commit))
+        self.make_with(id, |body| body.created_before_seq.is_some(), Some(commit))
     }
 
-    /// A checkpoint's pass: every named held file whose records all precede `released_before`
-    /// (or that has none) made on the backend, in directory order. Files logged since stay
-    /// held: their records outlive this checkpoint.
+    /// A checkpoint's pass: every named held file whose Create record precedes `released_before`
+    /// (or that has none) made on the backend, in directory order. Files first logged since stay
+    /// held: their Create outlives this checkpoint.
     pub fn make_all(&self, released_before: u64) -> SysResult<usize> {
         let mut files: Vec<(ObjectId, ObjectId)> =
             self.table().by_name.iter().flat_map(|(parent, names)| names.values().map(|id| (*parent, *id))).collect();
@@ -601,7 +608,7 @@ impl Pending {
         files.sort_by_key(|(parent, _)| *parent);
         let mut made = 0;
         for (_, id) in files {
-            let due = |body: &Body| body.logged_before_seq.is_none_or(|seq| seq <= released_before);
+            let due = |body: &Body| body.created_before_seq.is_none_or(|seq| seq <= released_before);
             if self.make_if(id, due)?.is_some() {
                 made += 1;
             }
