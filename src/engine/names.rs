@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use super::handles::OpenDir;
 use super::intent_log::format::Record;
+use super::pending::Held;
 use super::types::{Attr, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, Timestamp, XattrReply, ROOT_ID};
 use super::{lock, AttrChanges, Caller, Engine, ListedEntry};
 use crate::backend::OpenMode;
@@ -196,12 +197,20 @@ impl Engine {
                 }
             }
         }
-        self.remove_on_backend(parent, name, directory)
+        if let Some((record, id)) = self.remove_on_backend(parent, name, directory)? {
+            self.writeback.note_names_changed(Some(record), None, &[id]);
+        }
+        Ok(())
     }
 
-    /// The backend's `name` in `parent` removed, the write buffer told, and the removal queued
-    /// for the log.
-    fn remove_on_backend(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
+    /// The backend's `name` in `parent` removed and the write buffer told. Returns, with the
+    /// log on, the Unlink record and the object it removed, for the caller to log.
+    fn remove_on_backend(
+        &self,
+        parent: ObjectId,
+        name: &OsStr,
+        directory: bool,
+    ) -> SysResult<Option<(Record, ObjectId)>> {
         let removed = self.named_object(parent, name);
         if let Some((_, id)) = removed.as_ref().filter(|_| !directory) {
             self.writeback.settle_made(*id, true)?;
@@ -220,12 +229,10 @@ impl Engine {
                 self.writeback.forget_file(id);
             }
         }
-        if let (Some((key, id)), Ok(parent_key)) = (removed, self.ns.log_key(parent)) {
-            let record =
-                Record::Unlink { file: key, parent: parent_key, name: name.as_encoded_bytes().to_vec(), directory };
-            self.writeback.note_names_changed(Some(record), None, &[id]);
-        }
-        Ok(())
+        let (Some((key, id)), Ok(parent_key)) = (removed, self.ns.log_key(parent)) else { return Ok(None) };
+        let record =
+            Record::Unlink { file: key, parent: parent_key, name: name.as_encoded_bytes().to_vec(), directory };
+        Ok(Some((record, id)))
     }
 
     pub fn rename(
@@ -250,9 +257,14 @@ impl Engine {
                 if target == Some(source) {
                     return Ok(()); // one object, two names of it: nothing to do (see below)
                 }
-                // Over a regular file, the held file takes the name and the target goes as an
-                // unlink would: no backend file is made for it, as a rename to a free name.
-                let replaceable = || target.is_some_and(|t| self.ns.getattr(t).is_ok_and(|a| a.kind == Kind::File));
+                // Over a regular file, a held file the log knows takes the name and the target
+                // goes as an unlink would: no backend file is made for it, as a rename to a free
+                // name. (One the log does not know could then be lost with the target's name:
+                // a rename leaves the name with the old file or the new one.)
+                let replaceable = || {
+                    matches!(held.status(source), Held::Logged(_))
+                        && target.is_some_and(|t| self.ns.getattr(t).is_ok_and(|a| a.kind == Kind::File))
+                };
                 let plain = flags & !libc::RENAME_NOREPLACE == 0;
                 if plain && (target.is_none() || flags == 0 && replaceable()) {
                     match self.rename_held(source, target, parent, name, new_parent, new_name) {
@@ -353,10 +365,27 @@ impl Engine {
         let mut records = Vec::new();
         match target {
             Some(target) if held.is_held(target) => records.extend(self.unlink_held(target, new_parent, new_name)?),
-            Some(_) => self.remove_on_backend(new_parent, new_name, false)?,
+            Some(_) => {
+                // Its record goes in the rename's batch: a crash must not find the name gone
+                // with neither file there.
+                if let Some((record, removed)) = self.remove_on_backend(new_parent, new_name, false)? {
+                    self.writeback.note_names_changed(None, None, &[removed]);
+                    records.push(record);
+                }
+            }
             None => {}
         }
-        let logged = held.rename(parent, name, new_parent, new_name)?;
+        let logged = match held.rename(parent, name, new_parent, new_name) {
+            Ok(logged) => logged,
+            Err(e) => {
+                // Made on the backend meanwhile (the caller renames it there): the target is
+                // gone all the same, and the log must say so.
+                if !records.is_empty() {
+                    self.writeback.commit_names_now(records);
+                }
+                return Err(e);
+            }
+        };
         self.writeback.note_names_changed(None, Some((id, new_parent)), &[]);
         if let Some(file) = logged {
             records.push(Record::Rename {
