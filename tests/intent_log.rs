@@ -558,6 +558,28 @@ fn a_rename_over_a_logged_file_leaves_the_name_with_one_of_the_two() {
     assert!(target == pattern(1000, 1) || the_new_file, "d/target holds neither file");
 }
 
+/// A held file renamed into a directory made since the last checkpoint is made on the backend
+/// first: a power cut could take that directory, and with it the only name the log has for the
+/// file (a kill -9 cannot show the loss, so this checks where the file is).
+#[test]
+fn a_held_file_renamed_into_a_new_directory_is_made_on_the_backend() {
+    if !in_a_process_of_its_own("a_held_file_renamed_into_a_new_directory_is_made_on_the_backend") {
+        return;
+    }
+    let options = ["log=on", "unit=64K", "flush_age=3600s", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    fs::create_dir(m.path("d")).unwrap();
+    m.remount();
+    write_and_fsync(&m.path("d/f"), &pattern(1000, 1));
+    assert!(!m.backing_path("d/f").exists(), "d/f is held in the log");
+    fs::create_dir(m.path("d/new")).unwrap();
+    fs::rename(m.path("d/f"), m.path("d/new/f")).unwrap();
+    assert!(m.backing_path("d/new/f").exists(), "d/new/f is only in the log, in a directory a power cut may take");
+    kill_daemon(&mut m);
+    m.mount();
+    assert!(fs::read(m.path("d/new/f")).unwrap() == pattern(1000, 1), "d/new/f differs");
+}
+
 /// `coalescefs sync` is a checkpoint: the backend holds everything, and the log is empty, so a
 /// crash right after it has nothing to replay.
 #[test]

@@ -266,7 +266,10 @@ impl Engine {
                         && target.is_some_and(|t| self.ns.getattr(t).is_ok_and(|a| a.kind == Kind::File))
                 };
                 let plain = flags & !libc::RENAME_NOREPLACE == 0;
-                if plain && (target.is_none() || flags == 0 && replaceable()) {
+                // Not into a directory made since the checkpoint, which a power cut can take
+                // with the file's only name (as `make` holds no new file there).
+                let new_parent_durable = new_parent == parent || self.writeback.may_hold_new_file(new_parent);
+                if plain && new_parent_durable && (target.is_none() || flags == 0 && replaceable()) {
                     match self.rename_held(source, target, parent, name, new_parent, new_name) {
                         // Made on the backend meanwhile (a flush grew it past the log's bound).
                         Err(Errno(libc::ENOENT)) if !self.pending.as_ref().is_some_and(|h| h.is_held(source)) => {}
