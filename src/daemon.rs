@@ -194,11 +194,18 @@ fn log_setup(
     }
     let (device, created) = engine::intent_log::open_file_device(&path, Some(opts.log_size_bytes))
         .map_err(|e| format!("{}: {e}", path.display()))?;
+    // The backing file system's journal flushes the device it is on before any change of it
+    // becomes durable: a log file on that same file system is flushed along.
+    let same_device = |a: &Path, b: &Path| match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => std::os::unix::fs::MetadataExt::dev(&a) == std::os::unix::fs::MetadataExt::dev(&b),
+        _ => false,
+    };
+    let flushed_by_backend = same_device(&path, backing);
     let device: Box<dyn engine::intent_log::device::LogDevice> = match faults {
         Some(faults) => Box::new(backend::faults::FaultyLogDevice::new(Box::new(device), faults.clone())),
         None => Box::new(device),
     };
-    Ok(Some(engine::LogSetup { device, created }))
+    Ok(Some(engine::LogSetup { device, created, flushed_by_backend }))
 }
 
 /// The options as the mount runs with them, defaults and discoveries resolved (the unit the

@@ -214,6 +214,8 @@ pub struct Metrics {
     /// The intent log's block: the device bytes of the smallest commit.
     pub log_block_bytes: AtomicU64,
     pub log_batches: AtomicU64,
+    /// Device flushes of the log (a batch a caller waits on to be durable; not a close's).
+    pub log_flushes: AtomicU64,
     pub log_records: AtomicU64,
     pub log_write_bytes: AtomicU64,
     pub log_checkpoints: AtomicU64,
@@ -315,6 +317,11 @@ impl Metrics {
                 self.pending_files_made.load(Relaxed),
             ),
             ("log_batches_total", "Batches (group commits) written to the intent log", self.log_batches.load(Relaxed)),
+            (
+                "log_flushes_total",
+                "Device flushes of the intent log (batches waited on to be durable)",
+                self.log_flushes.load(Relaxed),
+            ),
             ("log_records_total", "Records written to the intent log", self.log_records.load(Relaxed)),
             ("log_write_bytes_total", "Bytes written to the intent log", self.log_write_bytes.load(Relaxed)),
             ("log_checkpoints_total", "Checkpoints that released intent log space", self.log_checkpoints.load(Relaxed)),

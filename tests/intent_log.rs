@@ -347,6 +347,32 @@ fn files_removed_before_the_log_knew_them_cost_no_log_write() {
     assert!(fs::read(m.path("h")).unwrap() == pattern(3000, 2), "contents differ");
 }
 
+/// A file created since the checkpoint whose Create a batch carried, but of which the log holds
+/// nothing more (its bytes went to the backend at close): its unlink writes nothing to the log
+/// (rm -rf of a tree just extracted would otherwise cost a log write per file), and replay does
+/// not make it again after a crash, as it would if it did not know the log holds nothing of it.
+#[test]
+fn a_created_file_the_log_holds_no_bytes_of_is_not_made_again_after_its_unlink() {
+    if !in_a_process_of_its_own("a_created_file_the_log_holds_no_bytes_of_is_not_made_again_after_its_unlink") {
+        return;
+    }
+    let options = ["log=on", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    // Made since the checkpoint: files in it are made on the backend, their Creates queued.
+    fs::create_dir(m.path("fresh")).unwrap();
+    fs::write(m.path("fresh/a"), pattern(2000, 1)).unwrap();
+    write_and_fsync(&m.path("h"), &pattern(3000, 2));
+    let batches = m.counter("log_batches_total");
+    assert!(batches >= 1, "the fsync carried the queued Create");
+    fs::remove_file(m.path("fresh/a")).unwrap();
+    assert_eq!(m.counter("log_batches_total"), batches, "the unlink wrote to the log");
+    kill_daemon(&mut m);
+    m.mount();
+    assert!(m.counter("log_replayed_records_total") > 0, "nothing was replayed: the test tested nothing");
+    assert!(!m.path("fresh/a").exists(), "replay made an unlinked file again");
+    assert_eq!(fs::read(m.path("h")).unwrap(), pattern(3000, 2));
+}
+
 /// An unlink made durable by fsync of the directory stays done: the log's record of the file's
 /// creation must not bring it back at replay.
 #[test]

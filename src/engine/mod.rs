@@ -88,6 +88,9 @@ pub struct EngineConfig {
 pub struct LogSetup {
     pub device: Box<dyn LogDevice>,
     pub created: bool,
+    /// The device is the one the backing file system journals to (see
+    /// `IntentLog::flushed_by_backend`).
+    pub flushed_by_backend: bool,
 }
 
 /// How writes use the kernel's page cache (FUSE's writeback cache).

@@ -191,7 +191,7 @@ impl Engine {
                     // Committed without the gate: a checkpoint the commit may need takes it.
                     drop(gate);
                     if let Some(record) = record {
-                        self.writeback.commit_names_now(vec![record]);
+                        self.writeback.commit_names_now(vec![record], false);
                     }
                     return Ok(());
                 }
@@ -276,7 +276,7 @@ impl Engine {
                         Err(e) => return Err(e),
                         Ok(records) => {
                             if !records.is_empty() {
-                                self.writeback.commit_names_now(records);
+                                self.writeback.commit_names_now(records, true);
                             }
                             return Ok(());
                         }
@@ -384,7 +384,7 @@ impl Engine {
                 // Made on the backend meanwhile (the caller renames it there): the target is
                 // gone all the same, and the log must say so.
                 if !records.is_empty() {
-                    self.writeback.commit_names_now(records);
+                    self.writeback.commit_names_now(records, true);
                 }
                 return Err(e);
             }

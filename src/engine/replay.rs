@@ -12,7 +12,12 @@
 //!    the log may not hold (a file made again after it was replaced, say).
 //! 2. From there on, each name record only where the backend shows it has not happened yet:
 //!    - Create: a file that is gone is made again under its logged name, mode and owner, and
-//!      the file's records go to it; a name that is taken is never taken from its holder.
+//!      the file's records go to it; a name that is taken is never taken from its holder. Only
+//!      a file the log holds bytes, a size or attributes of (after its last Barrier): a
+//!      creation acknowledged any other way (an fsync of the file or of its directory on the
+//!      backend, a checkpoint) is durable on the backend, so a file of which the log holds no
+//!      more than its Create, and which is gone, was unlinked, and its Unlink record need not
+//!      have reached the log (see `Writeback::note_names_changed`).
 //!    - Unlink: only if the name still refers to the logged object.
 //!    - Rename: only if the source name still refers to the logged object and the target name
 //!      is free or holds what the rename replaced.
@@ -86,6 +91,9 @@ struct Replay<'a> {
     /// creation the crash lost: XFS gives a freed inode number back with its generation plus
     /// one, so the file replay makes can have exactly the handle a lost file had.
     made_by_replay: HashSet<Vec<u8>>,
+    /// Keys of files the log holds bytes, sizes or attributes of after their last Barrier:
+    /// the files a Create may make again.
+    with_contents: HashSet<Vec<u8>>,
     applied: u64,
     recreated_files: u64,
     not_restored: Vec<String>,
@@ -244,6 +252,10 @@ impl Replay<'_> {
                 None => Ok(false),
             },
             Record::Barrier { .. } => Ok(false),
+            Record::Create { file, .. } if !self.with_contents.contains(file.as_slice()) => {
+                log::debug!("replay: {} is gone, and the log holds nothing of it to restore", describe_key(file));
+                Ok(false)
+            }
             Record::Create { file, parent, name, mode, uid, gid } => self.create(file, parent, name, *mode, *uid, *gid),
             Record::Unlink { file, parent, name, directory } => {
                 let Some(dir) = self.directory(parent)? else { return Ok(false) };
@@ -363,6 +375,15 @@ pub fn replay(
             last_barrier.insert(file, i);
         }
     }
+    let with_contents: HashSet<Vec<u8>> = records
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| {
+            matches!(r, Record::Data { .. } | Record::Size { .. } | Record::Attrs { .. })
+                && last_barrier.get(r.file()).is_none_or(|&b| *i > b)
+        })
+        .map(|(_, r)| r.file().to_vec())
+        .collect();
     let recreated = read_replay_map(log.device())?;
     let mut replay = Replay {
         ns,
@@ -373,6 +394,7 @@ pub fn replay(
         open: lru::LruCache::new(std::num::NonZeroUsize::new(OPEN_FILES_MAX).expect("not zero")),
         made_by_replay: recreated.values().cloned().collect(),
         recreated,
+        with_contents,
         applied: 0,
         recreated_files: 0,
         not_restored: Vec::new(),
@@ -491,9 +513,11 @@ pub(super) fn recover_from_log(
     metrics: &Arc<Metrics>,
 ) -> Result<IntentLog, String> {
     let name = setup.device.describe();
-    let (log, batches) = IntentLog::open(setup.device, setup.created, metrics.clone()).map_err(|e| match e {
+    let flushed_by_backend = setup.flushed_by_backend;
+    let (mut log, batches) = IntentLog::open(setup.device, setup.created, metrics.clone()).map_err(|e| match e {
         LogError::Corrupt(_) => format!("{name}: {e}; nothing was replayed or changed"),
         _ => format!("{name}: {e}"),
     })?;
+    log.set_flushed_by_backend(flushed_by_backend);
     replay(ns, store, log, &batches, metrics).map_err(|e| format!("replaying the intent log {name}: {e}"))
 }

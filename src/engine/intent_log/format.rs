@@ -12,15 +12,24 @@
 //! ```
 //!
 //! A batch starts with a header (magic, sequence number, length in blocks, payload length,
-//! record count, flags, crc32c of header and payload), followed by its records and zero
-//! padding to a whole number of blocks. A batch never straddles the end of the area: when the
-//! next one does not fit, a one-block wrap batch (no records) sends the reader to block 0.
-//! Batches are written one at a time, each only after the one before it is durable, so:
+//! record count, flags, how many batches before it were not yet flushed when it was written,
+//! crc32c of header and payload), followed by its records and zero padding to a whole number
+//! of blocks. A batch never straddles the end of the area: when the next one does not fit, a
+//! one-block wrap batch (no records) sends the reader to block 0. Batches are written one at a
+//! time, each only after the one before it was written; a batch is flushed (made durable)
+//! when a caller waits for that (fsync), and the flush covers every batch before it too. A
+//! batch written without a flush (a close: it must survive the daemon, not a power cut) says in
+//! its header how many batches before it were still unflushed (its `lag`). So:
 //!
 //! - the first batch that is not valid with the expected sequence number ends the log (a torn
-//!   tail: a batch being written when the daemon or the machine stopped, never acknowledged);
-//! - a valid batch with a later sequence number anywhere in the area means a batch before the
-//!   tail was damaged after it was acknowledged: that is corruption, never silently skipped.
+//!   tail: a batch being written when the daemon or the machine stopped, never acknowledged as
+//!   durable; or one a power cut took before its flush, with everything after it);
+//! - a valid batch with a later sequence number anywhere in the area, written when the missing
+//!   one was already flushed (its sequence number minus its lag is past the missing one), means
+//!   a batch before the tail was damaged after it was acknowledged: that is corruption, never
+//!   silently skipped. Later batches written while the missing one was unflushed are the
+//!   power cut's to take: they end the log too, and the next batch gets a sequence number past
+//!   them all, so that none of them is ever read as its successor.
 
 use std::fmt;
 
@@ -43,6 +52,7 @@ const BATCH_MAGIC: [u8; 8] = *b"CFSBATCH";
 const FORMAT_VERSION: u32 = 1;
 const SUPERBLOCK_BYTES_COVERED: usize = 48;
 const BATCH_HEADER_BYTES: usize = 40;
+const BATCH_LAG_AT: usize = 32;
 const BATCH_CRC_AT: usize = 36;
 const FLAG_WRAP: u32 = 1;
 const RECORD_HEADER_BYTES: usize = 8;
@@ -217,14 +227,20 @@ impl Record {
 
     /// Whether the record refers to the object `handle` in any role.
     pub fn mentions(&self, handle: &[u8]) -> bool {
-        self.file() == handle
-            || match self {
-                Record::Create { parent, .. } | Record::Unlink { parent, .. } => parent == handle,
-                Record::Rename { from_parent, to_parent, replaced, .. } => {
-                    from_parent == handle || to_parent == handle || replaced == handle
-                }
-                _ => false,
+        self.objects().contains(&handle)
+    }
+
+    /// Every object the record refers to, in any role (a key may come more than once).
+    pub fn objects(&self) -> Vec<&[u8]> {
+        let mut objects = vec![self.file()];
+        match self {
+            Record::Create { parent, .. } | Record::Unlink { parent, .. } => objects.push(parent),
+            Record::Rename { from_parent, to_parent, replaced, .. } => {
+                objects.extend([from_parent.as_slice(), to_parent, replaced].into_iter().filter(|k| !k.is_empty()))
             }
+            _ => {}
+        }
+        objects
     }
 
     /// Whether the record is about names rather than a file's contents.
@@ -399,16 +415,23 @@ pub fn batch_blocks(records: &[Record], block_bytes: usize) -> u64 {
 
 /// The batch as it goes to the log: whole blocks, zero-padded.
 pub fn encode_batch(seq: u64, records: &[Record], block_bytes: usize) -> Vec<u8> {
-    encode(seq, records, 0, block_bytes)
+    encode(seq, records, 0, 0, block_bytes)
+}
+
+/// A batch written while the `lag` batches before it were not yet flushed (see the module's
+/// rules): a reader that misses one of those does not take it for damage.
+pub fn encode_batch_lagging(seq: u64, lag: u32, records: &[Record], block_bytes: usize) -> Vec<u8> {
+    encode(seq, records, 0, lag, block_bytes)
 }
 
 /// A one-block batch that sends the reader back to the start of the area.
-pub fn encode_wrap(seq: u64, block_bytes: usize) -> Vec<u8> {
-    encode(seq, &[], FLAG_WRAP, block_bytes)
+pub fn encode_wrap(seq: u64, lag: u32, block_bytes: usize) -> Vec<u8> {
+    encode(seq, &[], FLAG_WRAP, lag, block_bytes)
 }
 
-fn encode(seq: u64, records: &[Record], flags: u32, block_bytes: usize) -> Vec<u8> {
+fn encode(seq: u64, records: &[Record], flags: u32, lag: u32, block_bytes: usize) -> Vec<u8> {
     assert!(valid_block_bytes(block_bytes), "log block of {block_bytes} bytes");
+    assert!(u64::from(lag) < seq, "batch {seq} cannot follow {lag} unflushed batches");
     let blocks = batch_blocks(records, block_bytes);
     let mut out = Vec::with_capacity(blocks as usize * block_bytes);
     out.extend_from_slice(&BATCH_MAGIC);
@@ -417,7 +440,7 @@ fn encode(seq: u64, records: &[Record], flags: u32, block_bytes: usize) -> Vec<u
     out.extend_from_slice(&[0u8; 4]); // payload length, below
     out.extend_from_slice(&(records.len() as u32).to_le_bytes());
     out.extend_from_slice(&flags.to_le_bytes());
-    out.extend_from_slice(&[0u8; 4]); // reserved
+    out.extend_from_slice(&lag.to_le_bytes()); // 0 in logs from before lazy batches: all flushed
     out.extend_from_slice(&[0u8; 4]); // crc, below
     assert_eq!(out.len(), BATCH_HEADER_BYTES, "the header layout and its constants agree");
     for r in records {
@@ -434,6 +457,8 @@ fn encode(seq: u64, records: &[Record], flags: u32, block_bytes: usize) -> Vec<u
 /// A batch header that checks out, with its records.
 struct ValidBatch {
     seq: u64,
+    /// Batches before this one still unflushed when it was written.
+    lag: u64,
     blocks: u64,
     wrap: bool,
     records: Result<Vec<Record>, String>,
@@ -458,7 +483,9 @@ fn batch_at(area: &[u8], sb: &Superblock, block: u64) -> Option<ValidBatch> {
         return None;
     }
     let wrap = u32_at(header, 28) & FLAG_WRAP != 0;
-    Some(ValidBatch { seq: u64_at(header, 8), blocks, wrap, records: Record::decode_all(payload, u32_at(header, 24)) })
+    let seq = u64_at(header, 8);
+    let lag = (u32_at(header, BATCH_LAG_AT) as u64).min(seq);
+    Some(ValidBatch { seq, lag, blocks, wrap, records: Record::decode_all(payload, u32_at(header, 24)) })
 }
 
 /// Damage found before the tail of the log: recovery stops and says where.
@@ -483,6 +510,9 @@ pub struct LogContents {
     pub starts: Vec<(u64, u64)>,
     pub next_seq: u64,
     pub next_block: u64,
+    /// Batches after the tail that a power cut left without one before them (written unflushed,
+    /// never acknowledged as durable): not replayed, and `next_seq` is past them.
+    pub unflushed_dropped: u64,
 }
 
 fn file_offset(sb: &Superblock, block: u64) -> u64 {
@@ -522,22 +552,28 @@ pub fn read_log(area: &[u8], sb: &Superblock) -> Result<LogContents, Corruption>
             _ => break,
         }
     }
-    // The tail is here, unless a later batch exists: then this one was damaged.
+    // The tail is here, unless a later batch written after this one was flushed exists: then
+    // this one was damaged. Later batches written while it was unflushed go with it.
+    let (tail_seq, mut next_seq, mut unflushed_dropped) = (seq, seq, 0);
     for later in 0..sb.area_blocks {
-        if let Some(b) = batch_at(area, sb, later) {
-            if b.seq > seq {
-                return Err(Corruption {
-                    offset: file_offset(sb, block),
-                    reason: format!(
-                        "batch {seq} is damaged or missing, but batch {} follows at byte {}",
-                        b.seq,
-                        file_offset(sb, later)
-                    ),
-                });
-            }
+        let Some(b) = batch_at(area, sb, later) else { continue };
+        if b.seq <= tail_seq {
+            continue;
         }
+        if b.seq - b.lag > tail_seq {
+            return Err(Corruption {
+                offset: file_offset(sb, block),
+                reason: format!(
+                    "batch {tail_seq} is damaged or missing, but batch {} follows at byte {}, written after it was flushed",
+                    b.seq,
+                    file_offset(sb, later)
+                ),
+            });
+        }
+        unflushed_dropped += 1;
+        next_seq = next_seq.max(b.seq + 1);
     }
-    Ok(LogContents { batches, starts, next_seq: seq, next_block: block })
+    Ok(LogContents { batches, starts, next_seq, next_block: block, unflushed_dropped })
 }
 
 /// What `coalescefs recover` takes from a log whose reading stopped at damage: every intact
@@ -583,7 +619,7 @@ pub fn salvage_log(area: &[u8], sb: &Superblock) -> Salvage {
         next_seq = seq + 1;
         next_block = if b.wrap { 0 } else { block + b.blocks };
     }
-    Salvage { contents: LogContents { batches, starts, next_seq, next_block }, lost }
+    Salvage { contents: LogContents { batches, starts, next_seq, next_block, unflushed_dropped: 0 }, lost }
 }
 
 #[cfg(test)]
@@ -670,7 +706,7 @@ mod tests {
             assert!(blocks < self.sb.area_blocks);
             if self.next_block + blocks > self.sb.area_blocks {
                 if self.next_block < self.sb.area_blocks {
-                    let wrap = encode_wrap(self.next_seq, self.block());
+                    let wrap = encode_wrap(self.next_seq, 0, self.block());
                     self.put(self.next_block, &wrap);
                     self.next_seq += 1;
                 }

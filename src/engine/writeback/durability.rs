@@ -111,17 +111,41 @@ impl Writeback {
         }
     }
 
-    /// Name records of held files the log knows (`pending`), committed before the caller is
+    /// Name records of held files the log knows (`pending`), written before the caller is
     /// answered: replay finds such a file by the name its records leave it with, so no later
-    /// change may depend on a name change the log does not have yet.
-    pub fn commit_names_now(&self, records: Vec<Record>) {
+    /// change may depend on a name change the log does not have yet. With `before_backend`,
+    /// the records describe a change the backend has made or may make durable on its own (the
+    /// unlink of a file a held one replaces; a name a held file frees, which a backend file may
+    /// take): they are durable before the backend's change is (`commit_before_backend`). A
+    /// held file's own unlink is not: if a power cut takes its record, replay makes the file
+    /// again with the bytes its last commit acknowledged, or finds the name taken, and either
+    /// is a state an unsynced unlink may leave.
+    pub fn commit_names_now(&self, records: Vec<Record>, before_backend: bool) {
         let Some(log) = &self.log else { return };
-        let result = match log.commit(records.clone()) {
-            Err(LogError::Full { .. }) => self.checkpoint().map_err(LogError::from).and_then(|()| log.commit(records)),
+        let commit = |records: Vec<Record>| {
+            if before_backend {
+                self.commit_before_backend(log, records)
+            } else {
+                log.commit_written(records)
+            }
+        };
+        let result = match commit(records.clone()) {
+            Err(LogError::Full { .. }) => self.checkpoint().map_err(LogError::from).and_then(|()| commit(records)),
             other => other,
         };
         if let Err(e) = result {
             log::warn!("committing a name change of a new file to the intent log: {e}; it stays queued");
+        }
+    }
+
+    /// Name records that must be durable before a change the backend makes: written where a
+    /// change of the backend flushes the log's device anyway (`IntentLog::flushed_by_backend`),
+    /// flushed otherwise.
+    fn commit_before_backend(&self, log: &IntentLog, records: Vec<Record>) -> Result<(), LogError> {
+        if log.flushed_by_backend() {
+            log.commit_written(records)
+        } else {
+            log.commit(records)
         }
     }
 
@@ -137,9 +161,16 @@ impl Writeback {
         if let Err(e) = self.flush_file(file, None, report) {
             return Some(Err(e));
         }
+        // A close writes the batch, an fsync waits for its flush (see `IntentLog::commit_written`).
+        let flushed = report != ErrorReport::Close;
         for attempt in 0..2 {
-            let committed =
-                held.commit(file.id, self.config.log_threshold_new_bytes, |records| log.commit_before_seq(records));
+            let committed = held.commit(file.id, self.config.log_threshold_new_bytes, |records| {
+                if flushed {
+                    log.commit_before_seq(records)
+                } else {
+                    log.commit_written_before_seq(records)
+                }
+            });
             match committed {
                 Ok(Commit::NotHeld) => return self.settle_made(file.id, false).err().map(Err),
                 Ok(Commit::TooLarge) => {
@@ -150,6 +181,8 @@ impl Writeback {
                     }
                     return None;
                 }
+                // An earlier close may have written its last commit without a flush.
+                Ok(Commit::Unchanged) if flushed => return Some(self.commit_queued_names()),
                 Ok(Commit::Unnamed | Commit::Unchanged) => return Some(Ok(())),
                 Ok(Commit::Committed) => {
                     // Made on the backend by a checkpoint that does not release these records,
@@ -206,13 +239,16 @@ impl Writeback {
     /// queued before anything that depends on it can be committed.
     pub fn note_names_changed(&self, record: Option<Record>, moved: Option<(u64, u64)>, lost_names: &[u64]) {
         let Some(log) = &self.log else { return };
-        // Replacing or removing a file created since the last checkpoint: its creation is in
-        // the log, and a replay that does not know it is gone would make it again. The record
-        // is committed before the caller is answered.
+        // Replacing or removing a file created since the last checkpoint whose bytes the log
+        // holds: a replay that does not know it is gone would make it again with them. The
+        // record is written before the caller is answered, and durable before the backend's
+        // change is (`commit_before_backend`). A created file the log holds nothing more of
+        // than its Create is never made again (`replay`): its record is only queued.
         let destroys_logged_file;
         {
             let mut d = lock(&self.durability);
-            destroys_logged_file = lost_names.iter().any(|ino| d.get(ino).is_some_and(|e| e.created));
+            destroys_logged_file =
+                lost_names.iter().any(|ino| d.get(ino).is_some_and(|e| e.created && e.logged_before_seq > 0));
             for ino in lost_names {
                 if let Some(entry) = d.get_mut(ino) {
                     entry.named_in = None;
@@ -228,10 +264,9 @@ impl Writeback {
             // Removed before any batch carried its creation: nothing in the log or acknowledged
             // by it knows the file, so neither record is needed (rm -rf of a fresh tree would
             // otherwise cost a log write per file).
-            Some(Record::Unlink { ref file, directory: false, .. })
-                if destroys_logged_file && log.cancel_queued_create(file) => {}
+            Some(Record::Unlink { ref file, directory: false, .. }) if log.cancel_queued_create(file) => {}
             Some(record) if destroys_logged_file => {
-                if let Err(e) = log.commit(vec![record]) {
+                if let Err(e) = self.commit_before_backend(log, vec![record]) {
                     log::warn!("committing a name change to the intent log: {e}; it stays queued");
                 }
             }
@@ -242,7 +277,7 @@ impl Writeback {
 
     /// Before fsync of a directory (and a checkpoint's syncfs): the name changes queued for the
     /// log become durable there first, so that what the directory's fsync acknowledges is in
-    /// the log too.
+    /// the log too; so do the batches closes wrote without a flush.
     pub fn commit_queued_names(&self) -> SysResult<()> {
         let Some(log) = &self.log else { return Ok(()) };
         match log.commit(Vec::new()) {
@@ -425,13 +460,21 @@ impl Writeback {
             .collect();
         // Ranges marked logged may belong to another fsync's batch not yet durable: then a
         // record of our own (the size) waits behind it.
+        // A close writes its batch, an fsync waits for the flush (see `IntentLog::commit_written`).
+        let commit = |records: Vec<Record>| {
+            if report == ErrorReport::Close {
+                log.commit_written(records)
+            } else {
+                log.commit(records)
+            }
+        };
         if pieces.is_empty() && inner.dirty.values().all(|u| u.logged.is_empty()) && !created {
             // Nothing buffered: the store is in sync. The file's name changes may still be
             // queued (a rename since the last checkpoint): an fsync makes them durable too, as
             // ext4's does and the store's path here does; a commit of an empty queue writes
-            // nothing.
+            // nothing (but flushes what closes wrote).
             drop(inner);
-            return Some(match log.commit(Vec::new()) {
+            return Some(match commit(Vec::new()) {
                 Ok(()) => Ok(()),
                 Err(LogError::Full { .. }) => self.checkpoint(),
                 Err(e) => {
@@ -451,8 +494,8 @@ impl Writeback {
         records.extend(pieces.into_iter().map(|(offset, b)| Record::Data { file: handle.clone(), offset, bytes: b }));
         records.push(Record::Size { file: handle, size });
         drop(inner);
-        let committed = match log.commit(records.clone()) {
-            Err(LogError::Full { .. }) => self.checkpoint().map_err(LogError::from).and_then(|()| log.commit(records)),
+        let committed = match commit(records.clone()) {
+            Err(LogError::Full { .. }) => self.checkpoint().map_err(LogError::from).and_then(|()| commit(records)),
             other => other,
         };
         // A failed batch may have held ranges this fsync skipped as logged by another one.
