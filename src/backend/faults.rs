@@ -407,8 +407,8 @@ impl LogDevice for FaultyLogDevice {
         // After the flush: what was written landed, and the caller is told it did not.
         self.faults.check(FaultOp::LogSync, None)
     }
-    fn read_all(&self) -> SysResult<Vec<u8>> {
-        self.inner.read_all()
+    fn read_at(&self, offset: u64, len: usize) -> SysResult<Vec<u8>> {
+        self.inner.read_at(offset, len)
     }
     fn describe(&self) -> String {
         self.inner.describe()

@@ -1,5 +1,5 @@
 //! Where the intent log's blocks live: a `LogDevice`. The log writes whole blocks at block
-//! offsets and syncs; recovery reads it whole once. Beside the log, the device keeps the replay
+//! offsets and syncs; recovery reads it once, a window at a time. Beside the log, the device keeps the replay
 //! map (see `engine::replay`): an append-only byte file, synced on every append.
 //!
 //! `FileLogDevice`: a file, preallocated and written through once at creation, so that
@@ -27,8 +27,12 @@ pub trait LogDevice: Send + Sync {
     fn write_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()>;
     /// Makes every block written so far durable.
     fn sync(&self) -> SysResult<()>;
-    /// The whole log, as recovery reads it once.
-    fn read_all(&self) -> SysResult<Vec<u8>>;
+    /// `len` bytes from byte `offset` (fewer at the end of the device), as recovery reads them.
+    fn read_at(&self, offset: u64, len: usize) -> SysResult<Vec<u8>>;
+    /// The whole log (for tests and tools: recovery reads a window at a time).
+    fn read_all(&self) -> SysResult<Vec<u8>> {
+        self.read_at(0, self.size_bytes()? as usize)
+    }
     /// How the log is named in messages.
     fn describe(&self) -> String;
     /// The replay map beside the log: its bytes (empty when there is none).
@@ -156,10 +160,10 @@ impl LogDevice for FileLogDevice {
     }
 
     /// Through the page cache's sibling path: recovery reads it once at mount.
-    fn read_all(&self) -> SysResult<Vec<u8>> {
-        let mut buf = vec![0u8; self.size_bytes()? as usize];
+    fn read_at(&self, offset: u64, len: usize) -> SysResult<Vec<u8>> {
+        let mut buf = vec![0u8; len];
         let plain = File::open(&self.path).map_err(Errno::from)?;
-        let n = sys::pread_full(plain.as_raw_fd(), &mut buf, 0)?;
+        let n = sys::pread_full(plain.as_raw_fd(), &mut buf, offset)?;
         buf.truncate(n);
         Ok(buf)
     }
@@ -289,8 +293,10 @@ impl LogDevice for MemoryLogDevice {
         Ok(())
     }
 
-    fn read_all(&self) -> SysResult<Vec<u8>> {
-        Ok(Self::current(&self.state()))
+    fn read_at(&self, offset: u64, len: usize) -> SysResult<Vec<u8>> {
+        let current = Self::current(&self.state());
+        let start = (offset as usize).min(current.len());
+        Ok(current[start..(start + len).min(current.len())].to_vec())
     }
 
     fn describe(&self) -> String {
@@ -325,8 +331,8 @@ impl<D: LogDevice + ?Sized> LogDevice for std::sync::Arc<D> {
     fn sync(&self) -> SysResult<()> {
         (**self).sync()
     }
-    fn read_all(&self) -> SysResult<Vec<u8>> {
-        (**self).read_all()
+    fn read_at(&self, offset: u64, len: usize) -> SysResult<Vec<u8>> {
+        (**self).read_at(offset, len)
     }
     fn describe(&self) -> String {
         (**self).describe()

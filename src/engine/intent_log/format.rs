@@ -31,6 +31,7 @@
 //!   power cut's to take: they end the log too, and the next batch gets a sequence number past
 //!   them all, so that none of them is ever read as its successor.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use super::super::types::Timestamp;
@@ -454,38 +455,64 @@ fn encode(seq: u64, records: &[Record], flags: u32, lag: u32, block_bytes: usize
     out
 }
 
-/// A batch header that checks out, with its records.
-struct ValidBatch {
+/// The bytes of a log's area (the blocks after the superblocks), as the reader takes them: a
+/// byte image (tests), or the log's device read a window at a time (`IntentLog::open`), so that
+/// reading a log costs a window of memory and the records it replays, not the ring's size.
+pub trait Area {
+    /// `len` bytes from byte `at`, which lie within the area.
+    fn bytes(&self, at: usize, len: usize) -> Cow<'_, [u8]>;
+}
+
+impl Area for [u8] {
+    fn bytes(&self, at: usize, len: usize) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self[at..at + len])
+    }
+}
+
+impl Area for Vec<u8> {
+    fn bytes(&self, at: usize, len: usize) -> Cow<'_, [u8]> {
+        self.as_slice().bytes(at, len)
+    }
+}
+
+/// A batch header that checks out (with its payload's checksum).
+struct Header {
     seq: u64,
     /// Batches before this one still unflushed when it was written.
     lag: u64,
     blocks: u64,
     wrap: bool,
-    records: Result<Vec<Record>, String>,
+    records: u32,
 }
 
-/// The batch starting at `block` of the area, if its header and checksum hold.
-fn batch_at(area: &[u8], sb: &Superblock, block: u64) -> Option<ValidBatch> {
+/// The batch starting at `block` of the area, if its header and checksum hold, and its payload.
+fn batch_at<'a, A: Area + ?Sized>(area: &'a A, sb: &Superblock, block: u64) -> Option<(Header, Cow<'a, [u8]>)> {
     let (area_blocks, block_bytes) = (sb.area_blocks, sb.block_bytes as usize);
+    assert!(block < area_blocks && block_bytes >= BATCH_HEADER_BYTES, "block {block} of {area_blocks}");
     let start = block as usize * block_bytes;
-    let header = area.get(start..start + BATCH_HEADER_BYTES)?;
+    let header = area.bytes(start, BATCH_HEADER_BYTES);
     if header[0..8] != BATCH_MAGIC {
         return None;
     }
-    let blocks = u32_at(header, 16) as u64;
-    let payload_bytes = u32_at(header, 20) as usize;
+    let blocks = u32_at(&header, 16) as u64;
+    let payload_bytes = u32_at(&header, 20) as usize;
     if blocks == 0 || block + blocks > area_blocks || BATCH_HEADER_BYTES + payload_bytes > blocks as usize * block_bytes
     {
         return None;
     }
-    let payload = &area[start + BATCH_HEADER_BYTES..start + BATCH_HEADER_BYTES + payload_bytes];
-    if u32_at(header, BATCH_CRC_AT) != crc32c_extend(crc32c(&header[..BATCH_CRC_AT]), payload) {
+    let payload = area.bytes(start + BATCH_HEADER_BYTES, payload_bytes);
+    if u32_at(&header, BATCH_CRC_AT) != crc32c_extend(crc32c(&header[..BATCH_CRC_AT]), &payload) {
         return None;
     }
-    let wrap = u32_at(header, 28) & FLAG_WRAP != 0;
-    let seq = u64_at(header, 8);
-    let lag = (u32_at(header, BATCH_LAG_AT) as u64).min(seq);
-    Some(ValidBatch { seq, lag, blocks, wrap, records: Record::decode_all(payload, u32_at(header, 24)) })
+    let seq = u64_at(&header, 8);
+    let found = Header {
+        seq,
+        lag: (u32_at(&header, BATCH_LAG_AT) as u64).min(seq),
+        blocks,
+        wrap: u32_at(&header, 28) & FLAG_WRAP != 0,
+        records: u32_at(&header, 24),
+    };
+    Some((found, payload))
 }
 
 /// Damage found before the tail of the log: recovery stops and says where.
@@ -522,8 +549,7 @@ fn file_offset(sb: &Superblock, block: u64) -> u64 {
 /// Reads every batch after the checkpoint from `area` (the log file's bytes after the
 /// superblocks). Stops at the first batch that is not there (the tail); returns an error when
 /// a batch before the tail is damaged, or a valid batch holds records that cannot be parsed.
-pub fn read_log(area: &[u8], sb: &Superblock) -> Result<LogContents, Corruption> {
-    assert!(area.len() >= sb.area_blocks as usize * sb.block_bytes as usize, "the area is {} blocks", sb.area_blocks);
+pub fn read_log<A: Area + ?Sized>(area: &A, sb: &Superblock) -> Result<LogContents, Corruption> {
     let (mut block, mut seq) = (sb.checkpoint_block, sb.checkpoint_seq);
     let mut batches = Vec::new();
     let mut starts = Vec::new();
@@ -533,8 +559,9 @@ pub fn read_log(area: &[u8], sb: &Superblock) -> Result<LogContents, Corruption>
             block = 0;
         }
         match batch_at(area, sb, block) {
-            Some(b) if b.seq == seq => {
-                let records = b.records.map_err(|reason| Corruption { offset: file_offset(sb, block), reason })?;
+            Some((b, payload)) if b.seq == seq => {
+                let records = Record::decode_all(&payload, b.records)
+                    .map_err(|reason| Corruption { offset: file_offset(sb, block), reason })?;
                 if !b.wrap {
                     batches.push(Batch { seq, records });
                 }
@@ -556,7 +583,7 @@ pub fn read_log(area: &[u8], sb: &Superblock) -> Result<LogContents, Corruption>
     // this one was damaged. Later batches written while it was unflushed go with it.
     let (tail_seq, mut next_seq, mut unflushed_dropped) = (seq, seq, 0);
     for later in 0..sb.area_blocks {
-        let Some(b) = batch_at(area, sb, later) else { continue };
+        let Some((b, _)) = batch_at(area, sb, later) else { continue };
         if b.seq <= tail_seq {
             continue;
         }
@@ -585,31 +612,31 @@ pub struct Salvage {
     pub lost: Vec<String>,
 }
 
-pub fn salvage_log(area: &[u8], sb: &Superblock) -> Salvage {
-    let mut found: Vec<(u64, u64, ValidBatch)> = Vec::new(); // (seq, block, batch)
+pub fn salvage_log<A: Area + ?Sized>(area: &A, sb: &Superblock) -> Salvage {
+    let mut found: Vec<(u64, u64, Header, Vec<u8>)> = Vec::new(); // (seq, block, batch, payload)
     let mut block = 0;
     while block < sb.area_blocks {
         match batch_at(area, sb, block) {
-            Some(b) if b.seq >= sb.checkpoint_seq => {
+            Some((b, payload)) if b.seq >= sb.checkpoint_seq => {
                 let next = block + b.blocks;
-                found.push((b.seq, block, b));
+                found.push((b.seq, block, b, payload.into_owned()));
                 block = next;
             }
             _ => block += 1,
         }
     }
-    found.sort_by_key(|(seq, _, _)| *seq);
-    found.dedup_by_key(|(seq, _, _)| *seq);
+    found.sort_by_key(|(seq, ..)| *seq);
+    found.dedup_by_key(|(seq, ..)| *seq);
     let mut lost = Vec::new();
     let mut batches = Vec::new();
     let mut starts = Vec::new();
     let mut expected = sb.checkpoint_seq;
     let (mut next_seq, mut next_block) = (sb.checkpoint_seq, sb.checkpoint_block);
-    for (seq, block, b) in found {
+    for (seq, block, b, payload) in found {
         if seq > expected {
             lost.push(format!("batches {expected} to {}: damaged or missing (nothing intact carries them)", seq - 1));
         }
-        match b.records {
+        match Record::decode_all(&payload, b.records) {
             Ok(records) if !b.wrap => batches.push(Batch { seq, records }),
             Ok(_) => {}
             Err(reason) => lost.push(format!("batch {seq} at byte {}: {reason}", file_offset(sb, block))),
@@ -878,7 +905,7 @@ mod tests {
                     let lost = &log.written[read.batches.len()..];
                     let later_survivor =
                         lost.iter().zip(&log.places[read.batches.len()..]).skip(1).any(|(b, &(start, _))| {
-                            batch_at(&log.area, &log.sb, start).is_some_and(|v| v.seq == b.seq)
+                            batch_at(&log.area, &log.sb, start).is_some_and(|(v, _)| v.seq == b.seq)
                         });
                     assert!(!later_survivor, "round {round}: a lost batch had a surviving successor, not reported");
                 }

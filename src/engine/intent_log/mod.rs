@@ -13,6 +13,8 @@
 //! durable; a caller of `commit_written` (a close: it must survive the daemon, not a power
 //! cut) once its batch is written.
 
+use std::borrow::Cow;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -24,8 +26,8 @@ use crate::metrics::Metrics;
 use crate::sys::Errno;
 use device::LogDevice;
 use format::{
-    batch_blocks, encode_batch_lagging, encode_wrap, read_log, salvage_log, valid_block_bytes, Batch, Corruption,
-    Record, Superblock, SUPERBLOCK_COPIES,
+    batch_blocks, encode_batch_lagging, encode_wrap, read_log, salvage_log, valid_block_bytes, Area, Batch, Corruption,
+    Record, Superblock, MAX_LOG_BLOCK_BYTES, SUPERBLOCK_COPIES,
 };
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -83,6 +85,58 @@ pub fn open_file_device(path: &Path, size_bytes: Option<u64>) -> Result<(device:
         )));
     }
     Ok((device, created))
+}
+
+/// The log's area read through its device a window at a time (see `format::Area`): the reader
+/// walks the ring forward, batch after batch, then looks at every block once, so one window
+/// serves many reads. A read that fails reads as zeros; its error is kept for the caller.
+struct DeviceArea<'a> {
+    device: &'a dyn LogDevice,
+    /// Where the area starts on the device, and its length, in bytes.
+    start: u64,
+    len: usize,
+    /// The window: where it starts in the area, and its bytes.
+    window: RefCell<(usize, Vec<u8>)>,
+    error: Cell<Option<Errno>>,
+}
+
+/// What recovery holds of the log at a time (beside the records it replays).
+const READ_WINDOW_BYTES: usize = 4 << 20;
+
+impl<'a> DeviceArea<'a> {
+    fn new(device: &'a dyn LogDevice, start: u64, len: u64) -> DeviceArea<'a> {
+        DeviceArea { device, start, len: len as usize, window: RefCell::new((0, Vec::new())), error: Cell::new(None) }
+    }
+
+    fn read(&self, at: usize, len: usize) -> Vec<u8> {
+        match self.device.read_at(self.start + at as u64, len) {
+            Ok(bytes) if bytes.len() == len => bytes,
+            Ok(_) => {
+                self.error.set(self.error.get().or(Some(Errno(libc::EIO))));
+                vec![0; len]
+            }
+            Err(e) => {
+                self.error.set(self.error.get().or(Some(e)));
+                vec![0; len]
+            }
+        }
+    }
+}
+
+impl Area for DeviceArea<'_> {
+    fn bytes(&self, at: usize, len: usize) -> Cow<'_, [u8]> {
+        assert!(at + len <= self.len, "{len} bytes at {at} of an area of {}", self.len);
+        if len > READ_WINDOW_BYTES {
+            return Cow::Owned(self.read(at, len));
+        }
+        let mut window = self.window.borrow_mut();
+        let (from, bytes) = &*window;
+        if !(at >= *from && at + len <= from + bytes.len()) {
+            *window = (at, self.read(at, READ_WINDOW_BYTES.min(self.len - at)));
+        }
+        let from = at - window.0;
+        Cow::Owned(window.1[from..from + len].to_vec())
+    }
 }
 
 struct Ring {
@@ -261,8 +315,10 @@ impl IntentLog {
             device.write_at(0, &first.encode()).map_err(|e| LogError::Io("write superblock", e))?;
             device.sync().map_err(|e| LogError::Io("sync", e))?;
         }
-        let bytes = device.read_all().map_err(|e| LogError::Io("read", e))?;
-        let sb = Superblock::find(&bytes)
+        let start = device
+            .read_at(0, (2 * MAX_LOG_BLOCK_BYTES as u64).min(size_bytes) as usize)
+            .map_err(|e| LogError::Io("read", e))?;
+        let sb = Superblock::find(&start)
             .ok_or_else(|| LogError::Mismatch(format!("{name} holds no intact log superblock")))?;
         let block = sb.block_bytes as u64;
         if block % device.block_bytes() as u64 != 0 {
@@ -279,15 +335,22 @@ impl IntentLog {
                 sb.area_blocks
             )));
         }
-        let area = &bytes[2 * block as usize..];
-        let (contents, lost) = match read_log(area, &sb) {
-            Ok(contents) => (contents, Vec::new()),
+        let area = DeviceArea::new(&*device, SUPERBLOCK_COPIES * block, area_blocks * block);
+        let read = match read_log(&area, &sb) {
+            Ok(contents) => Ok((contents, Vec::new())),
             Err(_) if salvage => {
-                let salvaged = salvage_log(area, &sb);
-                (salvaged.contents, salvaged.lost)
+                let salvaged = salvage_log(&area, &sb);
+                Ok((salvaged.contents, salvaged.lost))
             }
-            Err(corruption) => return Err(LogError::Corrupt(corruption)),
+            Err(corruption) => Err(LogError::Corrupt(corruption)),
         };
+        // A read that failed read as zeros, which the reader took for the log's end: it is the
+        // error, not what the reader made of it.
+        if let Some(e) = area.error.take() {
+            return Err(LogError::Io("read", e));
+        }
+        drop(area);
+        let (contents, lost) = read?;
         metrics.log_block_bytes.store(sb.block_bytes as u64, Relaxed);
         if contents.unflushed_dropped > 0 {
             log::warn!(
@@ -924,6 +987,30 @@ mod tests {
         assert_eq!(queue.take(), vec![create(b"a"), rename, create(b"c")]);
         assert_eq!(queue.len(), 0);
         assert!(!queue.cancel_create(b"c"), "taken by a batch");
+    }
+
+    #[test]
+    fn a_log_larger_than_the_read_window_reads_back_whole() {
+        // Recovery reads the area a window at a time: batches across window edges, one larger
+        // than the window, and the ring wrapped, all come back.
+        let device = Arc::new(device::MemoryLogDevice::new(3 * READ_WINDOW_BYTES as u64, 4096));
+        let (log, _) = IntentLog::open(Box::new(device.clone()), true, metrics()).unwrap();
+        let mut written = Vec::new();
+        for i in 0..40u64 {
+            let len = if i == 20 { READ_WINDOW_BYTES + 5000 } else { 300_000 + i as usize * 777 };
+            let records = vec![data(i, 0, len, i as u8)];
+            if log.commit(records.clone()).is_err() {
+                log.checkpoint(log.next_seq()).unwrap();
+                written.clear();
+                log.commit(records.clone()).unwrap();
+            }
+            written.push(records);
+        }
+        drop(log);
+        let (_, replay) = IntentLog::open(Box::new(device.clone()), false, metrics()).unwrap();
+        let read: Vec<Vec<Record>> = replay.into_iter().map(|b| b.records).collect();
+        assert_eq!(read.len(), written.len());
+        assert!(read == written, "the log read back differs");
     }
 
     #[test]
