@@ -373,6 +373,31 @@ fn a_created_file_the_log_holds_no_bytes_of_is_not_made_again_after_its_unlink()
     assert_eq!(fs::read(m.path("h")).unwrap(), pattern(3000, 2));
 }
 
+/// A new file lives in the daemon's memory until a checkpoint: one made huge by truncate (or by
+/// a write far out) is made on the backend first, as a sparse file, instead of taking its size
+/// in memory (`truncate -s 4G` took 4 GiB of the daemon before).
+#[test]
+fn a_new_file_made_huge_lives_on_the_backend_not_in_memory() {
+    let m = TestMount::with_options(&["log=on", "checkpoint_interval=3600s"]);
+    let rss_mib = || {
+        let status = fs::read_to_string(format!("/proc/{}/status", m.daemon_pid())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap().to_string();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() / 1024
+    };
+    let before = rss_mib();
+    let c = cstr(&m.path("sparse"));
+    fs::write(m.path("sparse"), b"start").unwrap();
+    assert_eq!(unsafe { libc::truncate(c.as_ptr(), 4 << 30) }, 0, "{}", std::io::Error::last_os_error());
+    let far = OpenOptions::new().create(true).truncate(false).write(true).open(m.path("far")).unwrap();
+    far.write_all_at(b"end", 3 << 30).unwrap();
+    drop(far);
+    assert_eq!(fs::metadata(m.path("sparse")).unwrap().len(), 4 << 30);
+    assert_eq!(fs::metadata(m.path("far")).unwrap().len(), (3 << 30) + 3);
+    assert!(rss_mib() < before + 100, "the daemon grew from {before} to {} MiB", rss_mib());
+    assert_eq!(fs::metadata(m.backing_path("sparse")).unwrap().len(), 4 << 30, "made on the backend");
+    assert_eq!(fs::metadata(m.backing_path("far")).unwrap().len(), (3 << 30) + 3, "made on the backend");
+}
+
 /// An unlink made durable by fsync of the directory stays done: the log's record of the file's
 /// creation must not bring it back at replay.
 #[test]

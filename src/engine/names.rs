@@ -42,6 +42,11 @@ impl Engine {
             self.ns.setattr(id, &owner_and_mode)?;
         }
         if let Some(size) = changes.size {
+            // A held file lives in memory: one made larger than the log takes for a new file
+            // is made on the backend first (`truncate -s 100G` must not take 100 GiB of it).
+            if size > self.config.writeback.log_threshold_new_bytes {
+                self.make_real(id)?;
+            }
             let state = match fh {
                 Some(fh) => self.open_file(fh)?.state.clone(),
                 None => self.writeback.file(id),
