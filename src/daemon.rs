@@ -132,6 +132,7 @@ fn log_path(opts: &MountOptions, state: &StateDir) -> Option<PathBuf> {
         LogPlace::Off => None,
         LogPlace::StateDir => Some(state.log_path()),
         LogPlace::At(path) => Some(path.clone()),
+        LogPlace::Default => unreachable!("mount_request resolves the default log place"),
     }
 }
 
@@ -344,7 +345,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         }
     }
     runtime.remove_runtime_files();
-    let exit = report_shut_down(&runtime, &done);
+    let exit = report_shut_down(&runtime, &done, engine.log_holds_records());
     match result {
         Ok(()) => log::info!("unmounted {}", mount_point.display()),
         Err(e) => log::info!("the session on {} ended: {e}", mount_point.display()),
@@ -397,7 +398,7 @@ fn start_session(
 
 /// Says what could not be written (or synced), in the log and in the runtime directory's
 /// report that `coalescefs umount` prints; exit status 1 when the unmount was not clean.
-fn report_shut_down(runtime: &RuntimeDir, done: &engine::writeback::ShutDown) -> ExitCode {
+fn report_shut_down(runtime: &RuntimeDir, done: &engine::writeback::ShutDown, log_kept: bool) -> ExitCode {
     if done.is_clean() {
         return ExitCode::SUCCESS;
     }
@@ -417,7 +418,12 @@ fn report_shut_down(runtime: &RuntimeDir, done: &engine::writeback::ShutDown) ->
     }
     if let Some(e) = done.backend_unsynced {
         report += &format!(
-            "the backend's sync at unmount failed ({e}): what was written is on the backing file system but may not survive a power cut\n"
+            "the backend's sync at unmount failed ({e}): what was written is on the backing file system but may not survive a power cut{}\n",
+            if log_kept {
+                "; the intent log keeps its records (every fsync and close it took), and the next mount replays them"
+            } else {
+                ""
+            }
         );
     }
     log::error!("{}", report.trim_end());

@@ -29,7 +29,7 @@ Mount options (-o, comma-separated, repeatable):
   io_timeout=DURATION     how long a request waits for a backend that finishes nothing (default 30s)
   metrics=ADDR:PORT  serve the counters in the Prometheus text format
   backend=local|null null: names and sizes in BACKING_DIR, data counted and discarded
-  log=off|on|PATH    intent log for small fsyncs (default off; on: in the state directory)
+  log=on|off|PATH    intent log: fsync, new files, names (default on: in the state directory)
   state=DIR          state directory (default /var/lib/coalescefs/<escaped BACKING_DIR>)
   log_size=SIZE      the intent log's ring (default 64M)
   checkpoint_interval=DURATION  (default 30s)
@@ -38,7 +38,7 @@ Mount options (-o, comma-separated, repeatable):
   dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.
 
 Examples:
-  coalescefs mount /srv/data /mnt/data -o allow_other,log=on
+  coalescefs mount /srv/data /mnt/data -o allow_other
   mount -t fuse.coalescefs /srv/data /mnt/data -o allow_other     (through mount.fuse.coalescefs)
   /srv/data /mnt/data fuse.coalescefs defaults,allow_other,nofail 0 0     (an /etc/fstab line)";
 

@@ -47,7 +47,7 @@ pub struct MountOptions {
     /// `max_write=SIZE`: the largest FUSE write request asked of the kernel, instead of the
     /// unit size (capped at 16 MiB either way).
     pub max_write_bytes: Option<u64>,
-    /// `log=on|off|PATH`: the intent log, in the state directory (`on`) or at PATH.
+    /// `log=on|off|PATH`: the intent log, in the state directory (`on`, the default) or at PATH.
     pub log: LogPlace,
     /// `state=DIR`: the state directory (see `state.rs`; default under /var/lib/coalescefs).
     pub state_dir: Option<std::path::PathBuf>,
@@ -86,6 +86,9 @@ pub enum LogPlace {
     Off,
     StateDir,
     At(std::path::PathBuf),
+    /// No `log=` given: `StateDir`, except for a read-only mount, which writes no log
+    /// (resolved by `mount_request`; nothing after it sees this).
+    Default,
 }
 
 pub const LOG_SIZE_BYTES_DEFAULT: u64 = 64 << 20;
@@ -136,7 +139,7 @@ impl Default for MountOptions {
             metrics_address: None,
             backend: BackendKind::Local,
             max_write_bytes: None,
-            log: LogPlace::Off,
+            log: LogPlace::Default,
             state_dir: None,
             log_size_bytes: LOG_SIZE_BYTES_DEFAULT,
             checkpoint_interval: std::time::Duration::from_secs(30),
@@ -366,12 +369,22 @@ pub fn parse_mount_args(args: &[String]) -> Result<MountRequest, UsageError> {
 pub fn mount_request(
     backing_dir: PathBuf,
     mount_point: PathBuf,
-    options: MountOptions,
+    mut options: MountOptions,
     foreground: bool,
 ) -> Result<MountRequest, UsageError> {
     if options.allow_other && options.allow_root {
         return Err(UsageError("allow_other and allow_root exclude each other".into()));
     }
+    options.log = match options.log {
+        LogPlace::Default if options.read_only => LogPlace::Off,
+        LogPlace::Default => LogPlace::StateDir,
+        LogPlace::StateDir | LogPlace::At(_) if options.read_only => {
+            return Err(UsageError(
+                "ro: a read-only mount writes no intent log (leave log= out, or mount read-write to replay one)".into(),
+            ))
+        }
+        given => given,
+    };
     let unit_bytes = options.unit_bytes.unwrap_or(0);
     if options.buffer_bytes < 2 * unit_bytes.max(4096) {
         return Err(UsageError(format!(
@@ -439,6 +452,22 @@ mod tests {
         let err = parse_mount_args(&args(&["a", "b", "-o", "unit=3M"])).unwrap_err();
         assert_eq!(err.0, "unit=3145728: must be a power of two from 4K to 64M");
         assert!(parse_mount_args(&args(&["a", "b", "-o", "unit=lots"])).is_err());
+    }
+
+    #[test]
+    fn the_log_is_on_by_default_except_on_a_read_only_mount() {
+        let log_of = |extra: &[&str]| {
+            let mut a = vec!["a", "b"];
+            a.extend_from_slice(extra);
+            parse_mount_args(&args(&a)).map(|r| r.options.log)
+        };
+        assert_eq!(log_of(&[]), Ok(LogPlace::StateDir));
+        assert_eq!(log_of(&["-o", "log=off"]), Ok(LogPlace::Off));
+        assert_eq!(log_of(&["-o", "ro"]), Ok(LogPlace::Off));
+        assert_eq!(log_of(&["-o", "ro,log=off"]), Ok(LogPlace::Off));
+        let err = log_of(&["-o", "ro,log=on"]).unwrap_err();
+        assert!(err.0.contains("read-only mount writes no intent log"), "{}", err.0);
+        assert!(log_of(&["-o", "log=/var/log.img,ro"]).is_err());
     }
 
     #[test]

@@ -116,6 +116,8 @@ fn run_case(fault: Fault, workload: Workload, log: bool) {
     let mut options = vec![buffer.as_str(), "unit=1M", "io_timeout=5s", "flush_age=500ms"];
     if log {
         options.extend(["log=on", "log_size=16M", "checkpoint_interval=1s"]);
+    } else {
+        options.push("log=off");
     }
     // Fault injection on (no rule yet), so that rules can be added while mounted.
     let env = [("COALESCEFS_FAULTS", "")];
@@ -312,19 +314,27 @@ fn a_stalled_backend_fails_the_waiting_request_after_io_timeout() {
     assert!(fs::read(m.backing_path("f")).unwrap() == expected);
 }
 
-/// Without the log a clean unmount is a durability point because the daemon syncs the
-/// backend last; when that sync fails, `coalescefs umount` says so and exits 1 (the data is on
-/// the backing file system, written, not known durable).
+/// A clean unmount is a durability point because the daemon syncs the backend last (with the
+/// log, its last checkpoint); when that sync fails, `coalescefs umount` says so and exits 1
+/// (the data is on the backing file system, written, not known durable; with the log, what the
+/// log holds stays there for the next mount).
 #[test]
 fn a_failed_sync_at_unmount_is_reported_by_umount() {
-    let mut m = TestMount::build(&["unit=64K"], &[("COALESCEFS_FAULTS", "")], None);
-    fs::write(m.path("f"), pattern(100_000, 3)).unwrap();
-    m.inject("sync=EIO");
-    let out = m.unmount_reporting();
-    assert_eq!(out.status.code(), Some(1), "umount after a failed sync: {out:?}");
-    let said = stderr_of(&out);
-    assert!(said.contains("sync at unmount failed") && said.contains("Input/output error"), "{said}");
-    assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(100_000, 3), "written, though not known durable");
+    for log in ["log=on", "log=off"] {
+        let mut m = TestMount::build(&["unit=64K", log], &[("COALESCEFS_FAULTS", "")], None);
+        fs::write(m.path("f"), pattern(100_000, 3)).unwrap();
+        fs::write(m.path("small"), pattern(1000, 4)).unwrap();
+        m.inject("sync=EIO");
+        let out = m.unmount_reporting();
+        assert_eq!(out.status.code(), Some(1), "{log}: umount after a failed sync: {out:?}");
+        let said = stderr_of(&out);
+        assert!(said.contains("sync at unmount failed") && said.contains("Input/output error"), "{log}: {said}");
+        assert_eq!(said.contains("the next mount replays them"), log == "log=on", "{log}: {said}");
+        assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(100_000, 3), "{log}: written, not known durable");
+        m.mount();
+        assert_eq!(fs::read(m.path("small")).unwrap(), pattern(1000, 4), "{log}: what close acknowledged");
+        m.unmount();
+    }
 }
 
 /// SIGTERM while a process keeps a file open on the mount and the backend answers nothing:

@@ -80,7 +80,8 @@ fn a_file_smaller_than_a_unit_is_written_through_the_page_cache() {
 
 #[test]
 fn readers_see_buffered_data_before_the_backend_has_it() {
-    let m = TestMount::with_options(&["unit=1M", "flush_age=3600s"]);
+    // Without the log: with it, the new file would not reach the backend at close either.
+    let m = TestMount::with_options(&["unit=1M", "flush_age=3600s", "log=off"]);
     let writer = OpenOptions::new().write(true).create(true).truncate(false).open(m.path("f")).unwrap();
     let data = pattern(10_000, 9);
     writer.write_all_at(&data, 5_000).unwrap();
@@ -104,7 +105,8 @@ fn readers_see_buffered_data_before_the_backend_has_it() {
 
 #[test]
 fn fsync_returns_only_once_the_backend_has_the_data() {
-    let m = TestMount::with_options(&["unit=1M", "flush_age=3600s"]);
+    // Without the log: with it, small fsyncs are the log's (tests/intent_log.rs).
+    let m = TestMount::with_options(&["unit=1M", "flush_age=3600s", "log=off"]);
     let f = OpenOptions::new().write(true).create(true).truncate(false).open(m.path("f")).unwrap();
     for round in 0..5u8 {
         let data = pattern(777, round);
@@ -433,7 +435,7 @@ fn stats_and_prometheus_answer() {
 #[test]
 fn coalescefs_sync_without_the_log_puts_every_buffered_byte_on_the_backend() {
     // Nothing would flush on its own for an hour: only the sync can put the bytes there.
-    let m = TestMount::with_options(&["unit=64K", "flush_age=3600s", "writeback_cache=off"]);
+    let m = TestMount::with_options(&["unit=64K", "flush_age=3600s", "writeback_cache=off", "log=off"]);
     let f = OpenOptions::new().write(true).create(true).truncate(true).open(m.path("f")).unwrap();
     f.write_all_at(&pattern(100_000, 7), 0).unwrap();
     assert!(fs::read(m.backing_path("f")).unwrap().len() < 100_000, "the partial unit is still buffered");

@@ -177,6 +177,13 @@ impl TestMount {
         self.mnt.join(rel)
     }
 
+    /// `coalescefs sync`: everything written so far on the backend and synced (with the intent
+    /// log, the default, a checkpoint: new files the log held are made on the backend).
+    pub fn sync_to_backend(&self) {
+        let out = coalescefs(&["sync", &path_str(&self.mnt)]);
+        assert!(out.status.success(), "coalescefs sync: {}", stderr_of(&out));
+    }
+
     pub fn backing_path(&self, rel: &str) -> PathBuf {
         self.backing.join(rel)
     }

@@ -701,6 +701,7 @@ impl Writeback {
             }
             if let Err(e) = checkpointed {
                 log::error!("the last checkpoint failed ({e}); the next mount replays the intent log");
+                backend_unsynced = Some(e);
             }
         } else if let Err(e) = self.sync_backend() {
             log::error!("syncing the backend at unmount failed ({e}): what was written may not survive a power cut");
