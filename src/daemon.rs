@@ -193,7 +193,7 @@ fn log_setup(
     if !opts.read_only {
         state::set_log_marker(backing, &path)?;
     }
-    let (device, created) = engine::intent_log::open_file_device(&path, Some(opts.log_size_bytes))
+    let (device, created) = engine::intent_log::open_file_device(&path, Some(opts.log_size_bytes), state.path())
         .map_err(|e| format!("{}: {e}", path.display()))?;
     // The backing file system's journal flushes the device it is on before any change of it
     // becomes durable: a log file on that same file system is flushed along.

@@ -295,7 +295,7 @@ fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<Path
     if !log_path.exists() {
         return fail(format!("no intent log at {}", log_path.display()));
     }
-    let device = match engine::intent_log::open_file_device(&log_path, None) {
+    let device = match engine::intent_log::open_file_device(&log_path, None, state.path()) {
         Ok((device, _)) => device,
         Err(e) => return fail(format!("{}: {e}", log_path.display())),
     };

@@ -398,6 +398,47 @@ fn a_new_file_made_huge_lives_on_the_backend_not_in_memory() {
     assert_eq!(fs::metadata(m.backing_path("far")).unwrap().len(), (3 << 30) + 3, "made on the backend");
 }
 
+/// A block device as the log (`log=/dev/...`): its sectors are the log's blocks. Small fsyncs
+/// and a new file's close go there, a killed daemon's next mount replays them from it, a clean
+/// unmount leaves it a log the next mount takes as it is; a device holding anything else (a
+/// file system) is refused, and so is one that is mounted.
+#[test]
+fn a_log_on_a_block_device_takes_the_commits_and_replays_them() {
+    let Some(device) = LoopDevice::new(32) else { return };
+    let log = format!("log={}", device.path);
+    let options = [log.as_str(), "log_size=16M", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    fs::write(m.path("old"), pattern(100_000, 1)).unwrap();
+    m.remount();
+    let before = device.written_bytes();
+    let f = OpenOptions::new().write(true).open(m.path("old")).unwrap();
+    f.write_all_at(&pattern(300, 2), 1000).unwrap();
+    f.sync_all().unwrap();
+    fs::write(m.path("new"), pattern(700, 3)).unwrap();
+    assert_eq!(m.counter("log_fsyncs_total"), 1, "the fsync went to the log");
+    let written = device.written_bytes() - before;
+    assert!(written > 0 && written <= 8192, "{written} bytes written to the log device for two small commits");
+    kill_daemon(&mut m);
+    drop(f);
+    m.mount();
+    assert!(m.counter("log_replayed_records_total") > 0, "nothing replayed");
+    let mut expected = pattern(100_000, 1);
+    expected[1000..1300].copy_from_slice(&pattern(300, 2));
+    assert!(fs::read(m.path("old")).unwrap() == expected, "the fsynced bytes are not back");
+    assert_eq!(fs::read(m.path("new")).unwrap(), pattern(700, 3), "the closed new file is not back");
+    m.unmount();
+    m.mount();
+    assert_eq!(fs::read(m.path("new")).unwrap(), pattern(700, 3));
+    m.unmount();
+    // A device that holds a file system is somebody's data.
+    let other = LoopDevice::new(32).unwrap();
+    assert!(std::process::Command::new("mkfs.ext4").args(["-q", &other.path]).status().unwrap().success());
+    let other_log = format!("log={},log_size=16M", other.path);
+    let out = coalescefs(&["mount", &path_str(&m.backing), &path_str(&m.mnt), "-o", &other_log]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("holds data that is not a coalescefs intent log"), "{}", stderr_of(&out));
+}
+
 /// An unlink made durable by fsync of the directory stays done: the log's record of the file's
 /// creation must not bring it back at replay.
 #[test]

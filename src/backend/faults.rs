@@ -413,6 +413,9 @@ impl LogDevice for FaultyLogDevice {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+    fn flushed_by_sync(&self) -> bool {
+        self.inner.flushed_by_sync()
+    }
     fn read_map(&self) -> SysResult<Vec<u8>> {
         self.inner.read_map()
     }

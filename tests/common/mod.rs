@@ -439,3 +439,42 @@ impl Drop for SmallFileSystem {
         let _ = std::process::Command::new("umount").arg(self.path()).status();
     }
 }
+
+/// A loop device over a sparse file of `mib` MiB (zeros), detached when dropped; None where
+/// this process cannot make one (not root, no loop devices): the caller skips.
+pub struct LoopDevice {
+    pub path: String,
+    _dir: tempfile::TempDir,
+}
+
+impl LoopDevice {
+    pub fn new(mib: u64) -> Option<LoopDevice> {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("device.img");
+        std::fs::File::create(&image).unwrap().set_len(mib << 20).unwrap();
+        let out = std::process::Command::new("losetup")
+            .args(["--find", "--show", "--direct-io=on"])
+            .arg(&image)
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            eprintln!("skipped: no loop device ({})", String::from_utf8_lossy(&out.stderr).trim());
+            return None;
+        }
+        Some(LoopDevice { path: String::from_utf8(out.stdout).unwrap().trim().to_string(), _dir: dir })
+    }
+
+    /// Bytes written to the device so far (/proc/diskstats, 512-byte sectors).
+    pub fn written_bytes(&self) -> u64 {
+        let name = self.path.trim_start_matches("/dev/");
+        let stats = std::fs::read_to_string("/proc/diskstats").unwrap();
+        let line = stats.lines().find(|l| l.split_whitespace().nth(2) == Some(name)).expect("the device's line");
+        line.split_whitespace().nth(9).unwrap().parse::<u64>().unwrap() * 512
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup").args(["-d", &self.path]).status();
+    }
+}

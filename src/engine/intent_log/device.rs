@@ -5,7 +5,9 @@
 //! `FileLogDevice`: a file, preallocated and written through once at creation, so that
 //! appending later changes no file-system metadata (no allocation, no unwritten-extent
 //! conversion: an fdatasync is then one device flush), written in whole aligned blocks with
-//! O_DIRECT where the file system allows it.
+//! O_DIRECT where the file system allows it. Or a block device (`log=/dev/...`): the log's
+//! blocks are then the device's sectors, and a commit costs those sectors and nothing else
+//! (a file's O_DIRECT write still updates its mtime, a journal commit at the next `sync`).
 //!
 //! `MemoryLogDevice`: blocks in memory, for in-process tests, with what a crash keeps: every
 //! synced block, and any chosen subset of the writes since the last sync, in order.
@@ -35,6 +37,12 @@ pub trait LogDevice: Send + Sync {
     }
     /// How the log is named in messages.
     fn describe(&self) -> String;
+    /// Whether `sync(1)` flushes what was written: a file on a mounted file system is (its
+    /// file system's sync flushes the device); a block device is not (sync flushes only file
+    /// systems' devices).
+    fn flushed_by_sync(&self) -> bool {
+        true
+    }
     /// The replay map beside the log: its bytes (empty when there is none).
     fn read_map(&self) -> SysResult<Vec<u8>>;
     /// Appends to the replay map and makes the bytes (and the map's existence) durable.
@@ -48,6 +56,18 @@ pub struct FileLogDevice {
     path: PathBuf,
     block_bytes: usize,
     direct: bool,
+    /// A block device: the bytes of it the log takes (a file's size is the file's).
+    device_bytes: Option<u64>,
+    /// Where the replay map lives: beside a file; in the state directory for a block device.
+    map_path: PathBuf,
+}
+
+/// What is found at the start of a block device given as the log.
+pub enum BlockDeviceContents {
+    /// Zeros: a new log may be made there.
+    Zeros,
+    /// Something else (a log, or data): its first bytes, for the caller to tell which.
+    Bytes(Vec<u8>),
 }
 
 /// Page-aligned memory for O_DIRECT, from the allocator (log writes are few and short-lived).
@@ -105,15 +125,89 @@ impl FileLogDevice {
         };
         // Through the page cache a write smaller than a page may make the kernel read the page.
         let block_bytes = if direct { direct_io_alignment(&file).unwrap_or(block_bytes) } else { block_bytes };
-        Ok((FileLogDevice { file, path: path.to_path_buf(), block_bytes, direct }, created))
+        let mut map_path = path.as_os_str().to_owned();
+        map_path.push(".replay-map");
+        let device = FileLogDevice {
+            file,
+            path: path.to_path_buf(),
+            block_bytes,
+            direct,
+            device_bytes: None,
+            map_path: map_path.into(),
+        };
+        Ok((device, created))
+    }
+
+    /// Opens the block device at `path` for the log, exclusively (O_EXCL: refused while it is
+    /// mounted or another program holds it so), with O_DIRECT in its logical sectors; the
+    /// replay map goes to `map_path`. Returns the device, its size, and what its first bytes
+    /// (up to `look_bytes`) hold. The caller decides how much of it the log takes
+    /// (`take_device_bytes`) and makes a new log there (`zero_device_bytes`).
+    pub fn open_block_device(
+        path: &Path,
+        map_path: PathBuf,
+        look_bytes: usize,
+    ) -> SysResult<(FileLogDevice, u64, BlockDeviceContents)> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT | libc::O_EXCL)
+            .open(path)
+            .map_err(Errno::from)?;
+        let mut size: u64 = 0;
+        check(unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size) })?;
+        let mut sector: libc::c_int = 0;
+        check(unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut sector) })?;
+        let block_bytes = sector as usize;
+        assert!(block_bytes.is_power_of_two() && (512..=4096).contains(&block_bytes), "a sector of {block_bytes}");
+        let device = FileLogDevice {
+            file,
+            path: path.to_path_buf(),
+            block_bytes,
+            direct: true,
+            device_bytes: Some(size),
+            map_path,
+        };
+        let start = device.read_at(0, look_bytes.min(size as usize))?;
+        let contents =
+            if start.iter().all(|&b| b == 0) { BlockDeviceContents::Zeros } else { BlockDeviceContents::Bytes(start) };
+        Ok((device, size, contents))
+    }
+
+    /// A block device's log takes its first `bytes` (at most the device).
+    pub fn take_device_bytes(&mut self, bytes: u64) {
+        let size = self.device_bytes.expect("a block device");
+        assert!(bytes <= size && bytes % self.block_bytes as u64 == 0, "{bytes} bytes of a {size}-byte device");
+        self.device_bytes = Some(bytes);
+    }
+
+    /// Zeros the log's bytes of a block device, durably: a new log's area holds no batch.
+    pub fn zero_device_bytes(&self) -> SysResult<()> {
+        let size = self.device_bytes.expect("a block device");
+        let zeros = AlignedScratch::copy_of(&vec![0u8; 1 << 20], 4096);
+        let mut at = 0u64;
+        while at < size {
+            let n = (1u64 << 20).min(size - at) as usize;
+            sys::pwrite_all(self.file.as_raw_fd(), zeros.as_slice(n), at)?;
+            at += n as u64;
+        }
+        self.sync()
     }
 
     fn map_path(&self) -> PathBuf {
-        let mut name = self.path.as_os_str().to_owned();
-        name.push(".replay-map");
-        name.into()
+        self.map_path.clone()
     }
 }
+
+/// Whether `path` is a block device (following symlinks, as /dev/disk/by-id/... are).
+pub fn is_block_device(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
+}
+
+/// ioctl(2) requests of linux/fs.h: the device's size in bytes, and its logical sector size.
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+const BLKSSZGET: libc::c_ulong = 0x1268;
 
 /// The file's direct-I/O offset alignment (statx STATX_DIOALIGN: the device's logical block
 /// where the file system takes direct I/O at that granularity), between 512 B and 4 KiB.
@@ -136,7 +230,10 @@ fn sync_parent(path: &Path) -> SysResult<()> {
 
 impl LogDevice for FileLogDevice {
     fn size_bytes(&self) -> SysResult<u64> {
-        Ok(sys::fstat_fd(&self.file)?.st_size as u64)
+        match self.device_bytes {
+            Some(bytes) => Ok(bytes),
+            None => Ok(sys::fstat_fd(&self.file)?.st_size as u64),
+        }
     }
 
     fn block_bytes(&self) -> usize {
@@ -161,6 +258,10 @@ impl LogDevice for FileLogDevice {
 
     /// Through the page cache's sibling path: recovery reads it once at mount.
     fn read_at(&self, offset: u64, len: usize) -> SysResult<Vec<u8>> {
+        let len = match self.device_bytes {
+            Some(bytes) => len.min(bytes.saturating_sub(offset) as usize),
+            None => len,
+        };
         let mut buf = vec![0u8; len];
         let plain = File::open(&self.path).map_err(Errno::from)?;
         let n = sys::pread_full(plain.as_raw_fd(), &mut buf, offset)?;
@@ -170,6 +271,10 @@ impl LogDevice for FileLogDevice {
 
     fn describe(&self) -> String {
         self.path.display().to_string()
+    }
+
+    fn flushed_by_sync(&self) -> bool {
+        self.device_bytes.is_none()
     }
 
     fn read_map(&self) -> SysResult<Vec<u8>> {
@@ -336,6 +441,9 @@ impl<D: LogDevice + ?Sized> LogDevice for std::sync::Arc<D> {
     }
     fn describe(&self) -> String {
         (**self).describe()
+    }
+    fn flushed_by_sync(&self) -> bool {
+        (**self).flushed_by_sync()
     }
     fn read_map(&self) -> SysResult<Vec<u8>> {
         (**self).read_map()

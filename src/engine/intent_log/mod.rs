@@ -70,8 +70,16 @@ impl std::fmt::Display for LogError {
 /// Opens (or creates, `size_bytes` long) the log file at `path`; returns it and whether it was
 /// created. A file of another size is refused: the ring's geometry is in its superblock, and
 /// `log_size=` must not change while the log holds data. `size_bytes` None: whatever size the
-/// file has (`coalescefs recover`).
-pub fn open_file_device(path: &Path, size_bytes: Option<u64>) -> Result<(device::FileLogDevice, bool), LogError> {
+/// file has (`coalescefs recover`). A block device takes the log in its first `size_bytes`
+/// (None: as much as the log on it says), its replay map in `state_dir`.
+pub fn open_file_device(
+    path: &Path,
+    size_bytes: Option<u64>,
+    state_dir: &Path,
+) -> Result<(device::FileLogDevice, bool), LogError> {
+    if device::is_block_device(path) {
+        return open_block_device(path, size_bytes, state_dir);
+    }
     let asked = match size_bytes {
         Some(size) => size,
         None => std::fs::metadata(path).map_err(|e| LogError::Io("open", Errno::from(e)))?.len(),
@@ -83,6 +91,53 @@ pub fn open_file_device(path: &Path, size_bytes: Option<u64>) -> Result<(device:
             "{} is {actual} bytes, not the {asked} asked for (log_size= must not change while the log holds data)",
             path.display()
         )));
+    }
+    Ok((device, created))
+}
+
+/// A block device as the log (see `open_file_device`). One that holds neither a log nor zeros
+/// is refused: it is somebody's data.
+fn open_block_device(
+    path: &Path,
+    size_bytes: Option<u64>,
+    state_dir: &Path,
+) -> Result<(device::FileLogDevice, bool), LogError> {
+    let shown = path.display();
+    let look = 2 * MAX_LOG_BLOCK_BYTES;
+    let (mut device, device_bytes, contents) =
+        device::FileLogDevice::open_block_device(path, state_dir.join("intent.log.replay-map"), look).map_err(|e| {
+            match e {
+                Errno(libc::EBUSY) => LogError::Mismatch(format!("{shown} is in use (mounted, or held by a program)")),
+                e => LogError::Io("open", e),
+            }
+        })?;
+    let (log_bytes, created) = match contents {
+        device::BlockDeviceContents::Bytes(start) => match Superblock::find(&start) {
+            Some(sb) => ((sb.area_blocks + SUPERBLOCK_COPIES) * sb.block_bytes as u64, false),
+            None => {
+                return Err(LogError::Mismatch(format!(
+                    "{shown} holds data that is not a coalescefs intent log (its first {} KiB are not zeros): \
+                     wipe it first (blkdiscard, or dd from /dev/zero) to use it as the log, or give another device",
+                    start.len() >> 10
+                )))
+            }
+        },
+        device::BlockDeviceContents::Zeros => (size_bytes.unwrap_or(device_bytes), true),
+    };
+    if log_bytes > device_bytes {
+        return Err(LogError::Mismatch(format!(
+            "{shown} has {device_bytes} bytes, fewer than the {log_bytes} of the log (log_size=)"
+        )));
+    }
+    if let Some(asked) = size_bytes.filter(|&asked| asked != log_bytes) {
+        return Err(LogError::Mismatch(format!(
+            "{shown} holds a log of {log_bytes} bytes, not the {asked} asked for (log_size= must not change while the log \
+             holds data)"
+        )));
+    }
+    device.take_device_bytes(log_bytes);
+    if created {
+        device.zero_device_bytes().map_err(|e| LogError::Io("zero the log's bytes", e))?;
     }
     Ok((device, created))
 }
@@ -443,6 +498,9 @@ impl IntentLog {
     }
 
     fn commit_to(&self, records: Vec<Record>, flushed: bool) -> Result<u64, LogError> {
+        // What a close acknowledges survives a power cut after `sync(1)`: where sync does not
+        // reach the log (a block device), its batches are flushed at once.
+        let flushed = flushed || !self.device.flushed_by_sync();
         let mut pending = lock(&self.pending);
         pending.records.extend(records);
         let ticket = pending.next_ticket;
@@ -693,7 +751,7 @@ mod tests {
 
     /// The log file at `path`, as the daemon opens it.
     fn open(path: &Path, size: u64, metrics: Arc<Metrics>) -> Result<(IntentLog, Vec<Batch>), LogError> {
-        let (device, created) = open_file_device(path, Some(size))?;
+        let (device, created) = open_file_device(path, Some(size), path.parent().unwrap())?;
         IntentLog::open(Box::new(device), created, metrics)
     }
 
@@ -758,7 +816,7 @@ mod tests {
         // commits arrive, and must go out together in the next batch, not one sync each.
         let faults = Arc::new(Faults::new());
         faults.control("inject logsync=stall:5ms").unwrap();
-        let (device, created) = open_file_device(&path, Some(size)).unwrap();
+        let (device, created) = open_file_device(&path, Some(size), dir.path()).unwrap();
         let (log, _) =
             IntentLog::open(Box::new(FaultyLogDevice::new(Box::new(device), faults)), created, metrics()).unwrap();
         let log = Arc::new(log);
