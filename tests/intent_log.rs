@@ -439,6 +439,65 @@ fn a_log_on_a_block_device_takes_the_commits_and_replays_them() {
     assert!(stderr_of(&out).contains("holds data that is not a coalescefs intent log"), "{}", stderr_of(&out));
 }
 
+/// tmp + rename over a file the backend holds: the held file takes the name in memory and the
+/// log, and the backend's file stays, hidden, until the checkpoint unlinks it and makes the new
+/// one in its place. A daemon that dies at the rename's log write leaves the old file (before,
+/// the backend's unlink came first, and the name was left with neither file: the crash harness
+/// found it).
+#[test]
+fn a_rename_over_a_backend_file_unlinks_it_at_the_checkpoint_and_never_leaves_neither() {
+    if !in_a_process_of_its_own("a_rename_over_a_backend_file_unlinks_it_at_the_checkpoint_and_never_leaves_neither") {
+        return;
+    }
+    let options = ["checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::build(&options, &[("COALESCEFS_FAULTS", "")], None);
+    fs::write(m.path("f"), pattern(3000, 1)).unwrap();
+    m.sync_to_backend();
+    fs::write(m.path("tmp"), pattern(2000, 2)).unwrap();
+    fs::rename(m.path("tmp"), m.path("f")).unwrap();
+    assert_eq!(fs::read(m.path("f")).unwrap(), pattern(2000, 2));
+    let listed: Vec<_> = fs::read_dir(&m.mnt).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(listed, ["f"], "the mount lists the new file once, and not tmp");
+    assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(3000, 1), "the backend's file waits for the checkpoint");
+    m.sync_to_backend();
+    assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(2000, 2), "the checkpoint made the new file there");
+    assert!(!m.backing_path("tmp").exists());
+    // Killed at the rename's log write: the old file, or the new one, never neither.
+    write_and_fsync(&m.path("tmp2"), &pattern(1500, 3));
+    let pid = m.daemon_pid();
+    m.inject("logwrite=abort");
+    let _ = fs::rename(m.path("tmp2"), m.path("f"));
+    wait_for(|| process_gone(pid), "the daemon to abort");
+    let out = coalescefs(&["umount", "--lazy", &path_str(&m.mnt)]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    m.assume_unmounted();
+    m.mount();
+    let f = fs::read(m.path("f")).expect("f is there");
+    assert!(f == pattern(2000, 2) || f == pattern(1500, 3), "f holds neither the old nor the new bytes");
+}
+
+/// A name hidden by a rename over it is unlinked on the backend before anything there needs it:
+/// a directory made at the name, or the removal of the directory it was in.
+#[test]
+fn a_hidden_name_is_unlinked_on_the_backend_before_the_backend_needs_it() {
+    let mut m = TestMount::with_options(&["checkpoint_interval=3600s", "writeback_cache=off"]);
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("d/f"), pattern(3000, 1)).unwrap();
+    fs::write(m.path("g"), pattern(3000, 2)).unwrap();
+    m.sync_to_backend();
+    for (tmp, target) in [("d/tmp", "d/f"), ("tmp", "g")] {
+        fs::write(m.path(tmp), pattern(100, 3)).unwrap();
+        fs::rename(m.path(tmp), m.path(target)).unwrap();
+        fs::remove_file(m.path(target)).unwrap();
+        assert!(m.backing_path(target).exists(), "{target}: hidden, still on the backend");
+    }
+    fs::remove_dir(m.path("d")).expect("the directory holds no name any more");
+    fs::create_dir(m.path("g")).expect("the name is free");
+    assert!(m.backing_path("g").is_dir() && !m.backing_path("d").exists());
+    m.remount();
+    assert!(m.path("g").is_dir() && !m.path("d").exists());
+}
+
 /// An unlink made durable by fsync of the directory stays done: the log's record of the file's
 /// creation must not bring it back at replay.
 #[test]

@@ -356,9 +356,10 @@ impl Engine {
 
     /// Renames a file only memory and the log hold, to a free name or over the regular file
     /// `target`, which goes first as an unlink would (a held one from memory, with its Unlink
-    /// record if the log knows it; a backend one from the backend, its Unlink record queued).
-    /// Returns the records to commit before the caller is answered: replay makes a held file at
-    /// the name its records end with, after the backend's unlink of what it replaced.
+    /// record if the log knows it; a backend one hidden, its Unlink record in the rename's
+    /// batch and its backend unlink at the next checkpoint, `Pending::hide`). Returns the
+    /// records to commit before the caller is answered: replay makes a held file at the name
+    /// its records end with, after the backend's unlink of what it replaced.
     fn rename_held(
         &self,
         id: ObjectId,
@@ -373,13 +374,23 @@ impl Engine {
         let mut records = Vec::new();
         match target {
             Some(target) if held.is_held(target) => records.extend(self.unlink_held(target, new_parent, new_name)?),
-            Some(_) => {
-                // Its record goes in the rename's batch: a crash must not find the name gone
-                // with neither file there.
-                if let Some((record, removed)) = self.remove_on_backend(new_parent, new_name, false)? {
-                    self.writeback.note_names_changed(None, None, &[removed]);
-                    records.push(record);
-                }
+            Some(target) => {
+                // Its record goes in the rename's batch, and the backend's unlink waits for the
+                // checkpoint: a crash must not find the name gone with neither file there.
+                self.writeback.settle_made(target, true)?;
+                let (Some((key, _)), Ok(parent_key)) =
+                    (self.named_object(new_parent, new_name), self.ns.log_key(new_parent))
+                else {
+                    return Err(Errno(libc::EIO));
+                };
+                held.hide(new_parent, new_name, key.clone());
+                self.writeback.note_names_changed(None, None, &[target]);
+                records.push(Record::Unlink {
+                    file: key,
+                    parent: parent_key,
+                    name: new_name.as_encoded_bytes().to_vec(),
+                    directory: false,
+                });
             }
             None => {}
         }

@@ -18,9 +18,19 @@
 //! (`is_pending_key`). Replay makes such a file at the name its records leave it with, or, when
 //! a checkpoint had made it there before the crash, takes that file as it (see `replay`).
 //!
-//! Invariants: a held file's name was free on the backend when the file took it (made or
-//! renamed there), so a held name never hides a backend one; a held file's body is the truth
-//! for it until `real` is set, after which every call goes to the backend.
+//! Hidden names: a backend file a held one was renamed over is unlinked in memory at once
+//! (its Unlink record goes to the log in the rename's batch) and on the backend at the next
+//! checkpoint, after that batch is durable, or first when something on the backend needs the
+//! name or its directory empty. Until then the name is hidden: lookups and listings do not
+//! show it, and the held file takes it. So a rename over a file costs the log's bytes and
+//! nothing on the backend, and a crash never finds the name gone with neither file there (the
+//! backend's unlink before the rename's batch left that window; the crash harness hit it).
+//!
+//! Invariants: a held file's name was free on the backend (or hidden) when the file took it
+//! (made or renamed there), so a held name never hides a live backend one; a held file's body
+//! is the truth for it until `real` is set, after which every call goes to the backend; a
+//! hidden name's Unlink record was committed before anything but the checkpoint removes it
+//! from the backend.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
@@ -114,6 +124,10 @@ struct Table {
     /// Held names by directory, each directory's in name order (a listing's order); a
     /// directory with none has no entry.
     by_name: HashMap<ObjectId, BTreeMap<OsString, ObjectId>>,
+    /// Backend names unlinked in memory, by directory: the log key of the backend's object
+    /// each still names there until the checkpoint removes it (see the module's "Hidden
+    /// names"). Keys, not ids: the kernel forgets the object, and its id with it.
+    hidden: HashMap<ObjectId, HashMap<OsString, Vec<u8>>>,
     next: u64,
 }
 
@@ -133,6 +147,10 @@ impl Table {
                 self.by_name.remove(&parent);
             }
         }
+    }
+
+    fn is_hidden(&self, parent: ObjectId, name: &OsStr) -> bool {
+        self.hidden.get(&parent).is_some_and(|names| names.contains_key(name))
     }
 }
 
@@ -269,9 +287,66 @@ impl Pending {
         self.table().by_name.contains_key(&dir)
     }
 
-    /// Whether the backend has `name` in `parent` (errors other than "no such name" are the
-    /// caller's: a name that cannot be checked is not taken).
+    fn is_hidden(&self, parent: ObjectId, name: &OsStr) -> bool {
+        self.table().is_hidden(parent, name)
+    }
+
+    /// Unlinks the backend's object with the log key `key`, named `name` in `parent`, in
+    /// memory: its name is hidden until `remove_hidden` removes it from the backend. The caller
+    /// has the Unlink record committed before it answers (see the module's "Hidden names").
+    pub fn hide(&self, parent: ObjectId, name: &OsStr, key: Vec<u8>) {
+        self.table().hidden.entry(parent).or_default().insert(name.to_os_string(), key);
+    }
+
+    /// Whether any backend name is hidden (a checkpoint then has unlinks to make).
+    pub fn any_hidden(&self) -> bool {
+        !self.table().hidden.is_empty()
+    }
+
+    /// Removes hidden names from the backend: the one `name` in `parent` (Some), every one
+    /// in `parent` (None), or every one anywhere (`parent` None). Each is removed only while it
+    /// still names the object hidden (nothing else can have taken a hidden name). Returns the
+    /// objects whose names were removed; a failure leaves the rest hidden.
+    pub fn remove_hidden(&self, parent: Option<ObjectId>, name: Option<&OsStr>) -> SysResult<Vec<ObjectId>> {
+        let due: Vec<(ObjectId, OsString, Vec<u8>)> = {
+            let table = self.table();
+            let dirs: Vec<ObjectId> = match parent {
+                Some(dir) => vec![dir],
+                None => table.hidden.keys().copied().collect(),
+            };
+            dirs.into_iter()
+                .filter_map(|dir| table.hidden.get(&dir).map(|names| (dir, names)))
+                .flat_map(|(dir, names)| {
+                    names
+                        .iter()
+                        .filter(|(n, _)| name.is_none_or(|wanted| wanted == n.as_os_str()))
+                        .map(move |(n, key)| (dir, n.clone(), key.clone()))
+                })
+                .collect()
+        };
+        let mut removed = Vec::new();
+        for (dir, name, key) in due {
+            if let Some((_, id)) = self.ns.identify(dir, &name).filter(|(now, _)| *now == key) {
+                self.ns.remove(dir, &name, false)?;
+                removed.push(id);
+            }
+            let mut table = self.table();
+            if let Some(names) = table.hidden.get_mut(&dir) {
+                names.remove(&name);
+                if names.is_empty() {
+                    table.hidden.remove(&dir);
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Whether the backend has `name` in `parent`, not hidden (errors other than "no such
+    /// name" are the caller's: a name that cannot be checked is not taken).
     fn backend_has(&self, parent: ObjectId, name: &OsStr) -> SysResult<bool> {
+        if self.is_hidden(parent, name) {
+            return Ok(false);
+        }
         match self.ns.lookup(parent, name) {
             Ok(attr) => {
                 self.ns.forget(attr.id, 1);
@@ -684,9 +759,26 @@ impl DirReader for MergedDirReader {
     fn read(&mut self, offset: u64, max: usize) -> SysResult<Vec<DirEntry>> {
         let mut entries = Vec::new();
         if offset < HELD_OFFSET_BASE {
-            entries = self.backend.read(offset, max)?;
-            if entries.len() == max {
-                return Ok(entries);
+            // Hidden names are gone here: the backend is read on until `max` entries are left
+            // or it has no more (fewer than `max` says the end).
+            let mut at = offset;
+            loop {
+                let wanted = max - entries.len();
+                let batch = self.backend.read(at, wanted)?;
+                let (got, next) = (batch.len(), batch.last().map(|e| e.next_offset));
+                if self.pending.any_hidden() {
+                    let table = self.pending.table();
+                    entries.extend(batch.into_iter().filter(|e| !table.is_hidden(self.dir, &e.name)));
+                } else {
+                    entries.extend(batch);
+                }
+                if entries.len() == max {
+                    return Ok(entries);
+                }
+                match next {
+                    Some(next) if got == wanted => at = next,
+                    _ => break,
+                }
             }
         }
         let held = self.held.get_or_insert_with(|| {
@@ -748,6 +840,7 @@ impl Namespace for PendingNamespace {
         });
         match held {
             Some(attr) => Ok(attr),
+            None if p.is_hidden(parent, name) => Err(Errno(libc::ENOENT)),
             None => p.ns.lookup(parent, name),
         }
     }
@@ -789,6 +882,7 @@ impl Namespace for PendingNamespace {
         if self.0.named(parent, name).is_some() {
             return Err(Errno(libc::EEXIST));
         }
+        self.0.remove_hidden(Some(parent), Some(name))?;
         self.0.ns.make(parent, name, what, owner)
     }
 
@@ -804,6 +898,7 @@ impl Namespace for PendingNamespace {
             log::error!("link of a held file reached the namespace");
             return Err(Errno(libc::EIO));
         }
+        self.0.remove_hidden(Some(new_parent), Some(new_name))?;
         self.0.ns.link(id, new_parent, new_name)
     }
 
@@ -815,11 +910,16 @@ impl Namespace for PendingNamespace {
             }
             return p.unlink(parent, name).map(drop);
         }
-        if directory && p.any_named() {
+        if p.is_hidden(parent, name) {
+            return Err(Errno(libc::ENOENT));
+        }
+        if directory && (p.any_named() || p.any_hidden()) {
             if let Some((_, dir)) = p.ns.identify(parent, name) {
                 if p.has_names_in(dir) {
                     return Err(Errno(libc::ENOTEMPTY));
                 }
+                // Empty here: the backend's unlinks of its hidden names first.
+                p.remove_hidden(Some(dir), None)?;
             }
         }
         p.ns.remove(parent, name, directory)
@@ -845,11 +945,19 @@ impl Namespace for PendingNamespace {
             log::error!("a rename over a held file reached the namespace");
             return Err(Errno(libc::EIO));
         }
-        if p.any_named() {
+        if p.is_hidden(parent, name) {
+            return Err(Errno(libc::ENOENT));
+        }
+        // The target is free here: the backend's unlink of what it hid first.
+        p.remove_hidden(Some(new_parent), Some(new_name))?;
+        if p.any_named() || p.any_hidden() {
             // A directory renamed over an empty one: empty on the backend may not be empty here.
             if let Some((_, target)) = p.ns.identify(new_parent, new_name) {
                 if p.has_names_in(target) && flags & libc::RENAME_EXCHANGE == 0 {
                     return Err(Errno(libc::ENOTEMPTY));
+                }
+                if flags & libc::RENAME_EXCHANGE == 0 {
+                    p.remove_hidden(Some(target), None)?;
                 }
             }
         }
@@ -916,6 +1024,7 @@ impl Namespace for PendingNamespace {
     fn identify(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)> {
         match self.0.with_held_at(parent, name, |file, _| (file.key.clone(), file.id)) {
             Some(found) => Some(found),
+            None if self.0.is_hidden(parent, name) => None,
             None => self.0.ns.identify(parent, name),
         }
     }
@@ -939,6 +1048,7 @@ impl Namespace for PendingNamespace {
     fn key_at(&self, parent: ObjectId, name: &OsStr) -> Option<Vec<u8>> {
         match self.0.with_held_at(parent, name, |file, _| file.key.clone()) {
             Some(key) => Some(key),
+            None if self.0.is_hidden(parent, name) => None,
             None => self.0.ns.key_at(parent, name),
         }
     }

@@ -546,9 +546,20 @@ impl Writeback {
         // Held files whose records this checkpoint releases are made on the backend, in
         // directory order; nothing renames or unlinks them before their records are released
         // (replay finds such a file by the name its records leave it with).
-        let held = self.pending.as_ref().filter(|held| held.any_named());
+        let held = self.pending.as_ref().filter(|held| held.any_named() || held.any_hidden());
         let _names_still = held.map(|held| held.names_gate.write().unwrap_or_else(|p| p.into_inner()));
         if let Some(held) = held {
+            // Names held files took over backend files: their Unlink records are in the log
+            // (committed with the renames, before the release point), so the backend may lose
+            // them now, and the held files take them below.
+            let unlinked = held.remove_hidden(None, None).inspect_err(|e| {
+                log::error!("unlinking replaced files on the backend at a checkpoint: {e}; the log keeps them");
+            })?;
+            for id in unlinked {
+                if self.is_lingering(id) && self.ns.getattr(id).is_ok_and(|now| now.nlink == 0) {
+                    self.forget_file(id);
+                }
+            }
             held.make_all(release_before).inspect_err(|e| {
                 log::error!("making new files on the backend at a checkpoint: {e}; the log keeps them");
             })?;
@@ -696,8 +707,13 @@ impl Writeback {
             // New files the log took after that checkpoint began, or whose commit failed, are
             // made on the backend too (nothing changes any more), and a second checkpoint
             // releases their records: a clean unmount leaves nothing to replay.
-            if let Some(held) = self.pending.as_ref().filter(|held| checkpointed.is_ok() && held.any_named()) {
-                checkpointed = held.make_all(u64::MAX).and_then(|_| self.checkpoint());
+            if let Some(held) =
+                self.pending.as_ref().filter(|held| checkpointed.is_ok() && (held.any_named() || held.any_hidden()))
+            {
+                checkpointed = held
+                    .remove_hidden(None, None)
+                    .and_then(|_| held.make_all(u64::MAX))
+                    .and_then(|_| self.checkpoint());
             }
             if let Err(e) = checkpointed {
                 log::error!("the last checkpoint failed ({e}); the next mount replays the intent log");
