@@ -97,12 +97,50 @@ fn bytes_acknowledged_by_close_after_a_logged_fsync_survive_a_killed_daemon() {
     kill_daemon(&mut m);
     m.mount();
     assert!(fs::read(m.path("f")).unwrap() == expected, "the bytes close acknowledged were taken back");
-    // A file the log holds nothing for is only flushed by close: no log write.
+    // A small change's close is one log batch (written, not flushed); the backend has it at
+    // the checkpoint.
     let batches = m.counter("log_batches_total");
     let g = OpenOptions::new().write(true).open(m.path("f")).unwrap();
     g.write_all_at(&pattern(10, 23), 0).unwrap();
     drop(g);
-    assert_eq!(m.counter("log_batches_total"), batches, "close wrote to the log for a file it held nothing of");
+    assert_eq!(m.counter("log_batches_total"), batches + 1, "a small change's close is one log batch");
+    assert_eq!(&fs::read(m.backing_path("f")).unwrap()[..10], &expected[..10], "the backend waits for the checkpoint");
+    expected[..10].copy_from_slice(&pattern(10, 23));
+    m.sync_to_backend();
+    assert!(fs::read(m.backing_path("f")).unwrap() == expected, "the checkpoint wrote the change");
+}
+
+/// An existing small file rewritten in place (O_TRUNC, then writes, then close, as an editor or
+/// pmxcfs does): the truncate waits for the checkpoint with the bytes, and the close is one log
+/// batch, the truncate's Size record first, so that what the rewrite left as a hole reads back
+/// as zeros after a crash, not as the old bytes.
+#[test]
+fn an_in_place_rewrite_is_logged_at_close_and_its_truncate_waits_for_the_checkpoint() {
+    if !in_a_process_of_its_own("an_in_place_rewrite_is_logged_at_close_and_its_truncate_waits_for_the_checkpoint") {
+        return;
+    }
+    let options = ["unit=64K", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    fs::write(m.path("f"), pattern(3000, 1)).unwrap();
+    fs::write(m.path("g"), pattern(3000, 2)).unwrap();
+    m.sync_to_backend();
+    let batches = m.counter("log_batches_total");
+    fs::write(m.path("f"), pattern(1000, 3)).unwrap(); // O_TRUNC, write, close
+    let g = OpenOptions::new().write(true).truncate(true).open(m.path("g")).unwrap();
+    g.write_all_at(&pattern(100, 4), 2000).unwrap(); // a hole before it
+    drop(g);
+    assert_eq!(m.counter("log_batches_total"), batches + 2, "each rewrite's close is one log batch");
+    let g_now = [vec![0u8; 2000], pattern(100, 4)].concat();
+    assert_eq!(fs::read(m.path("f")).unwrap(), pattern(1000, 3));
+    assert_eq!(fs::read(m.path("g")).unwrap(), g_now, "the hole reads as zeros, not the old bytes");
+    assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(3000, 1), "the backend waits for the checkpoint");
+    kill_daemon(&mut m);
+    m.mount();
+    assert_eq!(fs::read(m.path("f")).unwrap(), pattern(1000, 3), "f after replay");
+    assert_eq!(fs::read(m.path("g")).unwrap(), g_now, "g after replay");
+    fs::write(m.path("f"), pattern(500, 5)).unwrap();
+    m.sync_to_backend();
+    assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(500, 5), "the checkpoint gave the backend both");
 }
 
 /// A log batch reported failed may still have reached the log (EIO after the bytes landed),
@@ -229,7 +267,7 @@ fn new_files_come_back_under_their_names_when_the_backend_lost_them() {
     // tmp + rename over an existing file, the rename not fsynced.
     write_and_fsync(&m.path("d/tmp"), &pattern(3000, 2));
     fs::rename(m.path("d/tmp"), m.path("d/b")).unwrap();
-    assert!(!m.backing_path("d/b").exists(), "the backend's d/b went, and the new d/b is held");
+    assert_eq!(fs::read(m.backing_path("d/b")).unwrap(), b"the old b", "the backend's d/b waits for the checkpoint");
     // A name reused: unlinked, then created again; and a rename to a free name.
     write_and_fsync(&m.path("d/again"), &pattern(500, 3));
     fs::remove_file(m.path("d/again")).unwrap();

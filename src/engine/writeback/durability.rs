@@ -324,6 +324,26 @@ impl Writeback {
         if let Some(result) = self.commit_pending(file, ErrorReport::Close) {
             return result;
         }
+        // With the log, a small change of a file it can stand for is logged at close (written,
+        // not flushed, as a new file's close) and reaches the store at the checkpoint with
+        // every other such change: an in-place rewrite of a small file costs its bytes in the
+        // log, not a journal commit of its own. What the log holds already stays buffered.
+        if let Some(log) = &self.log {
+            let (unlogged, refused) = {
+                let inner = lock(&file.inner);
+                let unlogged = !inner.in_flight.is_empty()
+                    || inner.dirty.values().any(|u| !u.ranges.minus(&u.logged).is_empty())
+                    || (inner.cut_to.is_some() && !inner.cut_logged);
+                (unlogged, inner.dirty.values().any(|u| u.refused))
+            };
+            if unlogged {
+                if let Some(result) = self.fsync_through_log(file, log, ErrorReport::Close) {
+                    return result;
+                }
+            } else if !refused && lock(&self.durability).get(&file.id).is_some_and(|e| e.logged_before_seq > 0) {
+                return Ok(());
+            }
+        }
         // Only when something newer than the log's records would be left unsynced: a close
         // right after an fsync costs nothing more.
         let backend_behind = match lock(&self.durability).get(&file.id) {
@@ -468,7 +488,9 @@ impl Writeback {
                 log.commit(records)
             }
         };
-        if pieces.is_empty() && inner.dirty.values().all(|u| u.logged.is_empty()) && !created {
+        // A truncate the store has not been given yet goes first, once (see `FileInner::cut_to`).
+        let cut = inner.cut_to.filter(|_| !inner.cut_logged);
+        if pieces.is_empty() && inner.dirty.values().all(|u| u.logged.is_empty()) && !created && cut.is_none() {
             // Nothing buffered: the store is in sync. The file's name changes may still be
             // queued (a rename since the last checkpoint): an fsync makes them durable too, as
             // ext4's does and the store's path here does; a commit of an empty queue writes
@@ -490,7 +512,11 @@ impl Writeback {
                 unit_state.logged.insert(r.clone());
             }
         }
-        let mut records = Vec::with_capacity(pieces.len() + 1);
+        let mut records = Vec::with_capacity(pieces.len() + 2);
+        if let Some(cut) = cut {
+            records.push(Record::Size { file: handle.clone(), size: cut });
+            inner.cut_logged = true;
+        }
         records.extend(pieces.into_iter().map(|(offset, b)| Record::Data { file: handle.clone(), offset, bytes: b }));
         records.push(Record::Size { file: handle, size });
         drop(inner);
@@ -504,6 +530,7 @@ impl Writeback {
             for unit in inner.dirty.values_mut() {
                 unit.logged = RangeSet::default();
             }
+            inner.cut_logged = false;
             drop(inner);
             // It may also have landed (EIO after the bytes were written): the backend sync
             // below must then be followed by a barrier, which is written over it.
@@ -518,7 +545,9 @@ impl Writeback {
         }
         let next = log.next_seq();
         lock(&self.durability).entry(file.id).or_default().logged_before_seq = next;
-        self.metrics.log_fsyncs.fetch_add(1, Relaxed);
+        if report != ErrorReport::Close {
+            self.metrics.log_fsyncs.fetch_add(1, Relaxed);
+        }
         Some(Ok(()))
     }
 

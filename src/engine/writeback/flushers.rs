@@ -102,6 +102,9 @@ impl Writeback {
             }
             Ok(inner.dirty.values().any(|u| u.epoch <= target) || inner.in_flight.values().any(|u| u.epoch <= target))
         })?;
+        if inner.cut_to.is_some() {
+            self.file_data(file, &mut inner)?; // gives the store its truncate
+        }
         let Some(data_only) = sync_backend else { return Ok(()) };
         if self.store.capabilities().durable_writes {
             return Ok(());
@@ -283,10 +286,14 @@ impl Writeback {
                 if inner.retry_at.is_some_and(|at| at > now) {
                     continue;
                 }
+                // A unit the intent log holds whole waits for the checkpoint (or memory pressure):
+                // written now, its bytes would reach the store twice, and its file's metadata
+                // would cost a journal commit of its own instead of a share of the checkpoint's.
                 let old: Vec<u64> = inner
                     .dirty
                     .iter()
                     .filter(|(_, u)| !u.wanted && (u.refused || u.dirtied_at.elapsed() >= self.config.flush_age))
+                    .filter(|(_, u)| u.refused || u.logged.is_empty() || !u.ranges.minus(&u.logged).is_empty())
                     .map(|(&k, _)| k)
                     .collect();
                 for unit in old {

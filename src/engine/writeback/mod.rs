@@ -226,6 +226,15 @@ struct FileInner {
     /// on the backend file again, or the flush's own write would stamp it with the flush time
     /// (GNU tar writes, sets the archived mtime, then closes). The next write clears them.
     times_set: Option<TimesToSet>,
+    /// With the log: a truncate the store has not been given yet. The store's bytes from this
+    /// offset on are not the file's (readers see zeros there, under what was written since);
+    /// the first flush gives the store the truncate, and the log the Size record that says
+    /// it (`cut_logged`), so that an O_TRUNC rewrite of a small file costs the log's bytes and
+    /// nothing on the backend until the checkpoint.
+    cut_to: Option<u64>,
+    /// The log holds the Size record of `cut_to` (logged once: a later batch repeating it
+    /// would cut what an earlier one logged below it).
+    cut_logged: bool,
     /// The file's data in the store, opened for writing by the first flush (or truncate).
     data: Option<Arc<dyn FileData>>,
     /// After a failed flush: no retry before this (except one an application asks for with

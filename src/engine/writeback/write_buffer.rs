@@ -33,6 +33,8 @@ impl Writeback {
                     open_handles: 0,
                     last_write: None,
                     times_set: None,
+                    cut_to: None,
+                    cut_logged: false,
                     retry_at: None,
                     backoff: Duration::ZERO,
                     forgotten: false,
@@ -65,7 +67,7 @@ impl Writeback {
         let mut inner = lock(&file.inner);
         inner.open_handles = inner.open_handles.saturating_sub(1);
         if inner.open_handles == 0 {
-            if inner.dirty.is_empty() && inner.in_flight.is_empty() {
+            if inner.dirty.is_empty() && inner.in_flight.is_empty() && inner.cut_to.is_none() {
                 self.remove_state(&mut files, file.id);
             } else if !inner.lingering {
                 inner.lingering = true;
@@ -79,7 +81,11 @@ impl Writeback {
     pub(super) fn drop_if_idle(&self, file: &Arc<FileState>) {
         let mut files = lock(&self.files);
         let mut inner = lock(&file.inner);
-        let idle = inner.open_handles == 0 && inner.dirty.is_empty() && inner.in_flight.is_empty() && !inner.forgotten;
+        let idle = inner.open_handles == 0
+            && inner.dirty.is_empty()
+            && inner.in_flight.is_empty()
+            && inner.cut_to.is_none()
+            && !inner.forgotten;
         if idle && files.get(&file.id).is_some_and(|f| Arc::ptr_eq(f, file)) {
             self.remove_state(&mut files, file.id);
             self.stop_lingering(&mut inner);
@@ -371,7 +377,8 @@ impl Writeback {
     }
 
     /// A size change: buffered data beyond the new size is dropped (after waiting for units in
-    /// flight there), then the backend file takes the size.
+    /// flight there), then the backend file takes the size; with the log, a file it can stand
+    /// for made shorter gives the store its truncate at the next flush (`FileInner::cut_to`).
     pub fn set_size(&self, file: &Arc<FileState>, size: u64) -> SysResult<()> {
         let unit_bytes = self.config.unit_bytes;
         let first_affected = size / unit_bytes;
@@ -394,6 +401,17 @@ impl Writeback {
                 self.release_unit_memory();
             }
         }
+        // A file the log can stand for (an existing one, in sync with the store), made
+        // shorter: the store's truncate waits for its next flush (see `FileInner::cut_to`).
+        let deferred = size < inner.size && self.log.is_some() && self.log_eligibility(file.id) == Some(false);
+        if deferred || (inner.cut_to.is_some() && size >= inner.size) {
+            if deferred && inner.cut_to.is_none_or(|cut| size < cut) {
+                inner.cut_to = Some(size);
+                inner.cut_logged = false;
+            }
+            inner.size = size;
+            return Ok(());
+        }
         self.file_data(file, &mut inner)?.set_size(size)?;
         inner.size = size;
         self.note_backend_changed(file.id);
@@ -415,11 +433,25 @@ impl Writeback {
         if self.pending.is_some() && inner.size > self.config.log_threshold_new_bytes {
             self.make_held_on_backend(file.id)?;
         }
-        if let Some(data) = &inner.data {
-            return Ok(data.clone());
+        let data = match &inner.data {
+            Some(data) => data.clone(),
+            None => {
+                let data = self.store.open(file.id, OpenMode { write: true, no_atime: false })?;
+                inner.data = Some(data.clone());
+                data
+            }
+        };
+        // A truncate the store has not been given yet goes first: whoever writes or reads the
+        // store through here must find the file's bytes, not the ones the truncate dropped.
+        if let Some(cut) = inner.cut_to {
+            data.set_size(cut)?;
+            if inner.size > cut {
+                data.set_size(inner.size)?;
+            }
+            inner.cut_to = None;
+            inner.cut_logged = false;
+            self.note_backend_changed(file.id);
         }
-        let data = self.store.open(file.id, OpenMode { write: true, no_atime: false })?;
-        inner.data = Some(data.clone());
         Ok(data)
     }
 
@@ -442,6 +474,12 @@ impl Writeback {
         }
         let reading = BackendRead { file, units: first..=last };
         let mut pieces = Vec::new();
+        // The store's bytes past a truncate it has not been given read as zeros (first: the
+        // buffer's pieces go over them).
+        if let Some(cut) = inner.cut_to.filter(|&cut| cut < end) {
+            let from = cut.max(offset);
+            pieces.push((from, vec![0u8; (end - from) as usize]));
+        }
         // In-flight first, dirty after: a dirty unit is newer than the in-flight one it covers.
         let flying = inner.in_flight.range(first..=last).map(|(&k, u)| (k, &u.buf, &u.ranges));
         let dirty = inner.dirty.range(first..=last).map(|(&k, u)| (k, &u.buf, &u.ranges));
