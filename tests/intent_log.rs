@@ -143,6 +143,39 @@ fn an_in_place_rewrite_is_logged_at_close_and_its_truncate_waits_for_the_checkpo
     assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(500, 5), "the checkpoint gave the backend both");
 }
 
+/// After a truncate the log holds and the backend has not been given (see the test above),
+/// every later size change is the log's to say, with or without bytes: a truncate to more (a
+/// hole) and a truncate back to 0, each fsynced, survive a killed daemon. The power-cut
+/// simulation found both lost: the fsync found no bytes to log and said nothing.
+#[test]
+fn size_changes_after_a_logged_truncate_are_logged_too() {
+    if !in_a_process_of_its_own("size_changes_after_a_logged_truncate_are_logged_too") {
+        return;
+    }
+    let options = ["unit=64K", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    fs::write(m.path("grown"), pattern(70_000, 1)).unwrap();
+    fs::write(m.path("emptied"), pattern(70_000, 2)).unwrap();
+    m.sync_to_backend();
+    let grown = OpenOptions::new().write(true).open(m.path("grown")).unwrap();
+    grown.set_len(0).unwrap();
+    grown.sync_all().unwrap();
+    grown.set_len(1168).unwrap();
+    grown.sync_all().unwrap();
+    let emptied = OpenOptions::new().write(true).open(m.path("emptied")).unwrap();
+    emptied.set_len(50_000).unwrap();
+    emptied.sync_all().unwrap();
+    emptied.write_all_at(&pattern(100, 3), 0).unwrap();
+    emptied.sync_all().unwrap();
+    emptied.set_len(0).unwrap();
+    emptied.sync_all().unwrap();
+    kill_daemon(&mut m);
+    drop((grown, emptied));
+    m.mount();
+    assert_eq!(fs::read(m.path("grown")).unwrap(), vec![0u8; 1168], "grown to 1168 after a truncate to 0");
+    assert_eq!(fs::read(m.path("emptied")).unwrap().len(), 0, "truncated to 0 after a logged write");
+}
+
 /// A log batch reported failed may still have reached the log (EIO after the bytes landed),
 /// at the position and sequence number the next batch gets. The fsync falls back to the
 /// backend; a replay must never put that batch's bytes over newer ones made durable since.

@@ -489,8 +489,12 @@ impl Writeback {
             }
         };
         // A truncate the store has not been given yet goes first, once (see `FileInner::cut_to`).
+        // While one is pending the store's size is not the file's: the batch says the size
+        // even with no bytes to log (a truncate to less, or to more, after a logged one; the
+        // power-cut simulation found both lost).
         let cut = inner.cut_to.filter(|_| !inner.cut_logged);
-        if pieces.is_empty() && inner.dirty.values().all(|u| u.logged.is_empty()) && !created && cut.is_none() {
+        let size_unsettled = inner.cut_to.is_some();
+        if pieces.is_empty() && inner.dirty.values().all(|u| u.logged.is_empty()) && !created && !size_unsettled {
             // Nothing buffered: the store is in sync. The file's name changes may still be
             // queued (a rename since the last checkpoint): an fsync makes them durable too, as
             // ext4's does and the store's path here does; a commit of an empty queue writes
