@@ -385,11 +385,10 @@ impl Engine {
                 };
                 held.hide(new_parent, new_name, key.clone());
                 self.writeback.note_names_changed(None, None, &[target]);
-                records.push(Record::Unlink {
+                records.push(Record::Hidden {
                     file: key,
                     parent: parent_key,
                     name: new_name.as_encoded_bytes().to_vec(),
-                    directory: false,
                 });
             }
             None => {}

@@ -19,6 +19,10 @@
 //!      more than its Create, and which is gone, was unlinked, and its Unlink record need not
 //!      have reached the log (see `Writeback::note_names_changed`).
 //!    - Unlink: only if the name still refers to the logged object.
+//!    - Hidden (a backend file a new one was renamed over, whose backend unlink waited for the
+//!      checkpoint): wherever the backend stands, since it can hold later changes without this
+//!      one; only if the name still refers to the logged object and no later rename put that
+//!      object back there.
 //!    - Rename: only if the source name still refers to the logged object and the target name
 //!      is free or holds what the rename replaced.
 //! 3. Data and sizes in order, after the file's last Barrier (a backend sync made everything
@@ -264,6 +268,14 @@ impl Replay<'_> {
                 }
                 Self::skip_if_moved_on(self.ns.remove(dir, name_of(name), *directory))
             }
+            // The caller applies it only when no later record names the file (see `replay`).
+            Record::Hidden { file, parent, name } => {
+                let Some(dir) = self.directory(parent)? else { return Ok(false) };
+                if !self.names(dir, name, file) {
+                    return Ok(false);
+                }
+                Self::skip_if_moved_on(self.ns.remove(dir, name_of(name), false))
+            }
             Record::Rename { file, from_parent, from_name, to_parent, to_name, replaced } => {
                 let (Some(from), Some(to)) = (self.directory(from_parent)?, self.directory(to_parent)?) else {
                     return Ok(false);
@@ -350,6 +362,7 @@ fn describe(record: &Record) -> String {
         Record::Attrs { file, mode, mtime, .. } => format!("attrs {} mode {mode:o} mtime {}", key(file), mtime.sec),
         Record::Create { file, parent, name: n, .. } => format!("create {} as {}/{}", key(file), key(parent), name(n)),
         Record::Unlink { file, parent, name: n, .. } => format!("unlink {} at {}/{}", key(file), key(parent), name(n)),
+        Record::Hidden { file, parent, name: n } => format!("hidden {} at {}/{}", key(file), key(parent), name(n)),
         Record::Rename { file, from_name, to_name, replaced, .. } => {
             format!("rename {} {} -> {} (replacing {})", key(file), name(from_name), name(to_name), key(replaced))
         }
@@ -430,6 +443,19 @@ pub fn replay(
         }
         let contents = matches!(r, Record::Data { .. } | Record::Size { .. } | Record::Attrs { .. });
         if contents && last_barrier.get(r.file()).is_some_and(|&b| i <= b) {
+            continue;
+        }
+        if let Record::Hidden { file, parent, name } = r {
+            // Its backend unlink waited for a checkpoint, so the backend may hold later changes
+            // and not this one: applied wherever it stands, unless a later rename put the same
+            // object back at the name (through another hard link of it).
+            let renamed_back = records[i + 1..].iter().any(|later| {
+                matches!(later, Record::Rename { file: f, to_parent, to_name, .. }
+                    if f == file && to_parent == parent && to_name == name)
+            });
+            let applied = !renamed_back && replay.apply(r)?;
+            replay.applied += u64::from(applied);
+            log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, describe(r));
             continue;
         }
         if r.is_namespace() && i < backend_holds_names_up_to {

@@ -171,6 +171,10 @@ pub enum Record {
     Create { file: Vec<u8>, parent: Vec<u8>, name: Vec<u8>, mode: u32, uid: u32, gid: u32 },
     /// `name` in `parent`, which was `file`, was removed (`directory`: by rmdir).
     Unlink { file: Vec<u8>, parent: Vec<u8>, name: Vec<u8>, directory: bool },
+    /// `name` in `parent`, which was the regular file `file`, was removed from the mount (a new
+    /// file renamed over it), and the backend's unlink waits for the checkpoint: unlike an
+    /// Unlink, the backend may hold later changes and not this one.
+    Hidden { file: Vec<u8>, parent: Vec<u8>, name: Vec<u8> },
     /// The file's mode, owner and times became these (a new file the log alone holds: its
     /// fsync makes its metadata durable too, and a tar's or cp -p's times survive a crash).
     Attrs { file: Vec<u8>, mode: u32, uid: u32, gid: u32, atime: Timestamp, mtime: Timestamp },
@@ -193,6 +197,7 @@ const KIND_CREATE: u8 = 4;
 const KIND_UNLINK: u8 = 5;
 const KIND_RENAME: u8 = 6;
 const KIND_ATTRS: u8 = 7;
+const KIND_HIDDEN: u8 = 8;
 
 fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
@@ -221,6 +226,7 @@ impl Record {
             | Record::Barrier { file }
             | Record::Create { file, .. }
             | Record::Unlink { file, .. }
+            | Record::Hidden { file, .. }
             | Record::Attrs { file, .. }
             | Record::Rename { file, .. } => file,
         }
@@ -235,7 +241,9 @@ impl Record {
     pub fn objects(&self) -> Vec<&[u8]> {
         let mut objects = vec![self.file()];
         match self {
-            Record::Create { parent, .. } | Record::Unlink { parent, .. } => objects.push(parent),
+            Record::Create { parent, .. } | Record::Unlink { parent, .. } | Record::Hidden { parent, .. } => {
+                objects.push(parent)
+            }
             Record::Rename { from_parent, to_parent, replaced, .. } => {
                 objects.extend([from_parent.as_slice(), to_parent, replaced].into_iter().filter(|k| !k.is_empty()))
             }
@@ -246,7 +254,7 @@ impl Record {
 
     /// Whether the record is about names rather than a file's contents.
     pub fn is_namespace(&self) -> bool {
-        matches!(self, Record::Create { .. } | Record::Unlink { .. } | Record::Rename { .. })
+        matches!(self, Record::Create { .. } | Record::Unlink { .. } | Record::Hidden { .. } | Record::Rename { .. })
     }
 
     fn body_len(&self) -> usize {
@@ -257,6 +265,7 @@ impl Record {
                 Record::Barrier { .. } => 0,
                 Record::Create { parent, name, .. } => 8 + parent.len() + name.len() + 12,
                 Record::Unlink { parent, name, .. } => 8 + parent.len() + name.len() + 4,
+                Record::Hidden { parent, name, .. } => 8 + parent.len() + name.len(),
                 Record::Attrs { .. } => 12 + 2 * 12,
                 Record::Rename { from_parent, from_name, to_parent, to_name, replaced, .. } => {
                     20 + from_parent.len() + from_name.len() + to_parent.len() + to_name.len() + replaced.len()
@@ -275,6 +284,7 @@ impl Record {
             Record::Barrier { .. } => KIND_BARRIER,
             Record::Create { .. } => KIND_CREATE,
             Record::Unlink { .. } => KIND_UNLINK,
+            Record::Hidden { .. } => KIND_HIDDEN,
             Record::Rename { .. } => KIND_RENAME,
             Record::Attrs { .. } => KIND_ATTRS,
         };
@@ -300,6 +310,10 @@ impl Record {
                 put_bytes(out, parent);
                 put_bytes(out, name);
                 out.extend_from_slice(&u32::from(*directory).to_le_bytes());
+            }
+            Record::Hidden { parent, name, .. } => {
+                put_bytes(out, parent);
+                put_bytes(out, name);
             }
             Record::Rename { from_parent, from_name, to_parent, to_name, replaced, .. } => {
                 for part in [from_parent, from_name, to_parent, to_name, replaced] {
@@ -377,6 +391,7 @@ impl Record {
                     _ => return None,
                 },
             },
+            KIND_HIDDEN => Record::Hidden { file, parent: take_bytes(rest)?, name: take_bytes(rest)? },
             KIND_RENAME => Record::Rename {
                 file,
                 from_parent: take_bytes(rest)?,
@@ -765,8 +780,13 @@ mod tests {
 
     fn random_records(rng: &mut Rng) -> Vec<Record> {
         (0..1 + rng.below(6))
-            .map(|_| match rng.below(9) {
+            .map(|_| match rng.below(10) {
                 0 => Record::Size { file: key(rng.below(50)), size: rng.below(1 << 40) },
+                6 => Record::Hidden {
+                    file: key(rng.below(50)),
+                    parent: key(rng.below(50)),
+                    name: key(rng.below(1 << 30)),
+                },
                 1 => Record::Barrier { file: key(rng.below(50)) },
                 2 => Record::Create {
                     file: key(rng.below(50)),
