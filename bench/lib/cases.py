@@ -53,8 +53,9 @@ def case_rand512(size_mib, total_mib):
     configs = []
     variants = [("buffered", {}), ("O_DIRECT", {"direct": 1}), ("buffered, fsync/100", {"fsync": 100}),
                 ("O_DIRECT, fsync/100", {"direct": 1, "fsync": 100})]
-    # With the intent log (off by default): fsyncs of the existing file go to the log.
-    with_log = BASELINES + [("coalescefs+log", ["log=on"])]
+    # With the intent log (the default) fsyncs of the existing file go to the log; without it,
+    # to the backend.
+    with_log = BASELINES + [("coalescefs log=off", ["log=off"])]
     for label, extra in variants:
         for name, opts in (SYSTEMS if label == "buffered" else with_log if "fsync" in label else BASELINES):
             work = lambda p, extra=extra: fio(os.path.join(p, "f"), rw="randwrite", bs=512, size=f"{size_mib}m",
@@ -70,7 +71,7 @@ def case_smallfiles(sizes_kib, quick, systems=None, patterns=("8k", "one", "rena
     # With the intent log, a new file's fsync logs its name and bytes; `coalescefs sync` at the
     # end of each phase is the checkpoint that writes them to the backend, and is counted. The
     # unmount after it is counted apart: it is paid once per mount, not per file.
-    systems = systems or BASELINES + [("coalescefs+log", ["log=on"])]
+    systems = systems or BASELINES + [("coalescefs log=off", ["log=off"])]
     def count_for(kib):
         n = 200 if kib <= 16 else (50 if kib <= 256 else 20)
         return max(n // 10, 5) if quick else n
@@ -121,15 +122,25 @@ def case_smallfiles(sizes_kib, quick, systems=None, patterns=("8k", "one", "rena
 PERFILE_PATTERNS = ("new-8k", "new-one", "rename-8k", "rename-one", "trunc-8k", "trunc-one")
 
 
+# coalescefs as users get it (the intent log on, a file in the state directory, here on the
+# measured device), without the log, and with the log on a block device of its own (counted
+# with the store's): checkpoints held off while files are measured, then measured apart.
+PERFILE_SYSTEMS = [("native", []), ("coalescefs", ["checkpoint_interval=3600s"]), ("coalescefs log=off", ["log=off"]),
+                   ("coalescefs log device", ["log=DEVICE", "checkpoint_interval=3600s"])]
+LOG_DEVICE_MIB = 80
+
+
 def case_perfile(sizes_kib, quick, sectors=(512, 4096), systems=None):
     """Seed 000's own method, one file at a time: `sync`, drop caches, read the device's
     counters; write the file as `dd` does (8 KiB pieces, or one write) and close it, no fsync;
     `sync`, drop caches, read again. Six patterns: a new file, tmp + rename over an existing
     file, and an existing file rewritten in place with O_TRUNC, each in 8 KiB pieces and in one
     write. The median file's device bytes per (size, pattern), on a device of 512-byte and of
-    4 KiB sectors. `sync` does not reach a FUSE daemon: for coalescefs the close is the only
-    durability point it sees, and what the backing file system writes at `sync` is counted."""
-    systems = systems or [("native", []), ("coalescefs", []), ("coalescefs+log", ["log=on"])]
+    4 KiB sectors. `sync` does not reach a FUSE daemon: for coalescefs the close is its
+    durability point (with the log, a log write, which `sync` flushes), and what the backing file
+    system writes at `sync` is counted. The checkpoint that makes the files plain backend files
+    (`coalescefs sync`, then `sync`) is counted apart, per file, after each pattern's files."""
+    systems = systems or PERFILE_SYSTEMS
     files = 3 if quick else 7
 
     def write_one(path, name, data, pattern):
@@ -149,7 +160,8 @@ def case_perfile(sizes_kib, quick, sectors=(512, 4096), systems=None):
     def run_for(name, opts, sector):
         def run(work):
             total_mib = sum(2 * files * k for k in sizes_kib) * len(PERFILE_PATTERNS) // 1024
-            store = Store(work, 256 + total_mib, sector)
+            log_device = LOG_DEVICE_MIB if "log=DEVICE" in opts else 0
+            store = Store(work, 256 + total_mib, sector, log_device)
             rows = {}
             for kib in sizes_kib:
                 data = os.urandom(kib * 1024)
@@ -169,17 +181,65 @@ def case_perfile(sizes_kib, quick, sectors=(512, 4096), systems=None):
                     t0 = time.monotonic()
                     for n in names:
                         os.sync(); drop_caches()
-                        before = diskstats(store.dev)
+                        before = store.counters()
                         write_one(system.path, n, data, pattern)
                         os.sync(); drop_caches()
-                        per_file.append(diskstats(store.dev)["write_bytes"] - before["write_bytes"])
+                        per_file.append(store.counters()["write_bytes"] - before["write_bytes"])
                     elapsed = time.monotonic() - t0
                     engine = system.stats()
+                    before = store.counters()
+                    system.checkpoint()
+                    os.sync(); drop_caches()
+                    checkpoint_per_file = (store.counters()["write_bytes"] - before["write_bytes"]) / files
                     system.unmount(); cleanups.remove(system.unmount)
                     per_file.sort()
                     rows[f"{kib}K/{pattern}"] = {"seconds": elapsed, "write_bytes": per_file[len(per_file) // 2],
                                                  "per_file": per_file, "app_bytes": kib * 1024, "sector": sector,
+                                                 "checkpoint_bytes_per_file": checkpoint_per_file,
                                                  "read_bytes_during_work": 0, "engine": engine}
+            store.close(); cleanups.remove(store.close)
+            return rows
+        return run
+    return [(f"{name} | {sector}", run_for(name, opts, sector)) for sector in sectors for name, opts in systems]
+
+
+def case_steady(sizes_kib, quick, sectors=(512, 4096), systems=None):
+    """Seed 000's steady state, as its writers work (no fsync): N new files written as `dd` does
+    (8 KiB pieces) and closed, then what makes them durable plain files on the store (for
+    coalescefs the checkpoint, `coalescefs sync`, then `sync`; natively `sync`): every device
+    byte over N x size, on 512-byte and 4 KiB sectors."""
+    systems = systems or PERFILE_SYSTEMS
+
+    def count_for(kib):
+        n = 200 if kib <= 16 else (50 if kib <= 256 else 20)
+        return max(n // 10, 5) if quick else n
+
+    def run_for(name, opts, sector):
+        def run(work):
+            total_mib = sum(count_for(k) * k for k in sizes_kib) // 1024
+            store = Store(work, 256 + 2 * total_mib, sector, LOG_DEVICE_MIB if "log=DEVICE" in opts else 0)
+            rows = {}
+            for kib in sizes_kib:
+                n, data = count_for(kib), os.urandom(kib * 1024)
+                system = System("coalescefs" if name.startswith("coalescefs") else name, store, opts)
+                system.mount()
+                os.sync(); drop_caches()
+                before = store.counters()
+                t0 = time.monotonic()
+                for i in range(n):
+                    fd = os.open(os.path.join(system.path, f"s{kib}-{i}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    for off in range(0, len(data), 8192):
+                        os.write(fd, data[off:off + 8192])
+                    os.close(fd)
+                elapsed = time.monotonic() - t0
+                system.checkpoint()
+                os.sync(); drop_caches()
+                after = store.counters()
+                engine = system.stats()
+                system.unmount(); cleanups.remove(system.unmount)
+                rows[f"{kib}K"] = {"seconds": elapsed, "write_bytes": after["write_bytes"] - before["write_bytes"],
+                                   "read_bytes_during_work": after["read_bytes"] - before["read_bytes"],
+                                   "app_bytes": n * kib * 1024, "files": n, "sector": sector, "engine": engine}
             store.close(); cleanups.remove(store.close)
             return rows
         return run
@@ -200,8 +260,8 @@ def case_apps(entries, quick):
     import workload
     # bindfs is the FUSE reference: a mature libfuse passthrough pays the same kernel round
     # trips per operation, so it shows how much of the gap to native any FUSE server has.
-    # The log is off by default today, so "log=on" is the other write path.
-    systems = [("native", []), ("bindfs", []), ("coalescefs", []), ("coalescefs log=on", ["log=on"])]
+    # The intent log is on by default; without it is the other write path.
+    systems = [("native", []), ("bindfs", []), ("coalescefs", []), ("coalescefs log=off", ["log=off"])]
     transactions = 100 if quick else 1000
 
     def run_for(name, opts):

@@ -137,14 +137,14 @@ def smallfiles_table(c, pattern_filter=None):
     ours = [s for s in systems if s.startswith("coalescefs")]
     rows = [r for r in next(iter(sf.values())).keys() if pattern_filter is None or r.endswith("/" + pattern_filter)]
     lines = ["| size / pattern | " + " | ".join(systems) + " | " + " | ".join(f"{s} vs native" for s in ours) +
-             " | of which log (coalescefs+log) | pmxcfs, published (seed 000, other hardware) |",
+             " | of which log (coalescefs) | pmxcfs, published (seed 000, other hardware) |",
              "|---" * (len(systems) + len(ours) + 3) + "|"]
     for row in rows:
         amp = {s: sf[s][row]["write_bytes"] / sf[s][row]["app_bytes"] for s in systems}
         kib = int(row.split("K/")[0])
         published = PMXCFS_PUBLISHED.get(kib)
         ref = "" if not published else (f"{published[0]}x" if published[0] == published[1] else f"{published[0]}-{published[1]}x")
-        logged = sf.get("coalescefs+log", {}).get(row, {})
+        logged = sf.get("coalescefs", {}).get(row, {})
         log_share = logged.get("engine", {}).get("log_write_bytes_total", 0) / logged["app_bytes"] if logged else 0
         lines.append(f"| {row} | " + " | ".join(ratio(sf[s][row], "write_bytes", sf[s][row]["app_bytes"], 2) for s in systems) +
                      " | " + " | ".join(f"{amp[s] / amp['native']:.2f}x" for s in ours) + f" | {log_share:.2f} | {ref} |")
@@ -169,8 +169,43 @@ def perfile_tables(c):
         lines += [header, "|---" * (2 + len(patterns) * len(systems)) + "|"]
         for kib in sizes:
             floor = (-(-kib * 1024 // sector) * sector + sector) / 1024
-            cells = [f"{pf[f'{s} | {sector}'][f'{kib}K/{p}']['write_bytes'] / 1024:.0f}" for p in patterns for s in systems]
+            cells = [f"{pf[f'{s} | {sector}'][f'{kib}K/{p}']['write_bytes'] / 1024:.1f}" for p in patterns for s in systems]
             lines.append(f"| {kib} KiB | {floor:g} | " + " | ".join(cells) + " |")
+        lines += ["", f"The checkpoint after each pattern's files, {sector}-byte sectors, KiB per file "
+                  "(`coalescefs sync` then `sync`; native: `sync` alone, 0):", "",
+                  "| size | " + " | ".join(f"{p}: {s}" for p in patterns for s in systems if s != "native") + " |",
+                  "|---" * (1 + len(patterns) * (len(systems) - 1)) + "|"]
+        for kib in sizes:
+            cells = [f"{pf[f'{s} | {sector}'][f'{kib}K/{p}'].get('checkpoint_bytes_per_file', 0) / 1024:.1f}"
+                     for p in patterns for s in systems if s != "native"]
+            lines.append(f"| {kib} KiB | " + " | ".join(cells) + " |")
+    return lines
+
+
+# Issue 15's steady-state targets (device bytes / file bytes, the checkpoint counted).
+STEADY_LIMITS = {1: 6.0, 4: 2.0}
+
+
+def steady_tables(c):
+    """Seed 000's writers at their steady state: N new files and the checkpoint that makes them
+    plain files, device bytes over file bytes, per sector size; the targets beside."""
+    st = c["steady"]
+    systems = list(dict.fromkeys(label.split(" | ")[0] for label in st))
+    sectors = sorted({int(label.split(" | ")[1]) for label in st})
+    lines = []
+    for sector in sectors:
+        lines += ["", f"Device of {sector}-byte sectors, device bytes / file bytes (median):", "",
+                  "| size | files | " + " | ".join(systems) + " | target | met (coalescefs) |",
+                  "|---" * (4 + len(systems)) + "|"]
+        for row in st[f"{systems[0]} | {sector}"]:
+            kib = int(row.rstrip("K"))
+            amp = {s: st[f"{s} | {sector}"][row]["write_bytes"] / st[f"{s} | {sector}"][row]["app_bytes"] for s in systems}
+            wanted = [("< native", amp["coalescefs"] < amp["native"])]
+            if kib in STEADY_LIMITS:
+                wanted.append((f"<= {STEADY_LIMITS[kib]}x", amp["coalescefs"] <= STEADY_LIMITS[kib]))
+            lines.append(f"| {kib} KiB | {st[f'{systems[0]} | {sector}'][row]['files']} | "
+                         + " | ".join(f"{amp[s]:.2f}x" for s in systems)
+                         + f" | {', '.join(w for w, _ in wanted)} | {'yes' if all(ok for _, ok in wanted) else '**no**'} |")
     return lines
 
 
@@ -178,7 +213,7 @@ def perfile_tables(c):
 SMALLFILE_LIMITS = {1: 12, 4: 3.5, 128: 1.4, 1024: 1.05}
 
 
-def smallfiles_targets(c, system="coalescefs+log"):
+def smallfiles_targets(c, system="coalescefs"):
     """Done-when of the intent log issue, judged on this run: fewer device bytes than native up
     to 64 KiB, at most 3% more above, and the absolute figures where the issue gives them."""
     sf = c["smallfiles"]
@@ -232,9 +267,9 @@ def unmount_line(runs):
 
 def logthreshold_table(c):
     lt = c["logthreshold"]
-    lines = ["| size | backend path (coalescefs, no log) | log path (log=on, log_threshold_new=16M) | log / backend | of which log |",
+    lines = ["| size | backend path (log=off) | log path (the default log, log_threshold_new=16M) | log / backend | of which log |",
              "|---|---|---|---|---|"]
-    backend, logged = lt["coalescefs"], lt["coalescefs+log"]
+    backend, logged = lt["coalescefs log=off"], lt["coalescefs"]
     for row in backend:
         b, l = backend[row], logged[row]
         log_share = l.get("engine", {}).get("log_write_bytes_total", 0) / l["app_bytes"]
@@ -382,6 +417,12 @@ def render(results, plots):
                   "read again. A new file; a temporary file renamed over an existing one; an existing file rewritten "
                   "in place with O_TRUNC. `sync` does not reach a FUSE daemon (the kernel sends it no syncfs): "
                   "coalescefs's own durability point is the close."] + perfile_tables(c) + [""]
+    if "steady" in c:
+        lines += ["## Seed 000's writers at their steady state: new files, then the checkpoint", "",
+                  "Per size, N new files (200 up to 16 KiB, 50 up to 256 KiB, 20 at 1 MiB) written in 8 KiB pieces "
+                  "and closed, no fsync; then what makes them durable plain files on the store (coalescefs: "
+                  "`coalescefs sync`, its checkpoint, then `sync`; native ext4: `sync`). Every byte written to the "
+                  "store's device (and the log's device, where the log has one) over N x size."] + steady_tables(c) + [""]
     if "smallfiles" in c:
         lines += ["## Seed 000: new files written then fsynced, device bytes / file bytes", "",
                   "Per size, N new files (200 up to 16 KiB, 50 up to 256 KiB, 20 at 1 MiB), each written in 8 KiB pieces, "

@@ -197,10 +197,20 @@ def where_bytes_went(store, writes):
 
 
 class Store:
-    """A loop device with a fresh ext4 mounted at work/store."""
+    """A loop device with a fresh ext4 mounted at work/store; with `log_device_mib`, beside it a
+    second loop device of the same sector size, zeros, for coalescefs's intent log
+    (`log=DEVICE` in a system's options is replaced by its path). `counters()` sums both."""
 
-    def __init__(self, work, size_mib, sector=4096):
+    def __init__(self, work, size_mib, sector=4096, log_device_mib=0):
         self.work = work
+        self.log_dev = None
+        if log_device_mib:
+            log_image = os.path.join(work, "log.img")
+            with open(log_image, "wb") as f:
+                f.truncate(log_device_mib << 20)
+            self.log_dev = sh("losetup", "--direct-io=on", "--sector-size", str(sector), "-f", "--show",
+                              log_image, capture=True).strip()
+            cleanups.append(lambda: sh("losetup", "-d", self.log_dev, check=False))
         self.image = os.path.join(work, "store.img")
         with open(self.image, "wb") as f:
             os.posix_fallocate(f.fileno(), 0, size_mib << 20)
@@ -219,6 +229,14 @@ class Store:
 
     def log_path(self):
         return os.path.join(self.state, "intent.log")
+
+    def counters(self):
+        """diskstats of the store's device, plus the log device's where there is one."""
+        counted = diskstats(self.dev)
+        if self.log_dev:
+            for k, v in diskstats(self.log_dev).items():
+                counted[k] += v
+        return counted
 
     def close(self):
         if sh("umount", self.mnt, check=False).returncode != 0:
@@ -245,7 +263,8 @@ class System:
         if self.kind == "bindfs":
             sh("bindfs", self.store.data, self.fuse_mnt)
         else:
-            options = self.options + ["state=" + self.store.state]
+            options = [f"log={self.store.log_dev}" if o == "log=DEVICE" else o for o in self.options]
+            options.append("state=" + self.store.state)
             sh(BIN, "mount", self.store.data, self.fuse_mnt, "-o", ",".join(options))
         self.path = self.fuse_mnt
 
