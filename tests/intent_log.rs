@@ -590,6 +590,17 @@ fn a_hidden_name_is_unlinked_on_the_backend_before_the_backend_needs_it() {
     fs::remove_dir(m.path("d")).expect("the directory holds no name any more");
     fs::create_dir(m.path("g")).expect("the name is free");
     assert!(m.backing_path("g").is_dir() && !m.backing_path("d").exists());
+    // The new file at a hidden name, grown past what the log takes: made on the backend there,
+    // after the file it replaced (the power-cut workload's rename then failed with EEXIST).
+    fs::write(m.path("h"), pattern(3000, 4)).unwrap();
+    m.sync_to_backend();
+    fs::write(m.path("tmp"), pattern(100, 5)).unwrap();
+    fs::rename(m.path("tmp"), m.path("h")).unwrap();
+    let h = OpenOptions::new().append(true).open(m.path("h")).unwrap();
+    h.write_all_at(&pattern(100_000, 6), 100).expect("grown past the log's bound, made on the backend");
+    drop(h);
+    let h_now = [pattern(100, 5), pattern(100_000, 6)].concat();
+    assert_eq!(fs::read(m.backing_path("h")).unwrap(), h_now, "the backend's h is the new one");
     m.remount();
     assert!(m.path("g").is_dir() && !m.path("d").exists());
 }

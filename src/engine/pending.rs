@@ -584,6 +584,8 @@ impl Pending {
         // Unlinked: nothing can name it on the backend, and its bytes go with its last handle.
         let Some((parent, name)) = body.name.clone() else { return Ok(None) };
         let owner = Owner { uid: body.attr.uid, gid: body.attr.gid };
+        // A backend file it was renamed over may still hold the name, hidden: it goes first.
+        self.remove_hidden(Some(parent), Some(&name))?;
         let made = self.ns.make_with_id(id, parent, &name, body.attr.perm, owner)?;
         assert_eq!(made.id, id, "the backend keeps the id it is given");
         let written = (|| {
