@@ -128,8 +128,18 @@ fn an_in_place_rewrite_is_logged_at_close_and_its_truncate_waits_for_the_checkpo
     fs::write(m.path("f"), pattern(1000, 3)).unwrap(); // O_TRUNC, write, close
     let g = OpenOptions::new().write(true).truncate(true).open(m.path("g")).unwrap();
     g.write_all_at(&pattern(100, 4), 2000).unwrap(); // a hole before it
+                                                     // Times set before the close (tar, cp -p) wait with the bytes, and go in the same batch.
+    let times =
+        [libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 5 }, libc::timespec { tv_sec: 1_200_000_000, tv_nsec: 7 }];
+    assert_eq!(unsafe { libc::futimens(std::os::fd::AsRawFd::as_raw_fd(&g), times.as_ptr()) }, 0);
     drop(g);
     assert_eq!(m.counter("log_batches_total"), batches + 2, "each rewrite's close is one log batch");
+    let mtime = |p: &std::path::Path| {
+        let md = fs::metadata(p).unwrap();
+        (std::os::unix::fs::MetadataExt::mtime(&md), std::os::unix::fs::MetadataExt::mtime_nsec(&md))
+    };
+    assert_eq!(mtime(&m.path("g")), (1_200_000_000, 7), "the mount shows the times set");
+    assert_ne!(mtime(&m.backing_path("g")), (1_200_000_000, 7), "the backend's wait for the checkpoint");
     let g_now = [vec![0u8; 2000], pattern(100, 4)].concat();
     assert_eq!(fs::read(m.path("f")).unwrap(), pattern(1000, 3));
     assert_eq!(fs::read(m.path("g")).unwrap(), g_now, "the hole reads as zeros, not the old bytes");
@@ -138,6 +148,7 @@ fn an_in_place_rewrite_is_logged_at_close_and_its_truncate_waits_for_the_checkpo
     m.mount();
     assert_eq!(fs::read(m.path("f")).unwrap(), pattern(1000, 3), "f after replay");
     assert_eq!(fs::read(m.path("g")).unwrap(), g_now, "g after replay");
+    assert_eq!(mtime(&m.path("g")), (1_200_000_000, 7), "g's times after replay");
     fs::write(m.path("f"), pattern(500, 5)).unwrap();
     m.sync_to_backend();
     assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(500, 5), "the checkpoint gave the backend both");

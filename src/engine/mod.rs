@@ -228,6 +228,15 @@ impl Engine {
                     attr.ctime = written;
                 }
             }
+            // Times that wait for the backend with the file's logged changes.
+            if let Some(times) = self.writeback.pending_times(&state) {
+                if let Some(types::TimeToSet::At(at)) = times.atime {
+                    attr.atime = at;
+                }
+                if let Some(types::TimeToSet::At(at)) = times.mtime {
+                    attr.mtime = at;
+                }
+            }
         }
         attr
     }

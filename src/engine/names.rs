@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use super::handles::OpenDir;
 use super::intent_log::format::Record;
 use super::pending::Held;
-use super::types::{Attr, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, Timestamp, XattrReply, ROOT_ID};
+use super::types::{
+    Attr, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, TimeToSet, Timestamp, XattrReply, ROOT_ID,
+};
 use super::{lock, AttrChanges, Caller, Engine, ListedEntry};
 use crate::backend::OpenMode;
 use crate::sys::{Errno, SysResult};
@@ -61,9 +63,27 @@ impl Engine {
         }
         if !changes.times.is_empty() {
             // "Now" is fixed here: flushes may set the times again later (see note_times_set).
-            let times = changes.times.resolved(Timestamp::now());
-            self.ns.setattr(id, &SetAttr { times, ..SetAttr::default() })?;
-            if let Some(state) = self.writeback.file(id) {
+            let mut times = changes.times.resolved(Timestamp::now());
+            let state = self.writeback.file(id);
+            if state.as_ref().is_some_and(|state| self.writeback.defer_times(state, times)) {
+                return self.getattr(id);
+            }
+            // The kernel's writeback cache sends the times it kept at every close, the same
+            // as the file's more often than not (a file renamed over): setting them again
+            // would cost the backend a journal commit for nothing.
+            let now = self.ns.getattr(id)?;
+            let unchanged =
+                |t: Option<TimeToSet>, current: Timestamp| matches!(t, Some(TimeToSet::At(at)) if at == current);
+            if unchanged(times.atime, now.atime) {
+                times.atime = None;
+            }
+            if unchanged(times.mtime, now.mtime) {
+                times.mtime = None;
+            }
+            if !times.is_empty() {
+                self.ns.setattr(id, &SetAttr { times, ..SetAttr::default() })?;
+            }
+            if let Some(state) = state {
                 self.writeback.note_times_set(&state, times);
             }
         }

@@ -333,7 +333,8 @@ impl Writeback {
                 let inner = lock(&file.inner);
                 let unlogged = !inner.in_flight.is_empty()
                     || inner.dirty.values().any(|u| !u.ranges.minus(&u.logged).is_empty())
-                    || (inner.cut_to.is_some() && !inner.cut_logged);
+                    || (inner.cut_to.is_some() && !inner.cut_logged)
+                    || (inner.times_pending && !inner.times_logged);
                 (unlogged, inner.dirty.values().any(|u| u.refused))
             };
             if unlogged {
@@ -494,7 +495,14 @@ impl Writeback {
         // power-cut simulation found both lost).
         let cut = inner.cut_to.filter(|_| !inner.cut_logged);
         let size_unsettled = inner.cut_to.is_some();
-        if pieces.is_empty() && inner.dirty.values().all(|u| u.logged.is_empty()) && !created && !size_unsettled {
+        // Times that wait with the changes (`defer_times`) go in the batch too, once.
+        let times = inner.times_set.filter(|_| inner.times_pending && !inner.times_logged);
+        if pieces.is_empty()
+            && inner.dirty.values().all(|u| u.logged.is_empty())
+            && !created
+            && !size_unsettled
+            && times.is_none()
+        {
             // Nothing buffered: the store is in sync. The file's name changes may still be
             // queued (a rename since the last checkpoint): an fsync makes them durable too, as
             // ext4's does and the store's path here does; a commit of an empty queue writes
@@ -522,7 +530,23 @@ impl Writeback {
             inner.cut_logged = true;
         }
         records.extend(pieces.into_iter().map(|(offset, b)| Record::Data { file: handle.clone(), offset, bytes: b }));
-        records.push(Record::Size { file: handle, size });
+        records.push(Record::Size { file: handle.clone(), size });
+        if let Some(times) = times {
+            let now = self.ns.getattr(file.id).ok()?;
+            let at = |t: Option<TimeToSet>, or: Timestamp| match t {
+                Some(TimeToSet::At(at)) => at,
+                _ => or,
+            };
+            records.push(Record::Attrs {
+                file: handle,
+                mode: now.perm,
+                uid: now.uid,
+                gid: now.gid,
+                atime: at(times.atime, now.atime),
+                mtime: at(times.mtime, now.mtime),
+            });
+            inner.times_logged = true;
+        }
         drop(inner);
         let committed = match commit(records.clone()) {
             Err(LogError::Full { .. }) => self.checkpoint().map_err(LogError::from).and_then(|()| commit(records)),
@@ -535,6 +559,7 @@ impl Writeback {
                 unit.logged = RangeSet::default();
             }
             inner.cut_logged = false;
+            inner.times_logged = false;
             drop(inner);
             // It may also have landed (EIO after the bytes were written): the backend sync
             // below must then be followed by a barrier, which is written over it.

@@ -105,6 +105,10 @@ impl Writeback {
         if inner.cut_to.is_some() {
             self.file_data(file, &mut inner)?; // gives the store its truncate
         }
+        if let Some(times) = inner.times_set.filter(|_| inner.times_pending) {
+            self.ns.setattr(file.id, &SetAttr { times, ..SetAttr::default() })?;
+            inner.times_pending = false;
+        }
         let Some(data_only) = sync_backend else { return Ok(()) };
         if self.store.capabilities().durable_writes {
             return Ok(());
@@ -195,8 +199,11 @@ impl Writeback {
                 // Under the file's lock: no write since the times were set, so the data just
                 // written is older than them.
                 if let Some(times) = inner.times_set {
-                    if let Err(e) = self.ns.setattr(file.id, &SetAttr { times, ..SetAttr::default() }) {
-                        log::warn!("{}: setting its times again after a flush failed: {e}", self.name_of(file));
+                    match self.ns.setattr(file.id, &SetAttr { times, ..SetAttr::default() }) {
+                        Ok(()) => inner.times_pending = false,
+                        Err(e) => {
+                            log::warn!("{}: setting its times again after a flush failed: {e}", self.name_of(file))
+                        }
                     }
                 }
             }

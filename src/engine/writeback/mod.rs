@@ -34,7 +34,7 @@ use super::buffer::{AlignedBuf, RangeSet};
 use super::intent_log::format::Record;
 use super::intent_log::{IntentLog, LogError};
 use super::pending::{Commit, Held, Made, Pending};
-use super::types::{ObjectId, SetAttr, TimesToSet};
+use super::types::{ObjectId, SetAttr, TimeToSet, TimesToSet, Timestamp};
 use crate::backend::{FileData, Namespace, OpenMode, UnitStore, UnitWrite};
 use crate::metrics::Metrics;
 use crate::sys::{Errno, SysResult};
@@ -235,6 +235,11 @@ struct FileInner {
     /// The log holds the Size record of `cut_to` (logged once: a later batch repeating it
     /// would cut what an earlier one logged below it).
     cut_logged: bool,
+    /// With the log: `times_set` is not on the backend yet; it waits with the file's other
+    /// changes the log holds (`Writeback::defer_times`), and the flush that gives the backend
+    /// the rest sets it. `times_logged`: the log holds it (an Attrs record).
+    times_pending: bool,
+    times_logged: bool,
     /// The file's data in the store, opened for writing by the first flush (or truncate).
     data: Option<Arc<dyn FileData>>,
     /// After a failed flush: no retry before this (except one an application asks for with

@@ -35,6 +35,8 @@ impl Writeback {
                     times_set: None,
                     cut_to: None,
                     cut_logged: false,
+                    times_pending: false,
+                    times_logged: false,
                     retry_at: None,
                     backoff: Duration::ZERO,
                     forgotten: false,
@@ -67,7 +69,7 @@ impl Writeback {
         let mut inner = lock(&file.inner);
         inner.open_handles = inner.open_handles.saturating_sub(1);
         if inner.open_handles == 0 {
-            if inner.dirty.is_empty() && inner.in_flight.is_empty() && inner.cut_to.is_none() {
+            if inner.dirty.is_empty() && inner.in_flight.is_empty() && inner.cut_to.is_none() && !inner.times_pending {
                 self.remove_state(&mut files, file.id);
             } else if !inner.lingering {
                 inner.lingering = true;
@@ -85,6 +87,7 @@ impl Writeback {
             && inner.dirty.is_empty()
             && inner.in_flight.is_empty()
             && inner.cut_to.is_none()
+            && !inner.times_pending
             && !inner.forgotten;
         if idle && files.get(&file.id).is_some_and(|f| Arc::ptr_eq(f, file)) {
             self.remove_state(&mut files, file.id);
@@ -341,6 +344,8 @@ impl Writeback {
             // kernel keeps the times and sends them itself.
             if !from_page_cache {
                 inner.times_set = None;
+                inner.times_pending = false;
+                inner.times_logged = false;
             }
             pos = piece_end;
         }
@@ -359,6 +364,36 @@ impl Writeback {
 
     pub fn last_write(&self, file: &FileState) -> Option<SystemTime> {
         lock(&file.inner).last_write
+    }
+
+    /// Times set on the file that wait with its logged changes (see `defer_times`).
+    pub fn pending_times(&self, file: &FileState) -> Option<TimesToSet> {
+        let inner = lock(&file.inner);
+        inner.times_set.filter(|_| inner.times_pending)
+    }
+
+    /// With the log, times set on a file whose changes wait in the log for the checkpoint (a
+    /// truncate, or bytes of a file the log can stand for) wait with them: kept here, logged
+    /// with the file's next batch (an Attrs record), and set on the backend by the flush that
+    /// gives it the rest. The kernel sends the times its writeback cache kept at every close:
+    /// set at once, they would cost the file a journal commit of its own. Returns whether it
+    /// kept them (else the caller sets them on the backend).
+    pub fn defer_times(&self, file: &FileState, times: TimesToSet) -> bool {
+        if self.log.is_none() {
+            return false;
+        }
+        let mut inner = lock(&file.inner);
+        let waiting = inner.cut_to.is_some() || !inner.dirty.is_empty();
+        if !waiting || !inner.in_flight.is_empty() || self.log_eligibility(file.id) != Some(false) {
+            return false;
+        }
+        let earlier = inner.times_set.unwrap_or_default();
+        inner.times_set =
+            Some(TimesToSet { atime: times.atime.or(earlier.atime), mtime: times.mtime.or(earlier.mtime) });
+        inner.times_pending = true;
+        inner.times_logged = false;
+        inner.last_write = None;
+        true
     }
 
     /// An application set the file's times (already on the backend, with no UTIME_NOW left in
