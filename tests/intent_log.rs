@@ -258,11 +258,13 @@ fn the_log_is_bypassed_where_it_cannot_stand_for_a_backend_sync() {
     }
     let options = ["log=on", "unit=64K", "flush_age=3600s", "writeback_cache=off"];
     let mut m = TestMount::with_options(&options);
+    // A new file with a second name: the log records one name per file.
     fs::create_dir(m.path("dir")).unwrap();
     let new = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.path("dir/new")).unwrap();
+    fs::hard_link(m.path("dir/new"), m.path("dir/new2")).unwrap();
     new.write_all_at(&pattern(1000, 3), 0).unwrap();
     new.sync_all().unwrap();
-    assert_eq!(m.counter("log_fsyncs_total"), 0, "a new file is synced on the backend");
+    assert_eq!(m.counter("log_fsyncs_total"), 0, "a new file with two names is synced on the backend");
     drop(new);
     fs::write(m.path("old"), pattern(200_000, 4)).unwrap();
     m.remount();
@@ -340,6 +342,34 @@ fn new_files_come_back_under_their_names_when_the_backend_lost_them() {
     assert_eq!(listed(&m), ["a", "again", "b", "c"]);
 }
 
+/// Directories made since the checkpoint are logged as files are: new files in them live in the
+/// log (their close a log write, their fsync a log commit), and when the backend lost the
+/// directories with them (a power cut before the backing file system committed the mkdirs,
+/// here the backing directory's copies removed behind the dead daemon), replay makes the
+/// directories again, then the files in them. A directory nothing the log restores is in is
+/// not made again.
+#[test]
+fn new_files_in_new_directories_live_in_the_log_and_come_back_with_them() {
+    if !in_a_process_of_its_own("new_files_in_new_directories_live_in_the_log_and_come_back_with_them") {
+        return;
+    }
+    let options = ["checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    fs::create_dir_all(m.path("d/e")).unwrap();
+    fs::create_dir(m.path("empty")).unwrap();
+    fs::write(m.path("d/e/closed"), pattern(1000, 1)).unwrap();
+    write_and_fsync(&m.path("d/synced"), &pattern(2000, 2));
+    assert!(!m.backing_path("d/e/closed").exists() && !m.backing_path("d/synced").exists(), "held in the log");
+    kill_daemon(&mut m);
+    for dir in ["d", "empty"] {
+        fs::remove_dir_all(m.backing_path(dir)).unwrap();
+    }
+    m.mount();
+    assert_eq!(fs::read(m.path("d/e/closed")).unwrap(), pattern(1000, 1));
+    assert_eq!(fs::read(m.path("d/synced")).unwrap(), pattern(2000, 2));
+    assert!(!m.path("empty").exists(), "a directory with nothing to restore in it came back");
+}
+
 /// Recovery killed part way, several times over (as a kill -9 or a power cut during the mount
 /// would): the next recovery still brings back every fsynced name and byte, once.
 #[test]
@@ -396,9 +426,9 @@ fn recovery_interrupted_again_and_again_still_recovers_everything() {
 }
 
 /// Files created and removed before any log batch carried their creation cost the log
-/// nothing: the log never knew them (rm -rf of a fresh tree: files in a directory made since
-/// the last checkpoint are made on the backend, and their creation only queued). Once a batch
-/// has carried a file's creation, its removal is committed before the caller is answered.
+/// nothing: the log never knew them (rm -rf of a fresh tree of files larger than the log takes:
+/// made on the backend, their creation only queued). Once a batch has carried a file's
+/// creation, its removal is committed before the caller is answered.
 #[test]
 fn files_removed_before_the_log_knew_them_cost_no_log_write() {
     if !in_a_process_of_its_own("files_removed_before_the_log_knew_them_cost_no_log_write") {
@@ -408,7 +438,7 @@ fn files_removed_before_the_log_knew_them_cost_no_log_write() {
     let mut m = TestMount::with_options(&options);
     fs::create_dir(m.path("fresh")).unwrap();
     for i in 0..300 {
-        fs::write(m.path(&format!("fresh/f{i}")), pattern(100, i as u8)).unwrap();
+        fs::write(m.path(&format!("fresh/f{i}")), pattern(30_000, i as u8)).unwrap();
     }
     for i in 0..300 {
         fs::remove_file(m.path(&format!("fresh/f{i}"))).unwrap();
@@ -440,9 +470,9 @@ fn a_created_file_the_log_holds_no_bytes_of_is_not_made_again_after_its_unlink()
     }
     let options = ["log=on", "checkpoint_interval=3600s", "writeback_cache=off"];
     let mut m = TestMount::with_options(&options);
-    // Made since the checkpoint: files in it are made on the backend, their Creates queued.
+    // Larger than the log takes of a new file: made on the backend, its Create queued.
     fs::create_dir(m.path("fresh")).unwrap();
-    fs::write(m.path("fresh/a"), pattern(2000, 1)).unwrap();
+    fs::write(m.path("fresh/a"), pattern(30_000, 1)).unwrap();
     write_and_fsync(&m.path("h"), &pattern(3000, 2));
     let batches = m.counter("log_batches_total");
     assert!(batches >= 1, "the fsync carried the queued Create");

@@ -258,6 +258,9 @@ fn a_symlink_swapped_into_the_backing_directory_is_never_followed_by_the_daemon(
     let created = File::create(m.path("d/new"));
     assert!(created.is_ok(), "{created:?}");
     assert!(!outside.path().join("new").exists(), "the daemon followed a symlink out of the backing dir");
+    // A new file reaches the backend at the checkpoint, through the directory's own handle.
+    m.sync_to_backend();
+    assert!(!outside.path().join("new").exists(), "the checkpoint followed a symlink out of the backing dir");
     assert!(m.backing_path("d.old/new").exists(), "the file went into the directory the kernel meant");
 }
 
@@ -427,6 +430,7 @@ fn files_created_for_a_user_belong_to_that_user() {
         let md = fs::metadata(&p).unwrap();
         assert_eq!((md.uid(), md.gid()), (65534, 65534), "{p:?}");
     }
+    m.sync_to_backend();
     let md = fs::metadata(m.backing_path("shared/by-nobody")).unwrap();
     assert_eq!((md.uid(), md.gid()), (65534, 65534), "the backing file belongs to the user too");
     // And permissions hold: nobody cannot write into a root-only directory.
@@ -470,6 +474,7 @@ fn check_set_id_bits_cleared_by_unprivileged_writes(m: &TestMount) {
     let out = run_as(65534, 65534, "sh", &["-c", &format!("printf x >> {locking}")]);
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert_eq!(mode_of("mandatory-locking"), 0o2766, "set-group-ID without group execute stays");
+    m.sync_to_backend();
     let backing = fs::metadata(m.backing_path("setid/user-writes")).unwrap().mode() & 0o7777;
     assert_eq!(backing, 0o0777, "the backing file lost the bits as well");
 }

@@ -135,7 +135,13 @@ impl Engine {
                 let record = self.create_record(attr.id, parent, name, &attr);
                 self.writeback.note_created(attr.id, Some(parent), record);
             }
-            Kind::Directory => self.writeback.note_created(attr.id, None, None),
+            // Logged as files are: new files in it may then live in the log as in an older
+            // directory, and replay makes it again for them when the backend lost it.
+            Kind::Directory => {
+                let record = self.create_record(attr.id, parent, name, &attr);
+                let named_in = record.as_ref().map(|_| parent);
+                self.writeback.note_created(attr.id, named_in, record);
+            }
             _ => {}
         }
         Ok(self.finish_attr(attr))
@@ -170,8 +176,8 @@ impl Engine {
         Ok(self.finish_attr(attr))
     }
 
-    /// For the intent log: the record of a regular file's creation, queued when it happens, so
-    /// that the log holds names in the order they came to be (replay relies on it).
+    /// For the intent log: the record of a regular file's or a directory's creation, queued when
+    /// it happens, so that the log holds names in the order they came to be (replay relies on it).
     fn create_record(&self, id: ObjectId, parent: ObjectId, name: &OsStr, attr: &Attr) -> Option<Record> {
         if !self.writeback.logging() {
             return None;
@@ -291,9 +297,10 @@ impl Engine {
                         && target.is_some_and(|t| self.ns.getattr(t).is_ok_and(|a| a.kind == Kind::File))
                 };
                 let plain = flags & !libc::RENAME_NOREPLACE == 0;
-                // Not into a directory made since the checkpoint, which a power cut can take
-                // with the file's only name (as `make` holds no new file there).
-                let new_parent_durable = new_parent == parent || self.writeback.may_hold_new_file(new_parent);
+                // Not into a directory made since the checkpoint (which replay would have to
+                // make again first): the file is made on the backend, as before directories
+                // were logged.
+                let new_parent_durable = new_parent == parent || self.writeback.existed_at_checkpoint(new_parent);
                 if plain && new_parent_durable && (target.is_none() || flags == 0 && replaceable()) {
                     match self.rename_held(source, target, parent, name, new_parent, new_name) {
                         // Made on the backend meanwhile (a flush grew it past the log's bound).

@@ -98,6 +98,9 @@ struct Replay<'a> {
     /// Keys of files the log holds bytes, sizes or attributes of after their last Barrier:
     /// the files a Create may make again.
     with_contents: HashSet<Vec<u8>>,
+    /// Keys of directories made since the checkpoint that files made again (or new files the
+    /// log held) end up in, and their directories made since: the ones a Create may make again.
+    needed_dirs: HashSet<Vec<u8>>,
     applied: u64,
     recreated_files: u64,
     not_restored: Vec<String>,
@@ -151,7 +154,7 @@ impl Replay<'_> {
         }
     }
 
-    /// A directory, found by its logged key (replay never makes directories again).
+    /// A directory, found by its logged key (a directory made again: the new one).
     fn directory(&mut self, key: &[u8]) -> SysResult<Option<ObjectId>> {
         self.object(key, Kind::Directory)
     }
@@ -170,8 +173,9 @@ impl Replay<'_> {
     }
 
     fn create(&mut self, key: &[u8], parent: &[u8], name: &[u8], mode: u32, uid: u32, gid: u32) -> SysResult<bool> {
+        let directory = is_directory(mode);
         // There, or made again by a replay that was interrupted (that file is this one).
-        if self.object(key, Kind::File)?.is_some() {
+        if self.object(key, if directory { Kind::Directory } else { Kind::File })?.is_some() {
             return Ok(false);
         }
         let shown = String::from_utf8_lossy(name).into_owned();
@@ -183,7 +187,12 @@ impl Replay<'_> {
             self.not_restored.push(format!("{shown}: the name holds a later file"));
             return Ok(false);
         }
-        let attr = self.ns.make(dir, name_of(name), NewObject::File { perm: mode & 0o7777 }, Owner { uid, gid })?;
+        let what = if directory {
+            NewObject::Directory { perm: mode & 0o7777 }
+        } else {
+            NewObject::File { perm: mode & 0o7777 }
+        };
+        let attr = self.ns.make(dir, name_of(name), what, Owner { uid, gid })?;
         let new_key = self.ns.log_key(attr.id)?;
         let mut entry = Vec::new();
         for k in [key, new_key.as_slice()] {
@@ -256,7 +265,13 @@ impl Replay<'_> {
                 None => Ok(false),
             },
             Record::Barrier { .. } => Ok(false),
-            Record::Create { file, .. } if !self.with_contents.contains(file.as_slice()) => {
+            Record::Create { file, mode, .. } if is_directory(*mode) && !self.needed_dirs.contains(file.as_slice()) => {
+                log::debug!("replay: directory {} is gone, and nothing the log restores is in it", describe_key(file));
+                Ok(false)
+            }
+            Record::Create { file, mode, .. }
+                if !is_directory(*mode) && !self.with_contents.contains(file.as_slice()) =>
+            {
                 log::debug!("replay: {} is gone, and the log holds nothing of it to restore", describe_key(file));
                 Ok(false)
             }
@@ -351,6 +366,54 @@ fn describe_key(k: &[u8]) -> String {
     k.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+fn is_directory(mode: u32) -> bool {
+    mode & libc::S_IFMT == libc::S_IFDIR
+}
+
+/// The directories replay may make again (`Replay::needed_dirs`): where files with contents to
+/// restore, and new files the log held, end up (their Creates' and Renames' directories, the
+/// held files' last names'), and, up the tree, the directories those were made or moved in.
+fn needed_directories(
+    records: &[&Record],
+    with_contents: &HashSet<Vec<u8>>,
+    held_ends: &HashMap<&[u8], Option<LastName<'_>>>,
+) -> HashSet<Vec<u8>> {
+    let restored = |file: &[u8]| with_contents.contains(file) || is_pending_key(file);
+    let mut needed: HashSet<Vec<u8>> = HashSet::new();
+    for r in records {
+        match r {
+            Record::Create { file, parent, mode, .. } if !is_directory(*mode) && restored(file) => {
+                needed.insert(parent.clone());
+            }
+            Record::Rename { file, to_parent, .. } if restored(file) => {
+                needed.insert(to_parent.clone());
+            }
+            _ => {}
+        }
+    }
+    needed.extend(held_ends.values().flatten().map(|(parent, _)| parent.to_vec()));
+    loop {
+        let before = needed.len();
+        for r in records {
+            match r {
+                Record::Create { file, parent, mode, .. }
+                    if is_directory(*mode) && needed.contains(file.as_slice()) =>
+                {
+                    needed.insert(parent.clone());
+                }
+                Record::Rename { file, from_parent, to_parent, .. } if needed.contains(file.as_slice()) => {
+                    needed.insert(from_parent.clone());
+                    needed.insert(to_parent.clone());
+                }
+                _ => {}
+            }
+        }
+        if needed.len() == before {
+            return needed;
+        }
+    }
+}
+
 /// One line for the debug log: what a record is, without its bytes.
 fn describe(record: &Record) -> String {
     let key = |k: &[u8]| k.iter().map(|b| format!("{b:02x}")).collect::<String>();
@@ -408,6 +471,7 @@ pub fn replay(
         made_by_replay: recreated.values().cloned().collect(),
         recreated,
         with_contents,
+        needed_dirs: HashSet::new(),
         applied: 0,
         recreated_files: 0,
         not_restored: Vec::new(),
@@ -431,6 +495,7 @@ pub fn replay(
             _ => {}
         }
     }
+    replay.needed_dirs = needed_directories(&records, &replay.with_contents, &held_ends);
     let mut backend_holds_names_up_to = 0;
     for (i, r) in records.iter().enumerate() {
         if r.is_namespace() && replay.shows(r)? {

@@ -34,10 +34,15 @@ impl Writeback {
     }
 
     /// Whether a new regular file in `parent` may be held in memory and the log until the next
-    /// checkpoint (`pending`): not in a directory made since the last checkpoint, which the
-    /// backend may not hold durably (replay would have nowhere to make the file).
+    /// checkpoint (`pending`): in a directory the backend holds durably, or one the log can
+    /// make again (`logged_path`).
     pub fn may_hold_new_file(&self, parent: u64) -> bool {
-        self.pending.is_some() && !lock(&self.durability).get(&parent).is_some_and(|d| d.created)
+        self.pending.is_some() && logged_path(&lock(&self.durability), parent)
+    }
+
+    /// Whether `dir` existed at the last checkpoint (the backend holds it durably).
+    pub fn existed_at_checkpoint(&self, dir: u64) -> bool {
+        !lock(&self.durability).get(&dir).is_some_and(|d| d.created)
     }
 
     /// A held file was made on the backend before a checkpoint (nothing of it in the log): from
@@ -264,7 +269,7 @@ impl Writeback {
             // Removed before any batch carried its creation: nothing in the log or acknowledged
             // by it knows the file, so neither record is needed (rm -rf of a fresh tree would
             // otherwise cost a log write per file).
-            Some(Record::Unlink { ref file, directory: false, .. }) if log.cancel_queued_create(file) => {}
+            Some(Record::Unlink { ref file, .. }) if log.cancel_queued_create(file) => {}
             Some(record) if destroys_logged_file => {
                 if let Err(e) = self.commit_before_backend(log, vec![record]) {
                     log::warn!("committing a name change to the intent log: {e}; it stays queued");
@@ -303,8 +308,9 @@ impl Writeback {
             return Some(false);
         }
         let parent = entry.named_in?;
-        // A file in a directory the backend may not hold yet: replay would have nowhere to put it.
-        if d.get(&parent).is_some_and(|p| p.created) {
+        // A file in a directory the backend may not hold yet, and the log could not make again:
+        // replay would have nowhere to put it.
+        if !logged_path(&d, parent) {
             return None;
         }
         Some(true)
@@ -803,4 +809,21 @@ impl Writeback {
         *report = Some(done.clone());
         done
     }
+}
+
+/// Whether the directory `dir` is durable on the backend, or the log holds what replay needs to
+/// make it again: every directory made since the checkpoint on its way up has its one name in
+/// the log (its Create and any Rename since; an exchange or a hard link loses that).
+fn logged_path(d: &HashMap<u64, Durability>, mut dir: u64) -> bool {
+    // Bounded: a cycle cannot happen (names form a tree), but a bound costs nothing.
+    for _ in 0..4096 {
+        match d.get(&dir) {
+            Some(entry) if entry.created => match entry.named_in {
+                Some(parent) => dir = parent,
+                None => return false,
+            },
+            _ => return true,
+        }
+    }
+    false
 }
