@@ -180,9 +180,22 @@ fn size_changes_after_a_logged_truncate_are_logged_too() {
     emptied.sync_all().unwrap();
     emptied.set_len(0).unwrap();
     emptied.sync_all().unwrap();
+    // Truncated again below bytes logged since the first truncate (the crash harness found its
+    // first bytes back: the second truncate was not said, the first was).
+    fs::write(m.path("again"), pattern(70_000, 7)).unwrap();
+    m.sync_to_backend();
+    let again = OpenOptions::new().write(true).open(m.path("again")).unwrap();
+    again.set_len(0).unwrap();
+    again.sync_all().unwrap();
+    again.write_all_at(&pattern(100, 8), 0).unwrap();
+    again.sync_all().unwrap();
+    again.set_len(0).unwrap();
+    again.set_len(200).unwrap();
+    again.sync_all().unwrap();
     kill_daemon(&mut m);
-    drop((grown, emptied));
+    drop((grown, emptied, again));
     m.mount();
+    assert_eq!(fs::read(m.path("again")).unwrap(), vec![0u8; 200], "truncated below bytes logged since");
     assert_eq!(fs::read(m.path("grown")).unwrap(), vec![0u8; 1168], "grown to 1168 after a truncate to 0");
     assert_eq!(fs::read(m.path("emptied")).unwrap().len(), 0, "truncated to 0 after a logged write");
 }

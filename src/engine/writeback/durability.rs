@@ -339,7 +339,7 @@ impl Writeback {
                 let inner = lock(&file.inner);
                 let unlogged = !inner.in_flight.is_empty()
                     || inner.dirty.values().any(|u| !u.ranges.minus(&u.logged).is_empty())
-                    || (inner.cut_to.is_some() && !inner.cut_logged)
+                    || inner.cut_unlogged.is_some()
                     || (inner.times_pending && !inner.times_logged);
                 (unlogged, inner.dirty.values().any(|u| u.refused))
             };
@@ -499,7 +499,7 @@ impl Writeback {
         // While one is pending the store's size is not the file's: the batch says the size
         // even with no bytes to log (a truncate to less, or to more, after a logged one; the
         // power-cut simulation found both lost).
-        let cut = inner.cut_to.filter(|_| !inner.cut_logged);
+        let cut = inner.cut_unlogged;
         let size_unsettled = inner.cut_to.is_some();
         // Times that wait with the changes (`defer_times`) go in the batch too, once.
         let times = inner.times_set.filter(|_| inner.times_pending && !inner.times_logged);
@@ -533,7 +533,7 @@ impl Writeback {
         let mut records = Vec::with_capacity(pieces.len() + 2);
         if let Some(cut) = cut {
             records.push(Record::Size { file: handle.clone(), size: cut });
-            inner.cut_logged = true;
+            inner.cut_unlogged = None;
         }
         records.extend(pieces.into_iter().map(|(offset, b)| Record::Data { file: handle.clone(), offset, bytes: b }));
         records.push(Record::Size { file: handle.clone(), size });
@@ -564,7 +564,9 @@ impl Writeback {
             for unit in inner.dirty.values_mut() {
                 unit.logged = RangeSet::default();
             }
-            inner.cut_logged = false;
+            if let Some(cut) = cut {
+                inner.cut_unlogged = Some(inner.cut_unlogged.map_or(cut, |later| later.min(cut)));
+            }
             inner.times_logged = false;
             drop(inner);
             // It may also have landed (EIO after the bytes were written): the backend sync

@@ -229,12 +229,15 @@ struct FileInner {
     /// With the log: a truncate the store has not been given yet. The store's bytes from this
     /// offset on are not the file's (readers see zeros there, under what was written since);
     /// the first flush gives the store the truncate, and the log the Size record that says
-    /// it (`cut_logged`), so that an O_TRUNC rewrite of a small file costs the log's bytes and
+    /// it (`cut_unlogged`), so that an O_TRUNC rewrite of a small file costs the log's bytes and
     /// nothing on the backend until the checkpoint.
     cut_to: Option<u64>,
-    /// The log holds the Size record of `cut_to` (logged once: a later batch repeating it
-    /// would cut what an earlier one logged below it).
-    cut_logged: bool,
+    /// The lowest size a truncate the store has not been given left the file at since the
+    /// file's last log batch: the next batch says it first (a Size record), then the bytes
+    /// written since. Not `cut_to`, which is older: a batch saying that again would cut bytes
+    /// an earlier batch logged after it (the crash harness found a file's first bytes back
+    /// after a second truncate to 0 that no batch said).
+    cut_unlogged: Option<u64>,
     /// With the log: `times_set` is not on the backend yet; it waits with the file's other
     /// changes the log holds (`Writeback::defer_times`), and the flush that gives the backend
     /// the rest sets it. `times_logged`: the log holds it (an Attrs record).

@@ -34,7 +34,7 @@ impl Writeback {
                     last_write: None,
                     times_set: None,
                     cut_to: None,
-                    cut_logged: false,
+                    cut_unlogged: None,
                     times_pending: false,
                     times_logged: false,
                     retry_at: None,
@@ -440,9 +440,9 @@ impl Writeback {
         // shorter: the store's truncate waits for its next flush (see `FileInner::cut_to`).
         let deferred = size < inner.size && self.log.is_some() && self.log_eligibility(file.id) == Some(false);
         if deferred || (inner.cut_to.is_some() && size >= inner.size) {
-            if deferred && inner.cut_to.is_none_or(|cut| size < cut) {
-                inner.cut_to = Some(size);
-                inner.cut_logged = false;
+            if deferred {
+                inner.cut_to = Some(inner.cut_to.map_or(size, |cut| cut.min(size)));
+                inner.cut_unlogged = Some(inner.cut_unlogged.map_or(size, |cut| cut.min(size)));
             }
             inner.size = size;
             return Ok(());
@@ -484,7 +484,7 @@ impl Writeback {
                 data.set_size(inner.size)?;
             }
             inner.cut_to = None;
-            inner.cut_logged = false;
+            inner.cut_unlogged = None;
             self.note_backend_changed(file.id);
         }
         Ok(data)
