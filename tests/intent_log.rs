@@ -110,6 +110,33 @@ fn bytes_acknowledged_by_close_after_a_logged_fsync_survive_a_killed_daemon() {
     assert!(fs::read(m.backing_path("f")).unwrap() == expected, "the checkpoint wrote the change");
 }
 
+/// Bytes logged by an fsync, rewritten, and the rewrite flushed to the backend without a sync
+/// (here by lseek, which flushes the file first; an age flush or memory pressure do the same):
+/// the close must sync the backend and bar the older record, or replay after a killed daemon
+/// puts the logged bytes back over what close acknowledged (the crash harness found it).
+#[test]
+fn a_close_after_an_unsynced_flush_bars_the_older_logged_bytes() {
+    if !in_a_process_of_its_own("a_close_after_an_unsynced_flush_bars_the_older_logged_bytes") {
+        return;
+    }
+    let options = ["unit=64K", "flush_age=3600s", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    fs::write(m.path("f"), pattern(100_000, 1)).unwrap();
+    m.sync_to_backend();
+    let f = OpenOptions::new().read(true).write(true).open(m.path("f")).unwrap();
+    f.write_all_at(&pattern(100, 2), 0).unwrap();
+    f.sync_all().unwrap();
+    f.write_all_at(&pattern(100, 3), 0).unwrap();
+    let at = unsafe { libc::lseek(std::os::fd::AsRawFd::as_raw_fd(&f), 0, libc::SEEK_DATA) };
+    assert_eq!(at, 0);
+    drop(f);
+    let mut expected = pattern(100_000, 1);
+    expected[..100].copy_from_slice(&pattern(100, 3));
+    kill_daemon(&mut m);
+    m.mount();
+    assert!(fs::read(m.path("f")).unwrap() == expected, "replay put the older logged bytes back");
+}
+
 /// An existing small file rewritten in place (O_TRUNC, then writes, then close, as an editor or
 /// pmxcfs does): the truncate waits for the checkpoint with the bytes, and the close is one log
 /// batch, the truncate's Size record first, so that what the rewrite left as a hole reads back

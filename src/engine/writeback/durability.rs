@@ -347,7 +347,12 @@ impl Writeback {
                 if let Some(result) = self.fsync_through_log(file, log, ErrorReport::Close) {
                     return result;
                 }
-            } else if !refused && lock(&self.durability).get(&file.id).is_some_and(|e| e.logged_before_seq > 0) {
+            } else if !refused
+                && lock(&self.durability).get(&file.id).is_some_and(|e| e.logged_before_seq > 0 && e.backend_in_sync())
+            {
+                // Everything the file has is in the log, and nothing the backend holds is newer
+                // than the log's records (a unit flushed since its last batch, under memory
+                // pressure, would be: it is synced below, and barred, as before).
                 return Ok(());
             }
         }
