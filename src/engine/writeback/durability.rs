@@ -500,7 +500,7 @@ impl Writeback {
                 log.commit(records)
             }
         };
-        // A truncate the store has not been given yet goes first, once (see `FileInner::cut_to`).
+        // A truncate the store has not been given yet goes first (`FileInner::cut_unlogged`).
         // While one is pending the store's size is not the file's: the batch says the size
         // even with no bytes to log (a truncate to less, or to more, after a logged one; the
         // power-cut simulation found both lost).
@@ -528,6 +528,18 @@ impl Writeback {
                 }
             });
         }
+        // The mode and owner beside deferred times, asked before anything is marked logged.
+        let attrs = match times {
+            Some(times) => {
+                let now = self.ns.getattr(file.id).ok()?;
+                let at = |t: Option<TimeToSet>, or: Timestamp| match t {
+                    Some(TimeToSet::At(at)) => at,
+                    _ => or,
+                };
+                Some((now.perm, now.uid, now.gid, at(times.atime, now.atime), at(times.mtime, now.mtime)))
+            }
+            None => None,
+        };
         // Marked now, under the lock: a write after this point takes its range out again.
         for (unit, ranges) in &dirty {
             let unit_state = inner.dirty.get_mut(unit).expect("listed above");
@@ -542,20 +554,8 @@ impl Writeback {
         }
         records.extend(pieces.into_iter().map(|(offset, b)| Record::Data { file: handle.clone(), offset, bytes: b }));
         records.push(Record::Size { file: handle.clone(), size });
-        if let Some(times) = times {
-            let now = self.ns.getattr(file.id).ok()?;
-            let at = |t: Option<TimeToSet>, or: Timestamp| match t {
-                Some(TimeToSet::At(at)) => at,
-                _ => or,
-            };
-            records.push(Record::Attrs {
-                file: handle,
-                mode: now.perm,
-                uid: now.uid,
-                gid: now.gid,
-                atime: at(times.atime, now.atime),
-                mtime: at(times.mtime, now.mtime),
-            });
+        if let Some((mode, uid, gid, atime, mtime)) = attrs {
+            records.push(Record::Attrs { file: handle, mode, uid, gid, atime, mtime });
             inner.times_logged = true;
         }
         drop(inner);
