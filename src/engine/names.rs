@@ -63,15 +63,16 @@ impl Engine {
         }
         if !changes.times.is_empty() {
             // "Now" is fixed here: flushes may set the times again later (see note_times_set).
-            let mut times = changes.times.resolved(Timestamp::now());
+            let resolved = changes.times.resolved(Timestamp::now());
             let state = self.writeback.file(id);
-            if state.as_ref().is_some_and(|state| self.writeback.defer_times(state, times)) {
+            if state.as_ref().is_some_and(|state| self.writeback.defer_times(state, resolved)) {
                 return self.getattr(id);
             }
             // The kernel's writeback cache sends the times it kept at every close, the same
             // as the file's more often than not (a file renamed over): setting them again
             // would cost the backend a journal commit for nothing.
             let now = self.ns.getattr(id)?;
+            let mut times = resolved;
             let unchanged =
                 |t: Option<TimeToSet>, current: Timestamp| matches!(t, Some(TimeToSet::At(at)) if at == current);
             if unchanged(times.atime, now.atime) {
@@ -84,7 +85,8 @@ impl Engine {
                 self.ns.setattr(id, &SetAttr { times, ..SetAttr::default() })?;
             }
             if let Some(state) = state {
-                self.writeback.note_times_set(&state, times);
+                // Flushes still to come set them again, unchanged ones too.
+                self.writeback.note_times_set(&state, resolved);
             }
         }
         self.getattr(id)
