@@ -410,6 +410,40 @@ fn new_files_in_new_directories_live_in_the_log_and_come_back_with_them() {
     assert!(!m.path("empty").exists(), "a directory with nothing to restore in it came back");
 }
 
+/// New files held in the log change their directory as any file does: its mtime and ctime move
+/// at a creation and an unlink, though the backend's directory has not changed, and the
+/// checkpoint leaves it with the time of its last change; a truncate the backend has not been
+/// given moves the file's mtime (pjdfstest's unlink and open time tests found both still).
+#[test]
+fn held_changes_move_the_times_a_backend_change_would() {
+    let m = TestMount::with_options(&["checkpoint_interval=3600s", "writeback_cache=off"]);
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("g"), pattern(3000, 1)).unwrap();
+    m.sync_to_backend();
+    let times = |p: &std::path::Path| {
+        let md = fs::metadata(p).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        ((md.mtime(), md.mtime_nsec()), (md.ctime(), md.ctime_nsec()))
+    };
+    let before = times(&m.path("d"));
+    std::thread::sleep(Duration::from_millis(20));
+    fs::write(m.path("d/f"), b"new").unwrap();
+    let made = times(&m.path("d"));
+    assert!(made.0 > before.0 && made.1 > before.1, "a creation moved neither: {before:?} {made:?}");
+    std::thread::sleep(Duration::from_millis(20));
+    fs::remove_file(m.path("d/f")).unwrap();
+    let removed = times(&m.path("d"));
+    assert!(removed.0 > made.0 && removed.1 > made.1, "an unlink moved neither: {made:?} {removed:?}");
+    m.sync_to_backend();
+    assert_eq!(times(&m.path("d")).0, removed.0, "the checkpoint changed the directory's mtime");
+    assert_eq!(times(&m.backing_path("d")).0, removed.0, "the backend's directory took it");
+    let g_before = times(&m.path("g"));
+    std::thread::sleep(Duration::from_millis(20));
+    OpenOptions::new().write(true).truncate(true).open(m.path("g")).unwrap();
+    let g_after = times(&m.path("g"));
+    assert!(g_after.0 > g_before.0 && g_after.1 > g_before.1, "O_TRUNC moved neither: {g_before:?} {g_after:?}");
+}
+
 /// Recovery killed part way, several times over (as a kill -9 or a power cut during the mount
 /// would): the next recovery still brings back every fsynced name and byte, once.
 #[test]

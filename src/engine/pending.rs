@@ -128,6 +128,10 @@ struct Table {
     /// each still names there until the checkpoint removes it (see the module's "Hidden
     /// names"). Keys, not ids: the kernel forgets the object, and its id with it.
     hidden: HashMap<ObjectId, HashMap<OsString, Vec<u8>>>,
+    /// Directories whose entries held files changed (a file made, renamed, unlinked, or a name
+    /// hidden), and when: the backend's directory did not change, so its mtime and ctime are
+    /// this until the checkpoint sets them there (`settle_directory_times`).
+    dir_changed: HashMap<ObjectId, Timestamp>,
     next: u64,
 }
 
@@ -151,6 +155,11 @@ impl Table {
 
     fn is_hidden(&self, parent: ObjectId, name: &OsStr) -> bool {
         self.hidden.get(&parent).is_some_and(|names| names.contains_key(name))
+    }
+
+    /// An entry of `dir` changed now (see `dir_changed`).
+    fn touch(&mut self, dir: ObjectId) {
+        self.dir_changed.insert(dir, now());
     }
 }
 
@@ -295,7 +304,46 @@ impl Pending {
     /// memory: its name is hidden until `remove_hidden` removes it from the backend. The caller
     /// has the Unlink record committed before it answers (see the module's "Hidden names").
     pub fn hide(&self, parent: ObjectId, name: &OsStr, key: Vec<u8>) {
-        self.table().hidden.entry(parent).or_default().insert(name.to_os_string(), key);
+        let mut table = self.table();
+        table.hidden.entry(parent).or_default().insert(name.to_os_string(), key);
+        table.touch(parent);
+    }
+
+    /// A directory's attributes with the times its held entries' changes give it.
+    fn with_directory_times(&self, mut attr: Attr) -> Attr {
+        if attr.kind == Kind::Directory {
+            if let Some(&at) = self.table().dir_changed.get(&attr.id) {
+                attr.mtime = attr.mtime.max(at);
+                attr.ctime = attr.ctime.max(at);
+            }
+        }
+        attr
+    }
+
+    /// At a checkpoint, once it made the held files it releases: the directories whose held
+    /// entries changed and that hold none any more take their last change's time as mtime on
+    /// the backend (the checkpoint's own creations gave them its time), and the memory of it
+    /// goes. Directories still holding new files keep it for the next one.
+    pub fn settle_directory_times(&self) {
+        let due: Vec<(ObjectId, Timestamp)> = {
+            let mut table = self.table();
+            let due: Vec<(ObjectId, Timestamp)> = table
+                .dir_changed
+                .iter()
+                .filter(|(dir, _)| !table.by_name.contains_key(dir))
+                .map(|(d, t)| (*d, *t))
+                .collect();
+            for (dir, _) in &due {
+                table.dir_changed.remove(dir);
+            }
+            due
+        };
+        for (dir, at) in due {
+            let times = TimesToSet { atime: None, mtime: Some(TimeToSet::At(at)) };
+            if let Err(e) = self.ns.setattr(dir, &SetAttr { times, ..SetAttr::default() }) {
+                log::debug!("inode {dir}: its time after new files' changes: {e}");
+            }
+        }
     }
 
     /// Whether any backend name is hidden (a checkpoint then has unlinks to make).
@@ -413,6 +461,7 @@ impl Pending {
         };
         table.by_id.insert(id, Arc::new(PendingFile { id, key, body: Mutex::new(body) }));
         table.name(parent, name, id);
+        table.touch(parent);
         Ok(attr)
     }
 
@@ -456,6 +505,8 @@ impl Pending {
             let mut table = self.table();
             table.unname(parent, name);
             table.name(new_parent, new_name, file.id);
+            table.touch(parent);
+            table.touch(new_parent);
             drop(table);
             body.name = Some((new_parent, new_name.to_os_string()));
             body.attr.ctime = now();
@@ -467,7 +518,10 @@ impl Pending {
     /// Unlinks a held file. Returns its log key if the log knows it (see `rename`).
     pub fn unlink(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<Vec<u8>>> {
         self.with_held_at(parent, name, |file, body| {
-            self.table().unname(parent, name);
+            let mut table = self.table();
+            table.unname(parent, name);
+            table.touch(parent);
+            drop(table);
             body.name = None;
             body.attr.ctime = now();
             let logged = body.created_before_seq.map(|_| file.key.clone());
@@ -743,6 +797,13 @@ impl Pending {
     pub fn any_named(&self) -> bool {
         !self.table().by_name.is_empty()
     }
+
+    /// Whether a checkpoint has anything of held files to settle: files to make, hidden names
+    /// to unlink, directory times to set.
+    pub fn any_to_settle(&self) -> bool {
+        let table = self.table();
+        !table.by_name.is_empty() || !table.hidden.is_empty() || !table.dir_changed.is_empty()
+    }
 }
 
 /// Directory entries of held files come after the backend's, at offsets no backend uses
@@ -843,7 +904,7 @@ impl Namespace for PendingNamespace {
         match held {
             Some(attr) => Ok(attr),
             None if p.is_hidden(parent, name) => Err(Errno(libc::ENOENT)),
-            None => p.ns.lookup(parent, name),
+            None => p.ns.lookup(parent, name).map(|attr| p.with_directory_times(attr)),
         }
     }
 
@@ -868,7 +929,7 @@ impl Namespace for PendingNamespace {
     fn getattr(&self, id: ObjectId) -> SysResult<Attr> {
         match self.0.with_held(id, |_, body| Pending::attr_of(body)) {
             Some(attr) => Ok(attr),
-            None => self.0.ns.getattr(id),
+            None => self.0.ns.getattr(id).map(|attr| self.0.with_directory_times(attr)),
         }
     }
 

@@ -617,7 +617,7 @@ impl Writeback {
         // Held files whose records this checkpoint releases are made on the backend, in
         // directory order; nothing renames or unlinks them before their records are released
         // (replay finds such a file by the name its records leave it with).
-        let held = self.pending.as_ref().filter(|held| held.any_named() || held.any_hidden());
+        let held = self.pending.as_ref().filter(|held| held.any_to_settle());
         let _names_still = held.map(|held| held.names_gate.write().unwrap_or_else(|p| p.into_inner()));
         if let Some(held) = held {
             // Names held files took over backend files: their Unlink records are in the log
@@ -634,6 +634,7 @@ impl Writeback {
             held.make_all(release_before).inspect_err(|e| {
                 log::error!("making new files on the backend at a checkpoint: {e}; the log keeps them");
             })?;
+            held.settle_directory_times();
         }
         let flushed: Vec<(u64, u64)> =
             lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();

@@ -445,6 +445,12 @@ impl Writeback {
                 inner.cut_unlogged = Some(inner.cut_unlogged.map_or(size, |cut| cut.min(size)));
             }
             inner.size = size;
+            // A change of size is a modification: the file's mtime and ctime, as the backend's
+            // truncate would have set them.
+            inner.last_write = Some(SystemTime::now());
+            inner.times_set = None;
+            inner.times_pending = false;
+            inner.times_logged = false;
             return Ok(());
         }
         self.file_data(file, &mut inner)?.set_size(size)?;
