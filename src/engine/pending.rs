@@ -129,8 +129,9 @@ struct Table {
     /// names"). Keys, not ids: the kernel forgets the object, and its id with it.
     hidden: HashMap<ObjectId, HashMap<OsString, Vec<u8>>>,
     /// Directories whose entries held files changed (a file made, renamed, unlinked, or a name
-    /// hidden), and when: the backend's directory did not change, so its mtime and ctime are
-    /// this until the checkpoint sets them there (`settle_directory_times`).
+    /// hidden) since their times were last set, and when: the backend's directory did not
+    /// change, so its mtime and ctime are this until the checkpoint sets them there
+    /// (`keeping_directory_times`).
     dir_changed: HashMap<ObjectId, Timestamp>,
     next: u64,
 }
@@ -320,30 +321,36 @@ impl Pending {
         attr
     }
 
-    /// At a checkpoint, once it made the held files it releases: the directories whose held
-    /// entries changed and that hold none any more take their last change's time as mtime on
-    /// the backend (the checkpoint's own creations gave them its time), and the memory of it
-    /// goes. Directories still holding new files keep it for the next one.
-    pub fn settle_directory_times(&self) {
-        let due: Vec<(ObjectId, Timestamp)> = {
-            let mut table = self.table();
-            let due: Vec<(ObjectId, Timestamp)> = table
-                .dir_changed
-                .iter()
-                .filter(|(dir, _)| !table.by_name.contains_key(dir))
-                .map(|(d, t)| (*d, *t))
-                .collect();
-            for (dir, _) in &due {
-                table.dir_changed.remove(dir);
-            }
-            due
+    /// Runs `settle` (a checkpoint's unlinks of hidden names and making of held files), which
+    /// changes directories on the backend, and then gives each directory it may have changed
+    /// back the mtime the mount showed before (tar sets a directory's times after its files;
+    /// the backend's creations would otherwise stamp it with the checkpoint's time). The
+    /// memory of held changes goes for the directories that hold no new file any more.
+    pub fn keeping_directory_times<T>(&self, settle: impl FnOnce() -> SysResult<T>) -> SysResult<T> {
+        let dirs: Vec<ObjectId> = {
+            let table = self.table();
+            let mut dirs: Vec<ObjectId> =
+                table.by_name.keys().chain(table.hidden.keys()).chain(table.dir_changed.keys()).copied().collect();
+            dirs.sort_unstable();
+            dirs.dedup();
+            dirs
         };
-        for (dir, at) in due {
-            let times = TimesToSet { atime: None, mtime: Some(TimeToSet::At(at)) };
+        let shown: Vec<(ObjectId, Timestamp)> = dirs
+            .into_iter()
+            .filter_map(|dir| self.ns.getattr(dir).ok().map(|attr| (dir, self.with_directory_times(attr).mtime)))
+            .collect();
+        let settled = settle();
+        for (dir, mtime) in shown {
+            let times = TimesToSet { atime: None, mtime: Some(TimeToSet::At(mtime)) };
             if let Err(e) = self.ns.setattr(dir, &SetAttr { times, ..SetAttr::default() }) {
-                log::debug!("inode {dir}: its time after new files' changes: {e}");
+                log::debug!("inode {dir}: its mtime again after the checkpoint's changes: {e}");
+            }
+            let mut table = self.table();
+            if !table.by_name.contains_key(&dir) {
+                table.dir_changed.remove(&dir);
             }
         }
+        settled
     }
 
     /// Whether any backend name is hidden (a checkpoint then has unlinks to make).
@@ -937,7 +944,14 @@ impl Namespace for PendingNamespace {
         let changed = self.0.with_held(id, |_, body| Self::set_held_attr(body, changes));
         match changed {
             Some(()) => Ok(()),
-            None => self.0.ns.setattr(id, changes),
+            None => {
+                self.0.ns.setattr(id, changes)?;
+                // Times set on a directory outrank its held entries' earlier changes.
+                if changes.times.mtime.is_some() {
+                    self.0.table().dir_changed.remove(&id);
+                }
+                Ok(())
+            }
         }
     }
 

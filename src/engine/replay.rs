@@ -101,6 +101,8 @@ struct Replay<'a> {
     /// Keys of directories made since the checkpoint that files made again (or new files the
     /// log held) end up in, and their directories made since: the ones a Create may make again.
     needed_dirs: HashSet<Vec<u8>>,
+    /// Directories replay changed, and their mtime before (see `keep_time_of`).
+    dir_times: HashMap<ObjectId, super::types::Timestamp>,
     applied: u64,
     recreated_files: u64,
     not_restored: Vec<String>,
@@ -164,6 +166,16 @@ impl Replay<'_> {
         self.current_key(key).is_some_and(|current| self.ns.key_at(dir, name_of(name)).is_some_and(|k| k == current))
     }
 
+    /// Before replay changes `dir`: its mtime, which `release` gives it back (a directory's
+    /// times were the application's to set, tar's for one; replay's own changes are not).
+    fn keep_time_of(&mut self, dir: ObjectId) {
+        if !self.dir_times.contains_key(&dir) {
+            if let Ok(attr) = self.ns.getattr(dir) {
+                self.dir_times.insert(dir, attr.mtime);
+            }
+        }
+    }
+
     fn skip_if_moved_on(result: SysResult<()>) -> SysResult<bool> {
         match result {
             Ok(()) => Ok(true),
@@ -192,6 +204,7 @@ impl Replay<'_> {
         } else {
             NewObject::File { perm: mode & 0o7777 }
         };
+        self.keep_time_of(dir);
         let attr = self.ns.make(dir, name_of(name), what, Owner { uid, gid })?;
         let new_key = self.ns.log_key(attr.id)?;
         let mut entry = Vec::new();
@@ -281,6 +294,7 @@ impl Replay<'_> {
                 if !self.names(dir, name, file) {
                     return Ok(false);
                 }
+                self.keep_time_of(dir);
                 Self::skip_if_moved_on(self.ns.remove(dir, name_of(name), *directory))
             }
             // The caller applies it only when no later record names the file (see `replay`).
@@ -289,6 +303,7 @@ impl Replay<'_> {
                 if !self.names(dir, name, file) {
                     return Ok(false);
                 }
+                self.keep_time_of(dir);
                 Self::skip_if_moved_on(self.ns.remove(dir, name_of(name), false))
             }
             Record::Rename { file, from_parent, from_name, to_parent, to_name, replaced } => {
@@ -302,6 +317,8 @@ impl Replay<'_> {
                 if !target_free && (replaced.is_empty() || !self.names(to, to_name, replaced)) {
                     return Ok(false); // the target holds a later object than the one replaced
                 }
+                self.keep_time_of(from);
+                self.keep_time_of(to);
                 Self::skip_if_moved_on(self.ns.rename(from, name_of(from_name), to, name_of(to_name), 0))
             }
         }
@@ -333,6 +350,12 @@ impl Replay<'_> {
     /// Lets go of every object found.
     fn release(&mut self) {
         self.open.clear();
+        for (dir, mtime) in std::mem::take(&mut self.dir_times) {
+            let times = TimesToSet { atime: None, mtime: Some(TimeToSet::At(mtime)) };
+            if let Err(e) = self.ns.setattr(dir, &SetAttr { times, ..SetAttr::default() }) {
+                log::debug!("replay: inode {dir}: its mtime again: {e}");
+            }
+        }
         for id in self.found.values().flatten() {
             self.ns.forget(*id, 1);
         }
@@ -472,6 +495,7 @@ pub fn replay(
         recreated,
         with_contents,
         needed_dirs: HashSet::new(),
+        dir_times: HashMap::new(),
         applied: 0,
         recreated_files: 0,
         not_restored: Vec::new(),

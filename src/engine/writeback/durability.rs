@@ -623,18 +623,20 @@ impl Writeback {
             // Names held files took over backend files: their Unlink records are in the log
             // (committed with the renames, before the release point), so the backend may lose
             // them now, and the held files take them below.
-            let unlinked = held.remove_hidden(None, None).inspect_err(|e| {
-                log::error!("unlinking replaced files on the backend at a checkpoint: {e}; the log keeps them");
+            let unlinked = held.keeping_directory_times(|| {
+                let unlinked = held.remove_hidden(None, None).inspect_err(|e| {
+                    log::error!("unlinking replaced files on the backend at a checkpoint: {e}; the log keeps them");
+                })?;
+                held.make_all(release_before).inspect_err(|e| {
+                    log::error!("making new files on the backend at a checkpoint: {e}; the log keeps them");
+                })?;
+                Ok(unlinked)
             })?;
             for id in unlinked {
                 if self.is_lingering(id) && self.ns.getattr(id).is_ok_and(|now| now.nlink == 0) {
                     self.forget_file(id);
                 }
             }
-            held.make_all(release_before).inspect_err(|e| {
-                log::error!("making new files on the backend at a checkpoint: {e}; the log keeps them");
-            })?;
-            held.settle_directory_times();
         }
         let flushed: Vec<(u64, u64)> =
             lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
@@ -783,8 +785,7 @@ impl Writeback {
                 self.pending.as_ref().filter(|held| checkpointed.is_ok() && (held.any_named() || held.any_hidden()))
             {
                 checkpointed = held
-                    .remove_hidden(None, None)
-                    .and_then(|_| held.make_all(u64::MAX))
+                    .keeping_directory_times(|| held.remove_hidden(None, None).and_then(|_| held.make_all(u64::MAX)))
                     .and_then(|_| self.checkpoint());
             }
             if let Err(e) = checkpointed {
