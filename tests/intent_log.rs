@@ -468,9 +468,18 @@ fn a_directory_keeps_the_times_set_after_its_new_files() {
         set(&m.path(dir));
         assert_eq!(mtime(&m.path(dir)), (1_600_000_000, 123), "{dir} before the checkpoint");
     }
+    // A hard link to a held file (tar's later entry of a hard-link group) makes the file on the
+    // backend before the checkpoint; the directory it is made in keeps its times all the same.
+    fs::create_dir(m.path("g")).unwrap();
+    fs::write(m.path("g/x"), b"x").unwrap();
+    set(&m.path("g"));
+    fs::hard_link(m.path("g/x"), m.path("e/x-link")).unwrap();
+    set(&m.path("e"));
+    assert_eq!(mtime(&m.backing_path("g")), (1_600_000_000, 123), "the backend's g after the link made its file");
     m.sync_to_backend();
     assert_eq!(mtime(&m.path("e")), (1_600_000_000, 123), "e after the checkpoint made its file");
     assert_eq!(mtime(&m.backing_path("e")), (1_600_000_000, 123), "the backend's e");
+    assert_eq!(mtime(&m.path("g")), (1_600_000_000, 123), "g after the checkpoint");
     fs::write(m.path("f/y"), b"y").unwrap();
     set(&m.path("f"));
     kill_daemon(&mut m);

@@ -133,6 +133,11 @@ struct Table {
     /// change, so its mtime and ctime are this until the checkpoint sets them there
     /// (`keeping_directory_times`).
     dir_changed: HashMap<ObjectId, Timestamp>,
+    /// Directory mtimes set while something that changes directories on the backend keeps
+    /// their times (`keepers` of them at work): what each must give its directories back is
+    /// the time set last, not the one it saw before it began.
+    mtimes_set: HashMap<ObjectId, Timestamp>,
+    keepers: usize,
     next: u64,
 }
 
@@ -161,6 +166,19 @@ impl Table {
     /// An entry of `dir` changed now (see `dir_changed`).
     fn touch(&mut self, dir: ObjectId) {
         self.dir_changed.insert(dir, now());
+    }
+
+    /// The mtime of `dir` was set on the backend: it outranks its held entries' earlier
+    /// changes, and a keeper of directory times gives it back (`mtimes_set`).
+    fn mtime_set(&mut self, dir: ObjectId, mtime: TimeToSet) {
+        self.dir_changed.remove(&dir);
+        if self.keepers > 0 {
+            let at = match mtime {
+                TimeToSet::At(at) => at,
+                TimeToSet::Now => now(),
+            };
+            self.mtimes_set.insert(dir, at);
+        }
     }
 }
 
@@ -335,20 +353,34 @@ impl Pending {
             dirs.dedup();
             dirs
         };
+        self.keeping_times_of(&dirs, settle)
+    }
+
+    /// `keeping_directory_times` for the directories `dirs` only.
+    fn keeping_times_of<T>(&self, dirs: &[ObjectId], settle: impl FnOnce() -> SysResult<T>) -> SysResult<T> {
+        self.table().keepers += 1;
         let shown: Vec<(ObjectId, Timestamp)> = dirs
-            .into_iter()
-            .filter_map(|dir| self.ns.getattr(dir).ok().map(|attr| (dir, self.with_directory_times(attr).mtime)))
+            .iter()
+            .filter_map(|&dir| self.ns.getattr(dir).ok().map(|attr| (dir, self.with_directory_times(attr).mtime)))
             .collect();
         let settled = settle();
-        for (dir, mtime) in shown {
+        for (dir, shown) in shown {
+            // Under the table's lock, as a setattr of the directory's times (`mtime_set`):
+            // one that came during `settle` is the time to give back, one after it is last.
+            let mut table = self.table();
+            let mtime = table.mtimes_set.get(&dir).copied().unwrap_or(shown);
             let times = TimesToSet { atime: None, mtime: Some(TimeToSet::At(mtime)) };
             if let Err(e) = self.ns.setattr(dir, &SetAttr { times, ..SetAttr::default() }) {
-                log::debug!("inode {dir}: its mtime again after the checkpoint's changes: {e}");
+                log::debug!("inode {dir}: its mtime again after the backend's changes: {e}");
             }
-            let mut table = self.table();
             if !table.by_name.contains_key(&dir) {
                 table.dir_changed.remove(&dir);
             }
+        }
+        let mut table = self.table();
+        table.keepers -= 1;
+        if table.keepers == 0 {
+            table.mtimes_set.clear();
         }
         settled
     }
@@ -628,6 +660,22 @@ impl Pending {
         self.make_with(id, when, None)
     }
 
+    /// One held file made on the backend ahead of the checkpoint (`make_unlogged_now`,
+    /// `make_logged_now`), its directory's times kept as a checkpoint keeps them: `link` of a
+    /// file tar extracted earlier must not stamp that file's directory with the time of the link.
+    fn make_early(
+        &self,
+        id: ObjectId,
+        when: impl Fn(&Body) -> bool,
+        durably: Option<&dyn Fn(Vec<Record>) -> SysResult<()>>,
+    ) -> SysResult<Option<Made>> {
+        let parent = self.with_held(id, |_, body| body.name.as_ref().map(|(parent, _)| *parent)).flatten();
+        match parent {
+            Some(parent) => self.keeping_times_of(&[parent], || self.make_with(id, when, durably)),
+            None => self.make_with(id, when, durably),
+        }
+    }
+
     /// `make_if`; with `durably`, the file and its name are synced on the backend and then
     /// `durably(records)` runs (the log's commit of `made_durably_records`), all before anything
     /// else can reach the file.
@@ -722,7 +770,7 @@ impl Pending {
     /// Makes a held file the log has not seen on the backend now (for an operation the
     /// engine does not model on held files, or a file grown past the log's bound).
     pub fn make_unlogged_now(&self, id: ObjectId) -> SysResult<Option<Made>> {
-        self.make_if(id, |body| body.created_before_seq.is_none())
+        self.make_early(id, |body| body.created_before_seq.is_none(), None)
     }
 
     /// Makes a held file the log knows on the backend now, durably (the file synced, then its
@@ -733,7 +781,7 @@ impl Pending {
         id: ObjectId,
         commit: &dyn Fn(Vec<Record>) -> SysResult<()>,
     ) -> SysResult<Option<Made>> {
-        self.make_with(id, |body| body.created_before_seq.is_some(), Some(commit))
+        self.make_early(id, |body| body.created_before_seq.is_some(), Some(commit))
     }
 
     /// A checkpoint's pass: every named held file whose Create record precedes `released_before`
@@ -945,11 +993,11 @@ impl Namespace for PendingNamespace {
         match changed {
             Some(()) => Ok(()),
             None => {
+                let Some(mtime) = changes.times.mtime else { return self.0.ns.setattr(id, changes) };
+                // Under the table's lock: see `keeping_times_of`.
+                let mut table = self.0.table();
                 self.0.ns.setattr(id, changes)?;
-                // Times set on a directory outrank its held entries' earlier changes.
-                if changes.times.mtime.is_some() {
-                    self.0.table().dir_changed.remove(&id);
-                }
+                table.mtime_set(id, mtime);
                 Ok(())
             }
         }
