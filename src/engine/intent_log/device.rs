@@ -5,9 +5,12 @@
 //! `FileLogDevice`: a file, preallocated and written through once at creation, so that
 //! appending later changes no file-system metadata (no allocation, no unwritten-extent
 //! conversion: an fdatasync is then one device flush), written in whole aligned blocks with
-//! O_DIRECT where the file system allows it. Or a block device (`log=/dev/...`): the log's
-//! blocks are then the device's sectors, and a commit costs those sectors and nothing else
-//! (a file's O_DIRECT write still updates its mtime, a journal commit at the next `sync`).
+//! O_DIRECT where the file system allows it. A file's write still updates its mtime, a journal
+//! commit at the next `sync` (Linux has no O_NOCMTIME for open(2)), except on XFS as root: the
+//! file is then opened through its XFS handle, which the kernel opens without mtime and ctime
+//! updates ("invisible I/O", FMODE_NOCMTIME, for backup tools). Or a block device
+//! (`log=/dev/...`): the log's blocks are then the device's sectors, and a commit costs those
+//! sectors and nothing else.
 //!
 //! `MemoryLogDevice`: blocks in memory, for in-process tests, with what a crash keeps: every
 //! synced block, and any chosen subset of the writes since the last sync, in order.
@@ -38,8 +41,9 @@ pub trait LogDevice: Send + Sync {
     /// How the log is named in messages.
     fn describe(&self) -> String;
     /// Whether `sync(1)` flushes what was written: a file on a mounted file system is (its
-    /// file system's sync flushes the device); a block device is not (sync flushes only file
-    /// systems' devices).
+    /// file system's sync flushes the device: the file's mtime at least is to commit); a block
+    /// device is not (sync flushes only file systems' devices), nor a file whose writes change
+    /// no inode (XFS's sync then forces an empty log, and flushes nothing).
     fn flushed_by_sync(&self) -> bool {
         true
     }
@@ -56,6 +60,8 @@ pub struct FileLogDevice {
     path: PathBuf,
     block_bytes: usize,
     direct: bool,
+    /// Opened through its XFS handle: writes change no inode (`open_without_time_updates`).
+    invisible: bool,
     /// A block device: the bytes of it the log takes (a file's size is the file's).
     device_bytes: Option<u64>,
     /// Where the replay map lives: beside a file; in the state directory for a block device.
@@ -125,6 +131,16 @@ impl FileLogDevice {
         };
         // Through the page cache a write smaller than a page may make the kernel read the page.
         let block_bytes = if direct { direct_io_alignment(&file).unwrap_or(block_bytes) } else { block_bytes };
+        let (file, invisible) = match direct
+            .then(|| open_without_time_updates(&file, path.parent()?, libc::O_RDWR | libc::O_DIRECT))
+            .flatten()
+        {
+            Some(invisible) => {
+                log::info!("{}: opened by its XFS handle, its writes update no inode", path.display());
+                (invisible, true)
+            }
+            _ => (file, false),
+        };
         let mut map_path = path.as_os_str().to_owned();
         map_path.push(".replay-map");
         let device = FileLogDevice {
@@ -132,6 +148,7 @@ impl FileLogDevice {
             path: path.to_path_buf(),
             block_bytes,
             direct,
+            invisible,
             device_bytes: None,
             map_path: map_path.into(),
         };
@@ -165,6 +182,7 @@ impl FileLogDevice {
             path: path.to_path_buf(),
             block_bytes,
             direct: true,
+            invisible: false,
             device_bytes: Some(size),
             map_path,
         };
@@ -222,6 +240,73 @@ fn direct_io_alignment(file: &File) -> Option<usize> {
     (align.is_power_of_two() && (512..=4096).contains(&align)).then_some(align)
 }
 
+/// xfs_fsop_handlereq of xfs_fs.h, for XFS_IOC_FD_TO_HANDLE and XFS_IOC_OPEN_BY_HANDLE.
+#[repr(C)]
+struct XfsHandleRequest {
+    fd: u32,
+    path: *mut libc::c_void,
+    oflags: u32,
+    ihandle: *mut libc::c_void,
+    ihandlen: u32,
+    ohandle: *mut libc::c_void,
+    ohandlen: *mut u32,
+}
+
+const XFS_SUPER_MAGIC: libc::c_long = 0x5846_5342;
+/// _IOWR('X', 106 and 107, struct xfs_fsop_handlereq).
+const XFS_IOC_FD_TO_HANDLE: libc::c_ulong = 0xC000_586A | ((size_of::<XfsHandleRequest>() as libc::c_ulong) << 16);
+const XFS_IOC_OPEN_BY_HANDLE: libc::c_ulong = 0xC000_586B | ((size_of::<XfsHandleRequest>() as libc::c_ulong) << 16);
+
+/// `file` opened again with `flags` through its XFS handle, where the kernel marks a regular
+/// file so opened FMODE_NOCMTIME: its writes update no mtime or ctime, so a log commit dirties
+/// no inode and costs the backing file system no journal commit at the next `sync`. None on
+/// any other file system, without CAP_SYS_ADMIN, or on any refusal: the plain file serves.
+fn open_without_time_updates(file: &File, dir: &Path, flags: i32) -> Option<File> {
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 || fs.f_type as libc::c_long != XFS_SUPER_MAGIC {
+        return None;
+    }
+    // XFS takes handle requests on a directory of the file system only.
+    let dir = File::open(dir).ok()?;
+    let mut handle = [0u8; 64];
+    let mut handle_len = handle.len() as u32;
+    let mut request = XfsHandleRequest {
+        fd: file.as_raw_fd() as u32,
+        path: std::ptr::null_mut(),
+        oflags: 0,
+        ihandle: std::ptr::null_mut(),
+        ihandlen: 0,
+        ohandle: handle.as_mut_ptr().cast(),
+        ohandlen: &mut handle_len,
+    };
+    if unsafe { libc::ioctl(dir.as_raw_fd(), XFS_IOC_FD_TO_HANDLE, &mut request) } != 0 {
+        log::debug!("the log file's XFS handle: {}", Errno::last());
+        return None;
+    }
+    assert!(handle_len as usize <= handle.len(), "an XFS handle of {handle_len} bytes");
+    let mut request = XfsHandleRequest {
+        fd: 0,
+        path: std::ptr::null_mut(),
+        oflags: flags as u32,
+        ihandle: handle.as_mut_ptr().cast(),
+        ihandlen: handle_len,
+        ohandle: std::ptr::null_mut(),
+        ohandlen: std::ptr::null_mut(),
+    };
+    let opened = unsafe { libc::ioctl(dir.as_raw_fd(), XFS_IOC_OPEN_BY_HANDLE, &mut request) };
+    if opened < 0 {
+        log::info!("the log file opened by its XFS handle: {}; its writes update its mtime", Errno::last());
+        return None;
+    }
+    let reopened = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(opened) };
+    let identity = |f: &File| sys::fstat_fd(f).ok().map(|st| (st.st_dev, st.st_ino));
+    if identity(&reopened).is_none() || identity(&reopened) != identity(file) {
+        log::warn!("the log file's XFS handle opened another file; the log keeps its own descriptor");
+        return None;
+    }
+    Some(reopened)
+}
+
 fn sync_parent(path: &Path) -> SysResult<()> {
     let dir = path.parent().unwrap_or(Path::new("/"));
     let dir = File::open(dir).map_err(Errno::from)?;
@@ -274,7 +359,7 @@ impl LogDevice for FileLogDevice {
     }
 
     fn flushed_by_sync(&self) -> bool {
-        self.device_bytes.is_none()
+        self.device_bytes.is_none() && !self.invisible
     }
 
     fn read_map(&self) -> SysResult<Vec<u8>> {
