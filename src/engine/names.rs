@@ -554,3 +554,14 @@ impl Engine {
         self.ns.remove_xattr(id, name)
     }
 }
+
+/// Gives directory `dir` back the mtime `mtime` after the engine's own backend changes (a
+/// checkpoint making held files, replay) moved it: those times were the application's to set.
+/// A directory the changes left alone costs a stat and no journal commit.
+pub(super) fn give_back_mtime(ns: &dyn crate::backend::Namespace, dir: ObjectId, mtime: Timestamp) -> SysResult<()> {
+    if ns.getattr(dir)?.mtime == mtime {
+        return Ok(());
+    }
+    let times = super::types::TimesToSet { atime: None, mtime: Some(TimeToSet::At(mtime)) };
+    ns.setattr(dir, &SetAttr { times, ..SetAttr::default() })
+}

@@ -369,8 +369,7 @@ impl Pending {
             // one that came during `settle` is the time to give back, one after it is last.
             let mut table = self.table();
             let mtime = table.mtimes_set.get(&dir).copied().unwrap_or(shown);
-            let times = TimesToSet { atime: None, mtime: Some(TimeToSet::At(mtime)) };
-            if let Err(e) = self.ns.setattr(dir, &SetAttr { times, ..SetAttr::default() }) {
+            if let Err(e) = super::names::give_back_mtime(self.ns.as_ref(), dir, mtime) {
                 log::debug!("inode {dir}: its mtime again after the backend's changes: {e}");
             }
             if !table.by_name.contains_key(&dir) {

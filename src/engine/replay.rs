@@ -351,8 +351,7 @@ impl Replay<'_> {
     fn release(&mut self) {
         self.open.clear();
         for (dir, mtime) in std::mem::take(&mut self.dir_times) {
-            let times = TimesToSet { atime: None, mtime: Some(TimeToSet::At(mtime)) };
-            if let Err(e) = self.ns.setattr(dir, &SetAttr { times, ..SetAttr::default() }) {
+            if let Err(e) = super::names::give_back_mtime(self.ns, dir, mtime) {
                 log::debug!("replay: inode {dir}: its mtime again: {e}");
             }
         }
