@@ -220,8 +220,17 @@ struct Unreleased {
     attr: Attr,
 }
 
+/// A held object's times come from the clock the kernel stamps inodes with (current_time():
+/// the coarse realtime clock, one tick's resolution), as a backing file system's would. With a
+/// finer one, the kernel's writeback cache finds every new file's mtime older than its first
+/// write's and sends a setattr of its own times before the application's next one: one more
+/// round trip per file tar extracts.
 fn now() -> Timestamp {
-    Timestamp::now()
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } != 0 {
+        return Timestamp::now();
+    }
+    Timestamp { sec: ts.tv_sec, nsec: ts.tv_nsec as u32 }
 }
 
 impl Pending {
