@@ -214,6 +214,8 @@ pub struct Metrics {
     /// The intent log's block: the device bytes of the smallest commit.
     pub log_block_bytes: AtomicU64,
     pub log_batches: AtomicU64,
+    /// Of those, written through the page cache (closes in a burst; `sync` writes them).
+    pub log_batches_page_cache: AtomicU64,
     /// Device flushes of the log (a batch a caller waits on to be durable; not a close's).
     pub log_flushes: AtomicU64,
     pub log_records: AtomicU64,
@@ -317,6 +319,11 @@ impl Metrics {
                 self.pending_files_made.load(Relaxed),
             ),
             ("log_batches_total", "Batches (group commits) written to the intent log", self.log_batches.load(Relaxed)),
+            (
+                "log_batches_page_cache_total",
+                "Of those, closes in a burst written through the page cache (sync writes them)",
+                self.log_batches_page_cache.load(Relaxed),
+            ),
             (
                 "log_flushes_total",
                 "Device flushes of the intent log (batches waited on to be durable)",

@@ -1207,3 +1207,64 @@ fn write_amplification_counts_the_log_bytes_too() {
     assert!((value("write_amplification") - expected).abs() < 0.001, "{expected} expected: {text}");
     assert!(value("write_amplification") > backend / app, "the log's bytes count");
 }
+
+/// Dirty pages of `path` in the page cache (cachestat(2), Linux 6.5); None where the kernel
+/// has no cachestat.
+fn dirty_pages(path: &std::path::Path) -> Option<u64> {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct CacheStat {
+        cache: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let file = fs::File::open(path).unwrap();
+    let range = Range { off: 0, len: 0 };
+    let mut stat = CacheStat::default();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    let ret = unsafe { libc::syscall(SYS_CACHESTAT, fd, &range, &mut stat, 0) };
+    (ret == 0).then_some(stat.dirty + stat.writeback)
+}
+
+#[test]
+fn closes_in_a_burst_go_through_the_page_cache_which_sync_writes_and_a_killed_daemon_keeps() {
+    if !in_a_process_of_its_own(
+        "closes_in_a_burst_go_through_the_page_cache_which_sync_writes_and_a_killed_daemon_keeps",
+    ) {
+        return;
+    }
+    // The defaults (the log on, in a file), the checkpoint out of the way.
+    let mut m = TestMount::with_options(&["checkpoint_interval=3600s"]);
+    let burst = |m: &TestMount, round: u8| {
+        for i in 0..200 {
+            fs::write(m.path(&format!("f{round}-{i}")), pattern(1000 + i, round)).unwrap();
+        }
+    };
+    burst(&m, 1);
+    let through_page_cache = m.counter("log_batches_page_cache_total");
+    assert!(through_page_cache >= 150, "{through_page_cache} of 200 closes through the page cache");
+    let Some(dirty) = dirty_pages(&m.log_path()) else {
+        eprintln!("skipped: no cachestat(2) in this kernel to see the log file's dirty pages");
+        return;
+    };
+    assert!(dirty > 0, "the closes' batches are not in the page cache");
+    assert!(std::process::Command::new("sync").status().unwrap().success());
+    assert_eq!(dirty_pages(&m.log_path()), Some(0), "sync(1) left the log file's pages unwritten");
+    burst(&m, 2);
+    kill_daemon(&mut m);
+    m.mount();
+    for round in [1u8, 2] {
+        for i in 0..200 {
+            let name = format!("f{round}-{i}");
+            assert!(fs::read(m.path(&name)).unwrap() == pattern(1000 + i, round), "{name} differs after the kill");
+        }
+    }
+}

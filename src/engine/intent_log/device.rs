@@ -30,6 +30,13 @@ pub trait LogDevice: Send + Sync {
     fn block_bytes(&self) -> usize;
     /// Writes `bytes` at byte `offset`, both multiples of `block_bytes`; durable only after `sync`.
     fn write_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()>;
+    /// `write_at` for a batch nobody waits to see flushed (closes in a burst): where `sync(1)`
+    /// flushes the log, through the page cache, which `sync` (and `sync` here) writes back.
+    /// Direct and page-cache writes of one file stay coherent: the kernel writes a range's
+    /// dirty pages back before a direct write or read of it.
+    fn write_unflushed_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {
+        self.write_at(offset, bytes)
+    }
     /// Makes every block written so far durable.
     fn sync(&self) -> SysResult<()>;
     /// `len` bytes from byte `offset` (fewer at the end of the device), as recovery reads them.
@@ -66,6 +73,10 @@ pub struct FileLogDevice {
     device_bytes: Option<u64>,
     /// Where the replay map lives: beside a file; in the state directory for a block device.
     map_path: PathBuf,
+    /// The file opened without O_DIRECT, for `write_unflushed_at`; None where `sync(1)` would
+    /// not write its pages to the device and flush it (a block device, a file opened by its
+    /// XFS handle) or where every write goes through the page cache anyway.
+    through_page_cache: Option<File>,
 }
 
 /// What is found at the start of a block device given as the log.
@@ -151,6 +162,7 @@ impl FileLogDevice {
             invisible,
             device_bytes: None,
             map_path: map_path.into(),
+            through_page_cache: if invisible || !direct { None } else { open(0).ok() },
         };
         Ok((device, created))
     }
@@ -185,6 +197,7 @@ impl FileLogDevice {
             invisible: false,
             device_bytes: Some(size),
             map_path,
+            through_page_cache: None,
         };
         let start = device.read_at(0, look_bytes.min(size as usize))?;
         let contents =
@@ -338,6 +351,13 @@ impl LogDevice for FileLogDevice {
             sys::pwrite_all(self.file.as_raw_fd(), aligned.as_slice(bytes.len()), offset)
         } else {
             sys::pwrite_all(self.file.as_raw_fd(), bytes, offset)
+        }
+    }
+
+    fn write_unflushed_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {
+        match &self.through_page_cache {
+            Some(file) => sys::pwrite_all(file.as_raw_fd(), bytes, offset),
+            None => self.write_at(offset, bytes),
         }
     }
 
@@ -522,6 +542,9 @@ impl<D: LogDevice + ?Sized> LogDevice for std::sync::Arc<D> {
     }
     fn write_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {
         (**self).write_at(offset, bytes)
+    }
+    fn write_unflushed_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {
+        (**self).write_unflushed_at(offset, bytes)
     }
     fn sync(&self) -> SysResult<()> {
         (**self).sync()
