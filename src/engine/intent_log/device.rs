@@ -31,7 +31,7 @@ pub trait LogDevice: Send + Sync {
     /// Writes `bytes` at byte `offset`, both multiples of `block_bytes`; durable only after `sync`.
     fn write_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()>;
     /// `write_at` for a batch nobody waits to see flushed (closes in a burst): where `sync(1)`
-    /// flushes the log, through the page cache, which `sync` (and `sync` here) writes back.
+    /// flushes the log, through the page cache, which `sync(1)` writes back, as `sync` does.
     /// Direct and page-cache writes of one file stay coherent: the kernel writes a range's
     /// dirty pages back before a direct write or read of it.
     fn write_unflushed_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {

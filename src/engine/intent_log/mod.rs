@@ -1113,8 +1113,9 @@ mod tests {
         }
         let through_page_cache = metrics.log_batches_page_cache.load(Relaxed);
         if std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&path).is_ok() {
-            // The first batch had none before it; the fsyncs' are direct.
-            assert!((40..=51).contains(&through_page_cache), "{through_page_cache} of 60 through the page cache");
+            // At most 51: the first batch had none before it, the fsyncs' are direct; a machine
+            // busy enough to stretch a close past `CLOSE_BURST` makes it fewer.
+            assert!((20..=51).contains(&through_page_cache), "{through_page_cache} of 60 through the page cache");
         }
         drop(log);
         let (_, replay) = open(&path, size, metrics).unwrap();
