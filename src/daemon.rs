@@ -148,6 +148,7 @@ fn engine_config(opts: &MountOptions, capabilities: &Capabilities, state: &State
             flush_age: opts.flush_age,
             log_threshold_bytes: opts.log_threshold_bytes,
             log_threshold_new_bytes: opts.log_threshold_new_bytes,
+            log_closes: opts.log_closes,
             checkpoint_interval: opts.checkpoint_interval,
             io_timeout: opts.io_timeout,
         },
@@ -224,6 +225,11 @@ fn options_in_effect(
         engine::PageCache::On => "on",
         engine::PageCache::Off => "off",
     };
+    let log_closes = match opts.log_closes {
+        engine::LogCloses::Auto => "auto",
+        engine::LogCloses::Always => "always",
+        engine::LogCloses::Never => "never",
+    };
     let backend = match opts.backend {
         BackendKind::Local => "local",
         BackendKind::Null => "null",
@@ -246,6 +252,7 @@ fn options_in_effect(
         ("checkpoint_interval_ms", opts.checkpoint_interval.as_millis().to_string()),
         ("log_threshold_bytes", opts.log_threshold_bytes.to_string()),
         ("log_threshold_new_bytes", opts.log_threshold_new_bytes.to_string()),
+        ("log_closes", if opts.log == LogPlace::Off { "never".into() } else { log_closes.to_string() }),
         ("cache_timeout_ms", opts.cache_timeout.as_millis().to_string()),
         ("io_timeout_ms", opts.io_timeout.as_millis().to_string()),
         ("read_only", opts.read_only.to_string()),

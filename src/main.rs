@@ -34,6 +34,8 @@ Mount options (-o, comma-separated, repeatable):
   log_size=SIZE      the intent log's ring (default 64M)
   checkpoint_interval=DURATION  (default 30s)
   log_threshold=SIZE, log_threshold_new=SIZE  most bytes one fsync logs (existing / new file)
+  log_closes=auto|always|never  closes of new or changed small files the log takes (default
+                     auto: those not in a burst of closes; the others write to BACKING_DIR)
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
   dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.
 

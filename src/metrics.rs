@@ -209,6 +209,11 @@ pub struct Metrics {
     /// that way, those the backend has been given (at a checkpoint, or earlier when needed).
     pub pending_files_logged: AtomicU64,
     pub pending_files_made: AtomicU64,
+    /// By `log_closes`: new files made on the backend when created rather than held (created in
+    /// a burst of closes, or `never`), and closes that wrote to the backend what the log could
+    /// have taken (a close in a burst, or `never`).
+    pub pending_files_declined: AtomicU64,
+    pub closes_not_logged: AtomicU64,
     /// The intent log's size; 0 when the log is off.
     pub log_size_bytes: AtomicU64,
     /// The intent log's block: the device bytes of the smallest commit.
@@ -317,6 +322,16 @@ impl Metrics {
                 "pending_files_made_total",
                 "New files held in memory and the log, then made on the backend",
                 self.pending_files_made.load(Relaxed),
+            ),
+            (
+                "pending_files_declined_total",
+                "New files made on the backend when created, not held (a burst of closes, or log_closes=never)",
+                self.pending_files_declined.load(Relaxed),
+            ),
+            (
+                "closes_not_logged_total",
+                "Closes that wrote to the backend what the log could have taken (a burst, or log_closes=never)",
+                self.closes_not_logged.load(Relaxed),
             ),
             ("log_batches_total", "Batches (group commits) written to the intent log", self.log_batches.load(Relaxed)),
             (

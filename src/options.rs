@@ -60,6 +60,8 @@ pub struct MountOptions {
     pub log_threshold_bytes: u64,
     /// `log_threshold_new=SIZE`: the same for a file created since the last checkpoint.
     pub log_threshold_new_bytes: u64,
+    /// `log_closes=auto|always|never`: which closes of new or changed files the intent log takes.
+    pub log_closes: crate::engine::LogCloses,
 }
 
 /// BlueStore's `prefer_deferred_size` on HDD: a time decision (one sequential log write rather
@@ -145,6 +147,7 @@ impl Default for MountOptions {
             checkpoint_interval: std::time::Duration::from_secs(30),
             log_threshold_bytes: LOG_THRESHOLD_BYTES_DEFAULT,
             log_threshold_new_bytes: LOG_THRESHOLD_NEW_BYTES_DEFAULT,
+            log_closes: crate::engine::LogCloses::Auto,
         }
     }
 }
@@ -296,6 +299,14 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
                 options.log_threshold_new_bytes = bytes;
             }
         }
+        "log_closes" => {
+            options.log_closes = match need_value(value)? {
+                "auto" => crate::engine::LogCloses::Auto,
+                "always" => crate::engine::LogCloses::Always,
+                "never" => crate::engine::LogCloses::Never,
+                v => return Err(UsageError(format!("log_closes={v}: expected auto, always or never"))),
+            }
+        }
         "checkpoint_interval" => {
             let v = need_value(value)?;
             let d = parse_duration(v).map_err(|e| UsageError(format!("checkpoint_interval={v}: {e}")))?;
@@ -443,6 +454,17 @@ mod tests {
         assert!(parse_mount_args(&args(&["a", "b", "-o", "fsname"])).is_err());
         assert!(parse_mount_args(&args(&["a"])).is_err());
         assert!(parse_mount_args(&args(&["a", "b", "--bogus"])).is_err());
+    }
+
+    #[test]
+    fn log_closes_takes_auto_always_or_never() {
+        assert_eq!(parse_mount_args(&args(&["a", "b"])).unwrap().options.log_closes, crate::engine::LogCloses::Auto);
+        let req = parse_mount_args(&args(&["a", "b", "-o", "log_closes=always"])).unwrap();
+        assert_eq!(req.options.log_closes, crate::engine::LogCloses::Always);
+        let req = parse_mount_args(&args(&["a", "b", "-o", "log_closes=never"])).unwrap();
+        assert_eq!(req.options.log_closes, crate::engine::LogCloses::Never);
+        let err = parse_mount_args(&args(&["a", "b", "-o", "log_closes=off"])).unwrap_err();
+        assert_eq!(err.0, "log_closes=off: expected auto, always or never");
     }
 
     #[test]

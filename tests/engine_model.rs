@@ -24,7 +24,7 @@ use coalescefs::engine::intent_log::device::MemoryLogDevice;
 use coalescefs::engine::intent_log::format::LOG_BLOCK_BYTES;
 use coalescefs::engine::types::{ObjectId, ROOT_ID};
 use coalescefs::engine::writeback::WritebackConfig;
-use coalescefs::engine::{Caller, Engine, EngineConfig, LogSetup, PageCache};
+use coalescefs::engine::{Caller, Engine, EngineConfig, LogCloses, LogSetup, PageCache};
 use coalescefs::metrics::Metrics;
 use proptest::prelude::*;
 
@@ -224,9 +224,16 @@ struct World {
     /// One writable handle per open file, by the file's model id.
     handles: HashMap<FileId, u64>,
     model: Model,
+    log_closes: LogCloses,
 }
 
+/// `LogCloses::Always` unless a test says otherwise: `Auto` decides by the clock, and a model
+/// test's sequence must mean the same on every run (proptest draws `Always` or `Off`).
 fn config() -> EngineConfig {
+    config_holding(LogCloses::Always)
+}
+
+fn config_holding(log_closes: LogCloses) -> EngineConfig {
     EngineConfig {
         block_size_bytes: UNIT as u32,
         writeback: WritebackConfig {
@@ -237,6 +244,7 @@ fn config() -> EngineConfig {
             flush_age: Duration::from_millis(20),
             log_threshold_bytes: 64 << 10,
             log_threshold_new_bytes: 24 << 10,
+            log_closes,
             checkpoint_interval: Duration::from_secs(3600),
             io_timeout: Duration::from_secs(10),
         },
@@ -246,22 +254,23 @@ fn config() -> EngineConfig {
     }
 }
 
-fn start(store: &Arc<MemoryBackend>, log: &Arc<MemoryLogDevice>, created: bool) -> Engine {
+fn start(store: &Arc<MemoryBackend>, log: &Arc<MemoryLogDevice>, created: bool, log_closes: LogCloses) -> Engine {
     let setup = LogSetup { device: Box::new(log.clone()), created, flushed_by_backend: false };
-    Engine::new(store.clone(), store.clone(), config(), Arc::new(Metrics::default()), Some(setup))
+    Engine::new(store.clone(), store.clone(), config_holding(log_closes), Arc::new(Metrics::default()), Some(setup))
         .expect("the engine starts")
 }
 
 impl World {
     /// `dirs_logged`: the directories made since the checkpoint (durable on the store by an
     /// fsync of the root, their creation in the log), so that new files in them live in the
-    /// log as in older ones; else made older than the checkpoint.
-    fn new(dirs_logged: bool) -> World {
+    /// log as in older ones; else made older than the checkpoint. `log_closes`: whether new files
+    /// are held in the log (`Always`) or made on the store at once (`Off`, as in a burst).
+    fn new(dirs_logged: bool, log_closes: LogCloses) -> World {
         let store = Arc::new(MemoryBackend::new(UNIT));
         // A device of 512-byte sectors: the log's blocks are that small.
         let log = Arc::new(MemoryLogDevice::new(256 * LOG_BLOCK_BYTES as u64, 512));
-        let engine = start(&store, &log, true);
-        let mut world = World { store, log, engine, handles: HashMap::new(), model: Model::default() };
+        let engine = start(&store, &log, true, log_closes);
+        let mut world = World { store, log, engine, handles: HashMap::new(), model: Model::default(), log_closes };
         world.model.dirs_made.insert(0);
         // The directories exist, durably, before the sequence starts.
         for dir in 1..DIRS {
@@ -429,7 +438,7 @@ impl World {
         self.handles.clear();
         self.store.crash();
         self.log.crash(|i| log_writes_kept & (1 << (i % 64)) != 0);
-        let fresh = start(&self.store, &self.log, false);
+        let fresh = start(&self.store, &self.log, false, self.log_closes);
         drop(std::mem::replace(&mut self.engine, fresh));
     }
 
@@ -519,11 +528,11 @@ impl World {
 }
 
 fn run(ops: &[Op]) -> Result<(), TestCaseError> {
-    run_with(ops, false)
+    run_with(ops, false, LogCloses::Always)
 }
 
-fn run_with(ops: &[Op], dirs_logged: bool) -> Result<(), TestCaseError> {
-    let mut world = World::new(dirs_logged);
+fn run_with(ops: &[Op], dirs_logged: bool, log_closes: LogCloses) -> Result<(), TestCaseError> {
+    let mut world = World::new(dirs_logged, log_closes);
     for (step, op) in ops.iter().enumerate() {
         world.apply(op);
         let checked = if matches!(op, Op::Crash { .. }) { world.check_after_crash() } else { world.check() };
@@ -546,8 +555,9 @@ proptest! {
     fn the_engine_keeps_every_acknowledged_byte_and_name_through_crashes(
         ops in proptest::collection::vec(op_strategy(), 1..40),
         dirs_logged in any::<bool>(),
+        held in any::<bool>(),
     ) {
-        run_with(&ops, dirs_logged)?;
+        run_with(&ops, dirs_logged, if held { LogCloses::Always } else { LogCloses::Never })?;
     }
 }
 

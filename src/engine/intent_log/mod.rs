@@ -22,6 +22,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 pub mod device;
 pub mod format;
 
+use super::burst::BURST_GAP;
 use crate::metrics::Metrics;
 use crate::sys::Errno;
 use device::LogDevice;
@@ -34,14 +35,6 @@ use std::sync::Arc;
 
 /// Namespace records queued past this are written as a batch of their own.
 const MAX_QUEUED_RECORDS: usize = 4096;
-
-/// A batch nobody waits to see flushed, written this soon after the one before it, goes
-/// through the page cache (`LogDevice::write_unflushed_at`): tar and rsync close a small file
-/// every few hundred microseconds, and a direct write would make each close wait for the
-/// device (24-42 % of their time). Their batches share the page cache's pages, which the next
-/// `sync` writes once. A lone close stays direct: through the page cache it would cost a whole
-/// page at `sync` where its batch takes one or two sectors.
-const CLOSE_BURST: std::time::Duration = std::time::Duration::from_millis(2);
 
 #[derive(Clone, Debug)]
 pub enum LogError {
@@ -217,7 +210,13 @@ struct Ring {
     /// The reading at open left unflushed batches after the tail (see `format`): a checkpoint
     /// must record where the log goes on before any batch is written over them.
     checkpoint_before_writing: bool,
-    /// When the last batch was written (see `CLOSE_BURST`).
+    /// When the last batch was written. A batch nobody waits to see flushed, written within
+    /// `BURST_GAP` of the one before it, goes through the page cache
+    /// (`LogDevice::write_unflushed_at`): closes that come in a burst would each wait for the
+    /// device with a direct write (24-42 % of tar's and rsync's time, when all their new files
+    /// were held). Their batches share the page cache's pages, which the next `sync` writes once.
+    /// A lone close stays direct: through the page cache it would cost a whole page at `sync`
+    /// where its batch takes one or two sectors.
     last_batch_at: Option<std::time::Instant>,
 }
 
@@ -640,7 +639,7 @@ impl IntentLog {
         // knows a power cut took it, not damage.
         let lag = |seq: u64| u32::try_from(seq - ring.flushed_before_seq).unwrap_or(u32::MAX);
         let now = std::time::Instant::now();
-        let through_page_cache = !flush && ring.last_batch_at.is_some_and(|at| now.duration_since(at) < CLOSE_BURST);
+        let through_page_cache = !flush && ring.last_batch_at.is_some_and(|at| now.duration_since(at) < BURST_GAP);
         ring.last_batch_at = Some(now);
         let write = |offset: u64, bytes: &[u8]| {
             if through_page_cache {
@@ -1114,7 +1113,7 @@ mod tests {
         let through_page_cache = metrics.log_batches_page_cache.load(Relaxed);
         if std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&path).is_ok() {
             // At most 51: the first batch had none before it, the fsyncs' are direct; a machine
-            // busy enough to stretch a close past `CLOSE_BURST` makes it fewer.
+            // busy enough to stretch a close past `BURST_GAP` makes it fewer.
             assert!((20..=51).contains(&through_page_cache), "{through_page_cache} of 60 through the page cache");
         }
         drop(log);
@@ -1131,7 +1130,7 @@ mod tests {
         let (log, _) = open(&path, 64 * LOG_BLOCK_BYTES as u64, metrics.clone()).unwrap();
         for i in 0..3u64 {
             log.commit_written(vec![data(i, 0, 100, 1)]).unwrap();
-            std::thread::sleep(CLOSE_BURST * 2);
+            std::thread::sleep(BURST_GAP * 2);
         }
         assert_eq!(metrics.log_batches_page_cache.load(Relaxed), 0);
         assert_eq!(metrics.log_batches.load(Relaxed), 3);

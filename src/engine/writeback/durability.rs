@@ -33,11 +33,28 @@ impl Writeback {
         }
     }
 
-    /// Whether a new regular file in `parent` may be held in memory and the log until the next
-    /// checkpoint (`pending`): in a directory the backend holds durably, or one the log can
-    /// make again (`logged_path`).
+    /// Whether a new regular file in `parent` is held in memory and the log until the next
+    /// checkpoint (`pending`): where its close would go to the log (`log_closes`: not in a
+    /// burst of closes), in a directory the backend holds durably, or one the log can make
+    /// again (`logged_path`).
     pub fn may_hold_new_file(&self, parent: u64) -> bool {
-        self.pending.is_some() && logged_path(&lock(&self.durability), parent)
+        if self.pending.is_none() || !logged_path(&lock(&self.durability), parent) {
+            return false;
+        }
+        let hold = self.logs_close(self.last_close.within_burst());
+        if !hold {
+            self.metrics.pending_files_declined.fetch_add(1, Relaxed);
+        }
+        hold
+    }
+
+    /// Whether a close goes to the log (`LogCloses`), given whether it comes in a burst.
+    fn logs_close(&self, in_burst: bool) -> bool {
+        match self.config.log_closes {
+            LogCloses::Always => true,
+            LogCloses::Never => false,
+            LogCloses::Auto => !in_burst,
+        }
     }
 
     /// Whether `dir` existed at the last checkpoint (the backend holds it durably).
@@ -327,13 +344,15 @@ impl Writeback {
     /// would be taken back to the logged ones by a replay after a daemon crash, and what close
     /// acknowledged survives a daemon crash, with the log as without it.
     pub fn close_file(&self, file: &Arc<FileState>) -> SysResult<()> {
+        let in_burst = self.last_close.note();
         if let Some(result) = self.commit_pending(file, ErrorReport::Close) {
             return result;
         }
         // With the log, a small change of a file it can stand for is logged at close (written,
         // not flushed, as a new file's close) and reaches the store at the checkpoint with
         // every other such change: an in-place rewrite of a small file costs its bytes in the
-        // log, not a journal commit of its own. What the log holds already stays buffered.
+        // log, not a journal commit of its own. What the log holds already stays buffered. In
+        // a burst of closes the backend takes it (`LogCloses`).
         if let Some(log) = &self.log {
             let (unlogged, refused) = {
                 let inner = lock(&file.inner);
@@ -344,7 +363,9 @@ impl Writeback {
                 (unlogged, inner.dirty.values().any(|u| u.refused))
             };
             if unlogged {
-                if let Some(result) = self.fsync_through_log(file, log, ErrorReport::Close) {
+                if !self.logs_close(in_burst) {
+                    self.metrics.closes_not_logged.fetch_add(1, Relaxed);
+                } else if let Some(result) = self.fsync_through_log(file, log, ErrorReport::Close) {
                     return result;
                 }
             } else if !refused

@@ -31,10 +31,12 @@ mod write_buffer;
 pub(crate) use flushers::write_range;
 
 use super::buffer::{AlignedBuf, RangeSet};
+use super::burst::LastEvent;
 use super::intent_log::format::Record;
 use super::intent_log::{IntentLog, LogError};
 use super::pending::{Commit, Held, Made, Pending};
 use super::types::{ObjectId, SetAttr, TimeToSet, TimesToSet, Timestamp};
+use super::LogCloses;
 use crate::backend::{FileData, Namespace, OpenMode, UnitStore, UnitWrite};
 use crate::metrics::Metrics;
 use crate::sys::{Errno, SysResult};
@@ -51,6 +53,8 @@ pub struct WritebackConfig {
     pub log_threshold_bytes: u64,
     /// The same for a file created since the last checkpoint.
     pub log_threshold_new_bytes: u64,
+    /// With the intent log: which new files it holds until the checkpoint.
+    pub log_closes: LogCloses,
     /// With the intent log: the longest between checkpoints while anything waits for one.
     pub checkpoint_interval: Duration,
     /// The longest a request waits for the backend without any progress (a flush that does
@@ -333,6 +337,8 @@ pub struct Writeback {
     durability: Mutex<HashMap<u64, Durability>>,
     /// One checkpoint at a time; fsyncs of one file never pass each other.
     checkpointing: Mutex<()>,
+    /// The last close of a file open for writing (`LogCloses::Auto`).
+    last_close: LastEvent,
 }
 
 /// Retries of a refused flush wait this long at first, twice as long after each failure that
@@ -407,6 +413,7 @@ impl Writeback {
             pending,
             durability: Mutex::new(HashMap::new()),
             checkpointing: Mutex::new(()),
+            last_close: LastEvent::default(),
         });
         for i in 0..writeback.config.flushers {
             let wb = writeback.clone();
@@ -487,6 +494,7 @@ mod tests {
             flush_age: Duration::from_secs(3600),
             log_threshold_bytes: 0,
             log_threshold_new_bytes: 0,
+            log_closes: LogCloses::Auto,
             checkpoint_interval: Duration::from_secs(3600),
             io_timeout,
         };

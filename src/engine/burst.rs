@@ -1,0 +1,70 @@
+//! Bursts: work that comes close together, and what the engine does differently then.
+//!
+//! tar, rsync, a compiler or git close a small file every few hundred microseconds; seed 000's
+//! writers (a configuration tool, an editor) close one and wait. Two choices depend on which:
+//! whether a close goes to the log, and a new file is held for it (`LogCloses::Auto`: a lone
+//! close does, and costs its sectors; a close in a burst writes to the backend, where the
+//! backing file system's one journal commit shares the creations of the whole burst and the
+//! log's second copy of every byte would be the larger cost), and whether a log batch nobody
+//! waits to see flushed goes through the page cache (`IntentLog`: a direct write would make
+//! each close of a burst wait for the device).
+//!
+//! Owns: the gap that makes a burst, and a lock-free record of when something last happened.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// Events this close together are one burst.
+pub const BURST_GAP: Duration = Duration::from_millis(2);
+
+/// When an event of one kind last happened, noted and read without a lock by every thread.
+pub struct LastEvent {
+    since: Instant,
+    /// Nanoseconds from `since` to the last event; `NEVER` before the first.
+    at_nanos: AtomicU64,
+}
+
+const NEVER: u64 = u64::MAX;
+
+impl Default for LastEvent {
+    fn default() -> Self {
+        LastEvent { since: Instant::now(), at_nanos: AtomicU64::new(NEVER) }
+    }
+}
+
+impl LastEvent {
+    fn now_nanos(&self) -> u64 {
+        u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(NEVER - 1)
+    }
+
+    /// The event happened now; returns whether the one before it was less than `BURST_GAP` ago.
+    pub fn note(&self) -> bool {
+        let now = self.now_nanos();
+        let before = self.at_nanos.swap(now, Relaxed);
+        before != NEVER && now.saturating_sub(before) < BURST_GAP.as_nanos() as u64
+    }
+
+    /// Whether the last event was less than `BURST_GAP` ago.
+    pub fn within_burst(&self) -> bool {
+        let at = self.at_nanos.load(Relaxed);
+        // Noted by another thread after `now` was read: that is no gap at all.
+        at != NEVER && self.now_nanos().saturating_sub(at) < BURST_GAP.as_nanos() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_is_a_burst_until_the_gap_has_passed() {
+        let last = LastEvent::default();
+        assert!(!last.within_burst(), "nothing happened yet");
+        assert!(!last.note(), "the first event follows none");
+        assert!(last.within_burst());
+        assert!(last.note(), "the second, right after it, is in its burst");
+        std::thread::sleep(BURST_GAP + Duration::from_millis(1));
+        assert!(!last.within_burst());
+        assert!(!last.note(), "an event after the gap starts no burst with the one before");
+    }
+}
