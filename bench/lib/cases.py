@@ -206,7 +206,9 @@ def case_perfile(sizes_kib, quick, sectors=(512, 4096), systems=None):
 # Native ext4 twice: with a `sync` after every file, as seed 000's writers make each file durable
 # (coalescefs does that at every close, through its log), and with one `sync` at the end, its
 # best case, which makes nothing durable until then.
-STEADY_SYSTEMS = [("native, sync per file", ["sync-per-file"]), ("native, one sync", [])] + PERFILE_SYSTEMS[1:]
+# And every close logged (`log_closes=always`): what the log's second copy of a burst's bytes costs.
+STEADY_SYSTEMS = [("native, sync per file", ["sync-per-file"]), ("native, one sync", [])] + PERFILE_SYSTEMS[1:] + \
+    [("coalescefs log_closes=always", ["checkpoint_interval=3600s", "log_closes=always"])]
 
 
 def case_steady(sizes_kib, quick, sectors=(512, 4096), systems=None):
@@ -270,8 +272,10 @@ def case_apps(entries, quick):
     import workload
     # bindfs is the FUSE reference: a mature libfuse passthrough pays the same kernel round
     # trips per operation, so it shows how much of the gap to native any FUSE server has.
-    # The intent log is on by default; without it is the other write path.
-    systems = [("native", []), ("bindfs", []), ("coalescefs", []), ("coalescefs log=off", ["log=off"])]
+    # The intent log is on by default; without it is the other write path; every close logged
+    # (`log_closes=always`, the default before `auto`) shows what logging a burst's closes costs.
+    systems = [("native", []), ("bindfs", []), ("coalescefs", []), ("coalescefs log=off", ["log=off"]),
+               ("coalescefs log_closes=always", ["log_closes=always"])]
     transactions = 100 if quick else 1000
 
     def run_for(name, opts):

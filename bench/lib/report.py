@@ -423,7 +423,9 @@ def render(results, plots):
                   "Per size, N new files (200 up to 16 KiB, 50 up to 256 KiB, 20 at 1 MiB) written in 8 KiB pieces "
                   "and closed, no fsync; then what makes them durable plain files on the store (coalescefs: "
                   "`coalescefs sync`, its checkpoint, then `sync`; native ext4: `sync`). coalescefs makes each file "
-                  "durable against the daemon at its close (a log write, which `sync` flushes); native ext4 is shown "
+                  "durable against the daemon at its close: these closes come in a burst, so with its defaults "
+                  "(`log_closes=auto`) all but the first write to the backend as without the log, which `sync` "
+                  "makes durable (`log_closes=always` logs each, as a lone close is); native ext4 is shown "
                   "with a `sync` after every file, as seed 000's writers make each file durable, and with one `sync` "
                   "at the end, its best case, where nothing is durable before it. Every byte written to the "
                   "store's device (and the log's device, where the log has one) over N x size."] + steady_tables(c) + [""]
