@@ -1423,3 +1423,24 @@ fn new_files_in_a_burst_go_to_the_backend_and_a_lone_one_to_the_log() {
     }
     assert!(fs::read(m.path("d/lone")).unwrap() == pattern(1500, 2), "d/lone differs after the kill");
 }
+
+/// A file whose changes the log took at close keeps them buffered for the checkpoint; a rename
+/// that replaces it drops them, as an unlink does. Kept, the checkpoint tried to write them into
+/// a file the backend no longer had, and failed (ESTALE; found by the application suite's git
+/// rework, whose ref updates rename a new file over a changed one).
+#[test]
+fn a_rename_over_a_file_with_changes_the_log_holds_drops_them() {
+    let m = TestMount::with_options(&["log_closes=always", "checkpoint_interval=3600s", "writeback_cache=off"]);
+    fs::write(m.path("a"), pattern(5000, 1)).unwrap();
+    m.sync_to_backend();
+    let f = OpenOptions::new().write(true).open(m.path("a")).unwrap();
+    f.write_all_at(&pattern(300, 2), 100).unwrap();
+    drop(f);
+    assert!(m.counter("buffer_bytes_used") > 0, "the change the log took at close is not buffered");
+    // A symlink is made on the backend at once: the rename is the backend's.
+    std::os::unix::fs::symlink("elsewhere", m.path("b")).unwrap();
+    fs::rename(m.path("b"), m.path("a")).unwrap();
+    assert_eq!(m.counter("buffer_bytes_used"), 0, "the replaced file's buffered change was kept");
+    m.sync_to_backend();
+    assert_eq!(fs::read_link(m.path("a")).unwrap(), std::path::Path::new("elsewhere"));
+}

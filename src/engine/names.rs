@@ -248,24 +248,36 @@ impl Engine {
         if let Some((_, id)) = removed.as_ref().filter(|_| !directory) {
             self.writeback.settle_made(*id, true)?;
         }
-        // A file released with data still buffered (its flush refused, or not yet due): once its
-        // last name goes, that data can never be read and its descriptors keep the backend's
-        // space allocated, so both go. Looked up only when there is such a file.
-        let lingering = (!directory && self.writeback.has_lingering_files())
-            .then(|| self.ns.identify(parent, name))
-            .flatten()
-            .map(|(_, id)| id)
-            .filter(|&id| self.writeback.is_lingering(id));
+        let lingering = if directory { None } else { self.lingering_at(parent, name) };
         self.ns.remove(parent, name, directory)?;
+        self.forget_if_gone(lingering);
+        let (Some((key, id)), Ok(parent_key)) = (removed, self.ns.log_key(parent)) else { return Ok(None) };
+        let record =
+            Record::Unlink { file: key, parent: parent_key, name: name.as_encoded_bytes().to_vec(), directory };
+        Ok(Some((record, id)))
+    }
+
+    /// The file at `name` in `parent`, if it was released with data still buffered (its flush
+    /// refused, or not yet due: changes the log took at close wait for the checkpoint): once
+    /// its last name goes (`forget_if_gone`), that data can never be read, and writing it
+    /// would find the backend's file gone (the application suite's git rework found the
+    /// checkpoint failing with ESTALE, a rename having replaced such a file). Looked up only
+    /// when there is such a file.
+    fn lingering_at(&self, parent: ObjectId, name: &OsStr) -> Option<ObjectId> {
+        if !self.writeback.has_lingering_files() {
+            return None;
+        }
+        self.ns.identify(parent, name).map(|(_, id)| id).filter(|&id| self.writeback.is_lingering(id))
+    }
+
+    /// After the backend removed or replaced a name of `lingering` (`lingering_at`): if that was
+    /// its last, its buffered data and descriptors go, so the backend frees its space.
+    fn forget_if_gone(&self, lingering: Option<ObjectId>) {
         if let Some(id) = lingering {
             if self.ns.getattr(id).is_ok_and(|now| now.nlink == 0) {
                 self.writeback.forget_file(id);
             }
         }
-        let (Some((key, id)), Ok(parent_key)) = (removed, self.ns.log_key(parent)) else { return Ok(None) };
-        let record =
-            Record::Unlink { file: key, parent: parent_key, name: name.as_encoded_bytes().to_vec(), directory };
-        Ok(Some((record, id)))
     }
 
     pub fn rename(
@@ -328,7 +340,9 @@ impl Engine {
         for (_, id) in moved.iter().chain(&replaced) {
             self.writeback.settle_made(*id, true)?;
         }
+        let lingering = if flags & libc::RENAME_EXCHANGE == 0 { self.lingering_at(new_parent, new_name) } else { None };
         self.ns.rename(parent, name, new_parent, new_name, flags)?;
+        self.forget_if_gone(lingering);
         let Some((key, id)) = moved else { return Ok(()) };
         if replaced.as_ref().is_some_and(|(_, replaced_id)| *replaced_id == id) {
             // Both names are the same object (one name, or two hard links of one file): POSIX
