@@ -103,6 +103,27 @@ fn caller(req: &Request) -> Caller {
     Caller { uid: req.uid(), gid: req.gid() }
 }
 
+/// The kernel reads an entry with node id 0 as "no such name", valid for its timeout.
+fn negative_entry() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 fn reply_entry(reply: ReplyEntry, ttl: &Duration, result: SysResult<Attr>) {
     match result {
         Ok(attr) => reply.entry(ttl, &attr_of(&attr), Generation(0)),
@@ -191,7 +212,15 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Lookup);
-        reply_entry(reply, &self.ttl, self.engine.lookup(parent.0, name));
+        match self.engine.lookup(parent.0, name) {
+            // A name that does not exist, cached by the kernel as long as one that does (node id
+            // 0 with a timeout: a negative dentry). Only this mount changes the backing
+            // directory, and the kernel replaces the negative entry itself when the mount makes
+            // the name. git looks a loose object's name up before it writes the object and
+            // again to link it there; a compiler looks for each header along its search path.
+            Err(Errno(libc::ENOENT)) => reply.entry(&self.ttl, &negative_entry(), Generation(0)),
+            result => reply_entry(reply, &self.ttl, result),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {

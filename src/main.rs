@@ -25,7 +25,7 @@ Mount options (-o, comma-separated, repeatable):
   flush_age=DURATION how long a partial unit waits (default 5s)
   writeback_cache[=auto|on|off]  the kernel's page cache for writes (default auto)
   max_write=SIZE     largest FUSE write request (default the unit, at most 16M)
-  cache_timeout=DURATION  how long the kernel trusts names and attributes (default 60s)
+  cache_timeout=DURATION  how long the kernel trusts names (and missing ones) and attributes (default 60s)
   io_timeout=DURATION     how long a request waits for a backend that finishes nothing (default 30s)
   metrics=ADDR:PORT  serve the counters in the Prometheus text format
   backend=local|null null: names and sizes in BACKING_DIR, data counted and discarded

@@ -24,7 +24,8 @@ pub struct MountOptions {
     pub kernel_flags: Vec<String>,
     /// FUSE worker threads.
     pub threads: usize,
-    /// `cache_timeout=DURATION`: how long the kernel may trust names and attributes.
+    /// `cache_timeout=DURATION`: how long the kernel may trust names (and that a name is missing)
+    /// and attributes.
     pub cache_timeout: std::time::Duration,
     /// `io_timeout=DURATION`: how long a request waits for a backend that finishes nothing.
     pub io_timeout: std::time::Duration,

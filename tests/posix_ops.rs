@@ -133,6 +133,44 @@ fn readdir_lists_every_entry_with_the_inode_stat_reports() {
     assert_eq!(listed.lines().filter(|l| l.starts_with("file-")).count(), 1500);
 }
 
+/// A missing name is cached by the kernel (a negative entry): a second look at it does not reach
+/// the daemon, and making it through the mount, by any way, replaces the kernel's entry.
+#[test]
+fn a_missing_name_is_looked_up_once_and_made_through_the_mount_all_the_same() {
+    let m = TestMount::new();
+    fs::create_dir(m.path("d")).unwrap();
+    let missing = |name: &str| assert!(fs::symlink_metadata(m.path(name)).is_err(), "{name} exists");
+    missing("d/gone");
+    let lookups = m.counter("fuse_lookup_total");
+    for _ in 0..10 {
+        missing("d/gone");
+    }
+    assert_eq!(m.counter("fuse_lookup_total"), lookups, "the missing name was looked up again");
+    // Every way to make a name the kernel holds as missing.
+    fs::write(m.path("d/gone"), b"made").unwrap();
+    assert_eq!(fs::read(m.path("d/gone")).unwrap(), b"made");
+    for name in ["d/dir", "d/link", "d/hard", "d/moved", "d/node"] {
+        missing(name);
+    }
+    fs::create_dir(m.path("d/dir")).unwrap();
+    std::os::unix::fs::symlink("gone", m.path("d/link")).unwrap();
+    fs::hard_link(m.path("d/gone"), m.path("d/hard")).unwrap();
+    fs::write(m.path("d/tmp"), b"moved").unwrap();
+    fs::rename(m.path("d/tmp"), m.path("d/moved")).unwrap();
+    let node = cstr(&m.path("d/node"));
+    assert_eq!(unsafe { libc::mknod(node.as_ptr(), libc::S_IFIFO | 0o644, 0) }, 0);
+    assert!(fs::metadata(m.path("d/dir")).unwrap().is_dir());
+    assert_eq!(fs::read_link(m.path("d/link")).unwrap(), std::path::Path::new("gone"));
+    assert_eq!(fs::read(m.path("d/hard")).unwrap(), b"made");
+    assert_eq!(fs::read(m.path("d/moved")).unwrap(), b"moved");
+    assert!(fs::symlink_metadata(m.path("d/node")).unwrap().file_type().is_fifo());
+    // Removed again: missing at once, not after the timeout.
+    fs::remove_file(m.path("d/moved")).unwrap();
+    missing("d/moved");
+    fs::rename(m.path("d/hard"), m.path("d/hard2")).unwrap();
+    missing("d/hard");
+}
+
 #[test]
 fn mkdir_rmdir_and_their_errors() {
     let m = TestMount::new();
