@@ -302,6 +302,39 @@ fn a_symlink_swapped_into_the_backing_directory_is_never_followed_by_the_daemon(
     assert!(m.backing_path("d.old/new").exists(), "the file went into the directory the kernel meant");
 }
 
+/// `security.capability` (which the kernel asks for before a file's first write and every
+/// chown) is answered from memory for a file the mount made; one set or removed through the
+/// mount, or present in the backing directory before the mount, reads as it is.
+#[test]
+fn file_capabilities_read_back_as_set_and_a_new_file_has_none() {
+    let m = TestMount::with_options(&["log=off"]);
+    fs::write(m.backing_path("old"), b"x").unwrap();
+    // VFS_CAP_REVISION_2: cap_net_raw (13) permitted and effective.
+    let mut caps = [0u8; 20];
+    caps[..4].copy_from_slice(&(0x0200_0001u32).to_le_bytes());
+    caps[4..8].copy_from_slice(&(1u32 << 13).to_le_bytes());
+    let set = |path: &std::path::Path| {
+        let name = std::ffi::CString::new("security.capability").unwrap();
+        let r = unsafe { libc::setxattr(cstr(path).as_ptr(), name.as_ptr(), caps.as_ptr().cast(), caps.len(), 0) };
+        assert_eq!(r, 0, "setxattr security.capability: {}", std::io::Error::last_os_error());
+    };
+    set(&m.backing_path("old"));
+    assert_eq!(
+        xattr_of(&m.path("old"), "security.capability"),
+        Ok(caps.to_vec()),
+        "set in the backing directory before the mount looked"
+    );
+    fs::write(m.path("new"), b"x").unwrap();
+    assert_eq!(xattr_of(&m.path("new"), "security.capability"), Err(libc::ENODATA));
+    set(&m.path("new"));
+    assert_eq!(xattr_of(&m.path("new"), "security.capability"), Ok(caps.to_vec()), "set through the mount");
+    assert_eq!(xattr_of(&m.backing_path("new"), "security.capability"), Ok(caps.to_vec()));
+    let name = std::ffi::CString::new("security.capability").unwrap();
+    assert_eq!(unsafe { libc::removexattr(cstr(&m.path("new")).as_ptr(), name.as_ptr()) }, 0);
+    assert_eq!(xattr_of(&m.path("new"), "security.capability"), Err(libc::ENODATA), "removed through the mount");
+    assert_eq!(xattr_of(&m.backing_path("new"), "security.capability"), Err(libc::ENODATA));
+}
+
 #[test]
 fn statfs_reports_the_backing_file_system() {
     let m = TestMount::new();

@@ -20,6 +20,7 @@ pub mod objects;
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use crate::backend::{Capabilities, DirReader, FileData, Namespace, OpenMode, UnitStore};
@@ -143,6 +144,9 @@ impl LocalBackend {
     }
 }
 
+/// See `Object::capability_absent`.
+const CAPABILITY_XATTR: &str = "security.capability";
+
 fn xattr_name(name: &OsStr) -> SysResult<CString> {
     CString::new(name.as_bytes()).map_err(|_| Errno(libc::EINVAL))
 }
@@ -237,7 +241,9 @@ impl Namespace for LocalBackend {
             }
         };
         let st = self.give_to(&parent.node, &node, made, owner)?;
-        Ok(self.remember(node, &st))
+        let object = self.objects.remember(node, key_of(&st));
+        object.capability_absent.store(true, Relaxed);
+        Ok(self.attr_of(object.id, &st))
     }
 
     fn make_with_id(&self, id: ObjectId, parent: ObjectId, name: &OsStr, perm: u32, owner: Owner) -> SysResult<Attr> {
@@ -246,6 +252,7 @@ impl Namespace for LocalBackend {
         let (node, made) = self.dir.mknod(&parent.node, &name, libc::S_IFREG | (perm & 0o7777), 0)?;
         let st = self.give_to(&parent.node, &node, made, owner)?;
         let object = self.objects.remember_as(node, key_of(&st), id);
+        object.capability_absent.store(true, Relaxed);
         Ok(self.attr_of(object.id, &st))
     }
 
@@ -285,11 +292,24 @@ impl Namespace for LocalBackend {
     }
 
     fn set_xattr(&self, id: ObjectId, name: &OsStr, value: &[u8], flags: i32) -> SysResult<()> {
-        self.dir.set_xattr(&self.node(id)?.node, &xattr_name(name)?, value, flags)
+        let object = self.node(id)?;
+        if name == CAPABILITY_XATTR {
+            object.capability_absent.store(false, Relaxed);
+        }
+        self.dir.set_xattr(&object.node, &xattr_name(name)?, value, flags)
     }
 
     fn get_xattr(&self, id: ObjectId, name: &OsStr, size: usize) -> SysResult<XattrReply> {
-        self.dir.get_xattr(&self.node(id)?.node, &xattr_name(name)?, size)
+        let object = self.node(id)?;
+        let capability = name == CAPABILITY_XATTR;
+        if capability && object.capability_absent.load(Relaxed) {
+            return Err(Errno(libc::ENODATA));
+        }
+        let result = self.dir.get_xattr(&object.node, &xattr_name(name)?, size);
+        if capability && result.as_ref().err() == Some(&Errno(libc::ENODATA)) {
+            object.capability_absent.store(true, Relaxed);
+        }
+        result
     }
 
     fn list_xattr(&self, id: ObjectId, size: usize) -> SysResult<XattrReply> {
@@ -297,7 +317,12 @@ impl Namespace for LocalBackend {
     }
 
     fn remove_xattr(&self, id: ObjectId, name: &OsStr) -> SysResult<()> {
-        self.dir.remove_xattr(&self.node(id)?.node, &xattr_name(name)?)
+        let object = self.node(id)?;
+        self.dir.remove_xattr(&object.node, &xattr_name(name)?)?;
+        if name == CAPABILITY_XATTR {
+            object.capability_absent.store(true, Relaxed);
+        }
+        Ok(())
     }
 
     fn statfs(&self, id: ObjectId) -> SysResult<StatFs> {
