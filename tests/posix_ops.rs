@@ -668,6 +668,49 @@ fn times_set_between_the_last_write_and_close_survive_the_flush() {
     }
 }
 
+/// The mtime a file shows while the kernel holds it is the one it shows after: under the
+/// kernel's writeback cache the kernel keeps the times of what it cached, and a write in the
+/// clock tick of the file's creation changes nothing there, so the daemon's later flush must not
+/// stamp the backend file with its own time (make then found objects newer than the program
+/// linked from them). Every writeback cache mode, with and without the intent log.
+#[test]
+fn the_mtime_a_file_shows_survives_the_flush_and_the_kernel_forgetting_it() {
+    for options in [
+        &["log=off"][..],
+        &["log=off", "writeback_cache=on"],
+        &["log=off", "writeback_cache=off"],
+        &[],
+        &["log_closes=always"],
+    ] {
+        let m = TestMount::with_options(options);
+        let names: Vec<String> = (0..100).map(|i| format!("f{i}")).collect();
+        let mut shown = Vec::new();
+        for name in &names {
+            let mut f = File::create(m.path(name)).unwrap();
+            f.write_all(b"int main(void) { return 0; }\n").unwrap();
+            drop(f);
+            let md = fs::metadata(m.path(name)).unwrap();
+            shown.push((md.mtime(), md.mtime_nsec()));
+        }
+        if drop_kernel_caches().is_none() {
+            eprintln!("skipped: dropping the kernel's caches needs root");
+            return;
+        }
+        m.sync_to_backend();
+        drop_kernel_caches();
+        let changed: Vec<&String> = names
+            .iter()
+            .zip(&shown)
+            .filter(|(name, before)| {
+                let md = fs::metadata(m.path(name)).unwrap();
+                (md.mtime(), md.mtime_nsec()) != **before
+            })
+            .map(|(name, _)| name)
+            .collect();
+        assert!(changed.is_empty(), "{} of 100 files changed their mtime, {options:?}: {changed:?}", changed.len());
+    }
+}
+
 /// A program running from the mount: every open that would change it fails with ETXTBSY, and
 /// none changes a byte. O_RDONLY|O_TRUNC is the subtle one: the kernel checks write access only
 /// after the file system's open, so a file system that truncates in its open (FUSE's

@@ -225,10 +225,12 @@ struct FileInner {
     epoch: u64,
     open_handles: u64,
     last_write: Option<SystemTime>,
-    /// Access and modification times an application set (utimensat, futimens) after its last
-    /// write, while written data was still buffered: every flush that ends afterwards sets them
-    /// on the backend file again, or the flush's own write would stamp it with the flush time
-    /// (GNU tar writes, sets the archived mtime, then closes). The next write clears them.
+    /// Access and modification times an application set (utimensat, futimens), or the kernel's
+    /// writeback cache kept for its cached writes, after the application's last write: every
+    /// flush that ends afterwards sets them on the backend file again, or the flush's own write
+    /// would stamp it with the flush time (GNU tar writes, sets the archived mtime, then closes;
+    /// the kernel sends its times at close, possibly served before its pages' WRITEs). The
+    /// application's next write clears them; the kernel's writeback of its cache does not.
     times_set: Option<TimesToSet>,
     /// With the log: a truncate the store has not been given yet. The store's bytes from this
     /// offset on are not the file's (readers see zeros there, under what was written since);

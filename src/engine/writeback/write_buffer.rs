@@ -283,6 +283,9 @@ impl Writeback {
     /// Returns how many bytes were taken: all of them, or fewer when buffer memory ran out part
     /// way (the next write then hears why).
     pub fn write(&self, file: &Arc<FileState>, offset: u64, bytes: &[u8], from_page_cache: bool) -> SysResult<usize> {
+        if from_page_cache {
+            self.keep_the_kernels_mtime(file);
+        }
         let unit_bytes = self.config.unit_bytes;
         let end = offset + bytes.len() as u64;
         let mut pos = offset;
@@ -339,10 +342,10 @@ impl Writeback {
                 }
             }
             inner.size = inner.size.max(piece_end);
-            inner.last_write = Some(SystemTime::now());
             // The kernel's own writeback of its cache is not a new write: in that mode the
             // kernel keeps the times and sends them itself.
             if !from_page_cache {
+                inner.last_write = Some(SystemTime::now());
                 inner.times_set = None;
                 inner.times_pending = false;
                 inner.times_logged = false;
@@ -350,6 +353,27 @@ impl Writeback {
             pos = piece_end;
         }
         Ok(bytes.len())
+    }
+
+    /// Under the kernel's writeback cache the kernel keeps a regular file's times: it stamps
+    /// them when the application writes into its cache, and sends them (a SETATTR before the
+    /// close's FLUSH) when that changed them. A write in the clock tick of the file's creation
+    /// changes nothing, so nothing is sent, and the kernel shows the creation's mtime; the flush
+    /// of those pages must leave the backend's mtime at that too, or the file shows a later
+    /// one once the kernel forgets it (a C build's objects then looked newer than the program
+    /// linked from them, and `make -q` found the build out of date). So before the first of
+    /// the kernel's pages reaches the buffer, the backend's mtime (what the kernel was told)
+    /// becomes the file's `times_set`, which every flush sets again and the kernel's own SETATTR
+    /// replaces.
+    fn keep_the_kernels_mtime(&self, file: &FileState) {
+        if lock(&file.inner).times_set.is_some() {
+            return;
+        }
+        let Ok(attr) = self.ns.getattr(file.id) else { return };
+        let mut inner = lock(&file.inner);
+        if inner.times_set.is_none() {
+            inner.times_set = Some(TimesToSet { atime: None, mtime: Some(TimeToSet::At(attr.mtime)) });
+        }
     }
 
     pub fn size(&self, file: &FileState) -> u64 {
@@ -398,14 +422,14 @@ impl Writeback {
 
     /// An application set the file's times (already on the backend, with no UTIME_NOW left in
     /// them): they outrank the last buffered write's time, and flushes still to come of data
-    /// written before now must not overwrite them (see `FileInner::times_set`).
+    /// written before now must not overwrite them (see `FileInner::times_set`). Kept though
+    /// nothing is buffered yet: at a close, the kernel's writeback cache submits the WRITE
+    /// requests of its cached pages and then sends the times it kept for them, and a daemon
+    /// thread may serve the times first; the flush of those pages must not stamp the backend
+    /// with its own time. A write from the application itself clears them.
     pub fn note_times_set(&self, file: &FileState, times: TimesToSet) {
         let mut inner = lock(&file.inner);
         inner.last_write = None;
-        if inner.dirty.is_empty() && inner.in_flight.is_empty() {
-            inner.times_set = None;
-            return;
-        }
         let earlier = inner.times_set.unwrap_or_default();
         inner.times_set =
             Some(TimesToSet { atime: times.atime.or(earlier.atime), mtime: times.mtime.or(earlier.mtime) });
