@@ -200,7 +200,12 @@ impl Engine {
             }
         }
         if let Some(state) = &open.state {
-            self.writeback.release_file(state);
+            // Unlinked while open, released with data still buffered (changes the log took at
+            // close wait for the checkpoint): nothing can read it again, and the backend's file
+            // is gone, so writing it would fail (ESTALE) at every retry and fail the checkpoint.
+            if self.writeback.release_file(state) && self.has_no_name(open.id) {
+                self.writeback.forget_file(open.id);
+            }
         }
         Ok(())
     }

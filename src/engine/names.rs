@@ -273,10 +273,19 @@ impl Engine {
     /// After the backend removed or replaced a name of `lingering` (`lingering_at`): if that was
     /// its last, its buffered data and descriptors go, so the backend frees its space.
     fn forget_if_gone(&self, lingering: Option<ObjectId>) {
-        if let Some(id) = lingering {
-            if self.ns.getattr(id).is_ok_and(|now| now.nlink == 0) {
-                self.writeback.forget_file(id);
-            }
+        if let Some(id) = lingering.filter(|&id| self.has_no_name(id)) {
+            self.writeback.forget_file(id);
+        }
+    }
+
+    /// Whether the backend's object has no name left. A handle that no longer opens anything
+    /// (ESTALE: the local backend reopens an object whose descriptor it let go by its file
+    /// handle) is an object deleted.
+    pub(super) fn has_no_name(&self, id: ObjectId) -> bool {
+        match self.ns.getattr(id) {
+            Ok(attr) => attr.nlink == 0,
+            Err(Errno(libc::ESTALE)) => true,
+            Err(_) => false,
         }
     }
 

@@ -63,19 +63,24 @@ impl Writeback {
     }
 
     /// The last handle closed: a clean file's state goes; a file whose data could not be
-    /// flushed keeps it, and the age timer retries.
-    pub fn release_file(&self, file: &Arc<FileState>) {
+    /// flushed, or waits for the checkpoint, keeps it, and the age timer retries. Returns
+    /// whether the file now lingers so (see `forget_file`).
+    pub fn release_file(&self, file: &Arc<FileState>) -> bool {
         let mut files = lock(&self.files);
         let mut inner = lock(&file.inner);
         inner.open_handles = inner.open_handles.saturating_sub(1);
-        if inner.open_handles == 0 {
-            if inner.dirty.is_empty() && inner.in_flight.is_empty() && inner.cut_to.is_none() && !inner.times_pending {
-                self.remove_state(&mut files, file.id);
-            } else if !inner.lingering {
-                inner.lingering = true;
-                self.lingering.fetch_add(1, Relaxed);
-            }
+        if inner.open_handles > 0 {
+            return false;
         }
+        if inner.dirty.is_empty() && inner.in_flight.is_empty() && inner.cut_to.is_none() && !inner.times_pending {
+            self.remove_state(&mut files, file.id);
+            return false;
+        }
+        if !inner.lingering {
+            inner.lingering = true;
+            self.lingering.fetch_add(1, Relaxed);
+        }
+        true
     }
 
     /// A file nobody holds open whose buffered data has all reached the backend: its state
