@@ -260,9 +260,8 @@ impl Engine {
     /// The file at `name` in `parent`, if it was released with data still buffered (its flush
     /// refused, or not yet due: changes the log took at close wait for the checkpoint): once
     /// its last name goes (`forget_if_gone`), that data can never be read, and writing it
-    /// would find the backend's file gone (the application suite's git rework found the
-    /// checkpoint failing with ESTALE, a rename having replaced such a file). Looked up only
-    /// when there is such a file.
+    /// would find the backend's file gone (ESTALE, at every retry and every checkpoint).
+    /// Looked up only when there is such a file.
     fn lingering_at(&self, parent: ObjectId, name: &OsStr) -> Option<ObjectId> {
         if !self.writeback.has_lingering_files() {
             return None;
