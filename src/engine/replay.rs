@@ -24,7 +24,9 @@
 //!      one; only if the name still refers to the logged object and no later rename put that
 //!      object back there.
 //!    - Rename: only if the source name still refers to the logged object and the target name
-//!      is free or holds what the rename replaced.
+//!      is free or holds what the rename replaced. Where the source no longer does, the backend
+//!      went past the rename, so what it replaced is gone there: a file replay made again in
+//!      its place (from a record the backend showed nothing of) is removed.
 //! 3. Data and sizes in order, after the file's last Barrier (a backend sync made everything
 //!    before it durable there). A file that no longer exists had been deleted: dropped.
 //!
@@ -307,12 +309,11 @@ impl Replay<'_> {
                 Self::skip_if_moved_on(self.ns.remove(dir, name_of(name), false))
             }
             Record::Rename { file, from_parent, from_name, to_parent, to_name, replaced } => {
-                let (Some(from), Some(to)) = (self.directory(from_parent)?, self.directory(to_parent)?) else {
-                    return Ok(false);
+                let Some(to) = self.directory(to_parent)? else { return Ok(false) };
+                let from = match self.directory(from_parent)? {
+                    Some(from) if self.names(from, from_name, file) => from,
+                    _ => return self.remove_made_again_in_place_of(replaced, to, to_name),
                 };
-                if !self.names(from, from_name, file) {
-                    return Ok(false);
-                }
                 let target_free = self.ns.key_at(to, name_of(to_name)).is_none();
                 if !target_free && (replaced.is_empty() || !self.names(to, to_name, replaced)) {
                     return Ok(false); // the target holds a later object than the one replaced
@@ -322,6 +323,31 @@ impl Replay<'_> {
                 Self::skip_if_moved_on(self.ns.rename(from, name_of(from_name), to, name_of(to_name), 0))
             }
         }
+    }
+
+    /// A rename that cannot be applied because its source name no longer holds its object: the
+    /// backend went past it (the object moved on, or was removed after it, which a backend
+    /// holding the object's creation durably shows only so). So what it replaced is gone on the
+    /// backend too, and a file replay made again in that place (`replaced`, from an earlier
+    /// record the backend showed nothing of) goes, or it outlives its replacement and comes
+    /// back after its acknowledged unlink. Returns whether it removed one.
+    fn remove_made_again_in_place_of(&mut self, replaced: &[u8], to: ObjectId, to_name: &[u8]) -> SysResult<bool> {
+        if replaced.is_empty() || !self.recreated.contains_key(replaced) || !self.names(to, to_name, replaced) {
+            return Ok(false);
+        }
+        self.keep_time_of(to);
+        let removed = Self::skip_if_moved_on(self.ns.remove(to, name_of(to_name), false))?;
+        if removed {
+            if let Some(Some(id)) = self.found.insert(replaced.to_vec(), None) {
+                self.open.pop(&id);
+                self.ns.forget(id, 1);
+            }
+            log::debug!(
+                "replay: {} made again, then replaced by a rename whose file is gone: removed",
+                describe_key(replaced)
+            );
+        }
+        Ok(removed)
     }
 
     /// A new file the log held (`pending`) that a checkpoint had made at `name` in `parent`
