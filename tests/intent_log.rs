@@ -926,6 +926,38 @@ fn a_file_made_again_goes_with_the_rename_that_replaced_it_though_that_file_is_g
     assert!(names.is_empty(), "the directory holds {names:?} after replay; everything in it was unlinked");
 }
 
+/// A file whose changes the log took at close (buffered until the checkpoint) deleted in the
+/// backing directory behind the mount's back: its bytes have nowhere to go. Writing them found
+/// the file gone (ESTALE) at every retry and failed every checkpoint, so the log could never
+/// empty; the flush that finds the file gone drops them, and the checkpoint goes on.
+#[test]
+fn a_file_deleted_behind_the_mount_does_not_stop_the_checkpoints() {
+    let options = ["log_closes=always", "checkpoint_interval=3600s", "flush_age=3600s", "writeback_cache=off"];
+    let m = TestMount::with_descriptor_limit(&options, 600);
+    fs::create_dir(m.backing_path("others")).unwrap();
+    for i in 0..200 {
+        fs::write(m.backing_path(&format!("others/{i}")), b"x").unwrap();
+    }
+    fs::write(m.path("f"), pattern(3000, 1)).unwrap();
+    fs::write(m.path("g"), pattern(3000, 2)).unwrap();
+    m.sync_to_backend();
+    for (name, seed) in [("f", 3), ("g", 4)] {
+        let file = OpenOptions::new().write(true).open(m.path(name)).unwrap();
+        file.write_all_at(&pattern(100, seed), 0).unwrap();
+    }
+    assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(3000, 1), "the log holds f's change until the checkpoint");
+    fs::remove_file(m.backing_path("f")).unwrap();
+    // Other files take the descriptors the backend keeps (64 under this limit), so that it
+    // opens f again by its handle, which finds nothing.
+    for i in 0..200 {
+        fs::metadata(m.path(&format!("others/{i}"))).unwrap();
+    }
+    let out = coalescefs(&["sync", &path_str(&m.mnt)]);
+    assert!(out.status.success(), "the checkpoint failed: {}", stderr_of(&out));
+    assert_eq!(fs::read(m.backing_path("g")).unwrap()[..100], pattern(100, 4), "g's change reached the backend");
+    assert!(m.daemon_log().contains("deleted behind the mount"), "the daemon did not say what it dropped");
+}
+
 /// A new file the log holds, made on the backend by a checkpoint, and rewritten and fsynced
 /// while that checkpoint has not yet released its records: replay after a crash would write
 /// the older logged bytes over the fsynced ones, so that fsync waits for the checkpoint. The

@@ -97,11 +97,17 @@ impl Writeback {
         // backend calls: a backend call that never returns must not take the request with it.
         self.want_all(file, &mut inner, target);
         let mut inner = self.wait_for_flushes(file, inner, "a flush", |inner| {
+            if inner.forgotten {
+                return Ok(false);
+            }
             if let Some(err) = inner.errors.report_after_wait(report, failures_before) {
                 return Err(err);
             }
             Ok(inner.dirty.values().any(|u| u.epoch <= target) || inner.in_flight.values().any(|u| u.epoch <= target))
         })?;
+        if inner.forgotten {
+            return Ok(()); // deleted: nothing of it is left to write or sync
+        }
         if inner.cut_to.is_some() {
             self.file_data(file, &mut inner)?; // gives the store its truncate
         }
@@ -178,6 +184,19 @@ impl Writeback {
         self.end_flush(file, inner, unit, result);
         if succeeded {
             self.drop_if_idle(file);
+        } else {
+            self.remove_if_forgotten(file);
+        }
+    }
+
+    /// Whether the backend's file is gone: its handle opens nothing (ESTALE) or it has no name.
+    /// A file deleted through the mount is forgotten before its flushes could find it so; one
+    /// that is, was deleted behind the mount, in the backing directory.
+    fn deleted_behind_the_mount(&self, id: u64) -> bool {
+        match self.ns.getattr(id) {
+            Ok(attr) => attr.nlink == 0,
+            Err(Errno(libc::ESTALE)) => true,
+            Err(_) => false,
         }
     }
 
@@ -210,6 +229,19 @@ impl Writeback {
             Err(_) if inner.forgotten => {
                 // Nobody can read or write the file any more: its data has nowhere to go.
                 self.release_unit_memory();
+            }
+            // Retried, it would fail the same way at every retry and fail every checkpoint,
+            // so that the log could never empty. A file still open keeps its data and its
+            // error for the application's next fsync; its last release drops them.
+            Err(Errno(libc::ESTALE)) if inner.open_handles == 0 && self.deleted_behind_the_mount(file.id) => {
+                self.metrics.flush_errors.fetch_add(1, Relaxed);
+                self.release_unit_memory();
+                let dropped = flown.ranges.bytes() + self.drop_buffered(&mut inner);
+                log::warn!(
+                    "{}: deleted behind the mount (its backing file is gone) with {dropped} bytes buffered, \
+                     which have nowhere to go: dropped",
+                    self.name_of(file)
+                );
             }
             Err(err) => {
                 self.metrics.flush_errors.fetch_add(1, Relaxed);

@@ -127,6 +127,17 @@ impl Writeback {
         if inner.open_handles > 0 || inner.forgotten {
             return;
         }
+        let dropped = self.drop_buffered(&mut inner);
+        self.remove_state(&mut files, ino);
+        self.stop_lingering(&mut inner);
+        if dropped > 0 {
+            log::info!("inode {ino}: deleted with {dropped} bytes still buffered; they are dropped");
+        }
+    }
+
+    /// The file is gone and nobody can read or write it: everything it buffers goes, and no
+    /// flush takes it up again. Returns the bytes dropped.
+    pub(super) fn drop_buffered(&self, inner: &mut FileInner) -> u64 {
         let mut dropped = 0;
         for (_, unit) in std::mem::take(&mut inner.dirty) {
             dropped += unit.ranges.bytes();
@@ -135,10 +146,17 @@ impl Writeback {
         }
         inner.forgotten = true;
         inner.data = None;
-        self.remove_state(&mut files, ino);
-        self.stop_lingering(&mut inner);
-        if dropped > 0 {
-            log::info!("inode {ino}: deleted with {dropped} bytes still buffered; they are dropped");
+        dropped
+    }
+
+    /// A forgotten file's state removed (`end_flush` forgets one under its own lock, which
+    /// must not take the files' lock).
+    pub(super) fn remove_if_forgotten(&self, file: &Arc<FileState>) {
+        let mut files = lock(&self.files);
+        let mut inner = lock(&file.inner);
+        if inner.forgotten && files.get(&file.id).is_some_and(|f| Arc::ptr_eq(f, file)) {
+            self.remove_state(&mut files, file.id);
+            self.stop_lingering(&mut inner);
         }
     }
 
