@@ -24,9 +24,10 @@
 //!      one; only if the name still refers to the logged object and no later rename put that
 //!      object back there.
 //!    - Rename: only if the source name still refers to the logged object and the target name
-//!      is free or holds what the rename replaced. Where the source no longer does, the backend
-//!      went past the rename, so what it replaced is gone there: a file replay made again in
-//!      its place (from a record the backend showed nothing of) is removed.
+//!      is free or holds what the rename replaced. Where the source no longer does and a later
+//!      record removes the renamed object, the name ends without what the rename replaced: a
+//!      file replay made again in its place (from a record the backend showed nothing of) is
+//!      removed.
 //! 3. Data and sizes in order, after the file's last Barrier (a backend sync made everything
 //!    before it durable there). A file that no longer exists had been deleted: dropped.
 //!
@@ -103,6 +104,9 @@ struct Replay<'a> {
     /// Keys of directories made since the checkpoint that files made again (or new files the
     /// log held) end up in, and their directories made since: the ones a Create may make again.
     needed_dirs: HashSet<Vec<u8>>,
+    /// Where each object is last removed (its Unlink or Hidden record, or a Rename over it): the
+    /// index of that record.
+    last_removal: HashMap<Vec<u8>, usize>,
     /// Directories replay changed, and their mtime before (see `keep_time_of`).
     dir_times: HashMap<ObjectId, super::types::Timestamp>,
     applied: u64,
@@ -248,7 +252,8 @@ impl Replay<'_> {
         })
     }
 
-    fn apply(&mut self, record: &Record) -> SysResult<bool> {
+    /// Applies `record`, the log's `at`-th.
+    fn apply(&mut self, at: usize, record: &Record) -> SysResult<bool> {
         match record {
             Record::Data { file, offset, bytes } => match self.file(file)? {
                 Some(data) => {
@@ -312,7 +317,10 @@ impl Replay<'_> {
                 let Some(to) = self.directory(to_parent)? else { return Ok(false) };
                 let from = match self.directory(from_parent)? {
                     Some(from) if self.names(from, from_name, file) => from,
-                    _ => return self.remove_made_again_in_place_of(replaced, to, to_name),
+                    _ if self.last_removal.get(file.as_slice()).is_some_and(|&later| later > at) => {
+                        return self.remove_made_again_in_place_of(replaced, to, to_name);
+                    }
+                    _ => return Ok(false),
                 };
                 let target_free = self.ns.key_at(to, name_of(to_name)).is_none();
                 if !target_free && (replaced.is_empty() || !self.names(to, to_name, replaced)) {
@@ -325,12 +333,13 @@ impl Replay<'_> {
         }
     }
 
-    /// A rename that cannot be applied because its source name no longer holds its object: the
-    /// backend went past it (the object moved on, or was removed after it, which a backend
-    /// holding the object's creation durably shows only so). So what it replaced is gone on the
-    /// backend too, and a file replay made again in that place (`replaced`, from an earlier
-    /// record the backend showed nothing of) goes, or it outlives its replacement and comes
-    /// back after its acknowledged unlink. Returns whether it removed one.
+    /// A rename that cannot be applied because its source name no longer holds its object, an
+    /// object a later record removes: the log says the name ends without what the rename
+    /// replaced, so a file replay made again in that place (`replaced`, from an earlier record
+    /// the backend showed nothing of) goes, or it outlives its replacement and comes back after
+    /// an acknowledged unlink. (Without a later removal the object is gone because its creation
+    /// never reached the backend, nor the rename: what the rename replaced is the older state
+    /// to keep.) Returns whether it removed one.
     fn remove_made_again_in_place_of(&mut self, replaced: &[u8], to: ObjectId, to_name: &[u8]) -> SysResult<bool> {
         if replaced.is_empty() || !self.recreated.contains_key(replaced) || !self.names(to, to_name, replaced) {
             return Ok(false);
@@ -462,6 +471,23 @@ fn needed_directories(
     }
 }
 
+/// Where each object is last removed (`Replay::last_removal`).
+fn last_removals(records: &[&Record]) -> HashMap<Vec<u8>, usize> {
+    let mut last = HashMap::new();
+    for (i, r) in records.iter().enumerate() {
+        match r {
+            Record::Unlink { file, .. } | Record::Hidden { file, .. } => {
+                last.insert(file.clone(), i);
+            }
+            Record::Rename { replaced, .. } if !replaced.is_empty() => {
+                last.insert(replaced.clone(), i);
+            }
+            _ => {}
+        }
+    }
+    last
+}
+
 /// One line for the debug log: what a record is, without its bytes.
 fn describe(record: &Record) -> String {
     let key = |k: &[u8]| k.iter().map(|b| format!("{b:02x}")).collect::<String>();
@@ -520,6 +546,7 @@ pub fn replay(
         recreated,
         with_contents,
         needed_dirs: HashSet::new(),
+        last_removal: last_removals(&records),
         dir_times: HashMap::new(),
         applied: 0,
         recreated_files: 0,
@@ -567,7 +594,7 @@ pub fn replay(
                 matches!(later, Record::Rename { file: f, to_parent, to_name, .. }
                     if f == file && to_parent == parent && to_name == name)
             });
-            let applied = !renamed_back && replay.apply(r)?;
+            let applied = !renamed_back && replay.apply(i, r)?;
             replay.applied += u64::from(applied);
             log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, describe(r));
             continue;
@@ -578,7 +605,7 @@ pub fn replay(
             log::debug!("replay {i}: behind the backend: {}", describe(r));
             continue;
         }
-        let applied = replay.apply(r)?;
+        let applied = replay.apply(i, r)?;
         if applied {
             replay.applied += 1;
         }
@@ -602,7 +629,7 @@ pub fn replay(
         let applied = match r {
             Record::Create { file, mode, uid, gid, .. } => replay.create(file, parent, name, *mode, *uid, *gid)?,
             r if r.is_namespace() => false, // its renames: made at its last name
-            r => replay.apply(r)?,
+            r => replay.apply(i, r)?,
         };
         replay.applied += u64::from(applied);
         log::debug!("replay {i}: new file, {}: {}", if applied { "applied" } else { "skipped" }, describe(r));
