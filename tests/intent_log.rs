@@ -945,7 +945,11 @@ fn a_file_deleted_behind_the_mount_does_not_stop_the_checkpoints() {
         let file = OpenOptions::new().write(true).open(m.path(name)).unwrap();
         file.write_all_at(&pattern(100, seed), 0).unwrap();
     }
-    assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(3000, 1), "the log holds f's change until the checkpoint");
+    assert_eq!(
+        fs::read(m.backing_path("f")).unwrap(),
+        pattern(3000, 1),
+        "the log holds f's change until the checkpoint"
+    );
     fs::remove_file(m.backing_path("f")).unwrap();
     // Other files take the descriptors the backend keeps (64 under this limit), so that it
     // opens f again by its handle, which finds nothing.
