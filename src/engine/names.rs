@@ -277,15 +277,9 @@ impl Engine {
         }
     }
 
-    /// Whether the backend's object has no name left. A handle that no longer opens anything
-    /// (ESTALE: the local backend reopens an object whose descriptor it let go by its file
-    /// handle) is an object deleted.
+    /// Whether the backend's object has no name left (`Writeback::has_no_name`).
     pub(super) fn has_no_name(&self, id: ObjectId) -> bool {
-        match self.ns.getattr(id) {
-            Ok(attr) => attr.nlink == 0,
-            Err(Errno(libc::ESTALE)) => true,
-            Err(_) => false,
-        }
+        self.writeback.has_no_name(id)
     }
 
     pub fn rename(

@@ -654,7 +654,7 @@ impl Writeback {
                 Ok(unlinked)
             })?;
             for id in unlinked {
-                if self.is_lingering(id) && self.ns.getattr(id).is_ok_and(|now| now.nlink == 0) {
+                if self.is_lingering(id) && self.has_no_name(id) {
                     self.forget_file(id);
                 }
             }

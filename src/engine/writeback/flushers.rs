@@ -189,10 +189,10 @@ impl Writeback {
         }
     }
 
-    /// Whether the backend's file is gone: its handle opens nothing (ESTALE) or it has no name.
-    /// A file deleted through the mount is forgotten before its flushes could find it so; one
-    /// that is, was deleted behind the mount, in the backing directory.
-    fn deleted_behind_the_mount(&self, id: u64) -> bool {
+    /// Whether the backend's object has no name left. A handle that no longer opens anything
+    /// (ESTALE: the local backend reopens an object whose descriptor it let go by its file
+    /// handle) is an object deleted.
+    pub fn has_no_name(&self, id: u64) -> bool {
         match self.ns.getattr(id) {
             Ok(attr) => attr.nlink == 0,
             Err(Errno(libc::ESTALE)) => true,
@@ -230,10 +230,12 @@ impl Writeback {
                 // Nobody can read or write the file any more: its data has nowhere to go.
                 self.release_unit_memory();
             }
-            // Retried, it would fail the same way at every retry and fail every checkpoint,
-            // so that the log could never empty. A file still open keeps its data and its
-            // error for the application's next fsync; its last release drops them.
-            Err(Errno(libc::ESTALE)) if inner.open_handles == 0 && self.deleted_behind_the_mount(file.id) => {
+            // Deleted behind the mount, in the backing directory (one deleted through it is
+            // forgotten before its flushes could find it gone). Retried, it would fail the same
+            // way at every retry and fail every checkpoint, so that the log could never empty.
+            // A file still open keeps its data and its error for the application's next fsync;
+            // its last release drops them.
+            Err(Errno(libc::ESTALE)) if inner.open_handles == 0 && self.has_no_name(file.id) => {
                 self.metrics.flush_errors.fetch_add(1, Relaxed);
                 self.release_unit_memory();
                 let dropped = flown.ranges.bytes() + self.drop_buffered(&mut inner);
