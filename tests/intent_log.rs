@@ -897,7 +897,7 @@ fn a_held_file_renamed_over_another_and_unlinked_stays_gone() {
 /// with its logged bytes, and its rename puts it at the name; the rename that replaced it cannot
 /// be applied (its file is gone), and the first file came back, 8 KiB that were unlinked (the
 /// power-cut simulation found it with the defaults). Replay removes a file it made again when a
-/// rename it skips replaced it.
+/// rename it skips replaced it and a later record removes that rename's file.
 #[test]
 fn a_file_made_again_goes_with_the_rename_that_replaced_it_though_that_file_is_gone() {
     if !in_a_process_of_its_own("a_file_made_again_goes_with_the_rename_that_replaced_it_though_that_file_is_gone") {

@@ -203,7 +203,7 @@ impl Engine {
             // Unlinked while open, released with data still buffered (changes the log took at
             // close wait for the checkpoint): nothing can read it again, and the backend's file
             // is gone, so writing it would fail (ESTALE) at every retry and fail the checkpoint.
-            if self.writeback.release_file(state) && self.has_no_name(open.id) {
+            if self.writeback.release_file(state) && self.writeback.has_no_name(open.id) {
                 self.writeback.forget_file(open.id);
             }
         }

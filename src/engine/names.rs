@@ -272,14 +272,9 @@ impl Engine {
     /// After the backend removed or replaced a name of `lingering` (`lingering_at`): if that was
     /// its last, its buffered data and descriptors go, so the backend frees its space.
     fn forget_if_gone(&self, lingering: Option<ObjectId>) {
-        if let Some(id) = lingering.filter(|&id| self.has_no_name(id)) {
+        if let Some(id) = lingering.filter(|&id| self.writeback.has_no_name(id)) {
             self.writeback.forget_file(id);
         }
-    }
-
-    /// Whether the backend's object has no name left (`Writeback::has_no_name`).
-    pub(super) fn has_no_name(&self, id: ObjectId) -> bool {
-        self.writeback.has_no_name(id)
     }
 
     pub fn rename(

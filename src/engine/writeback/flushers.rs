@@ -179,25 +179,10 @@ impl Writeback {
         let result = data.and_then(|data| self.write_unit(&*data, unit, &flying, size));
         self.metrics.record_flush_latency(started.elapsed().as_micros() as u64);
         drop(flying); // end_flush takes the unit back on failure: no other reference may remain
-        let succeeded = result.is_ok();
         let inner = lock(&file.inner);
         self.end_flush(file, inner, unit, result);
-        if succeeded {
-            self.drop_if_idle(file);
-        } else {
-            self.remove_if_forgotten(file);
-        }
-    }
-
-    /// Whether the backend's object has no name left. A handle that no longer opens anything
-    /// (ESTALE: the local backend reopens an object whose descriptor it let go by its file
-    /// handle) is an object deleted.
-    pub fn has_no_name(&self, id: u64) -> bool {
-        match self.ns.getattr(id) {
-            Ok(attr) => attr.nlink == 0,
-            Err(Errno(libc::ESTALE)) => true,
-            Err(_) => false,
-        }
+        // Written, or forgotten by `end_flush` (deleted behind the mount).
+        self.drop_if_idle(file);
     }
 
     pub(super) fn end_flush(

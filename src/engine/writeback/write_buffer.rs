@@ -83,8 +83,9 @@ impl Writeback {
         true
     }
 
-    /// A file nobody holds open whose buffered data has all reached the backend: its state
-    /// goes (the age timer or a retry wrote what its last close could not).
+    /// A file nobody holds open whose buffered data has all reached the backend (the age timer
+    /// or a retry wrote what its last close could not), or one forgotten under its own lock
+    /// (`end_flush`, which must not take the files' lock): its state goes.
     pub(super) fn drop_if_idle(&self, file: &Arc<FileState>) {
         let mut files = lock(&self.files);
         let mut inner = lock(&file.inner);
@@ -92,9 +93,8 @@ impl Writeback {
             && inner.dirty.is_empty()
             && inner.in_flight.is_empty()
             && inner.cut_to.is_none()
-            && !inner.times_pending
-            && !inner.forgotten;
-        if idle && files.get(&file.id).is_some_and(|f| Arc::ptr_eq(f, file)) {
+            && !inner.times_pending;
+        if (idle || inner.forgotten) && files.get(&file.id).is_some_and(|f| Arc::ptr_eq(f, file)) {
             self.remove_state(&mut files, file.id);
             self.stop_lingering(&mut inner);
         }
@@ -149,14 +149,14 @@ impl Writeback {
         dropped
     }
 
-    /// A forgotten file's state removed (`end_flush` forgets one under its own lock, which
-    /// must not take the files' lock).
-    pub(super) fn remove_if_forgotten(&self, file: &Arc<FileState>) {
-        let mut files = lock(&self.files);
-        let mut inner = lock(&file.inner);
-        if inner.forgotten && files.get(&file.id).is_some_and(|f| Arc::ptr_eq(f, file)) {
-            self.remove_state(&mut files, file.id);
-            self.stop_lingering(&mut inner);
+    /// Whether the backend's object has no name left. A handle that no longer opens anything
+    /// (ESTALE: the local backend reopens an object whose descriptor it let go by its file
+    /// handle) is an object deleted.
+    pub fn has_no_name(&self, id: u64) -> bool {
+        match self.ns.getattr(id) {
+            Ok(attr) => attr.nlink == 0,
+            Err(Errno(libc::ESTALE)) => true,
+            Err(_) => false,
         }
     }
 
