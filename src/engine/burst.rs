@@ -39,32 +39,52 @@ impl LastEvent {
 
     /// The event happened now; returns whether the one before it was less than `BURST_GAP` ago.
     pub fn note(&self) -> bool {
-        let now = self.now_nanos();
-        let before = self.at_nanos.swap(now, Relaxed);
-        before != NEVER && now.saturating_sub(before) < BURST_GAP.as_nanos() as u64
+        self.note_at(self.now_nanos())
     }
 
     /// Whether the last event was less than `BURST_GAP` ago.
     pub fn within_burst(&self) -> bool {
+        self.within_burst_at(self.now_nanos())
+    }
+
+    fn note_at(&self, now: u64) -> bool {
+        let before = self.at_nanos.swap(now, Relaxed);
+        before != NEVER && now.saturating_sub(before) < GAP_NANOS
+    }
+
+    fn within_burst_at(&self, now: u64) -> bool {
         let at = self.at_nanos.load(Relaxed);
         // Noted by another thread after `now` was read: that is no gap at all.
-        at != NEVER && self.now_nanos().saturating_sub(at) < BURST_GAP.as_nanos() as u64
+        at != NEVER && now.saturating_sub(at) < GAP_NANOS
     }
 }
+
+const GAP_NANOS: u64 = BURST_GAP.as_nanos() as u64;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// On the event's own clock: a test that reads the real one fails when the machine stalls
+    /// it past the gap between two calls.
     #[test]
     fn an_event_is_a_burst_until_the_gap_has_passed() {
         let last = LastEvent::default();
-        assert!(!last.within_burst(), "nothing happened yet");
-        assert!(!last.note(), "the first event follows none");
-        assert!(last.within_burst());
-        assert!(last.note(), "the second, right after it, is in its burst");
+        assert!(!last.within_burst_at(0), "nothing happened yet");
+        assert!(!last.note_at(1_000), "the first event follows none");
+        assert!(last.within_burst_at(1_000 + GAP_NANOS - 1));
+        assert!(last.note_at(1_000 + GAP_NANOS - 1), "the second, within the gap, is in its burst");
+        let after = 1_000 + 2 * GAP_NANOS;
+        assert!(!last.within_burst_at(after));
+        assert!(!last.note_at(after), "an event after the gap starts no burst with the one before");
+        assert!(last.within_burst_at(after - 5), "an event noted after the moment read is no gap");
+    }
+
+    #[test]
+    fn the_real_clock_notes_events() {
+        let last = LastEvent::default();
+        assert!(!last.note());
         std::thread::sleep(BURST_GAP + Duration::from_millis(1));
-        assert!(!last.within_burst());
-        assert!(!last.note(), "an event after the gap starts no burst with the one before");
+        assert!(!last.within_burst(), "the gap passed on the real clock");
     }
 }
