@@ -17,8 +17,13 @@ impl Writeback {
 
     /// Queues every dirty unit of `file` (with `epoch <= up_to`) that is not queued yet.
     pub(super) fn want_all(&self, file: &Arc<FileState>, inner: &mut FileInner, up_to: u64) {
+        self.want_where(file, inner, |dirty| dirty.epoch <= up_to);
+    }
+
+    /// Queues every dirty unit of `file` that `wanted` picks and is not queued yet.
+    fn want_where(&self, file: &Arc<FileState>, inner: &mut FileInner, wanted: impl Fn(&DirtyUnit) -> bool) {
         for (&unit, dirty) in inner.dirty.iter_mut() {
-            if dirty.epoch <= up_to && !dirty.wanted {
+            if !dirty.wanted && wanted(dirty) {
                 dirty.wanted = true;
                 if !inner.in_flight.contains_key(&unit) {
                     self.push_job(file, unit);
@@ -27,17 +32,20 @@ impl Writeback {
         }
     }
 
-    /// Memory pressure: every buffered unit to the flushers, except those of files waiting to
-    /// retry a refused flush (see `note_failure`).
+    /// Memory pressure: every buffered unit to the flushers, except refused ones of files still
+    /// waiting out their retry backoff (see `end_flush`). Their other units go: each is tried
+    /// once, and either frees its memory or is refused in turn, which is what lets a writer
+    /// short of memory hear of the refusal at once instead of waiting out `io_timeout`.
     pub(super) fn flush_everything_wanted(&self) {
         let files = self.open_files();
         let now = Instant::now();
         for file in files {
             let mut inner = lock(&file.inner);
             if inner.retry_at.is_some_and(|at| at > now) {
-                continue;
+                self.want_where(&file, &mut inner, |dirty| !dirty.refused);
+            } else {
+                self.want_all(&file, &mut inner, u64::MAX);
             }
-            self.want_all(&file, &mut inner, u64::MAX);
         }
     }
 
@@ -163,11 +171,11 @@ impl Writeback {
             return;
         }
         let Some(dirty) = inner.dirty.remove(&unit) else { return };
-        self.unmark_refused(&dirty);
         let flying = Arc::new(FlushingUnit {
             buf: dirty.buf,
             ranges: dirty.ranges,
             epoch: dirty.epoch,
+            refused: dirty.refused,
             refused_since: dirty.refused_since,
         });
         let earlier = inner.in_flight.insert(unit, flying.clone());
@@ -196,6 +204,7 @@ impl Writeback {
         inner.flushes_ended += 1;
         match result {
             Ok(()) => {
+                self.unmark_refused(flown.refused);
                 self.release_unit_memory();
                 self.note_backend_changed(file.id);
                 inner.retry_at = None;
@@ -213,6 +222,7 @@ impl Writeback {
             }
             Err(_) if inner.forgotten => {
                 // Nobody can read or write the file any more: its data has nowhere to go.
+                self.unmark_refused(flown.refused);
                 self.release_unit_memory();
             }
             // Deleted behind the mount, in the backing directory (one deleted through it is
@@ -222,6 +232,7 @@ impl Writeback {
             // its last release drops them.
             Err(Errno(libc::ESTALE)) if inner.open_handles == 0 && self.has_no_name(file.id) => {
                 self.metrics.flush_errors.fetch_add(1, Relaxed);
+                self.unmark_refused(flown.refused);
                 self.release_unit_memory();
                 let dropped = flown.ranges.bytes() + self.drop_buffered(&mut inner);
                 log::warn!(
@@ -256,6 +267,7 @@ impl Writeback {
                         newer.wanted = false;
                         newer.refused_since = Some(newer.refused_since.map_or(refused_since, |n| n.min(refused_since)));
                         self.mark_refused(newer, err);
+                        self.unmark_refused(flown.refused);
                         self.release_unit_memory();
                     }
                     None => {
@@ -266,7 +278,7 @@ impl Writeback {
                             dirtied_at: Instant::now(),
                             wanted: false,
                             logged: RangeSet::default(),
-                            refused: false,
+                            refused: flown.refused, // counted once, by `mark_refused`
                             refused_since: Some(refused_since),
                         };
                         self.mark_refused(&mut back, err);

@@ -131,6 +131,10 @@ struct FlushingUnit {
     buf: AlignedBuf,
     ranges: RangeSet,
     epoch: u64,
+    /// A retry of bytes the backend refused: they stay counted as refused while it is under
+    /// way, so that a writer short of memory fails at once instead of waiting on a retry that
+    /// will most likely be refused again (a full disk stays full).
+    refused: bool,
     refused_since: Option<u64>,
 }
 
@@ -252,7 +256,7 @@ struct FileInner {
     /// The file's data in the store, opened for writing by the first flush (or truncate).
     data: Option<Arc<dyn FileData>>,
     /// After a failed flush: no retry before this (except one an application asks for with
-    /// fsync or close), and the wait before the next one (see `Writeback::note_failure`).
+    /// fsync or close), and the wait before the next one (see `Writeback::end_flush`).
     retry_at: Option<Instant>,
     backoff: Duration,
     /// The file is gone (its last name unlinked, no handle open): nothing of it is written
@@ -635,6 +639,53 @@ mod tests {
         r.wb.write(&g, 0, &[1; 10], false).expect("room made by discarding told refusals");
         assert!(r.metrics.buffer_discarded_bytes.load(Relaxed) > 0);
         assert!(*lock(&r.wb.budget.used_bytes) <= 2 * UNIT);
+    }
+
+    /// Found by CI, under a loaded disk: a full backend, and dd waited 27 s for its ENOSPC.
+    #[test]
+    fn a_retry_of_refused_data_under_way_does_not_make_a_writer_wait_for_it() {
+        let r = rig(2, Duration::from_secs(10));
+        let f = r.file("f");
+        r.faults.control("inject write=ENOSPC").unwrap();
+        r.wb.write(&f, 0, &vec![1; 2 * UNIT as usize], false).unwrap(); // two full units, both refused
+        r.wait_until("both refusals", || r.metrics.buffer_refused_bytes.load(Relaxed) == 2 * UNIT);
+        // The retries hang (a slow full disk): an fsync sends both, and waits for them.
+        r.faults.control("clear").unwrap();
+        r.faults.control("inject write=stall:60s").unwrap();
+        let retry = {
+            let (wb, f) = (r.wb.clone(), f.clone());
+            std::thread::spawn(move || wb.flush_file(&f, Some(true), ErrorReport::Sync))
+        };
+        r.wait_until("both retries under way", || lock(&f.inner).in_flight.len() == 2);
+        assert_eq!(r.metrics.buffer_refused_bytes.load(Relaxed), 2 * UNIT, "still refused while retried");
+        let g = r.file("g");
+        let started = Instant::now();
+        assert_eq!(r.wb.write(&g, 0, &[1; 10], false), Err(Errno(libc::ENOSPC)), "the store's last error");
+        assert!(started.elapsed() < Duration::from_secs(2), "at once, not after io_timeout");
+        r.faults.control("clear").unwrap();
+        retry.join().unwrap().expect("the retries succeed once the store takes them");
+        assert_eq!(r.metrics.buffer_refused_bytes.load(Relaxed), 0);
+        assert_eq!(r.stored("f"), vec![1; 2 * UNIT as usize]);
+    }
+
+    /// Under memory pressure, a file waiting out its retry backoff still sends the units it has
+    /// never tried: refused in turn, they tell the writer at once; held back, they made it wait
+    /// out the backoff (up to 30 s) or io_timeout.
+    #[test]
+    fn a_writer_short_of_memory_hears_of_a_full_store_without_waiting_out_the_backoff() {
+        let r = rig(8, Duration::from_secs(10));
+        let f = r.file("f");
+        r.faults.control("inject write=ENOSPC").unwrap();
+        r.wb.write(&f, 0, &vec![1; 7 * UNIT as usize], false).unwrap(); // seven full units, refused
+        r.wait_until("seven refusals", || r.metrics.buffer_refused_bytes.load(Relaxed) == 7 * UNIT);
+        let backoff = lock(&f.inner).retry_at.expect("a backoff").saturating_duration_since(Instant::now());
+        assert!(backoff > Duration::from_secs(3), "seven failures back off for {backoff:?}");
+        r.wb.write(&f, 7 * UNIT, &[2; 10], false).unwrap(); // partial, never tried: the buffer is full
+        let g = r.file("g");
+        let started = Instant::now();
+        assert_eq!(r.wb.write(&g, 0, &[1; 10], false), Err(Errno(libc::ENOSPC)));
+        assert!(started.elapsed() < Duration::from_secs(2), "at once, not after the backoff");
+        assert!(lock(&f.inner).dirty[&7].refused, "the untried unit was tried, and refused");
     }
 
     #[test]

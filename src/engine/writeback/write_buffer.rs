@@ -141,7 +141,7 @@ impl Writeback {
         let mut dropped = 0;
         for (_, unit) in std::mem::take(&mut inner.dirty) {
             dropped += unit.ranges.bytes();
-            self.unmark_refused(&unit);
+            self.unmark_refused(unit.refused);
             self.release_unit_memory();
         }
         inner.forgotten = true;
@@ -227,10 +227,10 @@ impl Writeback {
         self.metrics.buffer_refused_bytes.store(refused.bytes, Relaxed);
     }
 
-    /// A unit leaves the dirty set (flushed, dropped or discarded): its memory, if refused,
-    /// no longer is.
-    pub(super) fn unmark_refused(&self, unit: &DirtyUnit) {
-        if unit.refused {
+    /// A unit's bytes leave the buffer (flushed, dropped or discarded): their memory, if it was
+    /// counted as refused, no longer is.
+    pub(super) fn unmark_refused(&self, was_refused: bool) {
+        if was_refused {
             let mut refused = lock(&self.refused);
             refused.bytes -= self.config.unit_bytes;
             self.metrics.buffer_refused_bytes.store(refused.bytes, Relaxed);
@@ -258,7 +258,7 @@ impl Writeback {
             for unit in doomed {
                 let dirty = inner.dirty.remove(&unit).expect("listed above");
                 lost += dirty.ranges.bytes();
-                self.unmark_refused(&dirty);
+                self.unmark_refused(dirty.refused);
                 self.release_unit_memory();
                 freed += self.config.unit_bytes;
             }
@@ -479,7 +479,7 @@ impl Writeback {
             }
             if unit_start >= size || dirty.ranges.is_empty() {
                 let dropped = inner.dirty.remove(&unit).expect("listed above");
-                self.unmark_refused(&dropped);
+                self.unmark_refused(dropped.refused);
                 self.release_unit_memory();
             }
         }
