@@ -648,3 +648,41 @@ fn a_second_truncate_below_bytes_logged_since_the_first_is_replayed() {
     ];
     run(&ops).unwrap();
 }
+
+/// Found by the one-directory chains: a file fsynced at a name it left and came back to by two
+/// renames since the directory's last fsync, then a crash that keeps only the log's synced
+/// writes.
+#[test]
+fn a_file_renamed_away_and_back_then_fsynced_keeps_its_name() {
+    let ops = vec![
+        Op::Create { dir: 0, name: 1 },
+        Op::Write { dir: 0, name: 1, offset: 0, len: 1, seed: 0, sync: false },
+        Op::Fsync { dir: 0, name: 1 },
+        Op::Create { dir: 0, name: 0 },
+        Op::FsyncDir { dir: 0 },
+        Op::Rename { from: (0, 0), to: (0, 1) },
+        Op::Write { dir: 0, name: 1, offset: 0, len: 2 * UNIT, seed: 0, sync: false },
+        Op::Rename { from: (0, 1), to: (0, 0) },
+        Op::Fsync { dir: 0, name: 0 },
+        Op::Crash { log_writes_kept: 0 },
+    ];
+    run_with(&ops, false, LogCloses::Never).unwrap();
+}
+
+/// Found by the one-directory chains: a new file held in memory, logged by an O_SYNC write, then
+/// unlinked (its Unlink written to the log without a flush); another file made at its name on
+/// the backend and synced there. The crash kept only the log's flushed batches: replay saw the
+/// first file still at the name and took the second for it (`adopt`), writing its bytes there.
+#[test]
+fn a_file_synced_on_the_backend_where_an_unlinked_new_file_was_keeps_its_own_bytes() {
+    let ops = vec![
+        Op::Create { dir: 0, name: 1 },
+        Op::Rename { from: (0, 1), to: (0, 0) },
+        Op::Write { dir: 0, name: 0, offset: 0, len: 1, seed: 0, sync: true },
+        Op::Unlink { dir: 0, name: 0 },
+        Op::Create { dir: 0, name: 0 },
+        Op::Write { dir: 0, name: 0, offset: 15223, len: 9354, seed: 0, sync: true },
+        Op::Crash { log_writes_kept: 0 },
+    ];
+    run_with(&ops, false, LogCloses::Always).unwrap();
+}

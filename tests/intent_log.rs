@@ -926,6 +926,38 @@ fn a_file_made_again_goes_with_the_rename_that_replaced_it_though_that_file_is_g
     assert!(names.is_empty(), "the directory holds {names:?} after replay; everything in it was unlinked");
 }
 
+/// A file renamed over a new file whose bytes the log holds (a rename the log takes at once),
+/// then renamed back and fsynced on the backend (larger than the log takes): the fsync
+/// acknowledges its name, and the backend's sync made the rename back durable there, but the
+/// log held only the first rename, which replay found applicable (the file at its source name)
+/// and applied again. The fsync commits a queued rename of its file first.
+#[test]
+fn a_file_renamed_away_and_back_then_fsynced_keeps_its_name_through_a_crash() {
+    if !in_a_process_of_its_own("a_file_renamed_away_and_back_then_fsynced_keeps_its_name_through_a_crash") {
+        return;
+    }
+    let options = ["log_closes=never", "log=on", "flush_age=3600s", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    fs::create_dir(m.path("d")).unwrap();
+    m.sync_to_backend();
+    write_and_fsync(&m.path("d/a"), &pattern(1000, 1));
+    assert_eq!(m.counter("log_fsyncs_total"), 1, "the fsync of d/a went to the log");
+    fs::write(m.path("d/b"), b"").unwrap();
+    fs::File::open(m.path("d")).unwrap().sync_all().unwrap();
+    fs::rename(m.path("d/b"), m.path("d/a")).unwrap();
+    let big = pattern(2 << 20, 2);
+    fs::write(m.path("d/a"), &big).unwrap();
+    fs::rename(m.path("d/a"), m.path("d/b")).unwrap();
+    fs::File::options().write(true).open(m.path("d/b")).unwrap().sync_all().unwrap();
+    assert_eq!(m.counter("log_fsyncs_total"), 1, "the fsync of d/b went to the backend");
+    kill_daemon(&mut m);
+    m.mount();
+    assert!(m.daemon_log().contains("intent log records"), "the log held nothing to replay: the test tested nothing");
+    let names: Vec<_> = fs::read_dir(m.path("d")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["b"], "after replay");
+    assert!(fs::read(m.path("d/b")).unwrap() == big, "d/b holds what its fsync acknowledged");
+}
+
 /// A file whose changes the log took at close (buffered until the checkpoint) deleted in the
 /// backing directory behind the mount's back: its bytes have nowhere to go. Writing them found
 /// the file gone (ESTALE) at every retry and failed every checkpoint, so the log could never

@@ -270,6 +270,12 @@ impl Queue {
         records
     }
 
+    /// Whether a queued record other than its Create refers to `file` (a rename of it, say).
+    fn changes_names_of(&self, file: &[u8]) -> bool {
+        let own_create = u32::from(self.creates.contains_key(file));
+        self.mentions.get(file).is_some_and(|&count| count > own_create)
+    }
+
     /// Takes back the Create of `file` if nothing else queued refers to the file.
     fn cancel_create(&mut self, file: &[u8]) -> bool {
         let Some(&at) = self.creates.get(file) else { return false };
@@ -596,6 +602,17 @@ impl IntentLog {
     /// logged either. Returns whether it did.
     pub fn cancel_queued_create(&self, file: &[u8]) -> bool {
         lock(&self.pending).records.cancel_create(file)
+    }
+
+    /// Makes the batches written so far durable (a flush of the device, if any is unflushed),
+    /// and nothing queued.
+    pub fn flush_written_batches(&self) -> Result<(), LogError> {
+        self.flush_written(true).map(drop)
+    }
+
+    /// Whether a name change of `file` other than its creation waits in the queue.
+    pub fn has_queued_name_change_of(&self, file: &[u8]) -> bool {
+        lock(&self.pending).records.changes_names_of(file)
     }
 
     /// Flushes the batches written so far, if `flush` and any is unflushed; returns the
@@ -1059,6 +1076,8 @@ mod tests {
         let mut queue = Queue::default();
         queue.extend([create(b"a"), rename.clone(), create(b"b"), create(b"c")]);
         assert!(!queue.cancel_create(b"a"), "a rename of it is queued");
+        assert!(queue.changes_names_of(b"a"), "the rename is a change of its names");
+        assert!(!queue.changes_names_of(b"b"), "its creation alone is not");
         assert!(queue.cancel_create(b"b"));
         assert!(!queue.cancel_create(b"b"), "taken back once");
         assert!(!queue.cancel_create(b"dir"), "a directory's key is no queued Create");

@@ -414,10 +414,27 @@ impl Writeback {
             let mut inner = lock(&file.inner);
             self.file_data(file, &mut inner)?
         };
-        // No commit of the queued name records here: a file's own sync is the seed-000 path
-        // above log_threshold_new, and one more log write per file would cost more than the
-        // log saves. What the backend may then hold ahead of the log is safe for replay:
-        // unlinks and replacements of files the log created were committed when they happened.
+        // No commit of the queued name records here for a file's Create: a file's own sync is
+        // the seed-000 path above log_threshold_new, and one more log write per file would cost
+        // more than the log saves. What the backend may then hold ahead of the log is safe for
+        // replay: unlinks and replacements of files the log created were committed when they
+        // happened. A queued rename of the file is not: the fsync acknowledges the file's names,
+        // and the backend's sync makes its rename durable there, while the log may hold an
+        // earlier rename of it (committed with another batch) that replay would apply again
+        // over it (renamed a -> b in the log, b -> a only on the backend: replay finds it at a,
+        // and takes it to b).
+        // Nor may the backend's sync make a file durable where the log's durable records
+        // would have replay see another: batches written without a flush (a close's, or the
+        // unlink of a new file the log holds whose name this file now has) are flushed first,
+        // unless the backend's sync flushes the log's device anyway.
+        if self.file_handle(file).is_ok_and(|handle| log.has_queued_name_change_of(&handle)) {
+            self.commit_queued_names()?;
+        } else if !log.flushed_by_backend() {
+            log.flush_written_batches().map_err(|e| {
+                log::error!("flushing the intent log: {e}");
+                Errno(libc::EIO)
+            })?;
+        }
         if !self.store.capabilities().durable_writes {
             data.sync(data_only)?;
         }
