@@ -9,7 +9,10 @@
 //! 1. Where the backend is: the last name record whose effect the backend shows (a created
 //!    file that exists, a renamed object under its new name). The backend holds every change
 //!    up to that one, so name records before it are not applied: they would undo later changes
-//!    the log may not hold (a file made again after it was replaced, say).
+//!    the log may not hold (a file made again after it was replaced, say). Only records before
+//!    the first one the backend shows has not happened (the file a rename replaced, or an
+//!    unlink removed, still at its name) count: a file renamed a -> b over another and back
+//!    to a, neither rename on the backend, is at a as if renamed back.
 //! 2. From there on, each name record only where the backend shows it has not happened yet:
 //!    - Create: a file that is gone is made again under its logged name, mode and owner, and
 //!      the file's records go to it; a name that is taken is never taken from its holder. Only
@@ -246,6 +249,29 @@ impl Replay<'_> {
             },
             Record::Rename { file, to_parent, to_name, .. } => match self.directory(to_parent)? {
                 Some(dir) => self.names(dir, to_name, file),
+                None => false,
+            },
+            _ => false,
+        })
+    }
+
+    /// Whether the store shows that this name record has not happened: the object a rename
+    /// replaced, or the one an unlink removed, is still at the name. Surer than `shows`, which
+    /// a rename back can fake (a -> b and b -> a, neither on the backend: the object at a looks
+    /// renamed back); a replaced or unlinked file does not come back to its name.
+    fn shows_not_happened(&mut self, record: &Record) -> SysResult<bool> {
+        if is_pending_key(record.file()) {
+            return Ok(false);
+        }
+        Ok(match record {
+            Record::Rename { to_parent, to_name, replaced, .. } if !replaced.is_empty() => {
+                match self.directory(to_parent)? {
+                    Some(dir) => self.names(dir, to_name, replaced),
+                    None => false,
+                }
+            }
+            Record::Unlink { file, parent, name, .. } => match self.directory(parent)? {
+                Some(dir) => self.names(dir, name, file),
                 None => false,
             },
             _ => false,
@@ -572,8 +598,16 @@ pub fn replay(
         }
     }
     replay.needed_dirs = needed_directories(&records, &replay.with_contents, &held_ends);
-    let mut backend_holds_names_up_to = 0;
+    // The backend holds a prefix of the name changes: none past one it shows has not happened.
+    let mut not_happened_from = records.len();
     for (i, r) in records.iter().enumerate() {
+        if r.is_namespace() && replay.shows_not_happened(r)? {
+            not_happened_from = i;
+            break;
+        }
+    }
+    let mut backend_holds_names_up_to = 0;
+    for (i, r) in records.iter().enumerate().take(not_happened_from) {
         if r.is_namespace() && replay.shows(r)? {
             backend_holds_names_up_to = i;
         }
