@@ -12,7 +12,8 @@
 //! value or one a later write or truncate put there. Nothing acknowledged may be lost, torn or
 //! zero-filled.
 //!
-//! `ENGINE_MODEL_CASES=N` sets the number of cases (default 2000, with shrinking on failure).
+//! `ENGINE_MODEL_CASES=N` sets the number of cases (default 2000, with shrinking on failure; the
+//! one-directory chains below run a quarter as many).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::{OsStr, OsString};
@@ -116,6 +117,29 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => dir.prop_map(|dir| Op::FsyncDir { dir }),
         1 => Just(Op::Checkpoint),
         2 => prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()].prop_map(|log_writes_kept| Op::Crash { log_writes_kept }),
+    ]
+}
+
+/// Chains of names in one directory: files made, written through the log, renamed over each
+/// other and unlinked, each step often acknowledged by fsync of the directory, then a crash.
+/// Over three directories (above), some later creation that survives the crash is likely, and
+/// it moves replay's starting point past such records; here it is not. CI's power-cut run found
+/// a bug of this shape (an unlinked file replayed back) that 2,000 cases of the test above
+/// missed.
+fn chain_op_strategy() -> impl Strategy<Value = Op> {
+    let place = (Just(0usize), 0..NAMES);
+    prop_oneof![
+        3 => place.clone().prop_map(|(dir, name)| Op::Create { dir, name }),
+        3 => (place.clone(), 0..2 * UNIT, 1..UNIT, any::<u8>(), prop::bool::weighted(0.4))
+            .prop_map(|((dir, name), offset, len, seed, sync)| Op::Write { dir, name, offset, len, seed, sync }),
+        1 => (place.clone(), 0..UNIT, 2 * UNIT..4 * UNIT, any::<u8>())
+            .prop_map(|((dir, name), offset, len, seed)| Op::Write { dir, name, offset, len, seed, sync: false }),
+        2 => place.clone().prop_map(|(dir, name)| Op::Fsync { dir, name }),
+        2 => place.clone().prop_map(|(dir, name)| Op::Close { dir, name }),
+        4 => (place.clone(), place.clone()).prop_map(|(from, to)| Op::Rename { from, to }),
+        2 => place.clone().prop_map(|(dir, name)| Op::Unlink { dir, name }),
+        3 => Just(Op::FsyncDir { dir: 0 }),
+        1 => Just(Op::Checkpoint),
     ]
 }
 
@@ -557,6 +581,21 @@ proptest! {
         dirs_logged in any::<bool>(),
         held in any::<bool>(),
     ) {
+        run_with(&ops, dirs_logged, if held { LogCloses::Always } else { LogCloses::Never })?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases() / 4, max_shrink_iters: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn chains_of_renames_and_unlinks_in_one_directory_survive_a_crash(
+        mut ops in proptest::collection::vec(chain_op_strategy(), 4..30),
+        log_writes_kept in prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()],
+        dirs_logged in any::<bool>(),
+        held in any::<bool>(),
+    ) {
+        ops.push(Op::Crash { log_writes_kept });
         run_with(&ops, dirs_logged, if held { LogCloses::Always } else { LogCloses::Never })?;
     }
 }
