@@ -958,6 +958,37 @@ fn a_file_renamed_away_and_back_then_fsynced_keeps_its_name_through_a_crash() {
     assert!(fs::read(m.path("d/b")).unwrap() == big, "d/b holds what its fsync acknowledged");
 }
 
+/// A file the log stands for, truncated (the backend's truncate waits for the next flush) and
+/// rewritten through the log, then grown by a truncate and closed. The size was in no batch:
+/// a close that logs found nothing unlogged and answered at once, and one in a burst gave the
+/// backend the truncate unsynced; either way replay put the last logged size back over it.
+/// The crash harness found it with the defaults ("f2 is 12288 bytes, 20053 were acknowledged").
+#[test]
+fn a_file_grown_by_a_truncate_after_a_logged_rewrite_keeps_its_size_through_a_crash() {
+    if !in_a_process_of_its_own("a_file_grown_by_a_truncate_after_a_logged_rewrite_keeps_its_size_through_a_crash") {
+        return;
+    }
+    for log_closes in ["log_closes=never", "log_closes=always"] {
+        let options = [log_closes, "log=on", "flush_age=3600s", "checkpoint_interval=3600s", "writeback_cache=off"];
+        let mut m = TestMount::with_options(&options);
+        fs::write(m.path("f"), pattern(30_000, 1)).unwrap();
+        m.sync_to_backend();
+        let f = fs::File::options().write(true).open(m.path("f")).unwrap();
+        f.set_len(0).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &pattern(12_288, 2), 0).unwrap();
+        f.sync_all().unwrap();
+        f.set_len(20_053).unwrap();
+        drop(f); // the close acknowledges the size, as it would without the log
+        kill_daemon(&mut m);
+        m.mount();
+        let mut want = pattern(12_288, 2);
+        want.resize(20_053, 0);
+        let now = fs::read(m.path("f")).unwrap();
+        assert!(now == want, "{log_closes}: f is {} bytes after replay, 20053 were acknowledged", now.len());
+        drop(m);
+    }
+}
+
 /// A file whose changes the log took at close (buffered until the checkpoint) deleted in the
 /// backing directory behind the mount's back: its bytes have nowhere to go. Writing them found
 /// the file gone (ESTALE) at every retry and failed every checkpoint, so the log could never
