@@ -746,3 +746,22 @@ fn a_file_renamed_over_a_logged_one_and_back_is_not_taken_for_renamed_back_on_th
     ];
     run_with(&ops, false, LogCloses::Never).unwrap();
 }
+
+/// A file with two names unlinked at one and renamed from the other back to it, both
+/// acknowledged: the backend shows the file at the name the unlink removed it from, which is not
+/// a sign that the unlink has not happened (a later record put it back).
+#[test]
+fn a_file_unlinked_at_a_name_and_renamed_back_to_it_through_another_link_keeps_it() {
+    let ops = vec![
+        Op::Create { dir: 1, name: 0 },
+        Op::Write { dir: 1, name: 0, offset: 0, len: 100, seed: 1, sync: false },
+        Op::Checkpoint,
+        Op::Link { from: (1, 0), to: (1, 1) },
+        Op::FsyncDir { dir: 1 },
+        Op::Unlink { dir: 1, name: 0 },
+        Op::Rename { from: (1, 1), to: (1, 0) },
+        Op::FsyncDir { dir: 1 },
+        Op::Crash { log_writes_kept: 0 },
+    ];
+    run_with(&ops, false, LogCloses::Never).unwrap();
+}

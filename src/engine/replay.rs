@@ -263,18 +263,10 @@ impl Replay<'_> {
         if is_pending_key(record.file()) {
             return Ok(false);
         }
-        Ok(match record {
-            Record::Rename { to_parent, to_name, replaced, .. } if !replaced.is_empty() => {
-                match self.directory(to_parent)? {
-                    Some(dir) => self.names(dir, to_name, replaced),
-                    None => false,
-                }
-            }
-            Record::Unlink { file, parent, name, .. } => match self.directory(parent)? {
-                Some(dir) => self.names(dir, name, file),
-                None => false,
-            },
-            _ => false,
+        let Some((object, parent, name)) = removed_by(record) else { return Ok(false) };
+        Ok(match self.directory(parent)? {
+            Some(dir) => self.names(dir, name, object),
+            None => false,
         })
     }
 
@@ -442,6 +434,27 @@ fn read_replay_map(device: &dyn LogDevice) -> SysResult<HashMap<Vec<u8>, Vec<u8>
     Ok(map)
 }
 
+/// The object a name record removes from a name, and that name (its directory's key, the name):
+/// an Unlink's file, or the file a Rename replaced.
+fn removed_by(record: &Record) -> Option<(&[u8], &[u8], &[u8])> {
+    match record {
+        Record::Unlink { file, parent, name, .. } => Some((file, parent, name)),
+        Record::Rename { to_parent, to_name, replaced, .. } if !replaced.is_empty() => {
+            Some((replaced, to_parent, to_name))
+        }
+        _ => None,
+    }
+}
+
+/// Whether a record in `later` renames `object` back to `name` in `parent` (through another
+/// hard link of it).
+fn put_back(later: &[&Record], object: &[u8], parent: &[u8], name: &[u8]) -> bool {
+    later.iter().any(|r| {
+        matches!(r, Record::Rename { file, to_parent, to_name, .. }
+            if file == object && to_parent == parent && to_name == name)
+    })
+}
+
 /// A new file's last logged name: its directory's key and the name.
 type LastName<'a> = (&'a [u8], &'a [u8]);
 
@@ -598,10 +611,13 @@ pub fn replay(
         }
     }
     replay.needed_dirs = needed_directories(&records, &replay.with_contents, &held_ends);
-    // The backend holds a prefix of the name changes: none past one it shows has not happened.
+    // The backend holds a prefix of the name changes: none past one it shows has not happened
+    // (unless a later record puts the removed object back at its name).
     let mut not_happened_from = records.len();
     for (i, r) in records.iter().enumerate() {
-        if r.is_namespace() && replay.shows_not_happened(r)? {
+        let put_back_later =
+            || removed_by(r).is_some_and(|(object, parent, name)| put_back(&records[i + 1..], object, parent, name));
+        if r.is_namespace() && replay.shows_not_happened(r)? && !put_back_later() {
             not_happened_from = i;
             break;
         }
@@ -624,10 +640,7 @@ pub fn replay(
             // Its backend unlink waited for a checkpoint, so the backend may hold later changes
             // and not this one: applied wherever it stands, unless a later rename put the same
             // object back at the name (through another hard link of it).
-            let renamed_back = records[i + 1..].iter().any(|later| {
-                matches!(later, Record::Rename { file: f, to_parent, to_name, .. }
-                    if f == file && to_parent == parent && to_name == name)
-            });
+            let renamed_back = put_back(&records[i + 1..], file, parent, name);
             let applied = !renamed_back && replay.apply(i, r)?;
             replay.applied += u64::from(applied);
             log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, describe(r));

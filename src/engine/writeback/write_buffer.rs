@@ -232,6 +232,7 @@ impl Writeback {
     pub(super) fn unmark_refused(&self, was_refused: bool) {
         if was_refused {
             let mut refused = lock(&self.refused);
+            assert!(refused.bytes >= self.config.unit_bytes, "refused memory accounting went negative");
             refused.bytes -= self.config.unit_bytes;
             self.metrics.buffer_refused_bytes.store(refused.bytes, Relaxed);
         }
