@@ -693,19 +693,28 @@ fn a_second_truncate_below_bytes_logged_since_the_first_is_replayed() {
 /// writes.
 #[test]
 fn a_file_renamed_away_and_back_then_fsynced_keeps_its_name() {
-    let ops = vec![
+    let mut ops = renamed_over_a_logged_file();
+    ops.extend([
+        Op::Write { dir: 0, name: 1, offset: 0, len: 2 * UNIT, seed: 0, sync: false },
+        Op::Rename { from: (0, 1), to: (0, 0) },
+        Op::Fsync { dir: 0, name: 0 },
+        Op::Crash { log_writes_kept: 0 },
+    ]);
+    run_with(&ops, false, LogCloses::Never).unwrap();
+}
+
+/// f1 made and its byte logged by fsync, f0 made, both names acknowledged by fsync of the
+/// directory, then f0 renamed over f1 (a rename the log takes at once: it replaces a file whose
+/// bytes only the log holds).
+fn renamed_over_a_logged_file() -> Vec<Op> {
+    vec![
         Op::Create { dir: 0, name: 1 },
         Op::Write { dir: 0, name: 1, offset: 0, len: 1, seed: 0, sync: false },
         Op::Fsync { dir: 0, name: 1 },
         Op::Create { dir: 0, name: 0 },
         Op::FsyncDir { dir: 0 },
         Op::Rename { from: (0, 0), to: (0, 1) },
-        Op::Write { dir: 0, name: 1, offset: 0, len: 2 * UNIT, seed: 0, sync: false },
-        Op::Rename { from: (0, 1), to: (0, 0) },
-        Op::Fsync { dir: 0, name: 0 },
-        Op::Crash { log_writes_kept: 0 },
-    ];
-    run_with(&ops, false, LogCloses::Never).unwrap();
+    ]
 }
 
 /// Found by the one-directory chains: a new file held in memory, logged by an O_SYNC write, then
@@ -732,18 +741,13 @@ fn a_file_synced_on_the_backend_where_an_unlinked_new_file_was_keeps_its_own_byt
 /// it as applied, and the replaced file stayed, with its logged bytes.
 #[test]
 fn a_file_renamed_over_a_logged_one_and_back_is_not_taken_for_renamed_back_on_the_backend() {
-    let ops = vec![
-        Op::Create { dir: 0, name: 1 },
-        Op::Write { dir: 0, name: 1, offset: 0, len: 1, seed: 0, sync: false },
-        Op::Fsync { dir: 0, name: 1 },
-        Op::Create { dir: 0, name: 0 },
-        Op::FsyncDir { dir: 0 },
-        Op::Rename { from: (0, 0), to: (0, 1) },
+    let mut ops = renamed_over_a_logged_file();
+    ops.extend([
         Op::Fsync { dir: 0, name: 1 },
         Op::Rename { from: (0, 1), to: (0, 0) },
         Op::Fsync { dir: 0, name: 0 },
         Op::Crash { log_writes_kept: 0 },
-    ];
+    ]);
     run_with(&ops, false, LogCloses::Never).unwrap();
 }
 
