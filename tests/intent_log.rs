@@ -976,7 +976,9 @@ fn a_file_grown_by_a_truncate_after_a_logged_rewrite_keeps_its_size_through_a_cr
         let f = fs::File::options().write(true).open(m.path("f")).unwrap();
         f.set_len(0).unwrap();
         std::os::unix::fs::FileExt::write_all_at(&f, &pattern(12_288, 2), 0).unwrap();
+        let logged_before = m.counter("log_fsyncs_total");
         f.sync_all().unwrap();
+        assert_eq!(m.counter("log_fsyncs_total"), logged_before + 1, "{log_closes}: the rewrite went to the log");
         f.set_len(20_053).unwrap();
         drop(f); // the close acknowledges the size, as it would without the log
         kill_daemon(&mut m);
