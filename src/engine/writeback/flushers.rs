@@ -204,8 +204,7 @@ impl Writeback {
         inner.flushes_ended += 1;
         match result {
             Ok(()) => {
-                self.unmark_refused(flown.refused);
-                self.release_unit_memory();
+                self.release_unit_memory(flown.refused);
                 self.note_backend_changed(file.id);
                 inner.retry_at = None;
                 inner.backoff = Duration::ZERO;
@@ -222,8 +221,7 @@ impl Writeback {
             }
             Err(_) if inner.forgotten => {
                 // Nobody can read or write the file any more: its data has nowhere to go.
-                self.unmark_refused(flown.refused);
-                self.release_unit_memory();
+                self.release_unit_memory(flown.refused);
             }
             // Deleted behind the mount, in the backing directory (one deleted through it is
             // forgotten before its flushes could find it gone). Retried, it would fail the same
@@ -232,8 +230,7 @@ impl Writeback {
             // its last release drops them.
             Err(Errno(libc::ESTALE)) if inner.open_handles == 0 && self.has_no_name(file.id) => {
                 self.metrics.flush_errors.fetch_add(1, Relaxed);
-                self.unmark_refused(flown.refused);
-                self.release_unit_memory();
+                self.release_unit_memory(flown.refused);
                 let dropped = flown.ranges.bytes() + self.drop_buffered(&mut inner);
                 log::warn!(
                     "{}: deleted behind the mount (its backing file is gone) with {dropped} bytes buffered, \
@@ -267,8 +264,7 @@ impl Writeback {
                         newer.wanted = false;
                         newer.refused_since = Some(newer.refused_since.map_or(refused_since, |n| n.min(refused_since)));
                         self.mark_refused(newer, err);
-                        self.unmark_refused(flown.refused);
-                        self.release_unit_memory();
+                        self.release_unit_memory(flown.refused);
                     }
                     None => {
                         let mut back = DirtyUnit {

@@ -141,8 +141,7 @@ impl Writeback {
         let mut dropped = 0;
         for (_, unit) in std::mem::take(&mut inner.dirty) {
             dropped += unit.ranges.bytes();
-            self.unmark_refused(unit.refused);
-            self.release_unit_memory();
+            self.release_unit_memory(unit.refused);
         }
         inner.forgotten = true;
         inner.data = None;
@@ -227,17 +226,6 @@ impl Writeback {
         self.metrics.buffer_refused_bytes.store(refused.bytes, Relaxed);
     }
 
-    /// A unit's bytes leave the buffer (flushed, dropped or discarded): their memory, if it was
-    /// counted as refused, no longer is.
-    pub(super) fn unmark_refused(&self, was_refused: bool) {
-        if was_refused {
-            let mut refused = lock(&self.refused);
-            assert!(refused.bytes >= self.config.unit_bytes, "refused memory accounting went negative");
-            refused.bytes -= self.config.unit_bytes;
-            self.metrics.buffer_refused_bytes.store(refused.bytes, Relaxed);
-        }
-    }
-
     /// Frees the memory of refused units whose files' writers have been told of the failure,
     /// except bytes the intent log acknowledged (fsynced through the log: never dropped).
     /// Counted and logged; returns the bytes of memory freed.
@@ -259,8 +247,7 @@ impl Writeback {
             for unit in doomed {
                 let dirty = inner.dirty.remove(&unit).expect("listed above");
                 lost += dirty.ranges.bytes();
-                self.unmark_refused(dirty.refused);
-                self.release_unit_memory();
+                self.release_unit_memory(dirty.refused);
                 freed += self.config.unit_bytes;
             }
             self.shrink_to_what_remains(&file, &mut inner);
@@ -292,7 +279,15 @@ impl Writeback {
         inner.size = inner.size.min(backend_size.max(buffered_end));
     }
 
-    pub(super) fn release_unit_memory(&self) {
+    /// A unit's memory leaves the buffer (its bytes flushed, dropped or discarded), and with it,
+    /// if the unit was counted as refused (`was_refused`), its share of the refused memory.
+    pub(super) fn release_unit_memory(&self, was_refused: bool) {
+        if was_refused {
+            let mut refused = lock(&self.refused);
+            assert!(refused.bytes >= self.config.unit_bytes, "refused memory accounting went negative");
+            refused.bytes -= self.config.unit_bytes;
+            self.metrics.buffer_refused_bytes.store(refused.bytes, Relaxed);
+        }
         let mut used = lock(&self.budget.used_bytes);
         assert!(*used >= self.config.unit_bytes, "buffer accounting went negative");
         *used -= self.config.unit_bytes;
@@ -329,7 +324,7 @@ impl Writeback {
                 }
                 inner = lock(&file.inner);
                 if inner.dirty.contains_key(&unit) {
-                    self.release_unit_memory(); // another writer made it meanwhile
+                    self.release_unit_memory(false); // another writer made it meanwhile
                 } else {
                     let epoch = inner.epoch;
                     inner.dirty.insert(
@@ -480,8 +475,7 @@ impl Writeback {
             }
             if unit_start >= size || dirty.ranges.is_empty() {
                 let dropped = inner.dirty.remove(&unit).expect("listed above");
-                self.unmark_refused(dropped.refused);
-                self.release_unit_memory();
+                self.release_unit_memory(dropped.refused);
             }
         }
         // A file the log can stand for (an existing one, in sync with the store), made
