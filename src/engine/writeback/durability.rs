@@ -356,12 +356,8 @@ impl Writeback {
         if let Some(log) = &self.log {
             let (unlogged, refused) = {
                 let inner = lock(&file.inner);
-                // A truncate the store has not been given (`cut_to`) leaves the size to the
-                // log: one changed since the last batch (grown again) is in no record yet.
-                let unlogged = !inner.in_flight.is_empty()
-                    || inner.dirty.values().any(|u| !u.ranges.minus(&u.logged).is_empty())
+                let unlogged = inner.flush_outruns_the_log()
                     || inner.cut_unlogged.is_some()
-                    || inner.cut_to.is_some()
                     || (inner.times_pending && !inner.times_logged);
                 (unlogged, inner.dirty.values().any(|u| u.refused))
             };
@@ -386,15 +382,8 @@ impl Writeback {
             Some(entry) if self.log.is_some() && entry.logged_before_seq > 0 => Some(!entry.backend_in_sync()),
             _ => None,
         };
-        // The flush below gives the store a pending truncate (`cut_to`) too: a change of the
-        // backend, unsynced, that the log's older records would undo.
-        let must_sync = backend_behind.is_some_and(|behind| {
-            let inner = lock(&file.inner);
-            behind
-                || !inner.in_flight.is_empty()
-                || inner.cut_to.is_some()
-                || inner.dirty.values().any(|u| !u.ranges.minus(&u.logged).is_empty())
-        });
+        // What the flush below gives the backend, unsynced, the log's older records would undo.
+        let must_sync = backend_behind.is_some_and(|behind| behind || lock(&file.inner).flush_outruns_the_log());
         if must_sync {
             self.sync_file(file, true, ErrorReport::Close)
         } else {

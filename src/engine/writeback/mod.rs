@@ -274,6 +274,17 @@ struct FileInner {
     backend_readers: BTreeMap<u64, usize>,
 }
 
+impl FileInner {
+    /// Whether a flush would give the backend something the log's records of the file do not
+    /// say: bytes in flight or written since they were logged, or a truncate the store has not
+    /// been given (the size the log said last may have changed since: grown again).
+    fn flush_outruns_the_log(&self) -> bool {
+        !self.in_flight.is_empty()
+            || self.cut_to.is_some()
+            || self.dirty.values().any(|u| !u.ranges.minus(&u.logged).is_empty())
+    }
+}
+
 /// What a read sees of the buffer (`Writeback::snapshot_overlay`): the file's size, the
 /// buffered pieces in the range (offset, bytes), and the registration of the read of the rest
 /// from the backend.
