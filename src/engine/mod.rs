@@ -177,6 +177,13 @@ impl Engine {
         metrics: Arc<Metrics>,
         log: Option<LogSetup>,
     ) -> Result<Engine, String> {
+        // The log answers an fsync of a file with nothing buffered from what this daemon knows:
+        // the file is in sync. A daemon killed before this one may have left the backend changes
+        // of its own unsynced (a close's bytes, names made at once), and a power cut would take
+        // them though that fsync returned: the backend is synced once first.
+        if log.as_ref().is_some_and(|setup| !setup.created) {
+            store.sync_all().map_err(|e| format!("the backend could not be synced before recovery: {e}"))?;
+        }
         let log = match log {
             Some(setup) => Some(replay::recover_from_log(&*ns, &*store, setup, &metrics)?),
             None => None,
