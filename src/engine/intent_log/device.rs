@@ -33,8 +33,10 @@ pub trait LogDevice: Send + Sync {
     /// `write_at` for a batch nobody waits to see flushed (closes in a burst): where `sync(1)`
     /// flushes the log, through the page cache, which `sync(1)` writes back, as `sync` does.
     /// Direct and page-cache writes of one file stay coherent: the kernel writes a range's
-    /// dirty pages back before a direct write or read of it.
-    fn write_unflushed_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {
+    /// dirty pages back before a direct write or read of it. `free_after`: how many bytes after
+    /// the write hold nothing the log needs (free ring), which the device may write over.
+    fn write_unflushed_at(&self, offset: u64, bytes: &[u8], free_after: u64) -> SysResult<()> {
+        let _ = free_after;
         self.write_at(offset, bytes)
     }
     /// Makes every block written so far durable.
@@ -377,14 +379,15 @@ impl FileLogDevice {
     }
 
     /// `bytes` at `offset`, widened to whole file-system blocks where what comes before them
-    /// in their first block is known: zeros after them, where the ring holds nothing yet of
-    /// this round (the next batches; a reader ends the log at the first block that is not one).
-    fn widened_to_fs_blocks(&self, offset: u64, bytes: &[u8]) -> Option<(u64, Vec<u8>)> {
+    /// in their first block is known, and what comes after them up to the block's end is free
+    /// (`free_after` bytes are): zeros there (a reader ends the log at the first block that is
+    /// not a batch). Never over the oldest batches of a ring that is nearly full.
+    fn widened_to_fs_blocks(&self, offset: u64, bytes: &[u8], free_after: u64) -> Option<(u64, Vec<u8>)> {
         let block = self.fs_block_bytes;
         let start = offset / block * block;
         let end = offset + bytes.len() as u64;
         let padded_end = end.div_ceil(block) * block;
-        if padded_end > self.size_bytes().ok()? {
+        if padded_end - end > free_after || padded_end > self.size_bytes().ok()? {
             return None;
         }
         let last = self.last_block.lock().unwrap_or_else(|p| p.into_inner());
@@ -435,11 +438,11 @@ impl LogDevice for FileLogDevice {
         result
     }
 
-    fn write_unflushed_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {
+    fn write_unflushed_at(&self, offset: u64, bytes: &[u8], free_after: u64) -> SysResult<()> {
         let Some(file) = &self.through_page_cache else {
             return self.write_at(offset, bytes);
         };
-        let result = match self.widened_to_fs_blocks(offset, bytes) {
+        let result = match self.widened_to_fs_blocks(offset, bytes, free_after) {
             Some((start, widened)) => sys::pwrite_all(file.as_raw_fd(), &widened, start),
             None => sys::pwrite_all(file.as_raw_fd(), bytes, offset),
         };
@@ -629,8 +632,8 @@ impl<D: LogDevice + ?Sized> LogDevice for std::sync::Arc<D> {
     fn write_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {
         (**self).write_at(offset, bytes)
     }
-    fn write_unflushed_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {
-        (**self).write_unflushed_at(offset, bytes)
+    fn write_unflushed_at(&self, offset: u64, bytes: &[u8], free_after: u64) -> SysResult<()> {
+        (**self).write_unflushed_at(offset, bytes, free_after)
     }
     fn sync(&self) -> SysResult<()> {
         (**self).sync()
@@ -686,8 +689,9 @@ mod tests {
         let at = 2 * fs_block;
         log.write_at(at, &vec![1; block as usize]).unwrap();
         let read_before = device_bytes_read_by_this_thread();
-        log.write_unflushed_at(at + block, &vec![2; block as usize]).unwrap();
-        log.write_unflushed_at(at + 2 * block, &vec![3; block as usize]).unwrap();
+        let free = 1 << 16;
+        log.write_unflushed_at(at + block, &vec![2; block as usize], free).unwrap();
+        log.write_unflushed_at(at + 2 * block, &vec![3; block as usize], free).unwrap();
         assert_eq!(device_bytes_read_by_this_thread(), read_before, "the page was written whole, not read first");
         log.sync().unwrap();
         let bytes = log.read_at(at, fs_block as usize).unwrap();
@@ -696,6 +700,16 @@ mod tests {
         assert!(bytes[b..2 * b].iter().all(|&x| x == 2));
         assert!(bytes[2 * b..3 * b].iter().all(|&x| x == 3));
         assert!(bytes[3 * b..].iter().all(|&x| x == 0), "what the ring holds nothing of yet is zeros");
+        // A ring nearly full: the oldest batch kept starts right after the next write.
+        let next = at + fs_block;
+        log.write_at(next + 2 * block, &vec![7; block as usize]).unwrap();
+        log.write_at(next, &vec![4; block as usize]).unwrap();
+        log.write_unflushed_at(next + block, &vec![8; block as usize], 0).unwrap();
+        log.sync().unwrap();
+        let bytes = log.read_at(next, 3 * b).unwrap();
+        assert!(bytes[..b].iter().all(|&x| x == 4));
+        assert!(bytes[b..2 * b].iter().all(|&x| x == 8));
+        assert!(bytes[2 * b..].iter().all(|&x| x == 7), "no padding over a batch the log keeps");
     }
 
     #[test]
@@ -708,7 +722,7 @@ mod tests {
         log.write_at(at, &vec![5; block as usize]).unwrap();
         // A superblock write in between: the block the log wrote last is another one now.
         log.write_at(0, &vec![9; block as usize]).unwrap();
-        log.write_unflushed_at(at + block, &vec![6; block as usize]).unwrap();
+        log.write_unflushed_at(at + block, &vec![6; block as usize], 1 << 16).unwrap();
         log.sync().unwrap();
         let bytes = log.read_at(at, 2 * block as usize).unwrap();
         assert!(bytes[..block as usize].iter().all(|&x| x == 5), "the block before, unknown to the writer, stays");
@@ -716,7 +730,7 @@ mod tests {
         let after_failure = FileLogDevice::open_or_create(&path, 1 << 20).unwrap().0;
         after_failure.remember_write(at, None);
         assert!(
-            after_failure.widened_to_fs_blocks(at + block, &[0; 512]).is_none(),
+            after_failure.widened_to_fs_blocks(at + block, &[0; 512], 1 << 16).is_none(),
             "after a failed write nothing is assumed"
         );
     }

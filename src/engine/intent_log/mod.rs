@@ -228,6 +228,19 @@ impl Ring {
         }
         (self.next_block + self.sb.area_blocks - self.sb.checkpoint_block) % self.sb.area_blocks
     }
+
+    /// How many blocks from `block` on hold nothing the log needs, before the oldest batch kept
+    /// or the area's end, whichever comes first (`block` is where the batches written end).
+    fn free_blocks_from(&self, block: u64) -> u64 {
+        let area = self.sb.area_blocks;
+        assert!(block <= area, "block {block} past the area of {area}");
+        let kept_from = self.sb.checkpoint_block;
+        if self.next_seq != self.sb.checkpoint_seq && kept_from >= block {
+            kept_from - block
+        } else {
+            area - block
+        }
+    }
 }
 
 /// Records waiting for the next batch, in order, with an index of the queued Creates and of
@@ -658,9 +671,13 @@ impl IntentLog {
         let now = std::time::Instant::now();
         let through_page_cache = !flush && ring.last_batch_at.is_some_and(|at| now.duration_since(at) < BURST_GAP);
         ring.last_batch_at = Some(now);
-        let write = |offset: u64, bytes: &[u8]| {
+        // Blocks `at` on: the batch there, then free ring up to the oldest batch kept (or the
+        // area's end), which a page-cache write may pad over.
+        let write = |ring: &Ring, at: u64, bytes: &[u8]| {
+            let offset = (SUPERBLOCK_COPIES + at) * block_bytes as u64;
             if through_page_cache {
-                self.device.write_unflushed_at(offset, bytes)
+                let end = at + (bytes.len() / block_bytes) as u64;
+                self.device.write_unflushed_at(offset, bytes, ring.free_blocks_from(end) * block_bytes as u64)
             } else {
                 self.device.write_at(offset, bytes)
             }
@@ -668,8 +685,7 @@ impl IntentLog {
         if wrap_waste > 0 {
             let seq = ring.next_seq;
             let at = ring.next_block;
-            write((SUPERBLOCK_COPIES + at) * block_bytes as u64, &encode_wrap(seq, lag(seq), block_bytes))
-                .map_err(|e| LogError::Io("write", e))?;
+            write(ring, at, &encode_wrap(seq, lag(seq), block_bytes)).map_err(|e| LogError::Io("write", e))?;
             ring.starts.push_back((seq, at));
             ring.next_seq += 1;
             ring.next_block = 0;
@@ -683,7 +699,7 @@ impl IntentLog {
             blocks * block_bytes as u64,
             "a batch is the whole blocks it was given room for"
         );
-        write((SUPERBLOCK_COPIES + at) * block_bytes as u64, &bytes).map_err(|e| LogError::Io("write", e))?;
+        write(ring, at, &bytes).map_err(|e| LogError::Io("write", e))?;
         if flush {
             self.device.sync().map_err(|e| LogError::Io("sync", e))?;
             self.metrics.log_flushes.fetch_add(1, Relaxed);
@@ -818,6 +834,42 @@ mod tests {
         let (_log, replay) = open(&path, size, metrics()).unwrap();
         assert_eq!(replay.len(), 1);
         assert_eq!(replay[0].records, vec![data(1, 100, 10, 3)]);
+    }
+
+    /// Batches nobody waits for go through the page cache, widened to whole file-system blocks
+    /// with zeros after them (`FileLogDevice`): never over the oldest batches a nearly full ring
+    /// keeps right after its head.
+    #[test]
+    fn batches_through_the_page_cache_never_pad_over_the_oldest_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let size = 18 * LOG_BLOCK_BYTES as u64;
+        let metrics = metrics();
+        let (log, _) = open(&path, size, metrics.clone()).unwrap();
+        let mut committed: Vec<(u64, Vec<Record>)> = Vec::new();
+        let mut kept_from = None;
+        for i in 0..100_000u64 {
+            let records = vec![data(i, 0, 10, i as u8)];
+            match log.commit_written_before_seq(records.clone()) {
+                Ok(end) => committed.push((end - 1, records)),
+                Err(LogError::Full { .. }) if kept_from.is_none() => {
+                    // The ring wraps with the three newest batches kept just ahead of its head.
+                    let from = log.next_seq() - 3;
+                    log.checkpoint(from).unwrap();
+                    kept_from = Some(from);
+                }
+                Err(LogError::Full { .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let kept_from = kept_from.expect("the ring filled");
+        assert!(metrics.log_batches_page_cache.load(Relaxed) > 0, "batches went through the page cache");
+        drop(log); // as a killed daemon leaves it: the page cache outlives it
+        let (_, replay) = open(&path, size, metrics).unwrap();
+        let want: Vec<(u64, Vec<Record>)> = committed.into_iter().filter(|(seq, _)| *seq >= kept_from).collect();
+        let got: Vec<(u64, Vec<Record>)> = replay.into_iter().map(|b| (b.seq, b.records)).collect();
+        assert_eq!(got.len(), want.len(), "every batch kept is read back");
+        assert_eq!(got, want);
     }
 
     #[test]
