@@ -32,7 +32,7 @@
 //! hidden name's Unlink record was committed before anything but the checkpoint removes it
 //! from the backend.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -877,13 +877,29 @@ struct MergedDirReader {
     backend: Box<dyn DirReader>,
     pending: Arc<Pending>,
     dir: ObjectId,
-    /// The held names of the directory, taken when the backend's entries ran out.
+    /// The held names of the directory, taken before the backend's first entries are read: a
+    /// held file made on the backend meanwhile (a flusher or a checkpoint making it) is then in
+    /// both, and listed once, as held. Taken after them, it was in both or, made in between,
+    /// in neither (the reference test saw a name listed twice).
     held: Option<Vec<(OsString, ObjectId)>>,
+    held_names: HashSet<OsString>,
 }
 
 impl DirReader for MergedDirReader {
     fn read(&mut self, offset: u64, max: usize) -> SysResult<Vec<DirEntry>> {
         let mut entries = Vec::new();
+        // At the start again (rewinddir), as the directory is now.
+        if self.held.is_none() || offset == 0 {
+            let held: Vec<(OsString, ObjectId)> = {
+                let table = self.pending.table();
+                table
+                    .by_name
+                    .get(&self.dir)
+                    .map_or_else(Vec::new, |names| names.iter().map(|(name, id)| (name.clone(), *id)).collect())
+            };
+            self.held_names = held.iter().map(|(name, _)| name.clone()).collect();
+            self.held = Some(held);
+        }
         if offset < HELD_OFFSET_BASE {
             // Hidden names are gone here: the backend is read on until `max` entries are left
             // or it has no more (fewer than `max` says the end).
@@ -892,11 +908,16 @@ impl DirReader for MergedDirReader {
                 let wanted = max - entries.len();
                 let batch = self.backend.read(at, wanted)?;
                 let (got, next) = (batch.len(), batch.last().map(|e| e.next_offset));
+                let held_names = &self.held_names;
                 if self.pending.any_hidden() {
                     let table = self.pending.table();
-                    entries.extend(batch.into_iter().filter(|e| !table.is_hidden(self.dir, &e.name)));
+                    entries.extend(
+                        batch
+                            .into_iter()
+                            .filter(|e| !table.is_hidden(self.dir, &e.name) && !held_names.contains(&e.name)),
+                    );
                 } else {
-                    entries.extend(batch);
+                    entries.extend(batch.into_iter().filter(|e| !held_names.contains(&e.name)));
                 }
                 if entries.len() == max {
                     return Ok(entries);
@@ -907,13 +928,7 @@ impl DirReader for MergedDirReader {
                 }
             }
         }
-        let held = self.held.get_or_insert_with(|| {
-            let table = self.pending.table();
-            table
-                .by_name
-                .get(&self.dir)
-                .map_or_else(Vec::new, |names| names.iter().map(|(name, id)| (name.clone(), *id)).collect())
-        });
+        let held = self.held.as_ref().expect("taken above");
         let start = offset.saturating_sub(HELD_OFFSET_BASE) as usize;
         for (i, (name, id)) in held.iter().enumerate().skip(start) {
             if entries.len() == max {
@@ -1140,7 +1155,13 @@ impl Namespace for PendingNamespace {
 
     fn open_dir(&self, id: ObjectId) -> SysResult<Box<dyn DirReader>> {
         let backend = self.0.ns.open_dir(id)?;
-        Ok(Box::new(MergedDirReader { backend, pending: self.0.clone(), dir: id, held: None }))
+        Ok(Box::new(MergedDirReader {
+            backend,
+            pending: self.0.clone(),
+            dir: id,
+            held: None,
+            held_names: HashSet::new(),
+        }))
     }
 
     fn sync_dir(&self, id: ObjectId) -> SysResult<()> {
@@ -1359,5 +1380,45 @@ impl UnitStore for PendingStore {
 
     fn sync_all(&self) -> SysResult<()> {
         self.0.store.sync_all()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::memory::MemoryBackend;
+    use crate::engine::types::ROOT_ID;
+
+    fn names(ns: &PendingNamespace, dir: ObjectId, max: usize) -> Vec<OsString> {
+        let mut reader = ns.open_dir(dir).unwrap();
+        let (mut names, mut offset) = (Vec::new(), 0);
+        loop {
+            let batch = reader.read(offset, max).unwrap();
+            let Some(last) = batch.last() else { return names };
+            offset = last.next_offset;
+            names.extend(batch.into_iter().map(|e| e.name).filter(|n| n != "." && n != ".."));
+        }
+    }
+
+    /// A held file being made on the backend (by a flusher or a checkpoint) is there and still
+    /// held for a moment: a listing then shows it once. The reference test with the writeback
+    /// cache off saw it twice, its listing taking the held names after the backend's entries.
+    #[test]
+    fn a_held_file_being_made_on_the_backend_is_listed_once() {
+        let store = Arc::new(MemoryBackend::new(4096));
+        let held = Arc::new(Pending::new(store.clone(), store.clone(), Arc::new(Metrics::default())));
+        let ns = PendingNamespace(held.clone());
+        let owner = Owner { uid: 0, gid: 0 };
+        store.make(ROOT_ID, OsStr::new("old"), NewObject::File { perm: 0o644 }, owner).unwrap();
+        let a = held.make(ROOT_ID, OsStr::new("a"), 0o644, owner).unwrap();
+        assert!(held.is_held(a.id));
+        assert_eq!(names(&ns, ROOT_ID, 100), ["old", "a"]);
+        // Part way through `make_with`: on the backend under its id, not yet taken off the table.
+        store.make_with_id(a.id, ROOT_ID, OsStr::new("a"), 0o644, owner).unwrap();
+        for max in [1, 2, 100] {
+            let mut listed = names(&ns, ROOT_ID, max);
+            listed.sort();
+            assert_eq!(listed, ["a", "old"], "read {max} entries at a time");
+        }
     }
 }
