@@ -355,9 +355,10 @@ impl Namespace for LocalBackend {
     }
 
     fn identify(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)> {
+        // Asked before every unlink and rename with the log on: no descriptor opened for it.
         let parent = self.node(parent).ok()?;
-        let (node, st) = self.dir.lookup(&parent.node, &name_cstring(name).ok()?).ok()?;
-        Some((self.dir.file_handle(&node).ok()?, self.objects.id_for_listing(key_of(&st))))
+        let (st, key) = self.dir.identity_at(&parent.node, &name_cstring(name).ok()?).ok()?;
+        Some((key, self.objects.id_for_listing(key_of(&st))))
     }
 
     fn describe(&self, id: ObjectId) -> Option<String> {

@@ -565,6 +565,15 @@ impl BackingDir {
         handle_of(self.fd(dir)?.as_raw_fd(), name, 0)
     }
 
+    /// What `name` in the directory `dir` is (its attributes and handle), without following a
+    /// symlink and without opening it: two path walks, where `lookup` opens the object, asks
+    /// its handle and closes it again.
+    pub fn identity_at(&self, dir: &Node, name: &CStr) -> SysResult<(libc::stat, Vec<u8>)> {
+        let dir = self.fd(dir)?;
+        let st = sys::fstatat(dir.as_raw_fd(), name, libc::AT_SYMLINK_NOFOLLOW)?;
+        Ok((st, handle_of(dir.as_raw_fd(), name, 0)?))
+    }
+
     fn open_handle(&self, key: &[u8], flags: i32) -> SysResult<OwnedFd> {
         open_handle_at(&self.mount_fd, key, flags)
     }
