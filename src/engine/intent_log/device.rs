@@ -34,9 +34,11 @@ pub trait LogDevice: Send + Sync {
     /// flushes the log, through the page cache, which `sync(1)` writes back, as `sync` does.
     /// Direct and page-cache writes of one file stay coherent: the kernel writes a range's
     /// dirty pages back before a direct write or read of it. `free_after`: how many bytes after
-    /// the write hold nothing the log needs (free ring), which the device may write over.
-    fn write_unflushed_at(&self, offset: u64, bytes: &[u8], free_after: u64) -> SysResult<()> {
-        let _ = free_after;
+    /// the write hold nothing the log needs (free ring), which the device may write over to
+    /// cover whole blocks of its own. Where it cannot (too little free ring, or what comes
+    /// before the write in its block unknown), the write goes as it is: slower where the kernel
+    /// reads the block first, never wrong. This default writes directly, over nothing more.
+    fn write_unflushed_at(&self, offset: u64, bytes: &[u8], _free_after: u64) -> SysResult<()> {
         self.write_at(offset, bytes)
     }
     /// Makes every block written so far durable.
@@ -387,9 +389,12 @@ impl FileLogDevice {
         let start = offset / block * block;
         let end = offset + bytes.len() as u64;
         let padded_end = end.div_ceil(block) * block;
-        if padded_end - end > free_after || padded_end > self.size_bytes().ok()? {
+        if padded_end - end > free_after {
             return None;
         }
+        // `free_after` ends at the ring's area, and the area inside the file: no size check
+        // (an fstat) per batch is needed.
+        debug_assert!(self.size_bytes().is_ok_and(|size| padded_end <= size), "padding past the log's end");
         let last = self.last_block.lock().unwrap_or_else(|p| p.into_inner());
         let before: &[u8] = if start == offset {
             &[]
