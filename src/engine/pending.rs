@@ -32,7 +32,7 @@
 //! hidden name's Unlink record was committed before anything but the checkpoint removes it
 //! from the backend.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -880,9 +880,14 @@ struct MergedDirReader {
     /// The held names of the directory, taken before the backend's first entries are read: a
     /// held file made on the backend meanwhile (a flusher or a checkpoint making it) is then in
     /// both, and listed once, as held. Taken after them, it was in both or, made in between,
-    /// in neither (the reference test saw a name listed twice).
+    /// in neither (the reference test saw a name listed twice). In name order (the table's),
+    /// so that a backend entry is looked for by binary search.
     held: Option<Vec<(OsString, ObjectId)>>,
-    held_names: HashSet<OsString>,
+}
+
+/// Whether `name` is among `held` (in name order, as `MergedDirReader` takes it).
+fn is_held_name(held: &[(OsString, ObjectId)], name: &OsStr) -> bool {
+    held.binary_search_by(|(held_name, _)| held_name.as_os_str().cmp(name)).is_ok()
 }
 
 impl DirReader for MergedDirReader {
@@ -897,7 +902,7 @@ impl DirReader for MergedDirReader {
                     .get(&self.dir)
                     .map_or_else(Vec::new, |names| names.iter().map(|(name, id)| (name.clone(), *id)).collect())
             };
-            self.held_names = held.iter().map(|(name, _)| name.clone()).collect();
+            debug_assert!(held.windows(2).all(|pair| pair[0].0 < pair[1].0), "held names in order");
             self.held = Some(held);
         }
         if offset < HELD_OFFSET_BASE {
@@ -908,16 +913,16 @@ impl DirReader for MergedDirReader {
                 let wanted = max - entries.len();
                 let batch = self.backend.read(at, wanted)?;
                 let (got, next) = (batch.len(), batch.last().map(|e| e.next_offset));
-                let held_names = &self.held_names;
+                let held = self.held.as_deref().expect("taken above");
                 if self.pending.any_hidden() {
                     let table = self.pending.table();
                     entries.extend(
                         batch
                             .into_iter()
-                            .filter(|e| !table.is_hidden(self.dir, &e.name) && !held_names.contains(&e.name)),
+                            .filter(|e| !table.is_hidden(self.dir, &e.name) && !is_held_name(held, &e.name)),
                     );
                 } else {
-                    entries.extend(batch.into_iter().filter(|e| !held_names.contains(&e.name)));
+                    entries.extend(batch.into_iter().filter(|e| !is_held_name(held, &e.name)));
                 }
                 if entries.len() == max {
                     return Ok(entries);
@@ -1155,13 +1160,7 @@ impl Namespace for PendingNamespace {
 
     fn open_dir(&self, id: ObjectId) -> SysResult<Box<dyn DirReader>> {
         let backend = self.0.ns.open_dir(id)?;
-        Ok(Box::new(MergedDirReader {
-            backend,
-            pending: self.0.clone(),
-            dir: id,
-            held: None,
-            held_names: HashSet::new(),
-        }))
+        Ok(Box::new(MergedDirReader { backend, pending: self.0.clone(), dir: id, held: None }))
     }
 
     fn sync_dir(&self, id: ObjectId) -> SysResult<()> {
