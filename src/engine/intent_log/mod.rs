@@ -809,29 +809,50 @@ mod tests {
         IntentLog::open(Box::new(device), created, metrics)
     }
 
+    /// A log file in a temporary directory, opened as the daemon opens it (`open`).
+    struct TestLogFile {
+        _dir: tempfile::TempDir,
+        path: std::path::PathBuf,
+        size: u64,
+        metrics: Arc<Metrics>,
+    }
+
+    impl TestLogFile {
+        /// A new log of `blocks` log blocks, and the log opened on it.
+        fn create(blocks: u64) -> (TestLogFile, IntentLog) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("log");
+            let file = TestLogFile { _dir: dir, path, size: blocks * LOG_BLOCK_BYTES as u64, metrics: metrics() };
+            let (log, replay) = file.reopen().unwrap();
+            assert!(replay.is_empty(), "a new log has nothing to replay");
+            (file, log)
+        }
+
+        /// The log opened again, as a restarted daemon opens it.
+        fn reopen(&self) -> Result<(IntentLog, Vec<Batch>), LogError> {
+            open(&self.path, self.size, self.metrics.clone())
+        }
+    }
+
     fn data(file: u64, offset: u64, len: usize, fill: u8) -> Record {
         Record::Data { file: file.to_le_bytes().to_vec(), offset, bytes: vec![fill; len] }
     }
 
     #[test]
     fn commits_survive_reopening_and_a_checkpoint_releases_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log");
-        let size = 64 * LOG_BLOCK_BYTES as u64;
-        let (log, replay) = open(&path, size, metrics()).unwrap();
-        assert!(replay.is_empty());
+        let (file, log) = TestLogFile::create(64);
         log.commit(vec![data(1, 0, 100, 1)]).unwrap();
         log.commit(vec![data(2, 4096, 5000, 2), Record::Size { file: 2u64.to_le_bytes().to_vec(), size: 9096 }])
             .unwrap();
         let kept_from = log.next_seq();
         log.commit(vec![data(1, 100, 10, 3)]).unwrap();
         drop(log);
-        let (log, replay) = open(&path, size, metrics()).unwrap();
+        let (log, replay) = file.reopen().unwrap();
         assert_eq!(replay.len(), 3, "everything committed is read back: {replay:?}");
         assert_eq!(replay[1].records[1], Record::Size { file: 2u64.to_le_bytes().to_vec(), size: 9096 });
         log.checkpoint(kept_from).unwrap();
         drop(log);
-        let (_log, replay) = open(&path, size, metrics()).unwrap();
+        let (_log, replay) = file.reopen().unwrap();
         assert_eq!(replay.len(), 1);
         assert_eq!(replay[0].records, vec![data(1, 100, 10, 3)]);
     }
@@ -841,11 +862,7 @@ mod tests {
     /// keeps right after its head.
     #[test]
     fn batches_through_the_page_cache_never_pad_over_the_oldest_ones_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log");
-        let size = 18 * LOG_BLOCK_BYTES as u64;
-        let metrics = metrics();
-        let (log, _) = open(&path, size, metrics.clone()).unwrap();
+        let (file, log) = TestLogFile::create(18);
         let mut committed: Vec<(u64, Vec<Record>)> = Vec::new();
         let mut kept_from = None;
         for i in 0..100_000u64 {
@@ -863,9 +880,9 @@ mod tests {
             }
         }
         let kept_from = kept_from.expect("the ring filled");
-        assert!(metrics.log_batches_page_cache.load(Relaxed) > 0, "batches went through the page cache");
+        assert!(file.metrics.log_batches_page_cache.load(Relaxed) > 0, "batches went through the page cache");
         drop(log); // as a killed daemon leaves it: the page cache outlives it
-        let (_, replay) = open(&path, size, metrics).unwrap();
+        let (_, replay) = file.reopen().unwrap();
         let want: Vec<(u64, Vec<Record>)> = committed.into_iter().filter(|(seq, _)| *seq >= kept_from).collect();
         let got: Vec<(u64, Vec<Record>)> = replay.into_iter().map(|b| (b.seq, b.records)).collect();
         assert_eq!(got.len(), want.len(), "every batch kept is read back");
@@ -874,10 +891,7 @@ mod tests {
 
     #[test]
     fn the_ring_wraps_and_refuses_to_overrun_its_checkpoint() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log");
-        let size = 18 * LOG_BLOCK_BYTES as u64; // 16 blocks of area
-        let (log, _) = open(&path, size, metrics()).unwrap();
+        let (file, log) = TestLogFile::create(18); // 16 blocks of area
         for i in 0..40u64 {
             match log.commit(vec![data(i, 0, 6000, i as u8)]) {
                 Ok(()) => {}
@@ -890,7 +904,7 @@ mod tests {
             }
         }
         drop(log);
-        let (_, replay) = open(&path, size, metrics()).unwrap();
+        let (_, replay) = file.reopen().unwrap();
         let last = replay.last().expect("batches since the checkpoint");
         assert_eq!(last.records, vec![data(39, 0, 6000, 39)], "the newest commit is read back after many wraps");
         assert!(replay.windows(2).all(|w| w[0].seq < w[1].seq));
@@ -946,20 +960,17 @@ mod tests {
 
     #[test]
     fn damage_before_the_tail_stops_the_open_with_the_offset() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log");
-        let size = 64 * LOG_BLOCK_BYTES as u64;
-        let (log, _) = open(&path, size, metrics()).unwrap();
+        let (file, log) = TestLogFile::create(64);
         for i in 0..3 {
             log.commit(vec![data(1, i * 100, 100, 7)]).unwrap();
         }
         let block = log.block_bytes();
         drop(log);
         // Flip one bit in the first batch (block 2 of the file).
-        let mut bytes = std::fs::read(&path).unwrap();
+        let mut bytes = std::fs::read(&file.path).unwrap();
         bytes[2 * block + 60] ^= 0x10;
-        std::fs::write(&path, &bytes).unwrap();
-        match open(&path, size, metrics()) {
+        std::fs::write(&file.path, &bytes).unwrap();
+        match file.reopen() {
             Err(LogError::Corrupt(c)) => assert_eq!(c.offset, 2 * block as u64),
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("a damaged log opened"),
@@ -1165,11 +1176,7 @@ mod tests {
 
     #[test]
     fn closes_in_a_burst_go_through_the_page_cache_and_read_back_with_direct_ones_between() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log");
-        let size = 256 * LOG_BLOCK_BYTES as u64;
-        let metrics = metrics();
-        let (log, _) = open(&path, size, metrics.clone()).unwrap();
+        let (file, log) = TestLogFile::create(256);
         let mut written = Vec::new();
         for i in 0..60u64 {
             // Sizes that end batches inside pages; an fsync's direct, flushed batch now and then.
@@ -1181,30 +1188,27 @@ mod tests {
             }
             written.push(records);
         }
-        let through_page_cache = metrics.log_batches_page_cache.load(Relaxed);
-        if std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&path).is_ok() {
+        let through_page_cache = file.metrics.log_batches_page_cache.load(Relaxed);
+        if std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&file.path).is_ok() {
             // At most 51: the first batch had none before it, the fsyncs' are direct; a machine
             // busy enough to stretch a close past `BURST_GAP` makes it fewer.
             assert!((20..=51).contains(&through_page_cache), "{through_page_cache} of 60 through the page cache");
         }
         drop(log);
-        let (_, replay) = open(&path, size, metrics).unwrap();
+        let (_, replay) = file.reopen().unwrap();
         let read: Vec<Vec<Record>> = replay.into_iter().map(|b| b.records).collect();
         assert!(read == written, "the log read back differs: {} of {} batches", read.len(), written.len());
     }
 
     #[test]
     fn a_lone_close_is_written_directly() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log");
-        let metrics = metrics();
-        let (log, _) = open(&path, 64 * LOG_BLOCK_BYTES as u64, metrics.clone()).unwrap();
+        let (file, log) = TestLogFile::create(64);
         for i in 0..3u64 {
             log.commit_written(vec![data(i, 0, 100, 1)]).unwrap();
             std::thread::sleep(BURST_GAP * 2);
         }
-        assert_eq!(metrics.log_batches_page_cache.load(Relaxed), 0);
-        assert_eq!(metrics.log_batches.load(Relaxed), 3);
+        assert_eq!(file.metrics.log_batches_page_cache.load(Relaxed), 0);
+        assert_eq!(file.metrics.log_batches.load(Relaxed), 3);
     }
 
     #[test]
