@@ -13,13 +13,27 @@ fn assert_fails(out: &std::process::Output, code: i32, message: &str) {
     assert!(stderr_of(out).contains(message), "expected {message:?} in: {}", stderr_of(out));
 }
 
-fn dirs() -> (tempfile::TempDir, String, String) {
-    let t = tempfile::tempdir().unwrap();
-    let b = t.path().join("backing");
-    let m = t.path().join("mnt");
+/// A temporary directory holding `backing` and `mnt`; the backing's state and runtime
+/// directories go with it.
+struct Scratch {
+    dir: tempfile::TempDir,
+    _state: StateCleanup,
+}
+
+impl Scratch {
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+fn dirs() -> (Scratch, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let b = dir.path().join("backing");
+    let m = dir.path().join("mnt");
     fs::create_dir(&b).unwrap();
     fs::create_dir(&m).unwrap();
-    (t, path_str(&b), path_str(&m))
+    let state = StateCleanup::of(&b);
+    (Scratch { dir, _state: state }, path_str(&b), path_str(&m))
 }
 
 fn is_mounted(path: &str) -> bool {
@@ -109,6 +123,7 @@ fn unwritable_backing_directory() {
     let (t, b, m) = dirs();
     let ro = t.path().join("ro");
     fs::create_dir(&ro).unwrap();
+    let _ro_state = StateCleanup::of(&ro);
     let ro = path_str(&ro);
     assert!(Command::new("mount").args(["--bind", &b, &ro]).status().unwrap().success());
     assert!(Command::new("mount").args(["-o", "remount,bind,ro", &ro]).status().unwrap().success());

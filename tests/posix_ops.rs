@@ -63,6 +63,7 @@ fn a_legacy_state_folder_stays_in_use_hidden_and_reserved() {
     let dir = tempfile::tempdir().unwrap();
     let backing = dir.path().join("backing");
     fs::create_dir_all(backing.join(".coalescefs")).unwrap();
+    let _state = StateCleanup::of(&backing);
     let m = TestMount::build(&["log=on"], &[], Some(&backing));
     assert!(m.backing_path(".coalescefs/intent.log").is_file(), "the legacy folder holds the log");
     assert!(!m.state_dir().exists());

@@ -248,6 +248,7 @@ fn a_full_backend_reports_enospc_and_keeps_the_data_until_there_is_room() {
     let small = SmallFileSystem::new(16);
     let backing = small.path().join("backing");
     fs::create_dir(&backing).unwrap();
+    let _state = StateCleanup::of(&backing);
     {
         let mut m = TestMount::build(&["unit=1M", "flush_age=3600s"], &[], Some(&backing));
         let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.path("big")).unwrap();
@@ -283,6 +284,7 @@ fn scattered_small_writes_land_and_the_backing_file_system_is_free_after_umount(
     let small = SmallFileSystem::new(64);
     let backing = small.path().join("backing");
     fs::create_dir(&backing).unwrap();
+    let _state = StateCleanup::of(&backing);
     let mut expected = pattern(4 << 20, 3);
     fs::write(backing.join("f"), &expected).unwrap();
     for round in 0..3u64 {

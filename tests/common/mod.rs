@@ -58,18 +58,31 @@ pub struct TestMount {
     owns_backing: bool,
 }
 
-/// Removes the default state directory of a backing directory (its intent log) when dropped.
-pub struct StateCleanup(PathBuf);
+/// Removes the default state directory of a backing directory (its intent log, 64 MiB) and
+/// its runtime directory when dropped: a test's backing directory is gone after it, and
+/// nothing else would ever remove them (CI machines gathered gigabytes in /var/lib).
+pub struct StateCleanup {
+    state: PathBuf,
+    runtime: PathBuf,
+}
 
 impl StateCleanup {
     pub fn of(backing: &Path) -> StateCleanup {
-        StateCleanup(state_dir(backing))
+        StateCleanup { state: state_dir(backing), runtime: runtime_dir(backing) }
     }
 }
 
 impl Drop for StateCleanup {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_dir_all(&self.state);
+        remove_runtime_dir(&self.runtime);
+    }
+}
+
+/// The daemon's log stays for a failing test's message to point at; otherwise it goes.
+fn remove_runtime_dir(runtime: &Path) {
+    if !std::thread::panicking() {
+        let _ = std::fs::remove_dir_all(runtime);
     }
 }
 
@@ -298,9 +311,11 @@ impl Drop for TestMount {
                 let _ = coalescefs(&["umount", "--lazy", &path_str(&self.mnt)]);
             }
         }
-        // The state directory lives outside the temporary directory; it goes with the test.
+        // The state and runtime directories live outside the temporary directory; they go
+        // with the test.
         if self.owns_backing {
             let _ = std::fs::remove_dir_all(self.state_dir());
+            remove_runtime_dir(&self.runtime_dir());
         }
     }
 }
