@@ -141,12 +141,14 @@ fn a_missing_name_is_looked_up_once_and_made_through_the_mount_all_the_same() {
     let m = TestMount::new();
     fs::create_dir(m.path("d")).unwrap();
     let missing = |name: &str| assert!(fs::symlink_metadata(m.path(name)).is_err(), "{name} exists");
+    let cached = KERNEL_CACHES.read().unwrap_or_else(|p| p.into_inner());
     missing("d/gone");
     let lookups = m.counter("fuse_lookup_total");
     for _ in 0..10 {
         missing("d/gone");
     }
     assert_eq!(m.counter("fuse_lookup_total"), lookups, "the missing name was looked up again");
+    drop(cached);
     // Every way to make a name the kernel holds as missing.
     fs::write(m.path("d/gone"), b"made").unwrap();
     assert_eq!(fs::read(m.path("d/gone")).unwrap(), b"made");
@@ -608,8 +610,14 @@ fn open_with_o_nofollow_opens_a_regular_file_and_still_refuses_a_symlink() {
 /// cached attributes. None where this process may not (not root): the caller skips.
 fn drop_kernel_caches() -> Option<()> {
     unsafe { libc::sync() };
+    let _dropping = KERNEL_CACHES.write().unwrap_or_else(|p| p.into_inner());
     fs::write("/proc/sys/vm/drop_caches", "3\n").ok()
 }
+
+/// The tests of this file run side by side: one that counts what reaches the daemon while the
+/// kernel's caches answer holds this, so that another's `drop_kernel_caches` waits (CI saw a
+/// cached missing name looked up again, dropped in between).
+static KERNEL_CACHES: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 /// GNU tar writes each file, sets the archived times with futimens, then closes it: the flush
 /// at close must not stamp the file with the flush time. Checked after the kernel has dropped
