@@ -136,3 +136,15 @@ pub fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> SysResult<()> {
     }
     Ok(())
 }
+
+/// The time now on the clock the kernel stamps inodes with (the coarse real-time clock, one
+/// tick behind at most): what a file system's own later stamp is never earlier than. A change
+/// the daemon shows before the backend has it (a buffered write's mtime), stamped finer, could
+/// be later than the stamp the backend then gives it, and the file's mtime would step back
+/// once the backend's is shown.
+pub fn coarse_now() -> std::time::SystemTime {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    assert_eq!(rc, 0, "CLOCK_REALTIME_COARSE is always there on Linux");
+    std::time::UNIX_EPOCH + std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}

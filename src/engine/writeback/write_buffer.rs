@@ -364,7 +364,7 @@ impl Writeback {
             // The kernel's own writeback of its cache is not a new write: in that mode the
             // kernel keeps the times and sends them itself.
             if !from_page_cache {
-                inner.last_write = Some(SystemTime::now());
+                inner.last_write = Some(crate::sys::coarse_now());
                 inner.times_set = None;
                 inner.times_pending = false;
                 inner.times_logged = false;
@@ -489,7 +489,7 @@ impl Writeback {
             inner.size = size;
             // A change of size is a modification: the file's mtime and ctime, as the backend's
             // truncate would have set them.
-            inner.last_write = Some(SystemTime::now());
+            inner.last_write = Some(crate::sys::coarse_now());
             inner.times_set = None;
             inner.times_pending = false;
             inner.times_logged = false;
