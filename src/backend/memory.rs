@@ -69,6 +69,29 @@ struct State {
 pub struct MemoryBackend {
     state: Arc<Mutex<State>>,
     capabilities: Capabilities,
+    gate: Arc<WriteGate>,
+}
+
+/// For tests that need a flush in flight at a chosen moment: while held, unit writes wait
+/// (and are counted as waiting) until it is let go.
+#[derive(Default)]
+struct WriteGate {
+    state: Mutex<(bool, usize)>, // held, writers waiting
+    changed: std::sync::Condvar,
+}
+
+impl WriteGate {
+    fn pass(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.0 {
+            state.1 += 1;
+            self.changed.notify_all();
+            while state.0 {
+                state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+            }
+            state.1 -= 1;
+        }
+    }
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -284,7 +307,7 @@ impl MemoryBackend {
             allocate: false,
             keys_can_go_stale: true,
         };
-        MemoryBackend { state: Arc::new(Mutex::new(state)), capabilities }
+        MemoryBackend { state: Arc::new(Mutex::new(state)), capabilities, gate: Arc::default() }
     }
 
     /// The same, taking aligned ranges in place instead of whole units.
@@ -292,6 +315,27 @@ impl MemoryBackend {
         let mut backend = Self::new(unit_bytes);
         backend.capabilities.partial_writes = true;
         backend
+    }
+
+    /// Holds every unit write from now on (a flush stays in flight) until called with false.
+    pub fn hold_unit_writes(&self, held: bool) {
+        let mut state = self.gate.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.0 = held;
+        self.gate.changed.notify_all();
+    }
+
+    /// Waits until `writers` unit writes are held (see `hold_unit_writes`), for 10 s at most.
+    pub fn wait_for_held_writes(&self, writers: usize) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut state = self.gate.state.lock().unwrap_or_else(|p| p.into_inner());
+        while state.1 < writers {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            state = self.gate.changed.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        true
     }
 
     /// A power cut: the store holds what it held durably, and nothing is looked up or open.
@@ -630,6 +674,7 @@ impl Namespace for MemoryBackend {
 /// A file's data in the memory store.
 struct MemoryFileData {
     state: Arc<Mutex<State>>,
+    gate: Arc<WriteGate>,
     id: ObjectId,
     partial_writes: bool,
 }
@@ -662,6 +707,7 @@ impl FileData for MemoryFileData {
             "a partial unit for a store of whole units: {:?}",
             unit.ranges
         );
+        self.gate.pass();
         let mut s = lock(&self.state);
         s.unit_writes += 1;
         let data = s.data.get_mut(&self.id).ok_or(Errno(libc::ESTALE))?;
@@ -721,7 +767,12 @@ impl UnitStore for MemoryBackend {
             return Err(Errno(libc::EISDIR));
         }
         *s.open_handles.entry(id).or_insert(0) += 1;
-        Ok(Arc::new(MemoryFileData { state: self.state.clone(), id, partial_writes: self.capabilities.partial_writes }))
+        Ok(Arc::new(MemoryFileData {
+            state: self.state.clone(),
+            gate: self.gate.clone(),
+            id,
+            partial_writes: self.capabilities.partial_writes,
+        }))
     }
 
     fn sync_all(&self) -> SysResult<()> {

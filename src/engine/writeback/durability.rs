@@ -489,10 +489,23 @@ impl Writeback {
         let unit_bytes = self.config.unit_bytes;
         let size = inner.size;
         // What the log does not hold yet: units in flight whole (older), then the ranges of
-        // dirty units not logged since they were last written.
+        // dirty units not logged since they were last written. A unit's bytes in flight are
+        // older than its dirty ones, which this batch or an earlier one logs after them: where
+        // the dirty unit has bytes, the flight's are left out, or a second fsync while the
+        // flush is still under way would log them after the newer ones an earlier batch holds,
+        // and replay would end with the older (the crash harness found them back after a kill).
         let failures_before = log.failed_batches();
-        let in_flight: Vec<(u64, Vec<std::ops::Range<u64>>)> =
-            inner.in_flight.iter().map(|(&k, u)| (k, u.ranges.iter().cloned().collect())).collect();
+        let in_flight: Vec<(u64, Vec<std::ops::Range<u64>>)> = inner
+            .in_flight
+            .iter()
+            .map(|(&k, u)| {
+                let older = match inner.dirty.get(&k) {
+                    Some(newer) => u.ranges.minus(&newer.ranges),
+                    None => u.ranges.clone(),
+                };
+                (k, older.iter().cloned().collect())
+            })
+            .collect();
         let dirty: Vec<(u64, Vec<std::ops::Range<u64>>)> =
             inner.dirty.iter().map(|(&k, u)| (k, u.ranges.minus(&u.logged).iter().cloned().collect())).collect();
         // Measured before anything is copied: a file with more buffered than the threshold
