@@ -98,7 +98,9 @@ pub trait Namespace: Send + Sync {
 
     /// Makes a regular file as `make` does, under the id `id`, which the engine chose from its
     /// own range (`engine::pending`) and served the file under while only its memory and the
-    /// intent log held it; counts one lookup of it. ENOSYS where the namespace cannot.
+    /// intent log held it; counts one lookup of it. The file keeps that id while the namespace
+    /// lives, forgotten and looked up again too (the kernel showed it as the inode number).
+    /// ENOSYS where the namespace cannot.
     fn make_with_id(
         &self,
         _id: ObjectId,

@@ -32,13 +32,13 @@
 //! hidden name's Unlink record was committed before anything but the checkpoint removes it
 //! from the backend.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use super::intent_log::format::Record;
-use super::types::{Attr, DirEntry, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, TimeToSet, TimesToSet};
+use super::types::{Attr, DirEntry, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, TimeToSet, TimesToSet, ROOT_ID};
 use super::types::{Timestamp, XattrReply};
 use crate::backend::{Capabilities, DirReader, FileData, Namespace, OpenMode, UnitStore, UnitWrite};
 use crate::metrics::Metrics;
@@ -138,6 +138,11 @@ struct Table {
     /// the time set last, not the one it saw before it began.
     mtimes_set: HashMap<ObjectId, Timestamp>,
     keepers: usize,
+    /// Directories named above, each held on the backend by one lookup of its own while it is
+    /// (`Pending::repin`): the kernel forgets a directory whose entries it has forgotten, and
+    /// with the directory's last lookup gone the backend's id for it ends, though the held
+    /// files named there still need it at the checkpoint (it failed with ESTALE).
+    pinned: HashSet<ObjectId>,
     next: u64,
 }
 
@@ -161,6 +166,11 @@ impl Table {
 
     fn is_hidden(&self, parent: ObjectId, name: &OsStr) -> bool {
         self.hidden.get(&parent).is_some_and(|names| names.contains_key(name))
+    }
+
+    /// Whether anything here names the directory `dir`.
+    fn names_dir(&self, dir: ObjectId) -> bool {
+        self.by_name.contains_key(&dir) || self.hidden.contains_key(&dir) || self.dir_changed.contains_key(&dir)
     }
 
     /// An entry of `dir` changed now (see `dir_changed`).
@@ -254,6 +264,29 @@ impl Pending {
         lock(&self.table)
     }
 
+    /// Holds the directory `dir` on the backend while the table names it, and lets it go after
+    /// (see `Table::pinned`). Called after every change of what the table names in `dir`; the
+    /// first is made inside a request on `dir` (a create, rename, unlink or setattr there), while
+    /// the kernel still holds it, so the hold finds it.
+    fn repin(&self, table: &mut Table, dir: ObjectId) {
+        if dir == ROOT_ID {
+            return;
+        }
+        match (table.names_dir(dir), table.pinned.contains(&dir)) {
+            (true, false) => match self.ns.hold(dir) {
+                Ok(()) => {
+                    table.pinned.insert(dir);
+                }
+                Err(e) => log::warn!("inode {dir}: holding the directory of new files: {e}"),
+            },
+            (false, true) => {
+                table.pinned.remove(&dir);
+                self.ns.forget(dir, 1);
+            }
+            _ => {}
+        }
+    }
+
     fn get(&self, id: ObjectId) -> Option<Arc<PendingFile>> {
         if id < PENDING_ID_BASE {
             return None;
@@ -335,6 +368,7 @@ impl Pending {
         let mut table = self.table();
         table.hidden.entry(parent).or_default().insert(name.to_os_string(), key);
         table.touch(parent);
+        self.repin(&mut table, parent);
     }
 
     /// A directory's attributes with the times its held entries' changes give it.
@@ -383,6 +417,7 @@ impl Pending {
             }
             if !table.by_name.contains_key(&dir) {
                 table.dir_changed.remove(&dir);
+                self.repin(&mut table, dir);
             }
         }
         let mut table = self.table();
@@ -432,6 +467,7 @@ impl Pending {
                     table.hidden.remove(&dir);
                 }
             }
+            self.repin(&mut table, dir);
         }
         Ok(removed)
     }
@@ -509,6 +545,7 @@ impl Pending {
         table.by_id.insert(id, Arc::new(PendingFile { id, key, body: Mutex::new(body) }));
         table.name(parent, name, id);
         table.touch(parent);
+        self.repin(&mut table, parent);
         Ok(attr)
     }
 
@@ -554,6 +591,8 @@ impl Pending {
             table.name(new_parent, new_name, file.id);
             table.touch(parent);
             table.touch(new_parent);
+            self.repin(&mut table, parent);
+            self.repin(&mut table, new_parent);
             drop(table);
             body.name = Some((new_parent, new_name.to_os_string()));
             body.attr.ctime = now();
@@ -568,6 +607,7 @@ impl Pending {
             let mut table = self.table();
             table.unname(parent, name);
             table.touch(parent);
+            self.repin(&mut table, parent);
             drop(table);
             body.name = None;
             body.attr.ctime = now();
@@ -750,6 +790,7 @@ impl Pending {
         let mut table = self.table();
         table.by_id.remove(&id);
         table.unname(parent, &name);
+        self.repin(&mut table, parent);
         drop(table);
         self.metrics.pending_files_made.fetch_add(1, Relaxed);
         Ok(Some(Made { parent, name, attr: made }))
@@ -1026,6 +1067,7 @@ impl Namespace for PendingNamespace {
                 let mut table = self.0.table();
                 self.0.ns.setattr(id, changes)?;
                 table.mtime_set(id, mtime);
+                self.0.repin(&mut table, id);
                 Ok(())
             }
         }

@@ -493,3 +493,16 @@ impl Drop for LoopDevice {
         let _ = std::process::Command::new("losetup").args(["-d", &self.path]).status();
     }
 }
+
+/// Drops the kernel's caches, so that the next stat asks the daemon instead of the kernel's
+/// cached attributes. None where this process may not (not root): the caller skips.
+pub fn drop_kernel_caches() -> Option<()> {
+    unsafe { libc::sync() };
+    let _dropping = KERNEL_CACHES.write().unwrap_or_else(|p| p.into_inner());
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n").ok()
+}
+
+/// The tests of this file run side by side: one that counts what reaches the daemon while the
+/// kernel's caches answer holds this, so that another's `drop_kernel_caches` waits (CI saw a
+/// cached missing name looked up again, dropped in between).
+pub static KERNEL_CACHES: std::sync::RwLock<()> = std::sync::RwLock::new(());

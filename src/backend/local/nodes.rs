@@ -121,6 +121,11 @@ impl Drop for Node {
 }
 
 impl Node {
+    /// The object's persistent file handle, where it has one.
+    pub fn handle(&self) -> Option<&[u8]> {
+        self.handle.as_deref()
+    }
+
     /// Whether two nodes stand for the same object. Only handles can tell: an inode number
     /// freed by a deleted file is given to the next new one, while the kernel may still hold
     /// the old object under that number. A node that pins its descriptor keeps its inode

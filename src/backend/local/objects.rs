@@ -7,6 +7,12 @@
 //! directory) get ids from a synthetic range, and so does a new object whose inode number is
 //! still held by a deleted one the kernel has not forgotten (nodes do not pin their inodes, see
 //! `nodes`). The root is always `ROOT_ID`.
+//!
+//! An id the engine chose (a new file it served from its own memory, then made here under that
+//! id, `remember_as`) outlives the kernel forgetting the object: the object's handle and id are
+//! kept aside (`Table::chosen`), and its next lookup takes that id again, so its inode number
+//! does not change while the mount lasts (git's index and hard-link detection compare them,
+//! and the engine's notes of unsynced changes are keyed by id).
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -31,12 +37,21 @@ pub struct Object {
     /// write to a file and before every chown (two of tar's ~11 requests per file), and the
     /// local directory answers through a /proc path walk.
     pub capability_absent: AtomicBool,
+    /// The engine chose the id (`remember_as`): kept aside when the object is forgotten.
+    chosen_id: bool,
 }
 
 impl Object {
     fn new(id: ObjectId, key: BackingKey, node: Node) -> Object {
-        Object { id, key, node, capability_absent: AtomicBool::new(false) }
+        Object { id, key, node, capability_absent: AtomicBool::new(false), chosen_id: false }
     }
+}
+
+/// A forgotten object whose id the engine chose: the id, and the handle that tells the object
+/// from a later one given the same inode number.
+struct ChosenId {
+    id: ObjectId,
+    handle: Box<[u8]>,
 }
 
 struct Slot {
@@ -47,6 +62,10 @@ struct Slot {
 struct Table {
     by_id: HashMap<ObjectId, Slot>,
     by_key: HashMap<BackingKey, ObjectId>,
+    /// Forgotten objects whose ids the engine chose, by key (see the module's notes): one entry
+    /// per such file not in the kernel's cache, until it is looked up again or its inode number
+    /// goes to another object.
+    chosen: HashMap<BackingKey, ChosenId>,
     next_synthetic: u64,
 }
 
@@ -63,7 +82,8 @@ impl ObjectTable {
         by_id.insert(ROOT_ID, Slot { object: root, lookups: 1 });
         let mut by_key = HashMap::new();
         by_key.insert(root_key, ROOT_ID);
-        ObjectTable { root_key, table: Mutex::new(Table { by_id, by_key, next_synthetic: SYNTHETIC_ID_BASE }) }
+        let table = Table { by_id, by_key, chosen: HashMap::new(), next_synthetic: SYNTHETIC_ID_BASE };
+        ObjectTable { root_key, table: Mutex::new(table) }
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -77,9 +97,14 @@ impl ObjectTable {
     /// The id this key has or would have: what readdir reports for an entry that was never
     /// looked up. Ids of other-device objects are only known once looked up.
     pub fn id_for_listing(&self, key: BackingKey) -> ObjectId {
-        if let Some(&id) = self.table().by_key.get(&key) {
+        let table = self.table();
+        if let Some(&id) = table.by_key.get(&key) {
             return id;
         }
+        if let Some(chosen) = table.chosen.get(&key) {
+            return chosen.id;
+        }
+        drop(table);
         self.natural_id(key).unwrap_or(key.1)
     }
 
@@ -112,14 +137,20 @@ impl ObjectTable {
             }
             number_taken = true;
         }
-        let id = match self.natural_id(key) {
-            Some(id) if !number_taken && !table.by_id.contains_key(&id) => id,
+        let chosen = table.chosen.remove(&key).filter(|chosen| {
+            !number_taken && node.handle() == Some(&chosen.handle[..]) && !table.by_id.contains_key(&chosen.id)
+        });
+        let id = match (chosen.as_ref(), self.natural_id(key)) {
+            (Some(chosen), _) => chosen.id,
+            (None, Some(id)) if !number_taken && !table.by_id.contains_key(&id) => id,
             _ => {
                 table.next_synthetic += 1;
                 table.next_synthetic
             }
         };
-        let object = Arc::new(Object::new(id, key, node));
+        let mut object = Object::new(id, key, node);
+        object.chosen_id = chosen.is_some();
+        let object = Arc::new(object);
         table.by_id.insert(id, Slot { object: object.clone(), lookups: 1 });
         table.by_key.insert(key, id);
         object
@@ -130,7 +161,10 @@ impl ObjectTable {
     pub fn remember_as(&self, node: Node, key: BackingKey, id: ObjectId) -> Arc<Object> {
         let mut table = self.table();
         assert!(!table.by_id.contains_key(&id), "id {id} given out twice");
-        let object = Arc::new(Object::new(id, key, node));
+        table.chosen.remove(&key);
+        let mut object = Object::new(id, key, node);
+        object.chosen_id = true;
+        let object = Arc::new(object);
         table.by_id.insert(id, Slot { object: object.clone(), lookups: 1 });
         table.by_key.insert(key, id);
         object
@@ -160,6 +194,9 @@ impl ObjectTable {
             // The key may lead to a newer object by now (see `remember`).
             if table.by_key.get(&slot.object.key) == Some(&id) {
                 table.by_key.remove(&slot.object.key);
+                if let Some(handle) = slot.object.node.handle().filter(|_| slot.object.chosen_id) {
+                    table.chosen.insert(slot.object.key, ChosenId { id, handle: handle.into() });
+                }
             }
             drop(table);
             // The last reference to a deleted file closes its descriptor, and the backing
