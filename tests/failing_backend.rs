@@ -375,3 +375,46 @@ fn sigterm_ends_the_daemon_even_when_the_mount_stays_busy() {
     // Lazily detached by the daemon, the mount point is free again.
     assert!(!fs::read_to_string("/proc/self/mountinfo").unwrap().contains(&path_str(&m.mnt)));
 }
+
+/// An fsync makes durable what the file holds, so bytes a close gave the backend unsynced (a
+/// 300 KB new file, more than the log takes at close) are synced by the next fsync, not left
+/// for the log's record of the append to stand for. The kernel forgetting the file in between
+/// (memory pressure, an admin's `drop_caches`) ended the id the file had been served under,
+/// the file came back under another, and the fsync found no note of the backend's unsynced
+/// bytes: the log answered it, and a power cut could have lost the 300 KB it acknowledged.
+/// A backend whose syncs fail shows which: the fsync must fail.
+/// With file handles the local namespace keeps such a file's id (`backend::local::objects`);
+/// without them (a daemon that is not root) the engine keeps the kernel's forgets of it until
+/// the backend's changes are synced.
+#[test]
+fn an_fsync_after_the_kernel_forgot_the_file_still_syncs_what_the_backend_holds_unsynced() {
+    let (options, env) = (["flush_age=3600s"], [("COALESCEFS_FAULTS", "")]);
+    fsync_after_the_kernel_forgot_the_file(TestMount::build(&options, &env, None));
+    match TestMount::without_file_handles(&options, &env) {
+        Some(m) => fsync_after_the_kernel_forgot_the_file(m),
+        None => eprintln!("skipped without file handles: dropping the capability needs root"),
+    }
+}
+
+fn fsync_after_the_kernel_forgot_the_file(m: TestMount) {
+    let data = pattern(300_000, 9);
+    fs::write(m.path("f"), &data).unwrap();
+    if drop_kernel_caches().is_none() {
+        eprintln!("skipped: dropping the kernel's caches needs root");
+        return;
+    }
+    m.inject("sync=EIO");
+    let (out, _) = timed(&m, 60, "python3", &["-c", SMALL_FSYNCS, &path_str(&m.path("f")), "1"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("Input/output error"),
+        "an fsync the backend could not sync: {out:?}"
+    );
+    m.clear_faults();
+    let (out, _) = timed(&m, 60, "python3", &["-c", SMALL_FSYNCS, &path_str(&m.path("f")), "1"]);
+    assert!(out.status.success(), "the backend syncs again, yet fsync fails: {out:?}");
+    let mut expected = data;
+    expected.extend(pattern_of_small_fsyncs(1));
+    expected.extend(pattern_of_small_fsyncs(1));
+    assert!(fs::read(m.path("f")).unwrap() == expected, "the file after both appends");
+}

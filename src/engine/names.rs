@@ -27,7 +27,7 @@ impl Engine {
     }
 
     pub fn forget(&self, id: ObjectId, count: u64) {
-        self.ns.forget(id, count);
+        self.writeback.forget(id, count);
     }
 
     pub fn getattr(&self, id: ObjectId) -> SysResult<Attr> {

@@ -52,6 +52,9 @@ pub struct TestMount {
     env: Vec<(String, String)>,
     /// RLIMIT_NOFILE (soft and hard) for the daemon, when the test sets one.
     fd_limit: Option<u64>,
+    /// The daemon runs without CAP_DAC_READ_SEARCH: no file handles (`open_by_handle_at`), as
+    /// a daemon that is not root runs.
+    without_file_handles: bool,
     mounted: bool,
     /// The backing directory is the mount's own (not given by the test): its state directory
     /// goes when the mount does. A test that gives one keeps a `StateCleanup` of its own.
@@ -130,11 +133,25 @@ impl TestMount {
             options: options.iter().map(|s| s.to_string()).collect(),
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             fd_limit,
+            without_file_handles: false,
             mounted: false,
             owns_backing,
         };
         m.mount();
         m
+    }
+
+    /// `build`, with a daemon that cannot use file handles (see `without_file_handles`); None
+    /// where this process cannot drop the capability (not root).
+    pub fn without_file_handles(options: &[&str], env: &[(&str, &str)]) -> Option<TestMount> {
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
+        }
+        let mut m = Self::build(options, env, None);
+        m.unmount();
+        m.without_file_handles = true;
+        m.mount();
+        Some(m)
     }
 
     pub fn mount(&mut self) {
@@ -152,6 +169,17 @@ impl TestMount {
             // Between fork and exec only async-signal-safe calls: setrlimit is one.
             unsafe {
                 command.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                });
+            }
+        }
+        if self.without_file_handles {
+            use std::os::unix::process::CommandExt;
+            // Out of the bounding set, root's exec does not give it back.
+            const CAP_DAC_READ_SEARCH: libc::c_ulong = 2; // linux/capability.h
+            unsafe {
+                command.pre_exec(|| match libc::prctl(libc::PR_CAPBSET_DROP, CAP_DAC_READ_SEARCH, 0, 0, 0) {
                     0 => Ok(()),
                     _ => Err(std::io::Error::last_os_error()),
                 });

@@ -26,7 +26,10 @@ impl Writeback {
     pub fn note_created(&self, ino: u64, named_in: Option<u64>, record: Option<Record>) {
         if let Some(log) = &self.log {
             // A fresh start: the number may be a deleted file's, whose history is not this one's.
-            lock(&self.durability).insert(ino, Durability { created: true, named_in, ..Durability::default() });
+            let mut d = lock(&self.durability);
+            let forgets_held_back = d.get(&ino).map_or(0, |e| e.forgets_held_back);
+            d.insert(ino, Durability { created: true, named_in, forgets_held_back, ..Durability::default() });
+            drop(d);
             if let Some(record) = record {
                 log.append(vec![record]);
             }
@@ -107,7 +110,9 @@ impl Writeback {
         if held.make_logged_now(id, &|records| self.commit_made_durably(id, records))?.is_some() {
             // Synced, named durably, its log records barred: as a file older than the
             // checkpoint, in sync with the backend.
-            lock(&self.durability).insert(id, Durability::default());
+            let mut d = lock(&self.durability);
+            let forgets_held_back = d.get(&id).map_or(0, |e| e.forgets_held_back);
+            d.insert(id, Durability { forgets_held_back, ..Durability::default() });
         }
         Ok(())
     }
@@ -711,8 +716,39 @@ impl Writeback {
                 }
             }
         }
-        d.retain(|_, e| e.created || !e.backend_in_sync() || e.logged_before_seq > 0);
+        let mut forgets_due = Vec::new();
+        d.retain(|&ino, e| {
+            let keep = e.created || !e.backend_in_sync() || e.logged_before_seq > 0;
+            if !keep && e.forgets_held_back > 0 {
+                forgets_due.push((ino, e.forgets_held_back));
+            }
+            keep
+        });
+        drop(d);
+        for (ino, lookups) in forgets_due {
+            self.ns.forget(ino, lookups);
+        }
         Ok(())
+    }
+
+    /// The kernel dropped `lookups` lookups of `ino`. A file with a durability entry that can
+    /// be looked up again keeps them until the entry goes: at zero lookups the namespace may
+    /// end the id, and the file, looked up again, come back under another one (where the
+    /// backend cannot keep an id the engine chose), whose fsync would find no entry and be
+    /// answered by the log over backend changes no sync had made durable. A file with no name
+    /// left lets them all go at once: nothing can look it up, and the backend frees its space
+    /// only when the last lookup goes (the full-disk tests wait for that).
+    pub fn forget(&self, ino: u64, lookups: u64) {
+        // The name is asked for outside the map's lock: a held file's answer takes its body's
+        // lock, under which a log commit takes the map's.
+        if lock(&self.durability).contains_key(&ino) && !self.has_no_name(ino) {
+            if let Some(entry) = lock(&self.durability).get_mut(&ino) {
+                entry.forgets_held_back += lookups;
+                return;
+            }
+        }
+        let held_back = lock(&self.durability).get_mut(&ino).map_or(0, |e| std::mem::take(&mut e.forgets_held_back));
+        self.ns.forget(ino, lookups + held_back);
     }
 
     /// The files with write state now, taken out of the lock so each can be worked on alone.

@@ -88,6 +88,9 @@ struct Durability {
     synced_changes: u64,
     /// The log holds records of this file up to (and excluding) this sequence number.
     logged_before_seq: u64,
+    /// Lookups the kernel dropped (FORGET) while this entry was here, handed to the namespace
+    /// when it goes (`Writeback::forget`).
+    forgets_held_back: u64,
 }
 
 impl Durability {
