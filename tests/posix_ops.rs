@@ -793,3 +793,23 @@ fn held_files_are_made_at_the_checkpoint_after_the_kernel_forgot_their_directory
         assert_eq!([inode("d/f0"), inode("d/f1")], served_as, "inode numbers after the checkpoint, {options:?}");
     }
 }
+
+/// An ioctl the mount does not implement fails as on a file without it (ENOTTY), and quietly:
+/// Python asks every file it opens whether it is a terminal (TCGETS), and each one logged a
+/// warning, so that the daemon's log of the crash harness was mostly these.
+#[test]
+fn an_ioctl_the_mount_does_not_implement_is_enotty_without_a_log_line() {
+    let m = TestMount::new();
+    fs::write(m.path("f"), b"data").unwrap();
+    let f = File::open(m.path("f")).unwrap();
+    let mut termios = std::mem::MaybeUninit::<libc::termios>::uninit();
+    let answer = unsafe { libc::ioctl(f.as_raw_fd(), libc::TCGETS, termios.as_mut_ptr()) };
+    assert_eq!((answer, errno()), (-1, libc::ENOTTY), "TCGETS of a regular file on the mount");
+    let out = Command::new("python3")
+        .args(["-c", "import sys; open(sys.argv[1]).read()", &path_str(&m.path("f"))])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let log = m.daemon_log();
+    assert!(!log.contains("ioctl"), "the daemon logged an ioctl:\n{log}");
+}
