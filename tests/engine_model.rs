@@ -753,7 +753,7 @@ fn an_older_logged_fsync_is_not_replayed_over_bytes_the_store_made_durable_since
 /// A unit still being flushed when a second fsync comes: its older bytes, logged whole by the
 /// first fsync ahead of the newer ones written over them since, must not be logged again after
 /// those (replay applies batches in order). The crash harness found the older bytes back after a
-/// kill (`unit=64K,writeback_cache=off`, once in about a thousand kills).
+/// kill (`unit=64K,writeback_cache=off`, twice in about 3,200 kills).
 #[test]
 fn a_unit_in_flight_is_not_logged_again_over_newer_bytes_an_earlier_fsync_logged() {
     let store = Arc::new(MemoryBackend::new(UNIT));

@@ -503,12 +503,9 @@ impl Writeback {
         let in_flight: Vec<(u64, Vec<std::ops::Range<u64>>)> = inner
             .in_flight
             .iter()
-            .map(|(&k, u)| {
-                let older = match inner.dirty.get(&k) {
-                    Some(newer) => u.ranges.minus(&newer.ranges),
-                    None => u.ranges.clone(),
-                };
-                (k, older.iter().cloned().collect())
+            .map(|(&k, u)| match inner.dirty.get(&k) {
+                Some(newer) => (k, u.ranges.minus(&newer.ranges).iter().cloned().collect()),
+                None => (k, u.ranges.iter().cloned().collect()),
             })
             .collect();
         let dirty: Vec<(u64, Vec<std::ops::Range<u64>>)> =
