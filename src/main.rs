@@ -110,6 +110,21 @@ else the default state directory's.\n\nExample:\n  coalescefs recover /srv/data"
         #[arg(long, value_name = "PATH")]
         log: Option<PathBuf>,
     },
+    /// Not mounted: remove what coalescefs keeps for BACKING_DIR outside it (the state directory
+    /// with the intent log, the runtime directory with the daemon's log)
+    #[command(after_help = "Refused while the intent log holds batches BACKING_DIR does not have yet (a mount \
+replays them; so does `coalescefs recover`), unless --discard. BACKING_DIR itself is not touched.\n\n\
+Example:\n  coalescefs forget /srv/data")]
+    Forget {
+        /// The backing directory of the unmounted file system
+        backing_dir: PathBuf,
+        /// The state directory (as mounted with -o state=DIR)
+        #[arg(long, value_name = "DIR")]
+        state: Option<PathBuf>,
+        /// Remove them even if the log holds batches not replayed yet: those writes are lost
+        #[arg(long)]
+        discard: bool,
+    },
     /// Print shell completions (bash, zsh, fish, elvish, powershell)
     #[command(after_help = "Example:\n  coalescefs completions bash > /etc/bash_completion.d/coalescefs")]
     Completions { shell: clap_complete::Shell },
@@ -141,7 +156,8 @@ struct MountArgs {
     verbose: bool,
 }
 
-const SUBCOMMANDS: &[&str] = &["mount", "umount", "unmount", "stats", "sync", "recover", "completions", "man", "help"];
+const SUBCOMMANDS: &[&str] =
+    &["mount", "umount", "unmount", "stats", "sync", "recover", "forget", "completions", "man", "help"];
 
 fn usage_error(err: UsageError) -> ExitCode {
     eprintln!("coalescefs: {}\n\nFor more information, try '--help'.", err.0);
@@ -166,6 +182,7 @@ fn main() -> ExitCode {
         Command::Stats { watch: Some(seconds), mountpoint, .. } => watch_stats(&mountpoint, seconds),
         Command::Sync { mountpoint } => run_sync(&mountpoint),
         Command::Recover { backing_dir, state, log } => run_recover(&backing_dir, state, log),
+        Command::Forget { backing_dir, state, discard } => run_forget(&backing_dir, state, discard),
         Command::Completions { shell } => {
             // Into memory first: clap_complete panics on a failed write (a closed pipe).
             let mut script = Vec::new();
@@ -321,6 +338,86 @@ fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<Path
             ExitCode::SUCCESS
         }
         Err(message) => fail(message),
+    }
+}
+
+fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool) -> ExitCode {
+    let backing = match mounts::check_backing_dir(backing, true) {
+        Ok(path) => path,
+        Err(message) => return fail(message),
+    };
+    // Held until the end: no mount of the directory may start while its state goes.
+    let state = match state::StateDir::find(&backing, state_dir.as_deref()) {
+        Ok(state) => state,
+        Err(message) => return fail(format!("{message}: unmount it first")),
+    };
+    let marker = match state::log_marker(&backing) {
+        Ok(marker) => marker,
+        Err(message) => return fail(message),
+    };
+    // The state directory's log, and a log elsewhere (log=PATH) the backing directory says it needs.
+    let mut logs = vec![state.log_path()];
+    logs.extend(marker.clone().filter(|marked| !state::same_file(marked, &state.log_path())));
+    for log_path in logs.iter().filter(|path| path.exists()) {
+        let held = engine::intent_log::open_file_device(log_path, None, state.path())
+            .and_then(|(device, _)| engine::intent_log::batches_to_replay(Box::new(device)));
+        let refusal = match held {
+            Ok(0) => None,
+            Ok(n) => Some(format!(
+                "{} holds {n} {} {} does not have yet: mount it once (the mount replays them) or run \
+                 `coalescefs recover`, or give --discard to lose them",
+                log_path.display(),
+                if n == 1 { "batch" } else { "batches" },
+                backing.display()
+            )),
+            Err(e) => Some(format!(
+                "{}: {e}; `coalescefs recover` applies what can be read, or give --discard to lose it",
+                log_path.display()
+            )),
+        };
+        match refusal {
+            Some(message) if discard => eprintln!("coalescefs: discarding: {message}"),
+            Some(message) => return fail(message),
+            None => {}
+        }
+    }
+    if marker.is_some() {
+        if let Err(message) = state::clear_log_marker(&backing) {
+            return fail(message);
+        }
+    }
+    // The state directory may be one an admin named (state=DIR): only what coalescefs puts
+    // there goes, and the directory if that leaves it empty.
+    // Its lock, as a mount takes it: another backing directory's mount may share a state=DIR.
+    let mut state = state;
+    if state.path().is_dir() {
+        if let Err(message) = state.make(false, true) {
+            return fail(message);
+        }
+    }
+    let removed = state::remove_state_files(state.path())
+        .and_then(|()| remove_dir_if_there(state.path(), |dir| std::fs::remove_dir(dir)))
+        .and_then(|()| {
+            remove_dir_if_there(runtime::RuntimeDir::of(&backing).path(), |dir| std::fs::remove_dir_all(dir))
+        });
+    match removed {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => fail(message),
+    }
+}
+
+fn remove_dir_if_there(dir: &Path, remove: fn(&Path) -> std::io::Result<()>) -> Result<(), String> {
+    match remove(dir) {
+        Ok(()) => {
+            println!("removed {}", dir.display());
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
+            println!("left {}: it holds files coalescefs did not make", dir.display());
+            Ok(())
+        }
+        Err(e) => Err(format!("removing {}: {e}", dir.display())),
     }
 }
 

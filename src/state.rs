@@ -129,6 +129,20 @@ fn absolute_state_path(path: &Path) -> Result<PathBuf, String> {
 
 /// Makes the state directory (mode 0700; a symlink in its place is refused, not followed) and
 /// takes its lock, so that two backing directories never share one log.
+/// Removes what a mount keeps in the state directory `path` (its log, the log's replay map, the
+/// lock), for `coalescefs forget`; the caller holds the directory's lock. Anything else stays.
+pub fn remove_state_files(path: &Path) -> Result<(), String> {
+    let replay_map = format!("{LOG_FILE_NAME}.replay-map");
+    for name in [LOG_FILE_NAME, replay_map.as_str(), "lock"] {
+        match std::fs::remove_file(path.join(name)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("removing {}: {e}", path.join(name).display())),
+        }
+    }
+    Ok(())
+}
+
 fn make_and_lock(path: &Path, inside_backing: bool, read_only: bool) -> Result<Option<File>, String> {
     let shown = path.display();
     if !read_only {

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use common::*;
 
-const SUBCOMMANDS: &[&str] = &["mount", "umount", "stats", "sync", "recover", "completions", "man"];
+const SUBCOMMANDS: &[&str] = &["mount", "umount", "stats", "sync", "recover", "forget", "completions", "man"];
 
 fn stdout_of(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()

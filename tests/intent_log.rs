@@ -3,7 +3,8 @@
 
 mod common;
 
-use std::fs::{self, OpenOptions};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
@@ -1602,4 +1603,52 @@ fn a_file_unlinked_while_open_drops_the_changes_the_log_holds_at_its_last_releas
     // The kernel sends the release after close has returned.
     wait_for(|| m.counter("buffer_bytes_used") == 0, "the unlinked file's buffered change to go with its last handle");
     m.sync_to_backend();
+}
+
+/// `coalescefs forget` removes what a mount keeps outside its backing directory (the state
+/// directory with the log, the runtime directory), and never loses an acknowledged write doing
+/// it: refused while mounted, and while the log holds a batch the backing directory does not
+/// have (a daemon killed after an fsync the log answered), unless --discard; an admin's
+/// state=DIR keeps its other files.
+#[test]
+fn forget_removes_the_state_and_runtime_directories_but_never_unreplayed_batches() {
+    let mut m = TestMount::with_options(&["unit=64K"]);
+    let backing = path_str(&m.backing_path(""));
+    let out = coalescefs(&["forget", &backing]);
+    assert_eq!(out.status.code(), Some(1), "forget of a mounted directory: {out:?}");
+    assert!(stderr_of(&out).contains("unmount it first"), "{}", stderr_of(&out));
+    let mut f = File::create(m.path("f")).unwrap();
+    f.write_all(&pattern(1000, 5)).unwrap();
+    f.sync_all().unwrap();
+    assert!(m.counter("log_fsyncs_total") > 0, "the log answered the fsync");
+    kill_daemon(&mut m);
+    drop(f);
+    let out = coalescefs(&["forget", &backing]);
+    assert_eq!(out.status.code(), Some(1), "forget with a batch to replay: {out:?}");
+    assert!(stderr_of(&out).contains("holds 1 batch"), "{}", stderr_of(&out));
+    assert!(m.state_dir().join("intent.log").exists(), "a refused forget removed the log");
+    m.mount();
+    assert_eq!(fs::read(m.path("f")).unwrap(), pattern(1000, 5), "the fsynced write, replayed");
+    m.unmount();
+    let out = coalescefs(&["forget", &backing]);
+    assert!(out.status.success(), "forget after a clean unmount: {}", stderr_of(&out));
+    assert!(!m.state_dir().exists() && !m.runtime_dir().exists(), "forget left its directories: {out:?}");
+    assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(1000, 5), "forget touched the backing directory");
+
+    let state = m.backing_path("").parent().unwrap().join("state");
+    fs::create_dir(&state).unwrap();
+    fs::write(state.join("notes"), b"the admin's").unwrap();
+    let option = format!("state={}", path_str(&state));
+    m.set_options(&["unit=64K", &option]);
+    m.mount();
+    let mut f = File::create(m.path("g")).unwrap();
+    f.write_all(b"g").unwrap();
+    f.sync_all().unwrap();
+    kill_daemon(&mut m);
+    drop(f);
+    let out = coalescefs(&["forget", "--state", &path_str(&state), "--discard", &backing]);
+    assert!(out.status.success(), "forget --discard: {}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("discarding"), "{}", stderr_of(&out));
+    let left: Vec<_> = fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, ["notes"], "forget keeps only the admin's files in state=DIR");
 }

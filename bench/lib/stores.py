@@ -239,6 +239,10 @@ class Store:
         return counted
 
     def close(self):
+        # coalescefs's runtime directory (the daemon's log) of a mount of this store, in
+        # /run/coalescefs; its state directory is on the store and goes with it.
+        if os.path.isdir(self.data):
+            sh(BIN, "forget", "--discard", "--state", self.state, self.data, check=False)
         if sh("umount", self.mnt, check=False).returncode != 0:
             sh("umount", "-l", self.mnt, check=False)
         sh("losetup", "-d", self.dev, check=False)

@@ -68,6 +68,15 @@ impl std::fmt::Display for LogError {
     }
 }
 
+/// How many batches the log on `device` holds that a mount would replay (after its checkpoint,
+/// or a recovery's replay map left part way), for `coalescefs forget`. Changes nothing but what
+/// a mount's opening would (a checkpoint past batches a power cut left unflushed).
+pub fn batches_to_replay(device: Box<dyn LogDevice>) -> Result<usize, LogError> {
+    let recovery_under_way = !device.read_map().map_err(|e| LogError::Io("read the replay map", e))?.is_empty();
+    let (_, batches) = IntentLog::open(device, false, Arc::new(Metrics::default()))?;
+    Ok(batches.len().max(usize::from(recovery_under_way)))
+}
+
 /// Opens (or creates, `size_bytes` long) the log file at `path`; returns it and whether it was
 /// created. A file of another size is refused: the ring's geometry is in its superblock, and
 /// `log_size=` must not change while the log holds data. `size_bytes` None: whatever size the
