@@ -113,7 +113,7 @@ else the default state directory's.\n\nExample:\n  coalescefs recover /srv/data"
     /// Not mounted: remove what coalescefs keeps for BACKING_DIR outside it (the state directory
     /// with the intent log, the runtime directory with the daemon's log)
     #[command(after_help = "Refused while the intent log holds batches BACKING_DIR does not have yet (a mount \
-replays them; so does `coalescefs recover`), unless --discard. BACKING_DIR itself is not touched.\n\n\
+replays them; so does `coalescefs recover`), unless --discard. The files of BACKING_DIR are not touched.\n\n\
 Example:\n  coalescefs forget /srv/data")]
     Forget {
         /// The backing directory of the unmounted file system
@@ -346,11 +346,18 @@ fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool) -> Exit
         Ok(path) => path,
         Err(message) => return fail(message),
     };
-    // Held until the end: no mount of the directory may start while its state goes.
-    let state = match state::StateDir::find(&backing, state_dir.as_deref()) {
+    // Both locks a mount takes, held until the end: the backing directory's (no mount of it
+    // may start while its state goes) and the state directory's (another backing directory's
+    // mount may share a state=DIR).
+    let mut state = match state::StateDir::find(&backing, state_dir.as_deref()) {
         Ok(state) => state,
         Err(message) => return fail(format!("{message}: unmount it first")),
     };
+    if state.path().is_dir() {
+        if let Err(message) = state.make(false, true) {
+            return fail(message);
+        }
+    }
     let marker = match state::log_marker(&backing) {
         Ok(marker) => marker,
         Err(message) => return fail(message),
@@ -388,13 +395,6 @@ fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool) -> Exit
     }
     // The state directory may be one an admin named (state=DIR): only what coalescefs puts
     // there goes, and the directory if that leaves it empty.
-    // Its lock, as a mount takes it: another backing directory's mount may share a state=DIR.
-    let mut state = state;
-    if state.path().is_dir() {
-        if let Err(message) = state.make(false, true) {
-            return fail(message);
-        }
-    }
     let removed = state::remove_state_files(state.path())
         .and_then(|()| remove_dir_if_there(state.path(), |dir| std::fs::remove_dir(dir)))
         .and_then(|()| {

@@ -127,8 +127,6 @@ fn absolute_state_path(path: &Path) -> Result<PathBuf, String> {
     }
 }
 
-/// Makes the state directory (mode 0700; a symlink in its place is refused, not followed) and
-/// takes its lock, so that two backing directories never share one log.
 /// Removes what a mount keeps in the state directory `path` (its log, the log's replay map, the
 /// lock), for `coalescefs forget`; the caller holds the directory's lock. Anything else stays.
 pub fn remove_state_files(path: &Path) -> Result<(), String> {
@@ -143,6 +141,8 @@ pub fn remove_state_files(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Makes the state directory (mode 0700; a symlink in its place is refused, not followed) and
+/// takes its lock, so that two backing directories never share one log.
 fn make_and_lock(path: &Path, inside_backing: bool, read_only: bool) -> Result<Option<File>, String> {
     let shown = path.display();
     if !read_only {

@@ -24,6 +24,11 @@ use crate::engine::types::{ObjectId, ROOT_ID};
 /// Synthetic ids start here; backing file systems do not hand out inode numbers this high.
 const SYNTHETIC_ID_BASE: u64 = 1 << 63;
 
+/// Forgotten chosen ids kept aside at most (about 80 MiB of them): beyond, one goes for each
+/// new one, and that file comes back under its inode number at its next lookup (the engine's
+/// durability notes do not depend on it: `Writeback::forget`).
+const CHOSEN_IDS_KEPT: usize = 1 << 20;
+
 /// Identity of a backing object: (st_dev, st_ino).
 pub type BackingKey = (u64, u64);
 
@@ -195,6 +200,10 @@ impl ObjectTable {
             if table.by_key.get(&slot.object.key) == Some(&id) {
                 table.by_key.remove(&slot.object.key);
                 if let Some(handle) = slot.object.node.handle().filter(|_| slot.object.chosen_id) {
+                    if table.chosen.len() >= CHOSEN_IDS_KEPT {
+                        let some = *table.chosen.keys().next().expect("the map is full");
+                        table.chosen.remove(&some);
+                    }
                     table.chosen.insert(slot.object.key, ChosenId { id, handle: handle.into() });
                 }
             }
