@@ -530,7 +530,7 @@ pub fn drop_kernel_caches() -> Option<()> {
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").ok()
 }
 
-/// The tests of this file run side by side: one that counts what reaches the daemon while the
-/// kernel's caches answer holds this, so that another's `drop_kernel_caches` waits (CI saw a
+/// The tests of one test binary run side by side: one that counts what reaches the daemon while
+/// the kernel's caches answer holds this, so that another's `drop_kernel_caches` waits (CI saw a
 /// cached missing name looked up again, dropped in between).
 pub static KERNEL_CACHES: std::sync::RwLock<()> = std::sync::RwLock::new(());
