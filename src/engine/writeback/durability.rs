@@ -26,10 +26,7 @@ impl Writeback {
     pub fn note_created(&self, ino: u64, named_in: Option<u64>, record: Option<Record>) {
         if let Some(log) = &self.log {
             // A fresh start: the number may be a deleted file's, whose history is not this one's.
-            let mut d = lock(&self.durability);
-            let forgets_held_back = d.get(&ino).map_or(0, |e| e.forgets_held_back);
-            d.insert(ino, Durability { created: true, named_in, forgets_held_back, ..Durability::default() });
-            drop(d);
+            restart(&mut lock(&self.durability), ino, Durability { created: true, named_in, ..Durability::default() });
             if let Some(record) = record {
                 log.append(vec![record]);
             }
@@ -110,9 +107,7 @@ impl Writeback {
         if held.make_logged_now(id, &|records| self.commit_made_durably(id, records))?.is_some() {
             // Synced, named durably, its log records barred: as a file older than the
             // checkpoint, in sync with the backend.
-            let mut d = lock(&self.durability);
-            let forgets_held_back = d.get(&id).map_or(0, |e| e.forgets_held_back);
-            d.insert(id, Durability { forgets_held_back, ..Durability::default() });
+            restart(&mut lock(&self.durability), id, Durability::default());
         }
         Ok(())
     }
@@ -736,15 +731,21 @@ impl Writeback {
     /// left lets them all go at once: nothing can look it up, and the backend frees its space
     /// only when the last lookup goes (the full-disk tests wait for that).
     pub fn forget(&self, ino: u64, lookups: u64) {
+        // One lock for the many files with no entry.
+        if !lock(&self.durability).contains_key(&ino) {
+            return self.ns.forget(ino, lookups);
+        }
         // The name is asked for outside the map's lock: a held file's answer takes its body's
         // lock, under which a log commit takes the map's.
-        if lock(&self.durability).contains_key(&ino) && !self.has_no_name(ino) {
-            if let Some(entry) = lock(&self.durability).get_mut(&ino) {
+        let named = !self.has_no_name(ino);
+        let held_back = match lock(&self.durability).get_mut(&ino) {
+            Some(entry) if named => {
                 entry.forgets_held_back += lookups;
                 return;
             }
-        }
-        let held_back = lock(&self.durability).get_mut(&ino).map_or(0, |e| std::mem::take(&mut e.forgets_held_back));
+            Some(entry) => std::mem::take(&mut entry.forgets_held_back),
+            None => 0,
+        };
         self.ns.forget(ino, lookups + held_back);
     }
 
@@ -916,4 +917,11 @@ fn logged_path(d: &HashMap<u64, Durability>, mut dir: u64) -> bool {
         }
     }
     false
+}
+
+/// Starts `ino`'s entry again as `fresh` (a new file, or one now in sync with the backend),
+/// keeping the kernel's forgets it holds back (`Writeback::forget`): the namespace still counts them.
+fn restart(map: &mut HashMap<u64, Durability>, ino: u64, fresh: Durability) {
+    let forgets_held_back = map.get(&ino).map_or(0, |e| e.forgets_held_back);
+    map.insert(ino, Durability { forgets_held_back, ..fresh });
 }
