@@ -395,19 +395,20 @@ fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool) -> Exit
     }
     // The state directory may be one an admin named (state=DIR): only what coalescefs puts
     // there goes, and the directory if that leaves it empty.
+    let runtime = runtime::RuntimeDir::of(&backing);
     let removed = state::remove_state_files(state.path())
-        .and_then(|()| remove_dir_if_there(state.path(), |dir| std::fs::remove_dir(dir)))
-        .and_then(|()| {
-            remove_dir_if_there(runtime::RuntimeDir::of(&backing).path(), |dir| std::fs::remove_dir_all(dir))
-        });
+        .and_then(|()| said_removed(state.path(), std::fs::remove_dir(state.path())))
+        .and_then(|()| said_removed(runtime.path(), std::fs::remove_dir_all(runtime.path())));
     match removed {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => fail(message),
     }
 }
 
-fn remove_dir_if_there(dir: &Path, remove: fn(&Path) -> std::io::Result<()>) -> Result<(), String> {
-    match remove(dir) {
+/// Says what the removal of `dir` did: a directory that is not there is no error, one that
+/// still holds others' files is left.
+fn said_removed(dir: &Path, removal: std::io::Result<()>) -> Result<(), String> {
+    match removal {
         Ok(()) => {
             println!("removed {}", dir.display());
             Ok(())

@@ -33,6 +33,8 @@ pub const LEGACY_NAME: &str = ".coalescefs";
 pub const LOG_MARKER_XATTR: &str = "user.coalescefs.log";
 
 const LOG_FILE_NAME: &str = "intent.log";
+/// Locked by the daemon that uses the state directory.
+const LOCK_FILE_NAME: &str = "lock";
 
 pub struct StateDir {
     path: PathBuf,
@@ -130,12 +132,12 @@ fn absolute_state_path(path: &Path) -> Result<PathBuf, String> {
 /// Removes what a mount keeps in the state directory `path` (its log, the log's replay map, the
 /// lock), for `coalescefs forget`; the caller holds the directory's lock. Anything else stays.
 pub fn remove_state_files(path: &Path) -> Result<(), String> {
-    let replay_map = format!("{LOG_FILE_NAME}.replay-map");
-    for name in [LOG_FILE_NAME, replay_map.as_str(), "lock"] {
-        match std::fs::remove_file(path.join(name)) {
+    let log = path.join(LOG_FILE_NAME);
+    for file in [crate::engine::intent_log::device::replay_map_path(&log), log, path.join(LOCK_FILE_NAME)] {
+        match std::fs::remove_file(&file) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("removing {}: {e}", path.join(name).display())),
+            Err(e) => return Err(format!("removing {}: {e}", file.display())),
         }
     }
     Ok(())
@@ -166,7 +168,7 @@ fn make_and_lock(path: &Path, inside_backing: bool, read_only: bool) -> Result<O
         .create(!read_only)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(path.join("lock"))
+        .open(path.join(LOCK_FILE_NAME))
         .map_err(|e| format!("cannot open the lock file in the state directory {shown}: {e}"))?;
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(format!(

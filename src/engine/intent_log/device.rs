@@ -171,8 +171,7 @@ impl FileLogDevice {
             }
             _ => (file, false),
         };
-        let mut map_path = path.as_os_str().to_owned();
-        map_path.push(".replay-map");
+        let map_path = replay_map_path(path);
         let device = FileLogDevice {
             file,
             path: path.to_path_buf(),
@@ -180,7 +179,7 @@ impl FileLogDevice {
             direct,
             invisible,
             device_bytes: None,
-            map_path: map_path.into(),
+            map_path,
             through_page_cache: if invisible || !direct { None } else { open(0).ok() },
             fs_block_bytes: fs_block_bytes(path),
             last_block: Mutex::new(None),
@@ -251,6 +250,13 @@ impl FileLogDevice {
     fn map_path(&self) -> PathBuf {
         self.map_path.clone()
     }
+}
+
+/// Where the replay map of the log file `log` lives: beside it.
+pub fn replay_map_path(log: &Path) -> PathBuf {
+    let mut path = log.as_os_str().to_owned();
+    path.push(".replay-map");
+    path.into()
 }
 
 /// Whether `path` is a block device (following symlinks, as /dev/disk/by-id/... are).

@@ -115,12 +115,11 @@ fn open_block_device(
     let shown = path.display();
     let look = 2 * MAX_LOG_BLOCK_BYTES;
     let (mut device, device_bytes, contents) =
-        device::FileLogDevice::open_block_device(path, state_dir.join("intent.log.replay-map"), look).map_err(|e| {
-            match e {
+        device::FileLogDevice::open_block_device(path, device::replay_map_path(&state_dir.join("intent.log")), look)
+            .map_err(|e| match e {
                 Errno(libc::EBUSY) => LogError::Mismatch(format!("{shown} is in use (mounted, or held by a program)")),
                 e => LogError::Io("open", e),
-            }
-        })?;
+            })?;
     let (log_bytes, created) = match contents {
         device::BlockDeviceContents::Bytes(start) => match Superblock::find(&start) {
             Some(sb) => ((sb.area_blocks + SUPERBLOCK_COPIES) * sb.block_bytes as u64, false),
