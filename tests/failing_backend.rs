@@ -88,6 +88,12 @@ except OSError as e:
     sys.exit(1)
 "#;
 
+/// One 4 KiB append to `name` and its fsync (`SMALL_FSYNCS`), in a process of its own; killed
+/// after 60 s.
+fn append_fsynced(m: &TestMount, name: &str) -> (Output, Duration) {
+    timed(m, 60, "python3", &["-c", SMALL_FSYNCS, &path_str(&m.path(name)), "1"])
+}
+
 fn pattern_of_small_fsyncs(acked: usize) -> Vec<u8> {
     (0..acked).flat_map(|k| vec![(k % 251 + 1) as u8; 4096]).collect()
 }
@@ -298,18 +304,16 @@ fn a_stalled_backend_fails_the_waiting_request_after_io_timeout() {
     let data = pattern(300_000, 44);
     fs::write(m.path("f"), &data).unwrap();
     m.inject("write=stall:120s");
-    let (out, took) = timed(&m, 60, "python3", &["-c", SMALL_FSYNCS, &path_str(&m.path("f")), "1"]);
+    let (out, took) = append_fsynced(&m, "f");
     assert!(!out.status.success(), "fsync succeeded on a backend that takes nothing: {out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("Input/output error"), "{out:?}");
     assert!(took >= Duration::from_secs(2) && took < ANSWER_WITHIN, "fsync waited {took:?} for io_timeout=2s");
     let (out, took) = timed(&m, 30, "ls", &[&path_str(&m.mnt)]);
     assert!(out.status.success() && took < Duration::from_secs(5), "ls took {took:?}");
     m.clear_faults();
-    let (out, _) = timed(&m, 30, "python3", &["-c", SMALL_FSYNCS, &path_str(&m.path("f")), "1"]);
+    let (out, _) = append_fsynced(&m, "f");
     assert!(out.status.success(), "the backend answers again, yet fsync fails: {out:?}");
-    let mut expected = data;
-    expected.extend(pattern_of_small_fsyncs(1));
-    expected.extend(pattern_of_small_fsyncs(1));
+    let expected = [data, pattern_of_small_fsyncs(1), pattern_of_small_fsyncs(1)].concat();
     m.unmount();
     assert!(fs::read(m.backing_path("f")).unwrap() == expected);
 }
@@ -404,17 +408,15 @@ fn fsync_after_the_kernel_forgot_the_file(m: TestMount) {
         return;
     }
     m.inject("sync=EIO");
-    let (out, _) = timed(&m, 60, "python3", &["-c", SMALL_FSYNCS, &path_str(&m.path("f")), "1"]);
+    let (out, _) = append_fsynced(&m, "f");
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && said.contains("Input/output error"),
         "an fsync the backend could not sync: {out:?}"
     );
     m.clear_faults();
-    let (out, _) = timed(&m, 60, "python3", &["-c", SMALL_FSYNCS, &path_str(&m.path("f")), "1"]);
+    let (out, _) = append_fsynced(&m, "f");
     assert!(out.status.success(), "the backend syncs again, yet fsync fails: {out:?}");
-    let mut expected = data;
-    expected.extend(pattern_of_small_fsyncs(1));
-    expected.extend(pattern_of_small_fsyncs(1));
+    let expected = [data, pattern_of_small_fsyncs(1), pattern_of_small_fsyncs(1)].concat();
     assert!(fs::read(m.path("f")).unwrap() == expected, "the file after both appends");
 }

@@ -100,12 +100,12 @@ impl TestMount {
 
     /// A mount with extra environment for the daemon, over `backing` if given (it must exist).
     pub fn build(options: &[&str], env: &[(&str, &str)], backing: Option<&Path>) -> TestMount {
-        Self::build_limited(options, env, backing, None)
+        Self::build_limited(options, env, backing, None, false)
     }
 
     /// A mount whose daemon may open at most `fd_limit` descriptors (soft and hard limit).
     pub fn with_descriptor_limit(options: &[&str], fd_limit: u64) -> TestMount {
-        Self::build_limited(options, &[], None, Some(fd_limit))
+        Self::build_limited(options, &[], None, Some(fd_limit), false)
     }
 
     fn build_limited(
@@ -113,6 +113,7 @@ impl TestMount {
         env: &[(&str, &str)],
         backing: Option<&Path>,
         fd_limit: Option<u64>,
+        without_file_handles: bool,
     ) -> TestMount {
         let dir = tempfile::Builder::new().prefix("coalescefs-test-").tempdir().expect("tempdir");
         let owns_backing = backing.is_none();
@@ -133,7 +134,7 @@ impl TestMount {
             options: options.iter().map(|s| s.to_string()).collect(),
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             fd_limit,
-            without_file_handles: false,
+            without_file_handles,
             mounted: false,
             owns_backing,
         };
@@ -147,11 +148,7 @@ impl TestMount {
         if unsafe { libc::geteuid() } != 0 {
             return None;
         }
-        let mut m = Self::build(options, env, None);
-        m.unmount();
-        m.without_file_handles = true;
-        m.mount();
-        Some(m)
+        Some(Self::build_limited(options, env, None, None, true))
     }
 
     pub fn mount(&mut self) {
