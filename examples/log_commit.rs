@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use coalescefs::engine::intent_log::device::{FileLogDevice, LogDevice};
 use coalescefs::engine::intent_log::format::{crc32c, encode_batch, Record};
+use coalescefs::engine::intent_log::raw;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -18,8 +19,10 @@ fn main() {
     let commits: u64 = args.next().map(|a| a.parse().expect("COMMITS")).unwrap_or(2000);
     let record_bytes: usize = args.next().map(|a| a.parse().expect("RECORD_BYTES")).unwrap_or(4096);
     let path = std::path::Path::new(&dir).join("log_commit.log");
+    let _ = raw::clear_immutable(&path);
     let _ = std::fs::remove_file(&path);
-    let (log, _) = FileLogDevice::open_or_create(&path, 64 << 20).expect("log file");
+    // As the daemon opens it: on ext4 as root its blocks are written on the device.
+    let (log, _) = FileLogDevice::open_or_create(&path, 64 << 20, raw::RawLog::Auto).expect("log file");
     let block = log.block_bytes();
     let payload: Vec<u8> = (0..record_bytes).map(|i| (i * 7 + 3) as u8).collect();
 

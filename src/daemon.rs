@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use crate::backend::faults::Faults;
 use crate::backend::{Capabilities, Namespace, UnitStore};
+use crate::engine::intent_log::raw::RawLog;
 use crate::options::{BackendKind, LogPlace, MountOptions, MountRequest};
 use crate::runtime::RuntimeDir;
 use crate::state::{self, StateDir};
@@ -194,8 +195,9 @@ fn log_setup(
     if !opts.read_only {
         state::set_log_marker(backing, &path)?;
     }
-    let (device, created) = engine::intent_log::open_file_device(&path, Some(opts.log_size_bytes), state.path())
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let (device, created) =
+        engine::intent_log::open_file_device(&path, Some(opts.log_size_bytes), state.path(), opts.log_raw)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
     // The backing file system's journal flushes the device it is on before any change of it
     // becomes durable: a log file on that same file system is flushed along.
     let same_device = |a: &Path, b: &Path| match (std::fs::metadata(a), std::fs::metadata(b)) {
@@ -253,6 +255,7 @@ fn options_in_effect(
         ("log_threshold_bytes", opts.log_threshold_bytes.to_string()),
         ("log_threshold_new_bytes", opts.log_threshold_new_bytes.to_string()),
         ("log_closes", if opts.log == LogPlace::Off { "never".into() } else { log_closes.to_string() }),
+        ("log_raw", if opts.log_raw == RawLog::Auto && opts.log != LogPlace::Off { "auto" } else { "off" }.into()),
         ("cache_timeout_ms", opts.cache_timeout.as_millis().to_string()),
         ("io_timeout_ms", opts.io_timeout.as_millis().to_string()),
         ("read_only", opts.read_only.to_string()),

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, Parser, Subcommand};
+use engine::intent_log::raw::RawLog;
 use options::UsageError;
 
 const MOUNT_OPTIONS_HELP: &str = "\
@@ -36,6 +37,8 @@ Mount options (-o, comma-separated, repeatable):
   log_threshold=SIZE, log_threshold_new=SIZE  most bytes one fsync logs (existing / new file)
   log_closes=auto|always|never  closes of new or changed small files the log takes (default
                      auto: those not in a burst of closes; the others write to BACKING_DIR)
+  log_raw=auto|off   auto: as root on ext4, the log file's blocks are written on its device, so a
+                     commit changes no inode (the file is immutable while mounted); off: through it
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
   dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.
 
@@ -314,7 +317,7 @@ fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<Path
     if !log_path.exists() {
         return fail(format!("no intent log at {}", log_path.display()));
     }
-    let device = match engine::intent_log::open_file_device(&log_path, None, state.path()) {
+    let device = match engine::intent_log::open_file_device(&log_path, None, state.path(), RawLog::Off) {
         Ok((device, _)) => device,
         Err(e) => return fail(format!("{}: {e}", log_path.display())),
     };
@@ -366,7 +369,7 @@ fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool) -> Exit
     let mut logs = vec![state.log_path()];
     logs.extend(marker.clone().filter(|marked| !state::same_file(marked, &state.log_path())));
     for log_path in logs.iter().filter(|path| path.exists()) {
-        let held = engine::intent_log::open_file_device(log_path, None, state.path())
+        let held = engine::intent_log::open_file_device(log_path, None, state.path(), RawLog::Off)
             .and_then(|(device, _)| engine::intent_log::batches_to_replay(Box::new(device)));
         let refusal = match held {
             Ok(0) => None,

@@ -63,6 +63,9 @@ pub struct MountOptions {
     pub log_threshold_new_bytes: u64,
     /// `log_closes=auto|always|never`: which closes of new or changed files the intent log takes.
     pub log_closes: crate::engine::LogCloses,
+    /// `log_raw=auto|off`: whether a log file's blocks may be written on its block device
+    /// (see `engine::intent_log::raw`).
+    pub log_raw: crate::engine::intent_log::raw::RawLog,
 }
 
 /// BlueStore's `prefer_deferred_size` on HDD: a time decision (one sequential log write rather
@@ -149,6 +152,7 @@ impl Default for MountOptions {
             log_threshold_bytes: LOG_THRESHOLD_BYTES_DEFAULT,
             log_threshold_new_bytes: LOG_THRESHOLD_NEW_BYTES_DEFAULT,
             log_closes: crate::engine::LogCloses::Auto,
+            log_raw: crate::engine::intent_log::raw::RawLog::Auto,
         }
     }
 }
@@ -279,6 +283,14 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
                 return Err(UsageError(format!("state={v}: expected an absolute path")));
             }
             options.state_dir = Some(v.into());
+        }
+        "log_raw" => {
+            use crate::engine::intent_log::raw::RawLog;
+            options.log_raw = match need_value(value)? {
+                "auto" => RawLog::Auto,
+                "off" => RawLog::Off,
+                v => return Err(UsageError(format!("log_raw={v}: expected auto or off"))),
+            }
         }
         "log_size" => {
             let v = need_value(value)?;
@@ -455,6 +467,16 @@ mod tests {
         assert!(parse_mount_args(&args(&["a", "b", "-o", "fsname"])).is_err());
         assert!(parse_mount_args(&args(&["a"])).is_err());
         assert!(parse_mount_args(&args(&["a", "b", "--bogus"])).is_err());
+    }
+
+    #[test]
+    fn log_raw_takes_auto_or_off() {
+        use crate::engine::intent_log::raw::RawLog;
+        assert_eq!(parse_mount_args(&args(&["a", "b"])).unwrap().options.log_raw, RawLog::Auto);
+        let req = parse_mount_args(&args(&["a", "b", "-o", "log_raw=off"])).unwrap();
+        assert_eq!(req.options.log_raw, RawLog::Off);
+        let err = parse_mount_args(&args(&["a", "b", "-o", "log_raw=on"])).unwrap_err();
+        assert_eq!(err.0, "log_raw=on: expected auto or off");
     }
 
     #[test]

@@ -133,6 +133,9 @@ fn absolute_state_path(path: &Path) -> Result<PathBuf, String> {
 /// lock), for `coalescefs forget`; the caller holds the directory's lock. Anything else stays.
 pub fn remove_state_files(path: &Path) -> Result<(), String> {
     let log = path.join(LOG_FILE_NAME);
+    // A daemon that died writing the log's blocks on its device left it immutable.
+    crate::engine::intent_log::raw::clear_immutable(&log)
+        .map_err(|e| format!("clearing the immutable flag of {}: {e}", log.display()))?;
     for file in [crate::engine::intent_log::device::replay_map_path(&log), log, path.join(LOCK_FILE_NAME)] {
         match std::fs::remove_file(&file) {
             Ok(()) => {}

@@ -1652,3 +1652,84 @@ fn forget_removes_the_state_and_runtime_directories_but_never_unreplayed_batches
     let left: Vec<_> = fs::read_dir(&state).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, ["notes"], "forget keeps only the admin's files in state=DIR");
 }
+
+/// The default log file on ext4, as root: its blocks are written on the block device under it
+/// (`log_raw=auto`), so a log commit changes no inode (no journal commit at the next `sync`),
+/// and the file is immutable while a daemon writes it. A killed daemon's fsyncs are replayed
+/// from those blocks; the next mount's unmount, or `coalescefs forget`, clears the flag. With
+/// `log_raw=off` the file's mtime moves with every commit, as this test would see if raw
+/// writes stopped.
+#[test]
+fn the_log_file_on_ext4_is_written_on_its_device_and_its_inode_never_changes() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (the file's block device)");
+        return;
+    }
+    let small = SmallFileSystem::new(256);
+    let backing = small.path().join("backing");
+    fs::create_dir(&backing).unwrap();
+    let state = small.path().join("state");
+    let log = state.join("intent.log");
+    let immutable = |log: &std::path::Path| inode_flags(log) & FS_IMMUTABLE_FL != 0;
+    let times = |log: &std::path::Path| {
+        let st = fs::metadata(log).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        (st.mtime(), st.mtime_nsec(), st.ctime(), st.ctime_nsec())
+    };
+    for (round, raw) in [(0u8, true), (1, false)] {
+        let state_option = format!("state={}", path_str(&state));
+        let mut options = vec![state_option.as_str(), "writeback_cache=off"];
+        if !raw {
+            options.push("log_raw=off");
+        }
+        let mut m = TestMount::build(&options, &[], Some(&backing));
+        // The runtime directory's log holds every mount of this backing directory: this one's lines.
+        let this_daemon = format!("coalescefs[{}]", m.daemon_pid());
+        let said = m
+            .daemon_log()
+            .lines()
+            .any(|l| l.contains(&this_daemon) && l.contains("its blocks are written on /dev/loop"));
+        assert_eq!(
+            said,
+            raw,
+            "the daemon's log on raw writes (log_raw={}):\n{}",
+            if raw { "auto" } else { "off" },
+            m.daemon_log()
+        );
+        assert_eq!(immutable(&log), raw, "the log file immutable while mounted");
+        let before = times(&log);
+        std::thread::sleep(Duration::from_millis(20));
+        let fsyncs_before = m.counter("log_fsyncs_total");
+        for i in 0..3 {
+            let mut f = File::create(m.path(&format!("r{round}-{i}"))).unwrap();
+            f.write_all(&pattern(1000 + i, round * 10 + i as u8)).unwrap();
+            f.sync_all().unwrap();
+        }
+        assert!(m.counter("log_fsyncs_total") >= fsyncs_before + 3, "the log answered the fsyncs");
+        if raw {
+            assert_eq!(times(&log), before, "the log file's mtime and ctime after three log commits");
+        } else {
+            assert_ne!(times(&log), before, "log_raw=off: the commits update the file's mtime");
+        }
+        kill_daemon(&mut m);
+        assert_eq!(immutable(&log), raw, "a killed daemon leaves the file as it was while mounted");
+        m.mount();
+        for i in 0..3 {
+            let expected = pattern(1000 + i, round * 10 + i as u8);
+            assert_eq!(fs::read(m.path(&format!("r{round}-{i}"))).unwrap(), expected, "r{round}-{i} after the replay");
+        }
+        m.unmount();
+        assert!(!immutable(&log), "not immutable after an unmount");
+    }
+    // A daemon killed with batches in the log: forget --discard clears the flag and removes it.
+    let state_option = format!("state={}", path_str(&state));
+    let mut m = TestMount::build(&[state_option.as_str()], &[], Some(&backing));
+    let mut f = File::create(m.path("last")).unwrap();
+    f.write_all(b"last").unwrap();
+    f.sync_all().unwrap();
+    kill_daemon(&mut m);
+    assert!(immutable(&log));
+    let out = coalescefs(&["forget", &path_str(&backing), "--state", &path_str(&state), "--discard"]);
+    assert!(out.status.success(), "forget: {}", stderr_of(&out));
+    assert!(!state.exists(), "forget removed the state directory with the immutable log in it");
+}

@@ -416,6 +416,9 @@ impl LogDevice for FaultyLogDevice {
     fn flushed_by_sync(&self) -> bool {
         self.inner.flushed_by_sync()
     }
+    fn release(&self) {
+        self.inner.release()
+    }
     fn read_map(&self) -> SysResult<Vec<u8>> {
         self.inner.read_map()
     }

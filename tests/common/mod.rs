@@ -77,9 +77,38 @@ impl StateCleanup {
 
 impl Drop for StateCleanup {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.state);
+        remove_state_dir(&self.state);
         remove_runtime_dir(&self.runtime);
     }
+}
+
+/// linux/fs.h: the inode flags, and the immutable one.
+pub const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
+pub const FS_IMMUTABLE_FL: libc::c_int = 0x10;
+
+/// The inode flags of `path` (FS_IOC_GETFLAGS).
+pub fn inode_flags(path: &Path) -> libc::c_int {
+    let file = std::fs::File::open(path).unwrap();
+    let mut flags: libc::c_int = 0;
+    assert_eq!(unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&file), FS_IOC_GETFLAGS, &mut flags) }, 0);
+    flags
+}
+
+/// Removes a state directory. The log file of a daemon that was killed while it wrote the
+/// file's blocks on the device is still immutable (the next mount or `coalescefs forget`
+/// clears it): cleared here first.
+pub fn remove_state_dir(state: &Path) {
+    let log = state.join("intent.log");
+    if let Ok(file) = std::fs::File::open(&log) {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        let mut flags: libc::c_int = 0;
+        if unsafe { libc::ioctl(fd, FS_IOC_GETFLAGS, &mut flags) } == 0 && flags & FS_IMMUTABLE_FL != 0 {
+            flags &= !FS_IMMUTABLE_FL;
+            unsafe { libc::ioctl(fd, FS_IOC_SETFLAGS, &flags) };
+        }
+    }
+    let _ = std::fs::remove_dir_all(state);
 }
 
 /// The daemon's log stays for a failing test's message to point at; otherwise it goes.
@@ -339,7 +368,7 @@ impl Drop for TestMount {
         // The state and runtime directories live outside the temporary directory; they go
         // with the test.
         if self.owns_backing {
-            let _ = std::fs::remove_dir_all(self.state_dir());
+            remove_state_dir(&self.state_dir());
             remove_runtime_dir(&self.runtime_dir());
         }
     }

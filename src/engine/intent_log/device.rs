@@ -19,8 +19,9 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 
+use super::raw::{self, RawBlocks, RawLog};
 use crate::sys::{self, check, Errno, SysResult};
 
 pub trait LogDevice: Send + Sync {
@@ -64,6 +65,9 @@ pub trait LogDevice: Send + Sync {
     fn append_map_synced(&self, bytes: &[u8]) -> SysResult<()>;
     /// Removes the replay map (the log is empty: nothing will look old handles up again).
     fn remove_map(&self) -> SysResult<()>;
+    /// The daemon is done with the log (at unmount): a file whose blocks were written on its
+    /// device is written through again, and is no longer immutable.
+    fn release(&self) {}
 }
 
 pub struct FileLogDevice {
@@ -87,6 +91,9 @@ pub struct FileLogDevice {
     fs_block_bytes: u64,
     /// What the log wrote last in the file-system block where its last write ended.
     last_block: Mutex<Option<LastBlock>>,
+    /// The file's blocks written on its device (`raw`): writes change no inode. Until
+    /// `release`; a write holds it shared, so none is under way when it goes.
+    raw: RwLock<Option<RawBlocks>>,
 }
 
 /// The bytes written in one file-system block, from its start: with them a write through the
@@ -107,22 +114,37 @@ pub enum BlockDeviceContents {
 }
 
 /// Page-aligned memory for O_DIRECT, from the allocator (log writes are few and short-lived).
-struct AlignedScratch {
+pub(super) struct AlignedScratch {
     ptr: *mut u8,
     layout: std::alloc::Layout,
+    len: usize,
 }
 
 impl AlignedScratch {
-    fn copy_of(bytes: &[u8], align: usize) -> AlignedScratch {
-        let layout = std::alloc::Layout::from_size_align(bytes.len().max(align), align).expect("a valid layout");
+    pub(super) fn zeroed(len: usize, align: usize) -> AlignedScratch {
+        let layout = std::alloc::Layout::from_size_align(len.max(align), align).expect("a valid layout");
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        assert!(!ptr.is_null(), "out of memory for a {}-byte log write", bytes.len());
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
-        AlignedScratch { ptr, layout }
+        assert!(!ptr.is_null(), "out of memory for a {len}-byte log write");
+        AlignedScratch { ptr, layout, len }
+    }
+
+    fn copy_of(bytes: &[u8], align: usize) -> AlignedScratch {
+        let mut scratch = AlignedScratch::zeroed(bytes.len(), align);
+        scratch.bytes_mut().copy_from_slice(bytes);
+        scratch
     }
 
     fn as_slice(&self, len: usize) -> &[u8] {
+        assert!(len <= self.layout.size(), "{len} bytes of a {}-byte buffer", self.layout.size());
         unsafe { std::slice::from_raw_parts(self.ptr, len) }
+    }
+
+    pub(super) fn bytes(&self) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
@@ -138,9 +160,13 @@ impl FileLogDevice {
     /// Returns whether it was created.
     /// Opens the log file at `path`, or makes it `size_bytes` long (a multiple of 4 KiB) and
     /// all zeros; says whether it was made.
-    pub fn open_or_create(path: &Path, size_bytes: u64) -> SysResult<(FileLogDevice, bool)> {
+    pub fn open_or_create(path: &Path, size_bytes: u64, raw_log: RawLog) -> SysResult<(FileLogDevice, bool)> {
         assert!(size_bytes > 0 && size_bytes % 4096 == 0, "a log of whole 4 KiB pages: {size_bytes}");
         let block_bytes = 4096;
+        // A daemon that wrote the file's blocks on its device and died left it immutable.
+        raw::clear_immutable(path).inspect_err(|e| {
+            log::error!("{}: clearing the immutable flag a daemon left: {e}", path.display());
+        })?;
         let created = match OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path) {
             Ok(file) => {
                 fill_with_zeros(&file, size_bytes, block_bytes).inspect_err(|_| {
@@ -172,6 +198,26 @@ impl FileLogDevice {
             _ => (file, false),
         };
         let map_path = replay_map_path(path);
+        let raw = match raw_log {
+            RawLog::Auto if direct && !invisible => {
+                let size = sys::fstat_fd(&file)?.st_size as u64;
+                match RawBlocks::set_up(&file, path, size, block_bytes) {
+                    Ok(raw) => {
+                        log::info!(
+                            "{}: its blocks are written on {}, so its writes change no inode",
+                            path.display(),
+                            raw.describe()
+                        );
+                        Some(raw)
+                    }
+                    Err(why) => {
+                        log::info!("{}: written through the file ({why})", path.display());
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         let device = FileLogDevice {
             file,
             path: path.to_path_buf(),
@@ -180,9 +226,10 @@ impl FileLogDevice {
             invisible,
             device_bytes: None,
             map_path,
-            through_page_cache: if invisible || !direct { None } else { open(0).ok() },
+            through_page_cache: if invisible || !direct || raw.is_some() { None } else { open(0).ok() },
             fs_block_bytes: fs_block_bytes(path),
             last_block: Mutex::new(None),
+            raw: RwLock::new(raw),
         };
         Ok((device, created))
     }
@@ -220,6 +267,7 @@ impl FileLogDevice {
             through_page_cache: None,
             fs_block_bytes: 4096,
             last_block: Mutex::new(None),
+            raw: RwLock::new(None),
         };
         let start = device.read_at(0, look_bytes.min(size as usize))?;
         let contents =
@@ -439,7 +487,10 @@ impl LogDevice for FileLogDevice {
     fn write_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {
         assert!(!bytes.is_empty() && bytes.len() % self.block_bytes == 0, "whole log blocks: {}", bytes.len());
         assert!(offset % self.block_bytes as u64 == 0, "a log write at {offset}, not a block boundary");
-        let result = if self.direct {
+        let raw = self.raw.read().unwrap_or_else(|p| p.into_inner());
+        let result = if let Some(raw) = &*raw {
+            raw.write(offset, AlignedScratch::copy_of(bytes, 4096).bytes())
+        } else if self.direct {
             let aligned = AlignedScratch::copy_of(bytes, self.block_bytes.max(4096));
             sys::pwrite_all(self.file.as_raw_fd(), aligned.as_slice(bytes.len()), offset)
         } else {
@@ -461,17 +512,31 @@ impl LogDevice for FileLogDevice {
         result
     }
 
-    /// Data only: the file's size and allocation never change after creation.
+    /// Data only: the file's size and allocation never change after creation (and when its
+    /// blocks are written on the device, its inode does not either: a device flush alone).
     fn sync(&self) -> SysResult<()> {
         check(unsafe { libc::fdatasync(self.file.as_raw_fd()) }).map(drop)
     }
 
-    /// Through the page cache's sibling path: recovery reads it once at mount.
+    /// Recovery reads it once at mount. A file opened with O_DIRECT is read so too, from its
+    /// blocks: a page another reader cached while a daemon wrote them on the device is stale.
     fn read_at(&self, offset: u64, len: usize) -> SysResult<Vec<u8>> {
         let len = match self.device_bytes {
             Some(bytes) => len.min(bytes.saturating_sub(offset) as usize),
             None => len,
         };
+        if self.direct && self.device_bytes.is_none() {
+            let align = self.block_bytes as u64;
+            let start = offset / align * align;
+            let end = (offset + len as u64).div_ceil(align) * align;
+            let mut buf = AlignedScratch::zeroed((end - start) as usize, 4096);
+            let direct = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&self.path);
+            let direct = direct.map_err(Errno::from)?;
+            let n = sys::pread_full(direct.as_raw_fd(), buf.bytes_mut(), start)?;
+            let from = (offset - start) as usize;
+            let to = (from + len).min(n.max(from));
+            return Ok(buf.bytes()[from..to].to_vec());
+        }
         let mut buf = vec![0u8; len];
         let plain = File::open(&self.path).map_err(Errno::from)?;
         let n = sys::pread_full(plain.as_raw_fd(), &mut buf, offset)?;
@@ -480,7 +545,10 @@ impl LogDevice for FileLogDevice {
     }
 
     fn describe(&self) -> String {
-        self.path.display().to_string()
+        match &*self.raw.read().unwrap_or_else(|p| p.into_inner()) {
+            Some(raw) => format!("{} (its blocks on {})", self.path.display(), raw.describe()),
+            None => self.path.display().to_string(),
+        }
     }
 
     fn flushed_by_sync(&self) -> bool {
@@ -514,6 +582,11 @@ impl LogDevice for FileLogDevice {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Errno::from(e)),
         }
+    }
+
+    fn release(&self) {
+        // Dropped: the immutable flag goes (`RawBlocks::drop`).
+        self.raw.write().unwrap_or_else(|p| p.into_inner()).take();
     }
 }
 
@@ -684,7 +757,7 @@ mod tests {
     fn a_write_through_the_page_cache_after_a_direct_one_in_the_same_block_reads_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
-        let (log, _) = FileLogDevice::open_or_create(&path, 1 << 20).unwrap();
+        let (log, _) = FileLogDevice::open_or_create(&path, 1 << 20, RawLog::Off).unwrap();
         if log.through_page_cache.is_none() || !log.direct {
             eprintln!(
                 "skipped: {} takes no O_DIRECT, every log write goes through the page cache",
@@ -727,7 +800,7 @@ mod tests {
     fn a_write_through_the_page_cache_where_the_block_before_is_unknown_keeps_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log");
-        let (log, _) = FileLogDevice::open_or_create(&path, 1 << 20).unwrap();
+        let (log, _) = FileLogDevice::open_or_create(&path, 1 << 20, RawLog::Off).unwrap();
         let block = log.block_bytes as u64;
         let at = 4 * log.fs_block_bytes;
         log.write_at(at, &vec![5; block as usize]).unwrap();
@@ -738,7 +811,7 @@ mod tests {
         let bytes = log.read_at(at, 2 * block as usize).unwrap();
         assert!(bytes[..block as usize].iter().all(|&x| x == 5), "the block before, unknown to the writer, stays");
         assert!(bytes[block as usize..].iter().all(|&x| x == 6));
-        let after_failure = FileLogDevice::open_or_create(&path, 1 << 20).unwrap().0;
+        let after_failure = FileLogDevice::open_or_create(&path, 1 << 20, RawLog::Off).unwrap().0;
         after_failure.remember_write(at, None);
         assert!(
             after_failure.widened_to_fs_blocks(at + block, &[0; 512], 1 << 16).is_none(),

@@ -21,6 +21,7 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 
 pub mod device;
 pub mod format;
+pub mod raw;
 
 use super::burst::BURST_GAP;
 use crate::metrics::Metrics;
@@ -86,6 +87,7 @@ pub fn open_file_device(
     path: &Path,
     size_bytes: Option<u64>,
     state_dir: &Path,
+    raw_log: raw::RawLog,
 ) -> Result<(device::FileLogDevice, bool), LogError> {
     if device::is_block_device(path) {
         return open_block_device(path, size_bytes, state_dir);
@@ -94,7 +96,8 @@ pub fn open_file_device(
         Some(size) => size,
         None => std::fs::metadata(path).map_err(|e| LogError::Io("open", Errno::from(e)))?.len(),
     };
-    let (device, created) = device::FileLogDevice::open_or_create(path, asked).map_err(|e| LogError::Io("open", e))?;
+    let (device, created) =
+        device::FileLogDevice::open_or_create(path, asked, raw_log).map_err(|e| LogError::Io("open", e))?;
     let actual = device.size_bytes().map_err(|e| LogError::Io("open", e))?;
     if actual != asked {
         return Err(LogError::Mismatch(format!(
@@ -788,6 +791,12 @@ impl IntentLog {
     }
 
     /// The device the log lives on (recovery keeps its replay map there too).
+    /// At unmount, after the last checkpoint: see `LogDevice::release`. A later commit (a
+    /// timer's checkpoint) still works: through the file.
+    pub fn release_device(&self) {
+        self.device.release();
+    }
+
     pub fn device(&self) -> &dyn LogDevice {
         &*self.device
     }
@@ -813,7 +822,7 @@ mod tests {
 
     /// The log file at `path`, as the daemon opens it.
     fn open(path: &Path, size: u64, metrics: Arc<Metrics>) -> Result<(IntentLog, Vec<Batch>), LogError> {
-        let (device, created) = open_file_device(path, Some(size), path.parent().unwrap())?;
+        let (device, created) = open_file_device(path, Some(size), path.parent().unwrap(), raw::RawLog::Auto)?;
         IntentLog::open(Box::new(device), created, metrics)
     }
 
@@ -928,7 +937,7 @@ mod tests {
         // commits arrive, and must go out together in the next batch, not one sync each.
         let faults = Arc::new(Faults::new());
         faults.control("inject logsync=stall:5ms").unwrap();
-        let (device, created) = open_file_device(&path, Some(size), dir.path()).unwrap();
+        let (device, created) = open_file_device(&path, Some(size), dir.path(), raw::RawLog::Auto).unwrap();
         let (log, _) =
             IntentLog::open(Box::new(FaultyLogDevice::new(Box::new(device), faults)), created, metrics()).unwrap();
         let log = Arc::new(log);

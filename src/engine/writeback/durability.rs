@@ -896,6 +896,9 @@ impl Writeback {
                 );
             }
         }
+        if let Some(log) = &self.log {
+            log.release_device();
+        }
         let done = ShutDown { unwritten, backend_unsynced };
         *report = Some(done.clone());
         done
