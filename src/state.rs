@@ -32,7 +32,9 @@ pub const LEGACY_NAME: &str = ".coalescefs";
 /// The extended attribute of the backing root that names the log a crash left to replay.
 pub const LOG_MARKER_XATTR: &str = "user.coalescefs.log";
 
-const LOG_FILE_NAME: &str = "intent.log";
+/// The intent log's file in the state directory (and, for a log on a block device, the name its
+/// replay map is made beside).
+pub const LOG_FILE_NAME: &str = "intent.log";
 /// Locked by the daemon that uses the state directory.
 const LOCK_FILE_NAME: &str = "lock";
 

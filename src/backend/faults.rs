@@ -419,6 +419,9 @@ impl LogDevice for FaultyLogDevice {
     fn release(&self) {
         self.inner.release()
     }
+    fn writes_through_page_cache(&self) -> bool {
+        self.inner.writes_through_page_cache()
+    }
     fn read_map(&self) -> SysResult<Vec<u8>> {
         self.inner.read_map()
     }

@@ -42,6 +42,10 @@ pub trait LogDevice: Send + Sync {
     fn write_unflushed_at(&self, offset: u64, bytes: &[u8], _free_after: u64) -> SysResult<()> {
         self.write_at(offset, bytes)
     }
+    /// Whether `write_unflushed_at` goes through the page cache (else it is `write_at`).
+    fn writes_through_page_cache(&self) -> bool {
+        false
+    }
     /// Makes every block written so far durable.
     fn sync(&self) -> SysResult<()>;
     /// `len` bytes from byte `offset` (fewer at the end of the device), as recovery reads them.
@@ -498,6 +502,10 @@ impl LogDevice for FileLogDevice {
         };
         self.remember_write(offset, result.is_ok().then_some(bytes));
         result
+    }
+
+    fn writes_through_page_cache(&self) -> bool {
+        self.through_page_cache.is_some()
     }
 
     fn write_unflushed_at(&self, offset: u64, bytes: &[u8], free_after: u64) -> SysResult<()> {

@@ -117,12 +117,15 @@ fn open_block_device(
 ) -> Result<(device::FileLogDevice, bool), LogError> {
     let shown = path.display();
     let look = 2 * MAX_LOG_BLOCK_BYTES;
-    let (mut device, device_bytes, contents) =
-        device::FileLogDevice::open_block_device(path, device::replay_map_path(&state_dir.join("intent.log")), look)
-            .map_err(|e| match e {
-                Errno(libc::EBUSY) => LogError::Mismatch(format!("{shown} is in use (mounted, or held by a program)")),
-                e => LogError::Io("open", e),
-            })?;
+    let (mut device, device_bytes, contents) = device::FileLogDevice::open_block_device(
+        path,
+        device::replay_map_path(&state_dir.join(crate::state::LOG_FILE_NAME)),
+        look,
+    )
+    .map_err(|e| match e {
+        Errno(libc::EBUSY) => LogError::Mismatch(format!("{shown} is in use (mounted, or held by a program)")),
+        e => LogError::Io("open", e),
+    })?;
     let (log_bytes, created) = match contents {
         device::BlockDeviceContents::Bytes(start) => match Superblock::find(&start) {
             Some(sb) => ((sb.area_blocks + SUPERBLOCK_COPIES) * sb.block_bytes as u64, false),
@@ -680,7 +683,9 @@ impl IntentLog {
         // knows a power cut took it, not damage.
         let lag = |seq: u64| u32::try_from(seq - ring.flushed_before_seq).unwrap_or(u32::MAX);
         let now = std::time::Instant::now();
-        let through_page_cache = !flush && ring.last_batch_at.is_some_and(|at| now.duration_since(at) < BURST_GAP);
+        let through_page_cache = !flush
+            && self.device.writes_through_page_cache()
+            && ring.last_batch_at.is_some_and(|at| now.duration_since(at) < BURST_GAP);
         ring.last_batch_at = Some(now);
         // Blocks `at` on: the batch there, then free ring up to the oldest batch kept (or the
         // area's end), which a page-cache write may pad over.
@@ -822,7 +827,16 @@ mod tests {
 
     /// The log file at `path`, as the daemon opens it.
     fn open(path: &Path, size: u64, metrics: Arc<Metrics>) -> Result<(IntentLog, Vec<Batch>), LogError> {
-        let (device, created) = open_file_device(path, Some(size), path.parent().unwrap(), raw::RawLog::Auto)?;
+        open_with(path, size, metrics, raw::RawLog::Auto)
+    }
+
+    fn open_with(
+        path: &Path,
+        size: u64,
+        metrics: Arc<Metrics>,
+        raw_log: raw::RawLog,
+    ) -> Result<(IntentLog, Vec<Batch>), LogError> {
+        let (device, created) = open_file_device(path, Some(size), path.parent().unwrap(), raw_log)?;
         IntentLog::open(Box::new(device), created, metrics)
     }
 
@@ -832,14 +846,25 @@ mod tests {
         path: std::path::PathBuf,
         size: u64,
         metrics: Arc<Metrics>,
+        raw_log: raw::RawLog,
     }
 
     impl TestLogFile {
         /// A new log of `blocks` log blocks, and the log opened on it.
         fn create(blocks: u64) -> (TestLogFile, IntentLog) {
+            Self::create_with(blocks, raw::RawLog::Auto)
+        }
+
+        /// `create`, the file written through (its page-cache path exists only then).
+        fn create_through_the_file(blocks: u64) -> (TestLogFile, IntentLog) {
+            Self::create_with(blocks, raw::RawLog::Off)
+        }
+
+        fn create_with(blocks: u64, raw_log: raw::RawLog) -> (TestLogFile, IntentLog) {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("log");
-            let file = TestLogFile { _dir: dir, path, size: blocks * LOG_BLOCK_BYTES as u64, metrics: metrics() };
+            let size = blocks * LOG_BLOCK_BYTES as u64;
+            let file = TestLogFile { _dir: dir, path, size, metrics: metrics(), raw_log };
             let (log, replay) = file.reopen().unwrap();
             assert!(replay.is_empty(), "a new log has nothing to replay");
             (file, log)
@@ -847,7 +872,7 @@ mod tests {
 
         /// The log opened again, as a restarted daemon opens it.
         fn reopen(&self) -> Result<(IntentLog, Vec<Batch>), LogError> {
-            open(&self.path, self.size, self.metrics.clone())
+            open_with(&self.path, self.size, self.metrics.clone(), self.raw_log)
         }
     }
 
@@ -879,7 +904,7 @@ mod tests {
     /// keeps right after its head.
     #[test]
     fn batches_through_the_page_cache_never_pad_over_the_oldest_ones_kept() {
-        let (file, log) = TestLogFile::create(18);
+        let (file, log) = TestLogFile::create_through_the_file(18);
         let mut committed: Vec<(u64, Vec<Record>)> = Vec::new();
         let mut kept_from = None;
         for i in 0..100_000u64 {
@@ -1193,7 +1218,7 @@ mod tests {
 
     #[test]
     fn closes_in_a_burst_go_through_the_page_cache_and_read_back_with_direct_ones_between() {
-        let (file, log) = TestLogFile::create(256);
+        let (file, log) = TestLogFile::create_through_the_file(256);
         let mut written = Vec::new();
         for i in 0..60u64 {
             // Sizes that end batches inside pages; an fsync's direct, flushed batch now and then.
