@@ -132,7 +132,8 @@ LOG_DEVICE_MIB = 80
 
 def case_perfile(sizes_kib, quick, sectors=(512, 4096), systems=None):
     """Seed 000's own method, one file at a time: `sync`, drop caches, read the device's
-    counters; write the file as `dd` does (8 KiB pieces, or one write) and close it, no fsync;
+    counters; write the file as `dd` does (opened, closed once empty as dd's dup2 onto its
+    standard output does, then 8 KiB pieces or one write, and closed), no fsync;
     `sync`, drop caches, read again. Six patterns: a new file, tmp + rename over an existing
     file, and an existing file rewritten in place with O_TRUNC, each in 8 KiB pieces and in one
     write. The median file's device bytes per (size, pattern), on a device of 512-byte and of
@@ -148,7 +149,12 @@ def case_perfile(sizes_kib, quick, sectors=(512, 4096), systems=None):
         target = os.path.join(path, name)
         written = target + ".tmp" if kind == "rename" else target
         step = 8192 if pieces == "8k" else max(len(data), 1)
-        fd = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        opened = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # GNU dd opens `of=` onto its standard output (fd_reopen: open, dup2, close the first
+        # descriptor): the file is closed once, empty, before dd writes a byte, and a FUSE file
+        # system sees that close (FLUSH). The seed's writer is dd, so this does the same.
+        fd = os.dup(opened)
+        os.close(opened)
         try:
             for off in range(0, len(data), step):
                 os.write(fd, data[off:off + step])
