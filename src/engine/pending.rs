@@ -893,9 +893,9 @@ impl Pending {
         &self,
         id: ObjectId,
         commit: &dyn Fn(Vec<Record>) -> SysResult<()>,
-    ) -> SysResult<bool> {
+    ) -> SysResult<()> {
         if !lock(&self.made_unbarred).contains_key(&id) {
-            return Ok(false);
+            return Ok(());
         }
         drop(self.names_gate.read().unwrap_or_else(|p| p.into_inner()));
         self.settle_unreleased(id, commit)
@@ -905,12 +905,11 @@ impl Pending {
     /// backend with its directory, then `commit` of the records that say it was made durably
     /// (as `make_logged_now`), so that replay leaves its held records alone and follows what
     /// comes next. The caller holds `names_gate` for reading, or no checkpoint is running.
-    /// Returns whether it settled the file (it was not released meanwhile).
-    pub fn settle_unreleased(&self, id: ObjectId, commit: &dyn Fn(Vec<Record>) -> SysResult<()>) -> SysResult<bool> {
+    pub fn settle_unreleased(&self, id: ObjectId, commit: &dyn Fn(Vec<Record>) -> SysResult<()>) -> SysResult<()> {
         // The entry stays through the syncs, and the map is not held across them (every close
         // and fsync asks it): a second caller meanwhile settles the file too, and neither goes
         // on before a commit of the records, its own.
-        let Some(file) = lock(&self.made_unbarred).get(&id).cloned() else { return Ok(false) };
+        let Some(file) = lock(&self.made_unbarred).get(&id).cloned() else { return Ok(()) };
         self.store.open(id, OpenMode { write: true, no_atime: false })?.sync(false)?;
         self.ns.sync_dir(file.parent)?;
         commit(self.made_durably_records(&file.key, file.parent, &file.name, &file.attr)?)?;
@@ -918,7 +917,7 @@ impl Pending {
         if made.get(&id).is_some_and(|now| now.key == file.key && now.created_before_seq == file.created_before_seq) {
             made.remove(&id);
         }
-        Ok(true)
+        Ok(())
     }
 
     /// The held files named in the directory `dir`.

@@ -145,14 +145,11 @@ impl Writeback {
     pub fn settle_made(&self, id: u64, names_held: bool) -> SysResult<()> {
         let Some(held) = self.pending.as_ref().filter(|held| held.any_unreleased()) else { return Ok(()) };
         let commit = |records| self.commit_made_durably(id, records);
-        let settled =
-            if names_held { held.settle_unreleased(id, &commit)? } else { held.settle_if_made_unbarred(id, &commit)? };
-        if settled {
-            // Synced, named durably, its log records barred: as a file older than the
-            // checkpoint, in sync with the backend (as `make_held_durably` leaves one).
-            restart(&mut lock(&self.durability), id, Durability::default());
+        if names_held {
+            held.settle_unreleased(id, &commit)
+        } else {
+            held.settle_if_made_unbarred(id, &commit)
         }
-        Ok(())
     }
 
     /// Name records of held files the log knows (`pending`), written before the caller is
