@@ -84,7 +84,6 @@ impl Drop for StateCleanup {
 
 /// linux/fs.h: the inode flags, and the immutable one.
 pub const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
-const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
 pub const FS_IMMUTABLE_FL: libc::c_int = 0x10;
 
 /// The inode flags of `path` (FS_IOC_GETFLAGS).
@@ -97,17 +96,9 @@ pub fn inode_flags(path: &Path) -> libc::c_int {
 
 /// Removes a state directory. The log file of a daemon that was killed while it wrote the
 /// file's blocks on the device is still immutable (the next mount or `coalescefs forget`
-/// clears it): cleared here first.
+/// clears it): cleared here first, as `forget` does.
 pub fn remove_state_dir(state: &Path) {
-    let log = state.join("intent.log");
-    if let Ok(file) = std::fs::File::open(&log) {
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
-        let mut flags: libc::c_int = 0;
-        if unsafe { libc::ioctl(fd, FS_IOC_GETFLAGS, &mut flags) } == 0 && flags & FS_IMMUTABLE_FL != 0 {
-            flags &= !FS_IMMUTABLE_FL;
-            unsafe { libc::ioctl(fd, FS_IOC_SETFLAGS, &flags) };
-        }
-    }
+    let _ = coalescefs::engine::intent_log::raw::clear_immutable(&state.join(coalescefs::state::LOG_FILE_NAME));
     let _ = std::fs::remove_dir_all(state);
 }
 

@@ -159,11 +159,10 @@ impl Drop for AlignedScratch {
 }
 
 impl FileLogDevice {
-    /// Opens the log file, or creates it with `size_bytes` of zeros, durably (the file and its
-    /// name). An existing file keeps its size: the caller checks it against what it expects.
-    /// Returns whether it was created.
     /// Opens the log file at `path`, or makes it `size_bytes` long (a multiple of 4 KiB) and
-    /// all zeros; says whether it was made.
+    /// all zeros, durably (the file and its name); says whether it was made. An existing file
+    /// keeps its size: the caller checks it against what it expects. With `RawLog::Auto` its
+    /// blocks are written on its device where `RawBlocks::set_up` allows it.
     pub fn open_or_create(path: &Path, size_bytes: u64, raw_log: RawLog) -> SysResult<(FileLogDevice, bool)> {
         assert!(size_bytes > 0 && size_bytes % 4096 == 0, "a log of whole 4 KiB pages: {size_bytes}");
         let block_bytes = 4096;
@@ -417,7 +416,12 @@ fn fs_block_bytes(path: &Path) -> u64 {
 impl FileLogDevice {
     /// Notes a write that succeeded (`Some(bytes)` at `offset`) or failed (`None`: what the
     /// file holds there is unknown).
+    /// Only where writes may go through the page cache: `last_block` serves nothing else, and
+    /// remembering costs a copy per commit.
     fn remember_write(&self, offset: u64, bytes: Option<&[u8]>) {
+        if self.through_page_cache.is_none() {
+            return;
+        }
         let mut last = self.last_block.lock().unwrap_or_else(|p| p.into_inner());
         let Some(bytes) = bytes else {
             *last = None;
@@ -491,12 +495,14 @@ impl LogDevice for FileLogDevice {
     fn write_at(&self, offset: u64, bytes: &[u8]) -> SysResult<()> {
         assert!(!bytes.is_empty() && bytes.len() % self.block_bytes == 0, "whole log blocks: {}", bytes.len());
         assert!(offset % self.block_bytes as u64 == 0, "a log write at {offset}, not a block boundary");
-        let raw = self.raw.read().unwrap_or_else(|p| p.into_inner());
-        let result = if let Some(raw) = &*raw {
-            raw.write(offset, AlignedScratch::copy_of(bytes, 4096).bytes())
-        } else if self.direct {
+        // Raw writes are direct too (`RawBlocks::set_up` only where the file takes O_DIRECT).
+        let result = if self.direct {
             let aligned = AlignedScratch::copy_of(bytes, self.block_bytes.max(4096));
-            sys::pwrite_all(self.file.as_raw_fd(), aligned.as_slice(bytes.len()), offset)
+            let aligned = aligned.as_slice(bytes.len());
+            match &*self.raw.read().unwrap_or_else(|p| p.into_inner()) {
+                Some(raw) => raw.write(offset, aligned),
+                None => sys::pwrite_all(self.file.as_raw_fd(), aligned, offset),
+            }
         } else {
             sys::pwrite_all(self.file.as_raw_fd(), bytes, offset)
         };

@@ -73,7 +73,8 @@ const FS_BLOCKS_ARE_NOT_BYTES: libc::c_int = 0x800 | 0x4000 | 0x0200_0000 | 0x10
 const FIEMAP_FLAG_SYNC: u32 = 0x1;
 const FIEMAP_EXTENT_LAST: u32 = 0x1;
 const FIEMAP_EXTENT_MERGED: u32 = 0x1000;
-/// The most extents a log file may have (a preallocated 64 MiB file has one or two).
+/// The most extents a log file may have (a preallocated 64 MiB file has one or two); one with
+/// more is written through the file, as where any other check refuses.
 const MAX_EXTENTS: usize = 64;
 
 #[repr(C)]
@@ -139,7 +140,7 @@ impl RawBlocks {
         unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         let extents = file_extents(file, size, block_bytes)?;
         let plain = File::open(path).map_err(|e| format!("reopen: {e}"))?;
-        let mut raw = RawBlocks { device, device_path, extents, file: plain };
+        let raw = RawBlocks { device, device_path, extents, file: plain };
         raw.prove(file, block_bytes)?;
         set_immutable(&raw.file, true).map_err(|e| format!("making it immutable: {e}"))?;
         // Pinned now: the extents proven must be the extents it has.
@@ -147,8 +148,7 @@ impl RawBlocks {
         if now.as_ref().is_ok_and(|now| *now == raw.extents) {
             return Ok(raw);
         }
-        let _ = set_immutable(&raw.file, false);
-        raw.extents.clear();
+        // Dropped: the flag goes (`RawBlocks::drop`).
         Err(now.err().unwrap_or_else(|| "its extents moved while it was set up".into()))
     }
 
@@ -221,11 +221,10 @@ impl RawBlocks {
     }
 }
 
+/// Whatever made it (set up, or refused part way), the file is not immutable once it goes
+/// (`set_immutable` leaves a file without the flag alone).
 impl Drop for RawBlocks {
     fn drop(&mut self) {
-        if self.extents.is_empty() {
-            return;
-        }
         if let Err(e) = set_immutable(&self.file, false) {
             log::warn!("the intent log file stays immutable ({e}): `chattr -i` it, or `coalescefs forget`");
         }
