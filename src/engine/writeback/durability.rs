@@ -100,6 +100,25 @@ impl Writeback {
         Ok(true)
     }
 
+    /// For a flush of a held file's bytes (it grew past what the log takes): made on the
+    /// backend now; one the log knows is synced and its records barred at its next close,
+    /// fsync, rename or unlink (`Pending::make_logged_for_flush`).
+    pub fn make_held_for_flush(&self, id: u64) -> SysResult<()> {
+        let Some(held) = &self.pending else { return Ok(()) };
+        match held.status(id) {
+            Held::No => {}
+            Held::Unlogged => {
+                if let Some(made) = held.make_unlogged_now(id)? {
+                    self.note_made_early(id, made);
+                }
+            }
+            Held::Logged(_) => {
+                held.make_logged_for_flush(id)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Makes a held file the log knows on the backend now, durably, and bars its earlier
     /// records (see `Pending::make_logged_now`); from then on it is like any synced file.
     pub fn make_held_durably(&self, id: u64) -> SysResult<()> {
@@ -122,14 +141,14 @@ impl Writeback {
     }
 
     /// A file a checkpoint made is settled before it is fsynced, renamed or unlinked (see
-    /// `Pending::settle_if_made_by_checkpoint`); `names_held`: the caller holds the names gate.
+    /// `Pending::settle_if_made_unbarred`); `names_held`: the caller holds the names gate.
     pub fn settle_made(&self, id: u64, names_held: bool) -> SysResult<()> {
         let Some(held) = self.pending.as_ref().filter(|held| held.any_unreleased()) else { return Ok(()) };
         let commit = |records| self.commit_made_durably(id, records);
         if names_held {
             held.settle_unreleased(id, &commit)
         } else {
-            held.settle_if_made_by_checkpoint(id, &commit)
+            held.settle_if_made_unbarred(id, &commit)
         }
     }
 
@@ -691,7 +710,7 @@ impl Writeback {
             Errno(libc::EIO)
         })?;
         if let Some(held) = &self.pending {
-            held.checkpoint_released();
+            held.checkpoint_released(release_before);
         }
         let mut d = lock(&self.durability);
         for (ino, changes) in flushed {

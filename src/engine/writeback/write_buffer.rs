@@ -509,12 +509,11 @@ impl Writeback {
 
     /// The file's data in the store, opened for writing by whoever first needs it.
     pub(super) fn file_data(&self, file: &FileState, inner: &mut FileInner) -> SysResult<Arc<dyn FileData>> {
-        // A held file (`pending`) the log has not seen, grown past what its close would log:
-        // the backend makes it now, and its bytes go there.
-        // (Logged while small, as a shell's redirection closes the new file once before anything
-        // is written, then grown: made durably, as its fsync would.)
+        // A held file (`pending`) grown past what its close would log: the backend makes it
+        // now, and its bytes go there. (Logged while small, as a shell's redirection closes the
+        // new file once before anything is written: synced with its bytes at its close.)
         if self.pending.is_some() && inner.size > self.config.log_threshold_new_bytes {
-            self.make_held_on_backend(file.id)?;
+            self.make_held_for_flush(file.id)?;
         }
         let data = match &inner.data {
             Some(data) => data.clone(),
