@@ -1761,8 +1761,12 @@ fn a_file_closed_empty_then_grown_past_the_log_is_synced_with_its_bytes_at_its_c
     for piece in content.chunks(8192) {
         dup.write_all(piece).unwrap();
     }
+    let (batches, flushes) = (m.counter("log_batches_total"), m.counter("log_flushes_total"));
     drop(dup);
     assert_eq!(m.counter("pending_files_made_total"), 1, "made on the backend once it outgrew the log");
+    // The settle's barrier, and no second one: settled, the file is in sync with the backend.
+    assert_eq!(m.counter("log_batches_total") - batches, 1, "log batches of the last close");
+    assert_eq!(m.counter("log_flushes_total") - flushes, 1, "log flushes of the last close");
     let Some(dirty) = dirty_pages(&m.backing_path("out")) else {
         eprintln!("skipped: no cachestat(2) in this kernel to see the backing file's dirty pages");
         return;

@@ -889,13 +889,14 @@ impl Pending {
     /// Before an fsync or close of a file that is not held: if a checkpoint made it and is
     /// still running, waits until it has released the file's records (it holds `names_gate`
     /// until then); if it failed, or a flush made it, settles the file (`settle_unreleased`).
+    /// Returns whether this call settled it.
     pub fn settle_if_made_unbarred(
         &self,
         id: ObjectId,
         commit: &dyn Fn(Vec<Record>) -> SysResult<()>,
-    ) -> SysResult<()> {
+    ) -> SysResult<bool> {
         if !lock(&self.made_unbarred).contains_key(&id) {
-            return Ok(());
+            return Ok(false);
         }
         drop(self.names_gate.read().unwrap_or_else(|p| p.into_inner()));
         self.settle_unreleased(id, commit)
@@ -905,11 +906,12 @@ impl Pending {
     /// backend with its directory, then `commit` of the records that say it was made durably
     /// (as `make_logged_now`), so that replay leaves its held records alone and follows what
     /// comes next. The caller holds `names_gate` for reading, or no checkpoint is running.
-    pub fn settle_unreleased(&self, id: ObjectId, commit: &dyn Fn(Vec<Record>) -> SysResult<()>) -> SysResult<()> {
+    /// Returns whether this call settled it (synced it and committed its records).
+    pub fn settle_unreleased(&self, id: ObjectId, commit: &dyn Fn(Vec<Record>) -> SysResult<()>) -> SysResult<bool> {
         // The entry stays through the syncs, and the map is not held across them (every close
         // and fsync asks it): a second caller meanwhile settles the file too, and neither goes
         // on before a commit of the records, its own.
-        let Some(file) = lock(&self.made_unbarred).get(&id).cloned() else { return Ok(()) };
+        let Some(file) = lock(&self.made_unbarred).get(&id).cloned() else { return Ok(false) };
         self.store.open(id, OpenMode { write: true, no_atime: false })?.sync(false)?;
         self.ns.sync_dir(file.parent)?;
         commit(self.made_durably_records(&file.key, file.parent, &file.name, &file.attr)?)?;
@@ -917,7 +919,7 @@ impl Pending {
         if made.get(&id).is_some_and(|now| now.key == file.key && now.created_before_seq == file.created_before_seq) {
             made.remove(&id);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The held files named in the directory `dir`.

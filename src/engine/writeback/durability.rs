@@ -145,11 +145,31 @@ impl Writeback {
     pub fn settle_made(&self, id: u64, names_held: bool) -> SysResult<()> {
         let Some(held) = self.pending.as_ref().filter(|held| held.any_unreleased()) else { return Ok(()) };
         let commit = |records| self.commit_made_durably(id, records);
-        if names_held {
-            held.settle_unreleased(id, &commit)
-        } else {
-            held.settle_if_made_unbarred(id, &commit)
+        // Counted before the settle's sync: every flush counted by then reached the backend
+        // before the sync began, and the sync covers it. One counted later may have landed
+        // after the sync and stays unsynced, so an fsync after the settle syncs the backend
+        // again rather than trusting the log with a file the backend is ahead of.
+        let (changes_before, logged_before) = {
+            let d = lock(&self.durability);
+            d.get(&id).map_or((0, 0), |e| (e.backend_changes, e.logged_before_seq))
+        };
+        let settled =
+            if names_held { held.settle_unreleased(id, &commit)? } else { held.settle_if_made_unbarred(id, &commit)? };
+        if settled {
+            // Synced with its directory, named durably, its held records barred: a file older
+            // than the checkpoint, as `make_held_durably` leaves one. Without this its close
+            // synced it once more and logged a second barrier.
+            let mut d = lock(&self.durability);
+            let entry = d.entry(id).or_default();
+            entry.created = false;
+            entry.named_in = None;
+            entry.synced_changes = entry.synced_changes.max(changes_before);
+            // Only records logged before the settle are barred by it.
+            if entry.logged_before_seq == logged_before {
+                entry.logged_before_seq = 0;
+            }
         }
+        Ok(())
     }
 
     /// Name records of held files the log knows (`pending`), written before the caller is
