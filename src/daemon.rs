@@ -256,6 +256,7 @@ fn options_in_effect(
         ("log_threshold_new_bytes", opts.log_threshold_new_bytes.to_string()),
         ("log_closes", if opts.log == LogPlace::Off { "never".into() } else { log_closes.to_string() }),
         ("log_raw", if opts.log_raw == RawLog::Auto && opts.log != LogPlace::Off { "auto" } else { "off" }.into()),
+        ("xattr", if opts.xattrs { "on" } else { "off" }.into()),
         ("cache_timeout_ms", opts.cache_timeout.as_millis().to_string()),
         ("io_timeout_ms", opts.io_timeout.as_millis().to_string()),
         ("read_only", opts.read_only.to_string()),
@@ -311,7 +312,8 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     };
     let max_write = opts.max_write_bytes.unwrap_or(capabilities.unit_bytes).min(fuse::MAX_WRITE_BYTES_LIMIT);
     metrics.set_mount_options(options_in_effect(opts, &capabilities, &backing, &mount_point, &state, max_write));
-    let adapter = fuse::FuseAdapter::new(engine.clone(), metrics.clone(), max_write as u32, opts.cache_timeout);
+    let adapter =
+        fuse::FuseAdapter::new(engine.clone(), metrics.clone(), max_write as u32, opts.cache_timeout, opts.xattrs);
     let session = match start_session(adapter, &backing, &mount_point, opts) {
         Ok(session) => session,
         Err(message) => return ready.error(&message),

@@ -40,11 +40,23 @@ pub struct FuseAdapter {
     max_write_bytes: u32,
     /// How long the kernel may trust the names and attributes it is told (`cache_timeout=`).
     ttl: Duration,
+    /// `xattr=on` (the default): extended attributes are the backing files'. Off, every xattr
+    /// request is answered ENOSYS, after which the kernel sends none (it answers EOPNOTSUPP
+    /// itself): the VFS asks `security.capability` before the first write(2) of each file (FUSE
+    /// clears SB_NOSEC; the inode's S_NOSEC goes with an attribute change) and before every
+    /// chown, round trips the writeback cache cannot absorb (two of GNU tar's ~11 per entry).
+    xattrs: bool,
 }
 
 impl FuseAdapter {
-    pub fn new(engine: Arc<Engine>, metrics: Arc<Metrics>, max_write_bytes: u32, ttl: Duration) -> FuseAdapter {
-        FuseAdapter { engine, metrics, max_write_bytes, ttl }
+    pub fn new(
+        engine: Arc<Engine>,
+        metrics: Arc<Metrics>,
+        max_write_bytes: u32,
+        ttl: Duration,
+        xattrs: bool,
+    ) -> FuseAdapter {
+        FuseAdapter { engine, metrics, max_write_bytes, ttl, xattrs }
     }
 }
 
@@ -530,23 +542,35 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Setxattr);
+        if !self.xattrs {
+            return reply.error(FuseErrno::ENOSYS);
+        }
         let result = self.engine.set_xattr(ino.0, name, value, flags);
         reply_empty(reply, result);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Getxattr);
+        if !self.xattrs {
+            return reply.error(FuseErrno::ENOSYS);
+        }
         let result = self.engine.get_xattr(ino.0, name, size);
         reply_xattr(reply, result);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Listxattr);
+        if !self.xattrs {
+            return reply.error(FuseErrno::ENOSYS);
+        }
         reply_xattr(reply, self.engine.list_xattr(ino.0, size));
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Removexattr);
+        if !self.xattrs {
+            return reply.error(FuseErrno::ENOSYS);
+        }
         let result = self.engine.remove_xattr(ino.0, name);
         reply_empty(reply, result);
     }

@@ -39,6 +39,8 @@ Mount options (-o, comma-separated, repeatable):
                      auto: those not in a burst of closes; the others write to BACKING_DIR)
   log_raw=auto|off   auto: as root on ext4, the log file's blocks are written on its device, so a
                      commit changes no inode (the file is immutable while mounted); off: through it
+  xattr=on|off       extended attributes (default on); off: refused as unsupported, and the kernel
+                     stops asking security.capability before each file's first write and each chown
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
   dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.
 

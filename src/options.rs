@@ -66,6 +66,9 @@ pub struct MountOptions {
     /// `log_raw=auto|off`: whether a log file's blocks may be written on its block device
     /// (see `engine::intent_log::raw`).
     pub log_raw: crate::engine::intent_log::raw::RawLog,
+    /// `xattr=on|off`: extended attributes served (the default), or refused as unsupported
+    /// (see `fuse::FuseAdapter::xattrs`).
+    pub xattrs: bool,
 }
 
 /// BlueStore's `prefer_deferred_size` on HDD: a time decision (one sequential log write rather
@@ -153,6 +156,7 @@ impl Default for MountOptions {
             log_threshold_new_bytes: LOG_THRESHOLD_NEW_BYTES_DEFAULT,
             log_closes: crate::engine::LogCloses::Auto,
             log_raw: crate::engine::intent_log::raw::RawLog::Auto,
+            xattrs: true,
         }
     }
 }
@@ -290,6 +294,13 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
                 "auto" => RawLog::Auto,
                 "off" => RawLog::Off,
                 v => return Err(UsageError(format!("log_raw={v}: expected auto or off"))),
+            }
+        }
+        "xattr" => {
+            options.xattrs = match need_value(value)? {
+                "on" => true,
+                "off" => false,
+                v => return Err(UsageError(format!("xattr={v}: expected on or off"))),
             }
         }
         "log_size" => {
@@ -467,6 +478,14 @@ mod tests {
         assert!(parse_mount_args(&args(&["a", "b", "-o", "fsname"])).is_err());
         assert!(parse_mount_args(&args(&["a"])).is_err());
         assert!(parse_mount_args(&args(&["a", "b", "--bogus"])).is_err());
+    }
+
+    #[test]
+    fn xattr_takes_on_or_off() {
+        assert!(parse_mount_args(&args(&["a", "b"])).unwrap().options.xattrs);
+        assert!(!parse_mount_args(&args(&["a", "b", "-o", "xattr=off"])).unwrap().options.xattrs);
+        let err = parse_mount_args(&args(&["a", "b", "-o", "xattr=no"])).unwrap_err();
+        assert_eq!(err.0, "xattr=no: expected on or off");
     }
 
     #[test]

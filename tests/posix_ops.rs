@@ -813,3 +813,45 @@ fn an_ioctl_the_mount_does_not_implement_is_enotty_without_a_log_line() {
     let log = m.daemon_log();
     assert!(!log.contains("ioctl"), "the daemon logged an ioctl:\n{log}");
 }
+
+/// The kernel asks the daemon for `security.capability` before the first write(2) of each file
+/// (and again once its attributes change) and before every chown: a round trip per new file
+/// that the writeback cache cannot absorb (GNU tar: two of its ~11 per entry). With `xattr=off`
+/// the first of them is answered ENOSYS and the kernel asks no more; extended attributes are
+/// then unsupported (EOPNOTSUPP), as on a file system without them.
+#[test]
+fn xattr_off_ends_the_kernels_capability_questions_before_writes() {
+    let writes = |m: &TestMount| {
+        for i in 0..20 {
+            fs::write(m.path(&format!("w{i}")), [7u8; 100]).unwrap();
+        }
+        let mut f = fs::File::create(m.path("f")).unwrap();
+        for _ in 0..50 {
+            f.write_all(&[7u8; 100]).unwrap();
+        }
+    };
+    // Listed once the daemon served one.
+    let getxattrs = |m: &TestMount| {
+        m.control("stats").lines().find_map(|l| l.strip_prefix("fuse_getxattr_total")?.trim().parse::<u64>().ok())
+    };
+    let mut m = TestMount::new();
+    let before = getxattrs(&m).unwrap_or(0);
+    writes(&m);
+    let asked = getxattrs(&m).unwrap_or(0) - before;
+    assert!(asked >= 20, "the default: {asked} getxattr requests for the first writes of 21 files");
+    let c = cstr(&m.path("f"));
+    let set = unsafe { libc::setxattr(c.as_ptr(), c"user.kept".as_ptr(), b"1".as_ptr().cast(), 1, 0) };
+    assert_eq!(set, 0, "xattrs work by default: errno {}", errno());
+    m.unmount();
+
+    m.set_options(&["xattr=off"]);
+    m.mount();
+    writes(&m);
+    assert!(getxattrs(&m).unwrap_or(0) <= 1, "xattr=off: the kernel stopped asking after the first answer");
+    assert_eq!(fs::read(m.path("f")).unwrap(), vec![7u8; 5000]);
+    assert_eq!(xattr_of(&m.path("f"), "user.kept"), Err(libc::EOPNOTSUPP));
+    let set = unsafe { libc::setxattr(c.as_ptr(), c"user.other".as_ptr(), b"1".as_ptr().cast(), 1, 0) };
+    assert_eq!((set, errno()), (-1, libc::EOPNOTSUPP));
+    m.unmount();
+    assert_eq!(xattr_of(&m.backing.join("f"), "user.kept"), Ok(b"1".to_vec()), "the backing file keeps its attributes");
+}
