@@ -281,12 +281,17 @@ def case_apps(entries, quick):
     # The intent log is on by default; without it is the other write path; every close logged
     # (`log_closes=always`, the default before `auto`) shows what logging a burst's closes costs.
     systems = [("native", []), ("bindfs", []), ("coalescefs", []), ("coalescefs log=off", ["log=off"]),
-               ("coalescefs log_closes=always", ["log_closes=always"])]
+               ("coalescefs log_closes=always", ["log_closes=always"]),
+               # Not run unless asked for (BENCH_APPS_SYSTEMS): what the kernel's
+               # security.capability questions cost (two of tar's ~11 requests per entry).
+               ("coalescefs xattr=off", ["xattr=off"])]
     # BENCH_APPS_SYSTEMS="native,coalescefs,coalescefs log=off": some of them only (bindfs and
     # every close logged take half of the case's 37 minutes).
     only = os.environ.get("BENCH_APPS_SYSTEMS")
     if only:
         systems = [s for s in systems if s[0] in only.split(",")]
+    else:
+        systems = [s for s in systems if s[0] != "coalescefs xattr=off"]
         assert any(name == "native" for name, _ in systems), "the apps case compares with native: keep it"
     transactions = 100 if quick else 1000
 
