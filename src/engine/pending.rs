@@ -902,8 +902,8 @@ impl Pending {
         self.settle_unreleased(id, commit)
     }
 
-    /// A file a failed checkpoint or a flush made, whose held records are still in the log: synced on the
-    /// backend with its directory, then `commit` of the records that say it was made durably
+    /// A file a failed checkpoint or a flush made, whose held records are still in the log:
+    /// synced on the backend with its directory, then `commit` of the records that say it was made durably
     /// (as `make_logged_now`), so that replay leaves its held records alone and follows what
     /// comes next. The caller holds `names_gate` for reading, or no checkpoint is running.
     /// Returns whether this call settled it (synced it and committed its records).

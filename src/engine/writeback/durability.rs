@@ -140,8 +140,9 @@ impl Writeback {
         })
     }
 
-    /// A file a checkpoint made is settled before it is fsynced, renamed or unlinked (see
-    /// `Pending::settle_if_made_unbarred`); `names_held`: the caller holds the names gate.
+    /// A file made on the backend with its held records unbarred (by a checkpoint, or for a
+    /// flush) is settled before its close or fsync returns and before it is renamed or unlinked
+    /// (see `Pending::settle_if_made_unbarred`); `names_held`: the caller holds the names gate.
     pub fn settle_made(&self, id: u64, names_held: bool) -> SysResult<()> {
         let Some(held) = self.pending.as_ref().filter(|held| held.any_unreleased()) else { return Ok(()) };
         let commit = |records| self.commit_made_durably(id, records);
