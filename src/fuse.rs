@@ -58,6 +58,16 @@ impl FuseAdapter {
     ) -> FuseAdapter {
         FuseAdapter { engine, metrics, max_write_bytes, ttl, xattrs }
     }
+
+    /// Ok where extended attributes are served; ENOSYS with `xattr=off`, which makes the
+    /// kernel stop sending xattr requests for the mount.
+    fn xattrs_served(&self) -> SysResult<()> {
+        if self.xattrs {
+            Ok(())
+        } else {
+            Err(Errno(libc::ENOSYS))
+        }
+    }
 }
 
 fn fuse_errno(e: Errno) -> FuseErrno {
@@ -542,37 +552,22 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Setxattr);
-        if !self.xattrs {
-            return reply.error(FuseErrno::ENOSYS);
-        }
-        let result = self.engine.set_xattr(ino.0, name, value, flags);
-        reply_empty(reply, result);
+        reply_empty(reply, self.xattrs_served().and_then(|()| self.engine.set_xattr(ino.0, name, value, flags)));
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Getxattr);
-        if !self.xattrs {
-            return reply.error(FuseErrno::ENOSYS);
-        }
-        let result = self.engine.get_xattr(ino.0, name, size);
-        reply_xattr(reply, result);
+        reply_xattr(reply, self.xattrs_served().and_then(|()| self.engine.get_xattr(ino.0, name, size)));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Listxattr);
-        if !self.xattrs {
-            return reply.error(FuseErrno::ENOSYS);
-        }
-        reply_xattr(reply, self.engine.list_xattr(ino.0, size));
+        reply_xattr(reply, self.xattrs_served().and_then(|()| self.engine.list_xattr(ino.0, size)));
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Removexattr);
-        if !self.xattrs {
-            return reply.error(FuseErrno::ENOSYS);
-        }
-        let result = self.engine.remove_xattr(ino.0, name);
-        reply_empty(reply, result);
+        reply_empty(reply, self.xattrs_served().and_then(|()| self.engine.remove_xattr(ino.0, name)));
     }
 
     fn create(

@@ -881,23 +881,20 @@ impl Pending {
         self.make_early(id, |body| body.created_before_seq.is_some(), None)
     }
 
-    /// Whether any file made on the backend still has its held records in the log, unbarred.
-    pub fn any_unreleased(&self) -> bool {
-        !lock(&self.made_unbarred).is_empty()
+    /// Whether `id` was made on the backend with its held records still in the log, unbarred.
+    pub fn is_unbarred(&self, id: ObjectId) -> bool {
+        lock(&self.made_unbarred).contains_key(&id)
     }
 
     /// Before an fsync or close of a file that is not held: if a checkpoint made it and is
     /// still running, waits until it has released the file's records (it holds `names_gate`
     /// until then); if it failed, or a flush made it, settles the file (`settle_unreleased`).
-    /// Returns whether this call settled it.
+    /// Returns whether this call settled it. The caller asked `is_unbarred` first.
     pub fn settle_if_made_unbarred(
         &self,
         id: ObjectId,
         commit: &dyn Fn(Vec<Record>) -> SysResult<()>,
     ) -> SysResult<bool> {
-        if !lock(&self.made_unbarred).contains_key(&id) {
-            return Ok(false);
-        }
         drop(self.names_gate.read().unwrap_or_else(|p| p.into_inner()));
         self.settle_unreleased(id, commit)
     }

@@ -144,7 +144,8 @@ impl Writeback {
     /// flush) is settled before its close or fsync returns and before it is renamed or unlinked
     /// (see `Pending::settle_if_made_unbarred`); `names_held`: the caller holds the names gate.
     pub fn settle_made(&self, id: u64, names_held: bool) -> SysResult<()> {
-        let Some(held) = self.pending.as_ref().filter(|held| held.any_unreleased()) else { return Ok(()) };
+        // Every close and fsync asks: the durability map is locked below only for such a file.
+        let Some(held) = self.pending.as_ref().filter(|held| held.is_unbarred(id)) else { return Ok(()) };
         let commit = |records| self.commit_made_durably(id, records);
         // Counted before the settle's sync: every flush counted by then reached the backend
         // before the sync began, and the sync covers it. One counted later may have landed
