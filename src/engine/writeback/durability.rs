@@ -302,16 +302,16 @@ impl Writeback {
     /// queued before anything that depends on it can be committed.
     pub fn note_names_changed(&self, record: Option<Record>, moved: Option<(u64, u64)>, lost_names: &[u64]) {
         let Some(log) = &self.log else { return };
-        // Replacing or removing a file created since the last checkpoint whose bytes the log
-        // holds: a replay that does not know it is gone would make it again with them. The
-        // record is written before the caller is answered, and durable before the backend's
-        // change is (`commit_before_backend`). A created file the log holds nothing more of
-        // than its Create is never made again (`replay`): its record is only queued.
+        // Replacing or removing a file whose bytes the log holds: a replay that does not know
+        // it is gone would make it again with them (from its Create, still in the log after a
+        // settle marked it no longer created). The record is written before the caller is
+        // answered, and durable before the backend's change is (`commit_before_backend`). A
+        // created file the log holds nothing more of than its Create is never made again
+        // (`replay`): its record is only queued.
         let destroys_logged_file;
         {
             let mut d = lock(&self.durability);
-            destroys_logged_file =
-                lost_names.iter().any(|ino| d.get(ino).is_some_and(|e| e.created && e.logged_before_seq > 0));
+            destroys_logged_file = lost_names.iter().any(|ino| d.get(ino).is_some_and(|e| e.logged_before_seq > 0));
             for ino in lost_names {
                 if let Some(entry) = d.get_mut(ino) {
                     entry.named_in = None;
