@@ -32,9 +32,15 @@ def machine(args):
     mem_gib = int(first("/proc/meminfo").split()[1]) / (1 << 20)
     command = "bench/run" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "") + \
         (f" --reps {args.reps}" if args.reps != 3 else "")
+    commit = sh("git", "-C", REPO, "rev-parse", "--short", "HEAD", capture=True).strip()
+    # The binary is built from the work tree: a figure must not be credited to a commit whose
+    # code it did not run.
+    if sh("git", "-C", REPO, "status", "--porcelain", "--untracked-files=no", "--", "src", "Cargo.toml",
+          "Cargo.lock", capture=True).strip():
+        commit += " with uncommitted changes to src/"
     return {"kernel": platform.release(), "cpus": os.cpu_count(), "cpu": cpu, "memory_gib": round(mem_gib, 1),
             "date": datetime.datetime.now().isoformat(timespec="seconds"), "repetitions": args.reps, "command": command,
-            "commit": sh("git", "-C", REPO, "rev-parse", "--short", "HEAD", capture=True).strip(),
+            "commit": commit,
             "max_pages_limit": first(MAX_PAGES_LIMIT)}
 
 
