@@ -312,8 +312,15 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     };
     let max_write = opts.max_write_bytes.unwrap_or(capabilities.unit_bytes).min(fuse::MAX_WRITE_BYTES_LIMIT);
     metrics.set_mount_options(options_in_effect(opts, &capabilities, &backing, &mount_point, &state, max_write));
-    let adapter =
-        fuse::FuseAdapter::new(engine.clone(), metrics.clone(), max_write as u32, opts.cache_timeout, opts.xattrs);
+    let mount_id = Arc::new(std::sync::OnceLock::new());
+    let adapter = fuse::FuseAdapter::new(
+        engine.clone(),
+        metrics.clone(),
+        max_write as u32,
+        opts.cache_timeout,
+        opts.xattrs,
+        mount_id.clone(),
+    );
     let session = match start_session(adapter, &backing, &mount_point, opts) {
         Ok(session) => session,
         Err(message) => return ready.error(&message),
@@ -341,11 +348,12 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     // Signals are taken over before the parent returns: a SIGINT right after `coalescefs mount`
     // must unmount, not kill the daemon and leave a dead mount behind.
     let session_ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    unmount_on_signal(
-        mount_point.clone(),
-        mounts::mount_at(&mount_point).map(|m| m.device_minor),
-        session_ended.clone(),
-    );
+    // Mounted just now, ours is the topmost mount there.
+    let ours = mounts::mount_at(&mount_point);
+    if let Some(m) = ours.as_ref().filter(|m| m.fs_type == mounts::FS_TYPE) {
+        let _ = mount_id.set(m.mount_id);
+    }
+    unmount_on_signal(mount_point.clone(), ours.map(|m| m.device_minor), session_ended.clone());
     ready.ok();
     let result = session.run();
     session_ended.store(true, std::sync::atomic::Ordering::Relaxed);

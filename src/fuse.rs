@@ -5,7 +5,7 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -46,6 +46,10 @@ pub struct FuseAdapter {
     /// clears SB_NOSEC; the inode's S_NOSEC goes with an attribute change) and before every
     /// chown, round trips the writeback cache cannot absorb (two of GNU tar's ~11 per entry).
     xattrs: bool,
+    /// This mount's ID (/proc/self/mountinfo), set once it is mounted: how a closing process's
+    /// descriptors are told to be on this mount (see [`crate::descriptors`]). Unset, every
+    /// close is taken as the file's last.
+    mount_id: Arc<OnceLock<u64>>,
 }
 
 impl FuseAdapter {
@@ -55,8 +59,9 @@ impl FuseAdapter {
         max_write_bytes: u32,
         ttl: Duration,
         xattrs: bool,
+        mount_id: Arc<OnceLock<u64>>,
     ) -> FuseAdapter {
-        FuseAdapter { engine, metrics, max_write_bytes, ttl, xattrs }
+        FuseAdapter { engine, metrics, max_write_bytes, ttl, xattrs, mount_id }
     }
 
     /// Ok where extended attributes are served; ENOSYS with `xattr=off`, which makes the
@@ -409,9 +414,13 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Flush);
-        reply_empty(reply, self.engine.flush(fh.0));
+        // The kernel names our files to the caller by the node ID (`ino` in every attribute).
+        let closer_keeps_a_writer = |id: u64| {
+            self.mount_id.get().is_some_and(|&mount_id| crate::descriptors::holds_a_writer(req.pid(), mount_id, id))
+        };
+        reply_empty(reply, self.engine.flush(fh.0, &closer_keeps_a_writer));
     }
 
     fn release(

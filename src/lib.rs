@@ -10,6 +10,7 @@
 pub mod backend;
 pub mod control;
 pub mod daemon;
+pub mod descriptors;
 pub mod engine;
 pub mod fuse;
 pub mod logging;

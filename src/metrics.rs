@@ -216,6 +216,9 @@ pub struct Metrics {
     /// have taken (a close in a burst, or `never`).
     pub pending_files_declined: AtomicU64,
     pub closes_not_logged: AtomicU64,
+    /// Closes that left the file open for writing in the closing process (dd's dup2 onto its
+    /// standard output): not a durability point, the last descriptor's close is.
+    pub closes_left_to_another_descriptor: AtomicU64,
     /// The intent log's size; 0 when the log is off.
     pub log_size_bytes: AtomicU64,
     /// The intent log's block: the device bytes of the smallest commit.
@@ -334,6 +337,11 @@ impl Metrics {
                 "closes_not_logged_total",
                 "Closes that wrote to the backend what the log could have taken (a burst, or log_closes=never)",
                 self.closes_not_logged.load(Relaxed),
+            ),
+            (
+                "closes_left_to_another_descriptor_total",
+                "Closes that left the file open for writing in the closing process (dd's dup2): the last one is the durability point",
+                self.closes_left_to_another_descriptor.load(Relaxed),
             ),
             ("log_batches_total", "Batches (group commits) written to the intent log", self.log_batches.load(Relaxed)),
             (

@@ -13,6 +13,8 @@ pub const FS_TYPE: &str = "fuse.coalescefs";
 
 #[derive(Debug, Clone)]
 pub struct MountInfo {
+    /// The mount's ID, as /proc/PID/fdinfo's `mnt_id` names the mount a descriptor was opened on.
+    pub mount_id: u64,
     pub mount_point: PathBuf,
     pub fs_type: String,
     pub source: String,
@@ -44,12 +46,14 @@ pub fn read_mounts() -> Vec<MountInfo> {
     text.lines()
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
+            let mount_id = left.split(' ').next()?.parse().ok()?;
             let mount_point = left.split(' ').nth(4)?;
             let device_minor = left.split(' ').nth(2)?.split_once(':')?.1.parse().ok()?;
             let mut right = right.split(' ');
             let fs_type = right.next()?;
             let source = right.next().unwrap_or("");
             Some(MountInfo {
+                mount_id,
                 mount_point: PathBuf::from(unescape(mount_point)),
                 fs_type: fs_type.to_string(),
                 source: unescape(source),

@@ -419,7 +419,7 @@ impl World {
             Op::Close { dir, name } => {
                 let Some(file) = self.model.file_at((dir, name)) else { return };
                 if let Some(fh) = self.handles.remove(&file) {
-                    self.engine.flush(fh).expect("close");
+                    self.engine.flush(fh, &|_| false).expect("close");
                     self.engine.release(fh).unwrap();
                     self.model.files.get_mut(&file).unwrap().acknowledge_for_kill();
                 }

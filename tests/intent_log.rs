@@ -1736,15 +1736,94 @@ fn the_log_file_on_ext4_is_written_on_its_device_and_its_inode_never_changes() {
     assert!(!state.exists(), "forget removed the state directory with the immutable log in it");
 }
 
-/// dd, and a shell's `cmd > file`, close the new file once while it is empty (dd's dup2 onto
-/// its standard output), then write it: the log takes that close, and when the file outgrows
-/// what the log takes it is made on the backend. Its creation and bytes are then synced
-/// together at its close, one journal commit, with its held records barred before the close
-/// returns: nothing of it is left dirty in the backing file system's cache, and a kill -9 just
-/// after the close replays nothing over it and restores it whole. (Made durably when it
-/// outgrew the log, before its bytes reached the backend, it cost a journal commit of its own
-/// and left them for the next one: 144 KiB of device writes for a 64 KiB file on a 4Kn device,
-/// native ext4 120.)
+/// A new file closed once while empty (`touch f`, then `cat big >> f`): the log takes that
+/// close, and when the file outgrows what the log takes it is made on the backend. Its creation
+/// and bytes are then synced together at its close, one journal commit, with its held records
+/// barred before the close returns: nothing of it is left dirty in the backing file system's
+/// cache, and a kill -9 just after the close replays nothing over it and restores it whole.
+/// (Made durably when it outgrew the log, before its bytes reached the backend, it cost a
+/// journal commit of its own and left them for the next one: 144 KiB of device writes for a
+/// 64 KiB file on a 4Kn device, native ext4 120.)
+/// dd (`of=`), touch and a shell's `> file` open the file, dup2 it onto a standard descriptor
+/// and close the first before writing a byte. That close leaves the file open for writing in
+/// the process, and is not a durability point: the close of the last such descriptor is (one
+/// log commit per file for dd, where there were two). A descriptor left open for reading, or
+/// held by another process (a child's inherited one), does not defer the close.
+#[test]
+fn a_close_that_leaves_the_file_open_for_writing_in_its_process_is_left_to_the_last() {
+    if !in_a_process_of_its_own("a_close_that_leaves_the_file_open_for_writing_in_its_process_is_left_to_the_last") {
+        return;
+    }
+    let mut m = TestMount::with_options(&["checkpoint_interval=3600s"]);
+    // Apart from a burst of closes (log_closes=auto): a new file is held and its close logged.
+    let lone_close = || std::thread::sleep(Duration::from_millis(50));
+    let counters = |m: &TestMount| {
+        (
+            m.counter("closes_left_to_another_descriptor_total"),
+            m.counter("pending_files_logged_total"),
+            m.counter("log_batches_total"),
+        )
+    };
+
+    // dd itself, as seed 000's writer runs it.
+    let source = tempfile::NamedTempFile::new().unwrap();
+    fs::write(source.path(), pattern(20_000, 1)).unwrap();
+    lone_close();
+    let before = counters(&m);
+    let dd = std::process::Command::new("dd")
+        .args([
+            format!("if={}", path_str(source.path())),
+            format!("of={}", path_str(&m.path("dd-out"))),
+            "bs=8k".into(),
+        ])
+        .arg("status=none")
+        .status()
+        .unwrap();
+    assert!(dd.success());
+    let after = counters(&m);
+    assert_eq!(after.0 - before.0, 1, "dd's close of the file before its first write was left to its last");
+    assert_eq!(after.1 - before.1, 1, "dd's file logged");
+    assert_eq!(after.2 - before.2, 1, "log batches for dd's file: its last close alone");
+
+    // The same in this process: the empty file's close is left, the last close commits it.
+    lone_close();
+    let before = counters(&m);
+    let opened = File::create(m.path("dup-out")).unwrap();
+    let mut dup = opened.try_clone().unwrap();
+    drop(opened);
+    assert_eq!(counters(&m), (before.0 + 1, before.1, before.2), "the first close left to the duplicate");
+    dup.write_all(&pattern(3000, 2)).unwrap();
+    drop(dup);
+    assert_eq!(counters(&m), (before.0 + 1, before.1 + 1, before.2 + 1), "the last close committed the file");
+
+    // A reader left open does not defer the writer's close.
+    lone_close();
+    let before = counters(&m);
+    let writer = File::create(m.path("reader-left")).unwrap();
+    let reader = File::open(m.path("reader-left")).unwrap();
+    drop(writer);
+    assert_eq!(counters(&m), (before.0, before.1 + 1, before.2 + 1), "the writer's close, a reader open");
+    drop(reader);
+
+    // Nor does a descriptor another process inherited: it is not seen, and the close commits.
+    lone_close(); // the file held, not made on the backend in a burst
+    let opened = File::create(m.path("child-holds")).unwrap();
+    let mut child = std::process::Command::new("sleep").arg("30").stdout(opened.try_clone().unwrap()).spawn().unwrap();
+    lone_close();
+    let before = counters(&m);
+    drop(opened);
+    assert_eq!(counters(&m), (before.0, before.1 + 1, before.2 + 1), "the parent's close, a child holding the file");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // What the last closes acknowledged survives the daemon.
+    kill_daemon(&mut m);
+    m.mount();
+    assert_eq!(fs::read(m.path("dd-out")).unwrap(), pattern(20_000, 1), "dd's file after a kill -9");
+    assert_eq!(fs::read(m.path("dup-out")).unwrap(), pattern(3000, 2), "the duplicate's file after a kill -9");
+    assert!(m.path("reader-left").exists() && m.path("child-holds").exists());
+}
+
 #[test]
 fn a_file_closed_empty_then_grown_past_the_log_is_synced_with_its_bytes_at_its_close() {
     if !in_a_process_of_its_own("a_file_closed_empty_then_grown_past_the_log_is_synced_with_its_bytes_at_its_close") {
@@ -1754,15 +1833,14 @@ fn a_file_closed_empty_then_grown_past_the_log_is_synced_with_its_bytes_at_its_c
     let content = pattern(256 << 10, 7);
     // A lone close, so that the log takes it (log_closes=auto).
     std::thread::sleep(Duration::from_millis(50));
-    let opened = File::create(m.path("out")).unwrap();
-    let mut dup = opened.try_clone().unwrap();
-    drop(opened); // the close of the empty file dd's dup2 makes
+    drop(File::create(m.path("out")).unwrap());
     assert_eq!(m.counter("pending_files_logged_total"), 1, "the log took the empty file's close");
+    let mut appender = OpenOptions::new().append(true).open(m.path("out")).unwrap();
     for piece in content.chunks(8192) {
-        dup.write_all(piece).unwrap();
+        appender.write_all(piece).unwrap();
     }
     let (batches, flushes) = (m.counter("log_batches_total"), m.counter("log_flushes_total"));
-    drop(dup);
+    drop(appender);
     assert_eq!(m.counter("pending_files_made_total"), 1, "made on the backend once it outgrew the log");
     // The settle's barrier, and no second one: settled, the file is in sync with the backend.
     assert_eq!(m.counter("log_batches_total") - batches, 1, "log batches of the last close");

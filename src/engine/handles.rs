@@ -3,7 +3,7 @@
 //! hands written bytes to the write buffer and asks it for durability.
 
 use std::ffi::OsStr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::types::{Attr, Kind, NewObject, ObjectId};
@@ -20,6 +20,9 @@ pub(super) struct OpenFile {
     pub(super) state: Option<Arc<FileState>>,
     /// Opened for writing: its close flushes the file (a reader's close leaves it alone).
     pub(super) writable: bool,
+    /// A write came through this handle. Until one does, its close may be left to another
+    /// descriptor of the file (see [`Engine::flush`]).
+    pub(super) written_through: AtomicBool,
 }
 
 /// The writable handles open on one file, and the page-cache choice they share.
@@ -86,7 +89,8 @@ impl Engine {
             bypass_page_cache = writer.bypass_page_cache;
         }
         let fh = self.new_handle();
-        lock(&self.files).insert(fh, Arc::new(OpenFile { id, data, state, writable }));
+        lock(&self.files)
+            .insert(fh, Arc::new(OpenFile { id, data, state, writable, written_through: AtomicBool::new(false) }));
         Ok(Opened { fh, bypass_page_cache, writable })
     }
 
@@ -167,6 +171,7 @@ impl Engine {
         if drop_set_id_bits {
             self.drop_set_id_bits(open.id)?;
         }
+        open.written_through.store(true, Ordering::Relaxed);
         let taken = self.writeback.write(state, offset, bytes, from_page_cache)?;
         self.metrics.application_write_bytes.fetch_add(taken as u64, Ordering::Relaxed);
         self.metrics.application_write_requests.fetch_add(1, Ordering::Relaxed);
@@ -178,12 +183,29 @@ impl Engine {
         Ok(taken as u32)
     }
 
-    /// close(2): the file's buffered data goes to the store, and a flush error is reported
-    /// here, where the application can still see it.
-    pub fn flush(&self, fh: u64) -> SysResult<()> {
+    /// close(2): the file's buffered data goes to the store (with the log, the close is a
+    /// durability point), and a flush error is reported here, where the application can still
+    /// see it.
+    ///
+    /// Not when the close leaves the file open for writing in the closing process: dd (`of=`),
+    /// touch and a shell's `> file` open the file, dup2 it onto a standard descriptor and close
+    /// the first before writing a byte. That close is not the end of the writer, and making
+    /// the empty file durable there cost a log block per file (on a 4Kn device, one more
+    /// block than the file and its record). The close of the last such descriptor is the
+    /// durability point, and is never left: a process's exit closes its descriptors with no
+    /// table left to find them in. `closer_keeps_a_writer(id)` says whether the closing
+    /// process holds another writable descriptor of the file; it reads /proc, so it is asked
+    /// only of a handle nothing was written through (dd's, touch's, the shell's first close).
+    pub fn flush(&self, fh: u64, closer_keeps_a_writer: &dyn Fn(ObjectId) -> bool) -> SysResult<()> {
         let open = self.open_file(fh)?;
         match &open.state {
-            Some(state) if open.writable => self.writeback.close_file(state),
+            Some(state) if open.writable => {
+                if !open.written_through.load(Ordering::Relaxed) && closer_keeps_a_writer(open.id) {
+                    self.metrics.closes_left_to_another_descriptor.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                self.writeback.close_file(state)
+            }
             _ => Ok(()),
         }
     }
