@@ -1736,14 +1736,6 @@ fn the_log_file_on_ext4_is_written_on_its_device_and_its_inode_never_changes() {
     assert!(!state.exists(), "forget removed the state directory with the immutable log in it");
 }
 
-/// A new file closed once while empty (`touch f`, then `cat big >> f`): the log takes that
-/// close, and when the file outgrows what the log takes it is made on the backend. Its creation
-/// and bytes are then synced together at its close, one journal commit, with its held records
-/// barred before the close returns: nothing of it is left dirty in the backing file system's
-/// cache, and a kill -9 just after the close replays nothing over it and restores it whole.
-/// (Made durably when it outgrew the log, before its bytes reached the backend, it cost a
-/// journal commit of its own and left them for the next one: 144 KiB of device writes for a
-/// 64 KiB file on a 4Kn device, native ext4 120.)
 /// dd (`of=`), touch and a shell's `> file` open the file, dup2 it onto a standard descriptor
 /// and close the first before writing a byte. That close leaves the file open for writing in
 /// the process, and is not a durability point: the close of the last such descriptor is (one
@@ -1824,6 +1816,14 @@ fn a_close_that_leaves_the_file_open_for_writing_in_its_process_is_left_to_the_l
     assert!(m.path("reader-left").exists() && m.path("child-holds").exists());
 }
 
+/// A new file closed once while empty (`touch f`, then `cat big >> f`): the log takes that
+/// close, and when the file outgrows what the log takes it is made on the backend. Its creation
+/// and bytes are then synced together at its close, one journal commit, with its held records
+/// barred before the close returns: nothing of it is left dirty in the backing file system's
+/// cache, and a kill -9 just after the close replays nothing over it and restores it whole.
+/// (Made durably when it outgrew the log, before its bytes reached the backend, it cost a
+/// journal commit of its own and left them for the next one: 144 KiB of device writes for a
+/// 64 KiB file on a 4Kn device, native ext4 120.)
 #[test]
 fn a_file_closed_empty_then_grown_past_the_log_is_synced_with_its_bytes_at_its_close() {
     if !in_a_process_of_its_own("a_file_closed_empty_then_grown_past_the_log_is_synced_with_its_bytes_at_its_close") {
