@@ -59,7 +59,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::intent_log::device::LogDevice;
-use super::intent_log::format::{Batch, Record};
+use super::intent_log::format::{describe_key, Batch, Record};
 use super::intent_log::{IntentLog, LogError};
 use super::pending::is_pending_key;
 use super::types::{Kind, NewObject, ObjectId, Owner, SetAttr, TimeToSet, TimesToSet};
@@ -458,10 +458,6 @@ fn put_back(later: &[&Record], object: &[u8], parent: &[u8], name: &[u8]) -> boo
 /// A new file's last logged name: its directory's key and the name.
 type LastName<'a> = (&'a [u8], &'a [u8]);
 
-fn describe_key(k: &[u8]) -> String {
-    k.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn is_directory(mode: u32) -> bool {
     mode & libc::S_IFMT == libc::S_IFDIR
 }
@@ -525,24 +521,6 @@ fn last_removals(records: &[&Record]) -> HashMap<Vec<u8>, usize> {
         }
     }
     last
-}
-
-/// One line for the debug log: what a record is, without its bytes.
-fn describe(record: &Record) -> String {
-    let key = |k: &[u8]| k.iter().map(|b| format!("{b:02x}")).collect::<String>();
-    let name = |n: &[u8]| String::from_utf8_lossy(n).into_owned();
-    match record {
-        Record::Data { file, offset, bytes } => format!("data {} {}+{}", key(file), offset, bytes.len()),
-        Record::Size { file, size } => format!("size {} {size}", key(file)),
-        Record::Barrier { file } => format!("barrier {}", key(file)),
-        Record::Attrs { file, mode, mtime, .. } => format!("attrs {} mode {mode:o} mtime {}", key(file), mtime.sec),
-        Record::Create { file, parent, name: n, .. } => format!("create {} as {}/{}", key(file), key(parent), name(n)),
-        Record::Unlink { file, parent, name: n, .. } => format!("unlink {} at {}/{}", key(file), key(parent), name(n)),
-        Record::Hidden { file, parent, name: n } => format!("hidden {} at {}/{}", key(file), key(parent), name(n)),
-        Record::Rename { file, from_name, to_name, replaced, .. } => {
-            format!("rename {} {} -> {} (replacing {})", key(file), name(from_name), name(to_name), key(replaced))
-        }
-    }
 }
 
 pub fn replay(
@@ -643,20 +621,20 @@ pub fn replay(
             let renamed_back = put_back(&records[i + 1..], file, parent, name);
             let applied = !renamed_back && replay.apply(i, r)?;
             replay.applied += u64::from(applied);
-            log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, describe(r));
+            log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, r.describe());
             continue;
         }
         if r.is_namespace() && i < backend_holds_names_up_to {
             // The file of a Create the backend has gone past: its records find it by handle
             // (or it is gone, and they are dropped).
-            log::debug!("replay {i}: behind the backend: {}", describe(r));
+            log::debug!("replay {i}: behind the backend: {}", r.describe());
             continue;
         }
         let applied = replay.apply(i, r)?;
         if applied {
             replay.applied += 1;
         }
-        log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, describe(r));
+        log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, r.describe());
     }
     // New files the log held, last: each is made at the name its records leave it with (or
     // taken there, made by a checkpoint), which the records above may have freed (the unlink of
@@ -670,7 +648,7 @@ pub fn replay(
     }
     for (i, r) in records.iter().enumerate().filter(|(_, r)| is_pending_key(r.file())) {
         let Some((parent, name)) = held_ends.get(r.file()).copied().flatten() else {
-            log::debug!("replay {i}: a new file the log saw unlinked or made durably: {}", describe(r));
+            log::debug!("replay {i}: a new file the log saw unlinked or made durably: {}", r.describe());
             continue;
         };
         let applied = match r {
@@ -679,7 +657,7 @@ pub fn replay(
             r => replay.apply(i, r)?,
         };
         replay.applied += u64::from(applied);
-        log::debug!("replay {i}: new file, {}: {}", if applied { "applied" } else { "skipped" }, describe(r));
+        log::debug!("replay {i}: new file, {}: {}", if applied { "applied" } else { "skipped" }, r.describe());
     }
     replay.release();
     store.sync_all()?;

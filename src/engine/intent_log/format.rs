@@ -252,6 +252,30 @@ impl Record {
         objects
     }
 
+    /// One line for logs and post-mortems: what the record is, without its bytes.
+    pub fn describe(&self) -> String {
+        let key = describe_key;
+        let name = |n: &[u8]| String::from_utf8_lossy(n).into_owned();
+        match self {
+            Record::Data { file, offset, bytes } => format!("data {} {}+{}", key(file), offset, bytes.len()),
+            Record::Size { file, size } => format!("size {} {size}", key(file)),
+            Record::Barrier { file } => format!("barrier {}", key(file)),
+            Record::Attrs { file, mode, mtime, .. } => {
+                format!("attrs {} mode {mode:o} mtime {}", key(file), mtime.sec)
+            }
+            Record::Create { file, parent, name: n, .. } => {
+                format!("create {} as {}/{}", key(file), key(parent), name(n))
+            }
+            Record::Unlink { file, parent, name: n, .. } => {
+                format!("unlink {} at {}/{}", key(file), key(parent), name(n))
+            }
+            Record::Hidden { file, parent, name: n } => format!("hidden {} at {}/{}", key(file), key(parent), name(n)),
+            Record::Rename { file, from_name, to_name, replaced, .. } => {
+                format!("rename {} {} -> {} (replacing {})", key(file), name(from_name), name(to_name), key(replaced))
+            }
+        }
+    }
+
     /// Whether the record is about names rather than a file's contents.
     pub fn is_namespace(&self) -> bool {
         matches!(self, Record::Create { .. } | Record::Unlink { .. } | Record::Hidden { .. } | Record::Rename { .. })
@@ -414,6 +438,11 @@ impl Record {
         };
         rest.is_empty().then_some(record)
     }
+}
+
+/// An object's log key in hex, as logs and post-mortems show it.
+pub fn describe_key(key: &[u8]) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// One group commit: the records several fsyncs made durable together.
