@@ -818,14 +818,26 @@ impl Writeback {
         self.sync_backend()
     }
 
+    /// A timer thread's pause between its rounds: false, at once, when the writeback stops.
+    pub(super) fn pause_unless_stopped(&self, pause: Duration) -> bool {
+        let stopped = lock(&self.timers_stopped);
+        let (stopped, _) =
+            self.timers_wake.wait_timeout_while(stopped, pause, |stopped| !*stopped).unwrap_or_else(|p| p.into_inner());
+        !*stopped
+    }
+
+    fn stop_timers(&self) {
+        *lock(&self.timers_stopped) = true;
+        self.timers_wake.notify_all();
+    }
+
     /// Checkpoints when the log is half full, or the durability map holds more than
     /// `DURABILITY_ENTRIES_BEFORE_CHECKPOINT` files, and every `checkpoint_interval` while the log
     /// holds anything or a file waits for a backend sync to become eligible for it.
     pub(super) fn checkpoint_loop(&self) {
         let log = self.log.as_ref().expect("the checkpointer runs with a log");
         let mut last = Instant::now();
-        while !self.stopping.load(Relaxed) {
-            std::thread::sleep(Duration::from_millis(100).min(self.config.checkpoint_interval));
+        while self.pause_unless_stopped(Duration::from_millis(100).min(self.config.checkpoint_interval)) {
             let entries = lock(&self.durability).len();
             let held_bytes = self.pending.as_ref().map_or(0, |held| held.bytes_held());
             let waiting = log.holds_batches() || entries > 0;
@@ -847,6 +859,7 @@ impl Writeback {
     /// finishes first (it was issued before the "crash").
     pub fn abandon(&self) {
         self.stopping.store(true, Relaxed);
+        self.stop_timers();
         lock(&self.queue).clear();
         self.queue_ready.notify_all();
         let threads: Vec<_> =
@@ -920,6 +933,7 @@ impl Writeback {
             backend_unsynced = Some(e);
         }
         self.stopping.store(true, Relaxed);
+        self.stop_timers();
         self.queue_ready.notify_all();
         // A flusher stuck in a backend call that never returns is left behind, not waited for.
         let flushers: Vec<_> = lock(&self.flusher_threads).drain(..).collect();

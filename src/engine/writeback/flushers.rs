@@ -309,8 +309,7 @@ impl Writeback {
     /// before, which is how a transient backend error heals without the application's help.
     pub(super) fn age_loop(&self) {
         let tick = (self.config.flush_age / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
-        while !self.stopping.load(Relaxed) {
-            std::thread::sleep(tick);
+        while self.pause_unless_stopped(tick) {
             let files = self.open_files();
             let now = Instant::now();
             for file in files {

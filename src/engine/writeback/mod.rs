@@ -339,6 +339,10 @@ pub struct Writeback {
     queue_ready: Condvar,
     files: Mutex<HashMap<u64, Arc<FileState>>>,
     stopping: AtomicBool,
+    /// Set when `stopping` is, under this lock, so that a timer thread's pause ends at once
+    /// (an abandoned engine's threads are joined: a crash test starts several engines per case).
+    timers_stopped: Mutex<bool>,
+    timers_wake: Condvar,
     /// Joined at shut-down, so that each flusher's resources are gone before the daemon exits.
     flusher_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// The age timer and the checkpointer, joined when the engine is abandoned.
@@ -424,6 +428,8 @@ impl Writeback {
             queue_ready: Condvar::new(),
             files: Mutex::new(HashMap::new()),
             stopping: AtomicBool::new(false),
+            timers_stopped: Mutex::new(false),
+            timers_wake: Condvar::new(),
             flusher_threads: Mutex::new(Vec::new()),
             refused: Mutex::new(RefusedMemory::default()),
             lingering: std::sync::atomic::AtomicUsize::new(0),
