@@ -68,7 +68,7 @@ impl Engine {
         let mode = Self::open_mode(flags);
         let data = self.store.open(id, mode)?;
         let state = match kind {
-            Kind::File => Some(self.writeback.open_file(id, data.size()?)?),
+            Kind::File => Some(self.writeback.open_file(id, || data.size())?),
             _ => None,
         };
         // An empty file stays as it is: truncating it would change nothing but count as a

@@ -338,6 +338,8 @@ pub struct Writeback {
     queue: Mutex<VecDeque<Job>>,
     queue_ready: Condvar,
     files: Mutex<HashMap<u64, Arc<FileState>>>,
+    /// File states that have left `files`, counted under its lock (see `open_file`).
+    states_ended: std::sync::atomic::AtomicU64,
     stopping: AtomicBool,
     /// Set when `stopping` is, under this lock, so that a timer thread's pause ends at once
     /// (an abandoned engine's threads are joined: a crash test starts several engines per case).
@@ -427,6 +429,7 @@ impl Writeback {
             queue: Mutex::new(VecDeque::new()),
             queue_ready: Condvar::new(),
             files: Mutex::new(HashMap::new()),
+            states_ended: std::sync::atomic::AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             timers_stopped: Mutex::new(false),
             timers_wake: Condvar::new(),
@@ -534,7 +537,7 @@ mod tests {
                 .store
                 .make(ROOT_ID, OsStr::new(name), NewObject::File { perm: 0o644 }, Owner { uid: 0, gid: 0 })
                 .unwrap();
-            self.wb.open_file(attr.id, 0).unwrap()
+            self.wb.open_file(attr.id, || Ok(0)).unwrap()
         }
 
         fn stored(&self, name: &str) -> Vec<u8> {
@@ -555,6 +558,42 @@ mod tests {
             self.faults.control("clear").unwrap();
             self.wb.abandon();
         }
+    }
+
+    /// The open's size read, then the last state's flush ending and the state going before
+    /// the open takes the table: the size is read again (the crash harness lost bytes to a
+    /// reopened file that read as empty, its size read mid-flush; see `open_file`).
+    #[test]
+    fn an_open_reads_the_stores_size_again_when_a_state_ended_after_it_read_it() {
+        let r = rig(8, Duration::from_secs(10));
+        let f = r.file("f");
+        r.wb.write(&f, 0, &[5; 5000], false).unwrap();
+        assert!(r.wb.release_file(&f), "closed with its bytes buffered, the state lingers");
+        let mut reads = Vec::new();
+        let reopened =
+            r.wb.open_file(f.id, || {
+                if reads.is_empty() {
+                    // Read before the flush's bytes landed; then the flush ends, idle.
+                    r.wb.flush_file(&f, None, ErrorReport::Sync).unwrap();
+                    r.wb.drop_if_idle(&f);
+                    reads.push(0);
+                } else {
+                    reads.push(r.stored("f").len() as u64);
+                }
+                Ok(*reads.last().unwrap())
+            })
+            .unwrap();
+        assert_eq!(reads, vec![0, 5000], "read again once the state had ended");
+        assert!(!Arc::ptr_eq(&reopened, &f), "a new state");
+        assert_eq!(r.wb.size(&reopened), 5000);
+        // With the state still there, its own size counts and nothing is read again.
+        let mut more_reads = 0;
+        let second = r.wb.open_file(f.id, || {
+            more_reads += 1;
+            Ok(0)
+        });
+        assert!(Arc::ptr_eq(&second.unwrap(), &reopened));
+        assert_eq!((more_reads, r.wb.size(&reopened)), (1, 5000));
     }
 
     #[test]

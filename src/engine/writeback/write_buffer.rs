@@ -12,11 +12,25 @@ use std::time::{Duration, Instant, SystemTime};
 use super::*;
 
 impl Writeback {
-    /// The state of a regular file, made on first open; `size` is the store's size then. The
-    /// namespace is asked to hold the file while the state exists (a file with buffered data
-    /// outlives its last close).
-    pub fn open_file(&self, id: ObjectId, size: u64) -> SysResult<Arc<FileState>> {
-        let mut files = lock(&self.files);
+    /// The state of a regular file, made on first open, of the store's size then
+    /// (`store_size`). The namespace is asked to hold the file while the state exists (a file
+    /// with buffered data outlives its last close).
+    ///
+    /// A size read while a flush of an earlier state was passing through the store (a
+    /// truncate the store was given, then the bytes written since) is stale once that state
+    /// has ended, idle: the file would read as that shorter size, or empty (a file truncated,
+    /// rewritten and closed under checkpoints read back as zeros). So the size counts only if
+    /// no state ended between its reading and the table's lock; else it is read again (not
+    /// under the lock: a held file's size takes its own).
+    pub fn open_file(&self, id: ObjectId, mut store_size: impl FnMut() -> SysResult<u64>) -> SysResult<Arc<FileState>> {
+        let (mut files, size) = loop {
+            let ended_before = self.states_ended.load(std::sync::atomic::Ordering::Acquire);
+            let size = store_size()?;
+            let files = lock(&self.files);
+            if files.contains_key(&id) || self.states_ended.load(std::sync::atomic::Ordering::Acquire) == ended_before {
+                break (files, size);
+            }
+        };
         if !files.contains_key(&id) {
             self.ns.hold(id)?;
         }
@@ -58,6 +72,7 @@ impl Writeback {
     /// A file's state leaves the table: the namespace stops holding it for us.
     pub(super) fn remove_state(&self, files: &mut HashMap<ObjectId, Arc<FileState>>, id: ObjectId) {
         if files.remove(&id).is_some() {
+            self.states_ended.fetch_add(1, std::sync::atomic::Ordering::Release);
             self.ns.forget(id, 1);
         }
     }
