@@ -922,3 +922,27 @@ fn what_a_killed_daemon_left_unsynced_is_durable_once_the_next_one_answers_an_fs
     ];
     run_with(&a_few_bytes, false, LogCloses::Never).unwrap();
 }
+
+/// A file with two names, one unlinked and linked back, then fsynced: replay found the Unlink
+/// in the log and the name on the backend, took it for an unlink the backend had not done yet,
+/// and removed the name again (found by the sequences with a recovery killed part way). A Link record
+/// now says the object was put back.
+#[test]
+fn a_name_unlinked_and_linked_back_survives_a_crash() {
+    for end in [Op::Kill, Op::Crash { log_writes_kept: u64::MAX }, Op::Crash { log_writes_kept: 0 }] {
+        for held in [LogCloses::Never, LogCloses::Always] {
+            let ops = vec![
+                Op::Create { dir: 1, name: 0 },
+                Op::Link { from: (1, 0), to: (1, 1) },
+                Op::Checkpoint,
+                Op::Unlink { dir: 1, name: 0 },
+                Op::Link { from: (1, 1), to: (1, 0) },
+                Op::Fsync { dir: 1, name: 0 },
+                end.clone(),
+            ];
+            if let Err(e) = run_with(&ops, false, held) {
+                panic!("ending with {end:?}, {held:?}: {e}");
+            }
+        }
+    }
+}

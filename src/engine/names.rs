@@ -176,8 +176,11 @@ impl Engine {
         self.make_real(id)?;
         let attr = self.ns.link(id, new_parent, new_name)?;
         // The log records one name per file: a second one only a backend sync makes durable.
+        // Its Link record is for replay, so that an earlier removal of the object from the same
+        // name (unlinked, then linked back) is not taken for one the backend has not done yet.
         self.writeback.note_backend_changed(id);
-        self.writeback.note_names_changed(None, None, &[id]);
+        let record = self.writeback.logging().then(|| self.link_record(id, new_parent, new_name)).flatten();
+        self.writeback.note_names_changed(record, None, &[id]);
         Ok(self.finish_attr(attr))
     }
 
@@ -194,6 +197,14 @@ impl Engine {
             mode: attr.mode(),
             uid: attr.uid,
             gid: attr.gid,
+        })
+    }
+
+    fn link_record(&self, id: ObjectId, parent: ObjectId, name: &OsStr) -> Option<Record> {
+        Some(Record::Link {
+            file: self.ns.log_key(id).ok()?,
+            parent: self.ns.log_key(parent).ok()?,
+            name: name.as_encoded_bytes().to_vec(),
         })
     }
 

@@ -26,6 +26,9 @@
 //!      checkpoint): wherever the backend stands, since it can hold later changes without this
 //!      one; only if the name still refers to the logged object and no later rename put that
 //!      object back there.
+//!    - Link: never (the backend sync that acknowledges a second name makes it durable there).
+//!      It is evidence: a removal of an object from a name a later Link (or Rename) puts it
+//!      back at is not applied, and a backend that shows the link holds what came before it.
 //!    - Rename: only if the source name still refers to the logged object and the target name
 //!      is free or holds what the rename replaced. Where the source no longer does and a later
 //!      record removes the renamed object, the name ends without what the rename replaced: a
@@ -251,6 +254,10 @@ impl Replay<'_> {
                 Some(dir) => self.names(dir, to_name, file),
                 None => false,
             },
+            Record::Link { file, parent, name } => match self.directory(parent)? {
+                Some(dir) => self.names(dir, name, file),
+                None => false,
+            },
             _ => false,
         })
     }
@@ -331,6 +338,10 @@ impl Replay<'_> {
                 self.keep_time_of(dir);
                 Self::skip_if_moved_on(self.ns.remove(dir, name_of(name), false))
             }
+            // Evidence only (`put_back`, `shows`): a second name is durable by the backend sync
+            // that acknowledges it (`note_backend_changed`), and making it here could bring back
+            // a name later records took away (replaced by a rename, then unlinked).
+            Record::Link { .. } => Ok(false),
             Record::Rename { file, from_parent, from_name, to_parent, to_name, replaced } => {
                 let Some(to) = self.directory(to_parent)? else { return Ok(false) };
                 let from = match self.directory(from_parent)? {
@@ -446,12 +457,13 @@ fn removed_by(record: &Record) -> Option<(&[u8], &[u8], &[u8])> {
     }
 }
 
-/// Whether a record in `later` renames `object` back to `name` in `parent` (through another
-/// hard link of it).
+/// Whether a record in `later` puts `object` back at `name` in `parent`: renames it there, or
+/// links it there (through another hard link of it).
 fn put_back(later: &[&Record], object: &[u8], parent: &[u8], name: &[u8]) -> bool {
-    later.iter().any(|r| {
-        matches!(r, Record::Rename { file, to_parent, to_name, .. }
-            if file == object && to_parent == parent && to_name == name)
+    later.iter().any(|r| match r {
+        Record::Rename { file, to_parent, to_name, .. } => file == object && to_parent == parent && to_name == name,
+        Record::Link { file, parent: p, name: n } => file == object && p == parent && n == name,
+        _ => false,
     })
 }
 

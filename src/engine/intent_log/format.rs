@@ -178,6 +178,10 @@ pub enum Record {
     /// The file's mode, owner and times became these (a new file the log alone holds: its
     /// fsync makes its metadata durable too, and a tar's or cp -p's times survive a crash).
     Attrs { file: Vec<u8>, mode: u32, uid: u32, gid: u32, atime: Timestamp, mtime: Timestamp },
+    /// `file` got one more name, `name` in `parent` (a hard link). Replay needs it where an
+    /// earlier record removed the same object from the same name: without it, the backend's
+    /// name looks like a removal that has not happened, and replay removes it again.
+    Link { file: Vec<u8>, parent: Vec<u8>, name: Vec<u8> },
     /// `file` was renamed from `from_name` in `from_parent` to `to_name` in `to_parent`,
     /// replacing `replaced` (empty: the name was free).
     Rename {
@@ -198,6 +202,7 @@ const KIND_UNLINK: u8 = 5;
 const KIND_RENAME: u8 = 6;
 const KIND_ATTRS: u8 = 7;
 const KIND_HIDDEN: u8 = 8;
+const KIND_LINK: u8 = 9;
 
 fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
@@ -227,6 +232,7 @@ impl Record {
             | Record::Create { file, .. }
             | Record::Unlink { file, .. }
             | Record::Hidden { file, .. }
+            | Record::Link { file, .. }
             | Record::Attrs { file, .. }
             | Record::Rename { file, .. } => file,
         }
@@ -241,9 +247,10 @@ impl Record {
     pub fn objects(&self) -> Vec<&[u8]> {
         let mut objects = vec![self.file()];
         match self {
-            Record::Create { parent, .. } | Record::Unlink { parent, .. } | Record::Hidden { parent, .. } => {
-                objects.push(parent)
-            }
+            Record::Create { parent, .. }
+            | Record::Unlink { parent, .. }
+            | Record::Hidden { parent, .. }
+            | Record::Link { parent, .. } => objects.push(parent),
             Record::Rename { from_parent, to_parent, replaced, .. } => {
                 objects.extend([from_parent.as_slice(), to_parent, replaced].into_iter().filter(|k| !k.is_empty()))
             }
@@ -270,6 +277,7 @@ impl Record {
                 format!("unlink {} at {}/{}", key(file), key(parent), name(n))
             }
             Record::Hidden { file, parent, name: n } => format!("hidden {} at {}/{}", key(file), key(parent), name(n)),
+            Record::Link { file, parent, name: n } => format!("link {} at {}/{}", key(file), key(parent), name(n)),
             Record::Rename { file, from_name, to_name, replaced, .. } => {
                 format!("rename {} {} -> {} (replacing {})", key(file), name(from_name), name(to_name), key(replaced))
             }
@@ -278,7 +286,14 @@ impl Record {
 
     /// Whether the record is about names rather than a file's contents.
     pub fn is_namespace(&self) -> bool {
-        matches!(self, Record::Create { .. } | Record::Unlink { .. } | Record::Hidden { .. } | Record::Rename { .. })
+        matches!(
+            self,
+            Record::Create { .. }
+                | Record::Unlink { .. }
+                | Record::Hidden { .. }
+                | Record::Link { .. }
+                | Record::Rename { .. }
+        )
     }
 
     fn body_len(&self) -> usize {
@@ -289,7 +304,9 @@ impl Record {
                 Record::Barrier { .. } => 0,
                 Record::Create { parent, name, .. } => 8 + parent.len() + name.len() + 12,
                 Record::Unlink { parent, name, .. } => 8 + parent.len() + name.len() + 4,
-                Record::Hidden { parent, name, .. } => 8 + parent.len() + name.len(),
+                Record::Hidden { parent, name, .. } | Record::Link { parent, name, .. } => {
+                    8 + parent.len() + name.len()
+                }
                 Record::Attrs { .. } => 12 + 2 * 12,
                 Record::Rename { from_parent, from_name, to_parent, to_name, replaced, .. } => {
                     20 + from_parent.len() + from_name.len() + to_parent.len() + to_name.len() + replaced.len()
@@ -309,6 +326,7 @@ impl Record {
             Record::Create { .. } => KIND_CREATE,
             Record::Unlink { .. } => KIND_UNLINK,
             Record::Hidden { .. } => KIND_HIDDEN,
+            Record::Link { .. } => KIND_LINK,
             Record::Rename { .. } => KIND_RENAME,
             Record::Attrs { .. } => KIND_ATTRS,
         };
@@ -335,7 +353,7 @@ impl Record {
                 put_bytes(out, name);
                 out.extend_from_slice(&u32::from(*directory).to_le_bytes());
             }
-            Record::Hidden { parent, name, .. } => {
+            Record::Hidden { parent, name, .. } | Record::Link { parent, name, .. } => {
                 put_bytes(out, parent);
                 put_bytes(out, name);
             }
@@ -416,6 +434,7 @@ impl Record {
                 },
             },
             KIND_HIDDEN => Record::Hidden { file, parent: take_bytes(rest)?, name: take_bytes(rest)? },
+            KIND_LINK => Record::Link { file, parent: take_bytes(rest)?, name: take_bytes(rest)? },
             KIND_RENAME => Record::Rename {
                 file,
                 from_parent: take_bytes(rest)?,
@@ -839,6 +858,9 @@ mod tests {
                     to_name: key(rng.below(1 << 30)),
                     replaced: if rng.below(2) == 0 { Vec::new() } else { key(rng.below(50)) },
                 },
+                7 => {
+                    Record::Link { file: key(rng.below(50)), parent: key(rng.below(50)), name: key(rng.below(1 << 30)) }
+                }
                 5 => Record::Attrs {
                     file: key(rng.below(50)),
                     mode: rng.below(0o170000) as u32,

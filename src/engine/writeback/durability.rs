@@ -328,7 +328,8 @@ impl Writeback {
             // by it knows the file, so neither record is needed (rm -rf of a fresh tree would
             // otherwise cost a log write per file).
             Some(Record::Unlink { ref file, .. }) if log.cancel_queued_create(file) => {}
-            Some(record) if destroys_logged_file => {
+            // A link removes nothing: only the file's one logged name stops being its only one.
+            Some(record) if destroys_logged_file && !matches!(record, Record::Link { .. }) => {
                 if let Err(e) = self.commit_before_backend(log, vec![record]) {
                     log::warn!("committing a name change to the intent log: {e}; it stays queued");
                 }
