@@ -95,6 +95,13 @@ enum Op {
     /// everything written to them, durable or not (the kernel's page cache outlives the
     /// daemon), and what is not durable yet stays so.
     Kill,
+    /// The daemon dies, and so does the recovery that follows, just before one of its changes
+    /// to the store (as the crash harness's `mutate=abort/N`), `at` 256ths of the way through
+    /// them: what it wrote to the store and the log stays; the next recovery must still be
+    /// whole.
+    KillInRecovery {
+        at: u8,
+    },
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -123,6 +130,10 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()].prop_map(|log_writes_kept| Op::Crash { log_writes_kept }),
         1 => Just(Op::Kill),
     ]
+}
+
+fn uncrashed_op_strategy() -> impl Strategy<Value = Op> {
+    op_strategy().prop_filter("no crash", |op| !matches!(op, Op::Crash { .. } | Op::Kill))
 }
 
 /// Chains of names in one directory: files made, written through the log, renamed over each
@@ -275,6 +286,8 @@ struct World {
     log_closes: LogCloses,
     /// Before the last daemon crash: the model's file behind each object that had a name.
     files_before_kill: HashMap<ObjectId, FileId>,
+    /// Recoveries killed part way (`Op::KillInRecovery`).
+    recoveries_killed: u64,
 }
 
 /// `LogCloses::Always` unless a test says otherwise: `Auto` decides by the clock, and a model
@@ -328,6 +341,7 @@ impl World {
             model: Model::default(),
             log_closes,
             files_before_kill: HashMap::new(),
+            recoveries_killed: 0,
         };
         world.model.dirs_made.insert(0);
         // The directories exist, durably, before the sequence starts.
@@ -482,6 +496,7 @@ impl World {
             }
             Op::Crash { log_writes_kept } => self.crash(log_writes_kept),
             Op::Kill => self.kill(),
+            Op::KillInRecovery { at } => self.kill_in_recovery(at),
         }
     }
 
@@ -503,6 +518,17 @@ impl World {
     }
 
     fn kill(&mut self) {
+        self.kill_and_recover_after(None);
+    }
+
+    /// A kill, then a recovery killed just before one of its changes to the store (`at`
+    /// 256ths of the way through them, counted by a recovery run first and undone), then the
+    /// recovery that must make up for it. A recovery that changes nothing is a kill alone.
+    fn kill_in_recovery(&mut self, at: u8) {
+        self.kill_and_recover_after(Some(at));
+    }
+
+    fn kill_and_recover_after(&mut self, killed_recovery_at: Option<u8>) {
         self.files_before_kill.clear();
         for (&place, n) in &self.model.names {
             if let (Some(file), Some(id)) = (n.now, self.id_at(place)) {
@@ -511,6 +537,30 @@ impl World {
         }
         self.engine.abandon();
         self.handles.clear();
+        if let Some(at) = killed_recovery_at {
+            let (store_before, log_before) = (self.store.snapshot(), self.log.snapshot());
+            let changes_before = self.store.changes();
+            start(&self.store, &self.log, false, self.log_closes).abandon();
+            let changes = self.store.changes() - changes_before;
+            self.store.restore(store_before);
+            self.log.restore(log_before);
+            if changes > 0 {
+                let killed_at = Arc::new(std::sync::Mutex::new(None));
+                let (log, left) = (self.log.clone(), killed_at.clone());
+                self.store.kill_before_change(
+                    1 + u64::from(at) * changes / 256,
+                    Box::new(move |store| *left.lock().unwrap() = Some((store, log.snapshot()))),
+                );
+                start(&self.store, &self.log, false, self.log_closes).abandon();
+                // None: this run changed less than the first (it ended whole, and is killed then).
+                let left = killed_at.lock().unwrap().take();
+                if let Some((store, log)) = left {
+                    self.recoveries_killed += 1;
+                    self.store.restore(store);
+                    self.log.restore(log);
+                }
+            }
+        }
         let fresh = start(&self.store, &self.log, false, self.log_closes);
         drop(std::mem::replace(&mut self.engine, fresh));
     }
@@ -655,7 +705,7 @@ fn run_with(ops: &[Op], dirs_logged: bool, log_closes: LogCloses) -> Result<(), 
         world.apply(op);
         let checked = match op {
             Op::Crash { .. } => world.check_after_crash(false),
-            Op::Kill => world.check_after_crash(true),
+            Op::Kill | Op::KillInRecovery { .. } => world.check_after_crash(true),
             _ => world.check(),
         };
         if let Err(problem) = checked {
@@ -923,6 +973,34 @@ fn what_a_killed_daemon_left_unsynced_is_durable_once_the_next_one_answers_an_fs
     run_with(&a_few_bytes, false, LogCloses::Never).unwrap();
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases() / 4, max_shrink_iters: 2000, ..ProptestConfig::default() })]
+
+    /// Sequences without crashes, then a kill whose recovery is killed part way, then rounds
+    /// that end with a kill. Ignored: it finds a replay bug left open (see
+    /// `a_rename_back_over_a_file_made_in_its_place_survives_a_kill`): a kill -9 after
+    /// `mv f0 f1; create f0; fsync the directory; mv f1 f0` with closes not logged, and replay
+    /// takes the file back to f1 (the log holds the first rename, not the second; the backend,
+    /// ahead of the log, shows the file at f0, as if the first had not happened). The model's
+    /// plain kill keeps the dead engine's lookups in the memory store, which keeps replaced
+    /// files findable and hides it; a killed recovery's store, restored, holds none, as a real
+    /// one after the daemon's exit. Run with `--ignored`.
+    #[test]
+    #[ignore = "finds an open replay bug (see the doc comment)"]
+    fn a_recovery_killed_part_way_leaves_the_next_ones_whole(
+        rounds in proptest::collection::vec((proptest::collection::vec(uncrashed_op_strategy(), 1..40), any::<u8>()), 1..4),
+        dirs_logged in any::<bool>(),
+        held in any::<bool>(),
+    ) {
+        let mut ops = Vec::new();
+        for (i, (round, at)) in rounds.into_iter().enumerate() {
+            ops.extend(round);
+            ops.push(if i == 0 { Op::KillInRecovery { at } } else { Op::Kill });
+        }
+        run_with(&ops, dirs_logged, if held { LogCloses::Always } else { LogCloses::Never })?;
+    }
+}
+
 /// A file with two names, one unlinked and linked back, then fsynced: replay found the Unlink
 /// in the log and the name on the backend, took it for an unlink the backend had not done yet,
 /// and removed the name again (found by the sequences with a recovery killed part way). A Link record
@@ -944,5 +1022,55 @@ fn a_name_unlinked_and_linked_back_survives_a_crash() {
                 panic!("ending with {end:?}, {held:?}: {e}");
             }
         }
+    }
+}
+
+/// A recovery killed at each of its changes to the store in turn (as the crash harness's
+/// `mutate=abort/N`), with files the log holds bytes, truncates and names of: the recovery
+/// after it ends whole. Each killed recovery is counted: a sequence whose recovery changed
+/// nothing would test nothing.
+#[test]
+fn a_recovery_killed_at_any_of_its_changes_leaves_the_next_one_whole() {
+    let w = |dir, name, offset, len, seed| Op::Write { dir, name, offset, len, seed, sync: false };
+    let ops = vec![
+        Op::Create { dir: 1, name: 0 },
+        Op::Create { dir: 2, name: 1 },
+        w(1, 0, 0, 3 * UNIT, 1),
+        w(2, 1, 0, 2 * UNIT, 2),
+        Op::Checkpoint,
+        // The crash harness's pattern: a truncate to nothing, a write past a hole, a truncate
+        // into it, a growth, each fsynced through the log.
+        Op::Truncate { dir: 1, name: 0, size: 0 },
+        w(1, 0, 11, 6942, 3),
+        Op::Fsync { dir: 1, name: 0 },
+        Op::Truncate { dir: 1, name: 0, size: 351 },
+        Op::Truncate { dir: 1, name: 0, size: 9000 },
+        Op::Fsync { dir: 1, name: 0 },
+        w(2, 1, 100, 3000, 4),
+        Op::Fsync { dir: 2, name: 1 },
+        Op::Create { dir: 0, name: 0 },
+        w(0, 0, 0, 2000, 5),
+        Op::Fsync { dir: 0, name: 0 },
+        Op::Rename { from: (0, 0), to: (0, 1) },
+        Op::FsyncDir { dir: 0 },
+    ];
+    for held in [LogCloses::Never, LogCloses::Always] {
+        let mut killed = 0;
+        for at in (0..=255u8).step_by(15) {
+            let mut world = World::new(false, held);
+            for op in ops.iter().chain([&Op::KillInRecovery { at }]) {
+                world.apply(op);
+                let checked = match op {
+                    Op::KillInRecovery { .. } => world.check_after_crash(true),
+                    _ => world.check(),
+                };
+                if let Err(problem) = checked {
+                    panic!("{held:?}, a recovery killed {at}/256 of the way: {op:?}: {problem}");
+                }
+            }
+            killed += world.recoveries_killed;
+            world.engine.abandon();
+        }
+        assert!(killed >= 10, "{held:?}: {killed} recoveries killed part way of 18: the sequence tests too little");
     }
 }

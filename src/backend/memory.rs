@@ -13,6 +13,10 @@
 //! every lookup and open handle is forgotten, as after a power cut. Keys (`log_key`) carry a
 //! birth number that is never given out twice, even across crashes, so a key never names
 //! another object than the one it was made for.
+//!
+//! `snapshot`, `restore` and `kill_before_change` stand in for a process killed part way (a
+//! recovery, say): the store as it was just before its Nth change, everything it held then kept
+//! (the kernel's page cache outlives a killed daemon), durable or not.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
@@ -64,6 +68,25 @@ struct State {
     next_birth: u64,
     /// Bytes read to complete writes of whole units (none here: the engine reads them).
     unit_writes: u64,
+    /// Changes made so far (`changes`).
+    changes: u64,
+    kill_point: Option<KillPoint>,
+}
+
+/// Where a process is killed part way (`MemoryBackend::kill_before_change`).
+struct KillPoint {
+    /// Changes still to pass before the one the process dies at.
+    changes_left: u64,
+    /// Called at that moment, with the store as it stands, to keep what else the process wrote.
+    at_kill: Box<dyn FnOnce(MemorySnapshot) + Send>,
+}
+
+/// What a `MemoryBackend` held at a moment, durable or not (`MemoryBackend::snapshot`).
+pub struct MemorySnapshot {
+    tree: Tree,
+    durable_tree: Tree,
+    data: HashMap<ObjectId, Vec<u8>>,
+    durable_data: HashMap<ObjectId, Vec<u8>>,
 }
 
 pub struct MemoryBackend {
@@ -177,6 +200,27 @@ impl State {
         }
     }
 
+    /// Before every change to the store: counted, and where a process is to be killed part
+    /// way, the store as it stands before the change it dies at is handed over.
+    fn before_change(&mut self) {
+        self.changes += 1;
+        let Some(point) = &mut self.kill_point else { return };
+        point.changes_left -= 1;
+        if point.changes_left == 0 {
+            let at_kill = self.kill_point.take().expect("checked above").at_kill;
+            at_kill(self.snapshot());
+        }
+    }
+
+    fn snapshot(&self) -> MemorySnapshot {
+        MemorySnapshot {
+            tree: self.tree.clone(),
+            durable_tree: self.durable_tree.clone(),
+            data: self.data.clone(),
+            durable_data: self.durable_data.clone(),
+        }
+    }
+
     fn count_lookup(&mut self, id: ObjectId) {
         *self.lookups.entry(id).or_insert(0) += 1;
     }
@@ -224,6 +268,7 @@ impl MemoryBackend {
         valid_name(name)?;
 
         let mut s = lock(&self.state);
+        s.before_change();
         if s.dir(parent)?.entries.contains_key(name) {
             return Err(Errno(libc::EEXIST));
         }
@@ -353,6 +398,39 @@ impl MemoryBackend {
         s.open_handles.clear();
     }
 
+    /// Everything the store holds now, durable or not, to be put back by `restore`.
+    pub fn snapshot(&self) -> MemorySnapshot {
+        lock(&self.state).snapshot()
+    }
+
+    /// The store as `snapshot` took it, with nothing looked up or open: as a killed process
+    /// leaves it (the kernel's page cache outlives it).
+    pub fn restore(&self, snapshot: MemorySnapshot) {
+        let mut s = lock(&self.state);
+        s.tree = snapshot.tree;
+        s.durable_tree = snapshot.durable_tree;
+        s.data = snapshot.data;
+        s.durable_data = snapshot.durable_data;
+        s.lookups.clear();
+        s.open_handles.clear();
+        s.kill_point = None;
+    }
+
+    /// Changes made to the store so far: objects made, removed or renamed, attributes set,
+    /// units written, sizes set.
+    pub fn changes(&self) -> u64 {
+        lock(&self.state).changes
+    }
+
+    /// For tests of a process killed part way (a recovery): just before its `nth` change to
+    /// the store from now (1: the next), `at_kill` gets the store as it stands then (and, as it
+    /// runs with the store's lock held, can copy what else the process wrote: its log). The
+    /// test abandons the process, then restores what `at_kill` kept.
+    pub fn kill_before_change(&self, nth: u64, at_kill: Box<dyn FnOnce(MemorySnapshot) + Send>) {
+        assert!(nth >= 1, "changes count from 1");
+        lock(&self.state).kill_point = Some(KillPoint { changes_left: nth, at_kill });
+    }
+
     /// What `path` (names from the root) holds now: a file's bytes, or None when there is no
     /// regular file there. For tests comparing the store with what was acknowledged.
     pub fn read_path(&self, path: &[&OsStr]) -> Option<Vec<u8>> {
@@ -421,6 +499,7 @@ impl Namespace for MemoryBackend {
 
     fn setattr(&self, id: ObjectId, changes: &SetAttr) -> SysResult<()> {
         let mut s = lock(&self.state);
+        s.before_change();
         let now = Timestamp::now();
         let o = s.object_mut(id)?;
         if let Some(mode) = changes.mode {
@@ -454,6 +533,7 @@ impl Namespace for MemoryBackend {
     fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
         valid_name(new_name)?;
         let mut s = lock(&self.state);
+        s.before_change();
         if s.object(id)?.kind == Kind::Directory {
             return Err(Errno(libc::EPERM));
         }
@@ -471,6 +551,7 @@ impl Namespace for MemoryBackend {
 
     fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
         let mut s = lock(&self.state);
+        s.before_change();
         let id = *s.dir(parent)?.entries.get(name).ok_or(Errno(libc::ENOENT))?;
         let o = s.object(id)?;
         match (directory, o.kind == Kind::Directory) {
@@ -494,6 +575,7 @@ impl Namespace for MemoryBackend {
     ) -> SysResult<()> {
         valid_name(new_name)?;
         let mut s = lock(&self.state);
+        s.before_change();
         let id = *s.dir(parent)?.entries.get(name).ok_or(Errno(libc::ENOENT))?;
         let target = s.dir(new_parent)?.entries.get(new_name).copied();
         if flags & libc::RENAME_EXCHANGE != 0 {
@@ -565,6 +647,7 @@ impl Namespace for MemoryBackend {
 
     fn set_xattr(&self, id: ObjectId, name: &OsStr, value: &[u8], flags: i32) -> SysResult<()> {
         let mut s = lock(&self.state);
+        s.before_change();
         let o = s.object_mut(id)?;
         let exists = o.xattrs.contains_key(name);
         if flags & libc::XATTR_CREATE != 0 && exists {
@@ -603,6 +686,7 @@ impl Namespace for MemoryBackend {
 
     fn remove_xattr(&self, id: ObjectId, name: &OsStr) -> SysResult<()> {
         let mut s = lock(&self.state);
+        s.before_change();
         s.object_mut(id)?.xattrs.remove(name).map(drop).ok_or(Errno(libc::ENODATA))
     }
 
@@ -709,6 +793,7 @@ impl FileData for MemoryFileData {
         );
         self.gate.pass();
         let mut s = lock(&self.state);
+        s.before_change();
         s.unit_writes += 1;
         let data = s.data.get_mut(&self.id).ok_or(Errno(libc::ESTALE))?;
         for r in unit.ranges.iter() {
@@ -728,6 +813,7 @@ impl FileData for MemoryFileData {
 
     fn set_size(&self, size: u64) -> SysResult<()> {
         let mut s = lock(&self.state);
+        s.before_change();
         s.data.get_mut(&self.id).ok_or(Errno(libc::ESTALE))?.resize(size as usize, 0);
         s.touch(self.id);
         Ok(())

@@ -624,6 +624,10 @@ pub struct MemoryLogDevice {
     state: Mutex<MemoryLogState>,
 }
 
+/// What a `MemoryLogDevice` held at a moment (`MemoryLogDevice::snapshot`).
+pub struct MemoryLogSnapshot(MemoryLogState);
+
+#[derive(Clone)]
 struct MemoryLogState {
     durable: Vec<u8>,
     /// Writes since the last sync, in order: (byte offset, bytes).
@@ -657,6 +661,16 @@ impl MemoryLogDevice {
                 state.durable[at..at + bytes.len()].copy_from_slice(&bytes);
             }
         }
+    }
+
+    /// All the device holds now, synced or not, to be put back by `restore` (what a killed
+    /// process left: the kernel's page cache outlives it).
+    pub fn snapshot(&self) -> MemoryLogSnapshot {
+        MemoryLogSnapshot(self.state().clone())
+    }
+
+    pub fn restore(&self, snapshot: MemoryLogSnapshot) {
+        *self.state() = snapshot.0;
     }
 
     fn current(state: &MemoryLogState) -> Vec<u8> {
