@@ -977,8 +977,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases() / 4, max_shrink_iters: 2000, ..ProptestConfig::default() })]
 
     /// Sequences without crashes, then a kill whose recovery is killed part way, then rounds
-    /// that end with a kill. Ignored: it finds a replay bug left open (see
-    /// `a_rename_back_over_a_file_made_in_its_place_survives_a_kill`): a kill -9 after
+    /// that end with a kill. Ignored: it finds a replay bug left open: a kill -9 after
     /// `mv f0 f1; create f0; fsync the directory; mv f1 f0` with closes not logged, and replay
     /// takes the file back to f1 (the log holds the first rename, not the second; the backend,
     /// ahead of the log, shows the file at f0, as if the first had not happened). The model's
@@ -1003,8 +1002,8 @@ proptest! {
 
 /// A file with two names, one unlinked and linked back, then fsynced: replay found the Unlink
 /// in the log and the name on the backend, took it for an unlink the backend had not done yet,
-/// and removed the name again (found by the sequences with a recovery killed part way). A Link record
-/// now says the object was put back.
+/// and removed the name again (found by the sequences with a recovery killed part way). A Link
+/// record now says the object was put back.
 #[test]
 fn a_name_unlinked_and_linked_back_survives_a_crash() {
     for end in [Op::Kill, Op::Crash { log_writes_kept: u64::MAX }, Op::Crash { log_writes_kept: 0 }] {
