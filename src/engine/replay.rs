@@ -250,15 +250,13 @@ impl Replay<'_> {
                 Err(e) if means_state_moved_on(e) => false,
                 Err(e) => return Err(e),
             },
-            Record::Rename { file, to_parent, to_name, .. } => match self.directory(to_parent)? {
-                Some(dir) => self.names(dir, to_name, file),
+            record => match put_by(record) {
+                Some((object, parent, name)) => match self.directory(parent)? {
+                    Some(dir) => self.names(dir, name, object),
+                    None => false,
+                },
                 None => false,
             },
-            Record::Link { file, parent, name } => match self.directory(parent)? {
-                Some(dir) => self.names(dir, name, file),
-                None => false,
-            },
-            _ => false,
         })
     }
 
@@ -457,14 +455,20 @@ fn removed_by(record: &Record) -> Option<(&[u8], &[u8], &[u8])> {
     }
 }
 
-/// Whether a record in `later` puts `object` back at `name` in `parent`: renames it there, or
-/// links it there (through another hard link of it).
+/// The object a name record puts at a name, and the name (its directory's key and the name):
+/// a rename's target, a link's new name.
+fn put_by(record: &Record) -> Option<(&[u8], &[u8], &[u8])> {
+    match record {
+        Record::Rename { file, to_parent, to_name, .. } => Some((file, to_parent, to_name)),
+        Record::Link { file, parent, name } => Some((file, parent, name)),
+        _ => None,
+    }
+}
+
+/// Whether a record in `later` puts `object` back at `name` in `parent` (through another hard
+/// link of it): renames it there, or links it there.
 fn put_back(later: &[&Record], object: &[u8], parent: &[u8], name: &[u8]) -> bool {
-    later.iter().any(|r| match r {
-        Record::Rename { file, to_parent, to_name, .. } => file == object && to_parent == parent && to_name == name,
-        Record::Link { file, parent: p, name: n } => file == object && p == parent && n == name,
-        _ => false,
-    })
+    later.iter().any(|r| put_by(r) == Some((object, parent, name)))
 }
 
 /// A new file's last logged name: its directory's key and the name.

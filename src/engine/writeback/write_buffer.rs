@@ -5,7 +5,7 @@
 //! Must not: write to the store (the flushers do) or decide durability (`durability` does).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -21,13 +21,15 @@ impl Writeback {
     /// has ended, idle: the file would read as that shorter size, or empty (a file truncated,
     /// rewritten and closed under checkpoints read back as zeros). So the size counts only if
     /// no state ended between its reading and the table's lock; else it is read again (not
-    /// under the lock: a held file's size takes its own).
+    /// under the lock: a held file's size takes its own). Any file's state ending counts, so an
+    /// open may read twice while others close; each try is one size read (an fstat), and it
+    /// ends with the first window in which no state ends.
     pub fn open_file(&self, id: ObjectId, mut store_size: impl FnMut() -> SysResult<u64>) -> SysResult<Arc<FileState>> {
         let (mut files, size) = loop {
-            let ended_before = self.states_ended.load(std::sync::atomic::Ordering::Acquire);
+            let ended_before = self.states_ended.load(Acquire);
             let size = store_size()?;
             let files = lock(&self.files);
-            if files.contains_key(&id) || self.states_ended.load(std::sync::atomic::Ordering::Acquire) == ended_before {
+            if files.contains_key(&id) || self.states_ended.load(Acquire) == ended_before {
                 break (files, size);
             }
         };
@@ -72,7 +74,7 @@ impl Writeback {
     /// A file's state leaves the table: the namespace stops holding it for us.
     pub(super) fn remove_state(&self, files: &mut HashMap<ObjectId, Arc<FileState>>, id: ObjectId) {
         if files.remove(&id).is_some() {
-            self.states_ended.fetch_add(1, std::sync::atomic::Ordering::Release);
+            self.states_ended.fetch_add(1, Release);
             self.ns.forget(id, 1);
         }
     }
