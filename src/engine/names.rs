@@ -506,8 +506,12 @@ impl Engine {
     pub fn fsyncdir(&self, fh: u64, _data_only: bool) -> SysResult<()> {
         let dir = self.open_dir(fh)?;
         self.writeback.commit_held_in(dir.id)?;
-        self.writeback.commit_queued_names()?;
-        self.ns.sync_dir(dir.id)
+        let names_before_seq = self.writeback.commit_queued_names_before_seq()?;
+        self.ns.sync_dir(dir.id)?;
+        match names_before_seq {
+            Some(before_seq) => self.writeback.note_dir_synced(dir.id, before_seq),
+            None => Ok(()),
+        }
     }
 
     pub fn statfs(&self, id: ObjectId) -> SysResult<StatFs> {

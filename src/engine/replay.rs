@@ -7,12 +7,15 @@
 //! prefix of the name changes since, which may be shorter or longer than the log's.
 //!
 //! 1. Where the backend is: the last name record whose effect the backend shows (a created
-//!    file that exists, a renamed object under its new name). The backend holds every change
-//!    up to that one, so name records before it are not applied: they would undo later changes
-//!    the log may not hold (a file made again after it was replaced, say). Only records before
-//!    the first one the backend shows has not happened (the file a rename replaced, or an
-//!    unlink removed, still at its name) count: a file renamed a -> b over another and back
-//!    to a, neither rename on the backend, is at a as if renamed back.
+//!    file that exists, a renamed object under its new name), or the last one a NamesSynced
+//!    record covers (a directory's sync said the backend holds it), whichever is later. The
+//!    backend holds every change up to that one, so name records before it are not applied:
+//!    they would undo later changes the log may not hold (a file made again after it was
+//!    replaced, say; a file renamed a -> b, then back, the second rename lost with the daemon:
+//!    the backend shows nothing of the first). Only records before the first one the backend
+//!    shows has not happened (the file a rename replaced, or an unlink removed, still at its
+//!    name), past those a NamesSynced covers, count as evidence: a file renamed a -> b over
+//!    another and back to a, neither rename on the backend, is at a as if renamed back.
 //! 2. From there on, each name record only where the backend shows it has not happened yet:
 //!    - Create: a file that is gone is made again under its logged name, mode and owner, and
 //!      the file's records go to it; a name that is taken is never taken from its holder. Only
@@ -307,7 +310,7 @@ impl Replay<'_> {
                 }
                 None => Ok(false),
             },
-            Record::Barrier { .. } => Ok(false),
+            Record::Barrier { .. } | Record::NamesSynced { .. } => Ok(false),
             Record::Create { file, mode, .. } if is_directory(*mode) && !self.needed_dirs.contains(file.as_slice()) => {
                 log::debug!("replay: directory {} is gone, and nothing the log restores is in it", describe_key(file));
                 Ok(false)
@@ -522,6 +525,28 @@ fn needed_directories(
     }
 }
 
+/// The last name record a `NamesSynced` covers (one that changes its directory's names, in a
+/// batch before its `before_seq`): the backend holds it, and every name change before it (a
+/// journaling file system commits them in order). Not a new file's the log held: those are
+/// made apart, at the end.
+fn names_synced_through(records: &[&Record], batches: &[Batch]) -> Option<usize> {
+    let seqs: Vec<u64> = batches.iter().flat_map(|b| std::iter::repeat_n(b.seq, b.records.len())).collect();
+    debug_assert_eq!(seqs.len(), records.len(), "a sequence number for each record");
+    // Records are in sequence order; the one covered is near the end of the batches before
+    // (the log writes the record only when such a change is there to cover).
+    let covered_by = |dir: &[u8], before_seq: u64| {
+        let end = seqs.partition_point(|&seq| seq < before_seq);
+        (0..end).rev().find(|&i| !is_pending_key(records[i].file()) && records[i].directories_changed().contains(&dir))
+    };
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::NamesSynced { dir, before_seq } => covered_by(dir, *before_seq),
+            _ => None,
+        })
+        .max()
+}
+
 /// Where each object is last removed (`Replay::last_removal`).
 fn last_removals(records: &[&Record]) -> HashMap<Vec<u8>, usize> {
     let mut last = HashMap::new();
@@ -605,10 +630,14 @@ pub fn replay(
         }
     }
     replay.needed_dirs = needed_directories(&records, &replay.with_contents, &held_ends);
+    // The backend holds every name change up to the last one a directory's sync covered: its
+    // evidence about those is no evidence (a later change may have put a name back).
+    let synced_through = names_synced_through(&records, batches);
+    let after_synced = synced_through.map_or(0, |s| s + 1);
     // The backend holds a prefix of the name changes: none past one it shows has not happened
     // (unless a later record puts the removed object back at its name).
     let mut not_happened_from = records.len();
-    for (i, r) in records.iter().enumerate() {
+    for (i, r) in records.iter().enumerate().skip(after_synced) {
         let put_back_later =
             || removed_by(r).is_some_and(|(object, parent, name)| put_back(&records[i + 1..], object, parent, name));
         if r.is_namespace() && replay.shows_not_happened(r)? && !put_back_later() {
@@ -640,7 +669,7 @@ pub fn replay(
             log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, r.describe());
             continue;
         }
-        if r.is_namespace() && i < backend_holds_names_up_to {
+        if r.is_namespace() && (i < backend_holds_names_up_to || i < after_synced) {
             // The file of a Create the backend has gone past: its records find it by handle
             // (or it is gone, and they are dropped).
             log::debug!("replay {i}: behind the backend: {}", r.describe());

@@ -192,6 +192,12 @@ pub enum Record {
         to_name: Vec<u8>,
         replaced: Vec<u8>,
     },
+    /// A sync of the directory `dir` on the backend ended (its fsync): the backend holds,
+    /// durably, every name change of it in batches before `before_seq`, and (a journaling
+    /// backing file system commits its changes in order) every name change before those. Replay
+    /// must not apply them again: a later change no record reached the log with may have put
+    /// the backend somewhere they look not to have happened (a file renamed back).
+    NamesSynced { dir: Vec<u8>, before_seq: u64 },
 }
 
 const KIND_DATA: u8 = 1;
@@ -203,6 +209,7 @@ const KIND_RENAME: u8 = 6;
 const KIND_ATTRS: u8 = 7;
 const KIND_HIDDEN: u8 = 8;
 const KIND_LINK: u8 = 9;
+const KIND_NAMES_SYNCED: u8 = 10;
 
 fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
@@ -235,6 +242,19 @@ impl Record {
             | Record::Link { file, .. }
             | Record::Attrs { file, .. }
             | Record::Rename { file, .. } => file,
+            Record::NamesSynced { dir, .. } => dir,
+        }
+    }
+
+    /// The directories whose names the record changes on the backend as it happens: what a
+    /// `NamesSynced` of one of them covers. Not a Hidden's: its backend unlink waits.
+    pub fn directories_changed(&self) -> Vec<&[u8]> {
+        match self {
+            Record::Create { parent, .. } | Record::Unlink { parent, .. } | Record::Link { parent, .. } => {
+                vec![parent]
+            }
+            Record::Rename { from_parent, to_parent, .. } => vec![from_parent, to_parent],
+            _ => Vec::new(),
         }
     }
 
@@ -278,6 +298,9 @@ impl Record {
             }
             Record::Hidden { file, parent, name: n } => format!("hidden {} at {}/{}", key(file), key(parent), name(n)),
             Record::Link { file, parent, name: n } => format!("link {} at {}/{}", key(file), key(parent), name(n)),
+            Record::NamesSynced { dir, before_seq } => {
+                format!("names of {} synced on the backend before batch {before_seq}", key(dir))
+            }
             Record::Rename { file, from_name, to_name, replaced, .. } => {
                 format!("rename {} {} -> {} (replacing {})", key(file), name(from_name), name(to_name), key(replaced))
             }
@@ -302,6 +325,7 @@ impl Record {
                 Record::Data { bytes, .. } => 8 + bytes.len(),
                 Record::Size { .. } => 8,
                 Record::Barrier { .. } => 0,
+                Record::NamesSynced { .. } => 8,
                 Record::Create { parent, name, .. } => 8 + parent.len() + name.len() + 12,
                 Record::Unlink { parent, name, .. } => 8 + parent.len() + name.len() + 4,
                 Record::Hidden { parent, name, .. } | Record::Link { parent, name, .. } => {
@@ -329,6 +353,7 @@ impl Record {
             Record::Link { .. } => KIND_LINK,
             Record::Rename { .. } => KIND_RENAME,
             Record::Attrs { .. } => KIND_ATTRS,
+            Record::NamesSynced { .. } => KIND_NAMES_SYNCED,
         };
         let start = out.len();
         out.extend_from_slice(&[kind, 0, 0, 0]);
@@ -340,6 +365,7 @@ impl Record {
                 out.extend_from_slice(bytes);
             }
             Record::Size { size, .. } => out.extend_from_slice(&size.to_le_bytes()),
+            Record::NamesSynced { before_seq, .. } => out.extend_from_slice(&before_seq.to_le_bytes()),
             Record::Barrier { .. } => {}
             Record::Create { parent, name, mode, uid, gid, .. } => {
                 put_bytes(out, parent);
@@ -415,6 +441,11 @@ impl Record {
                 record
             }
             KIND_BARRIER => Record::Barrier { file },
+            KIND_NAMES_SYNCED if rest.len() == 8 => {
+                let record = Record::NamesSynced { dir: file, before_seq: u64_at(rest, 0) };
+                *rest = &[];
+                record
+            }
             KIND_CREATE => Record::Create {
                 file,
                 parent: take_bytes(rest)?,
@@ -835,6 +866,9 @@ mod tests {
                     parent: key(rng.below(50)),
                     name: key(rng.below(1 << 30)),
                 },
+                1 if rng.below(4) == 0 => {
+                    Record::NamesSynced { dir: key(rng.below(50)), before_seq: rng.below(1 << 40) }
+                }
                 1 => Record::Barrier { file: key(rng.below(50)) },
                 2 => Record::Create {
                     file: key(rng.below(50)),

@@ -24,6 +24,7 @@ pub mod format;
 pub mod raw;
 
 use super::burst::BURST_GAP;
+use super::pending::is_pending_key;
 use crate::metrics::Metrics;
 use crate::sys::Errno;
 use device::LogDevice;
@@ -232,6 +233,9 @@ struct Ring {
     /// A lone close stays direct: through the page cache it would cost a whole page at `sync`
     /// where its batch takes one or two sectors.
     last_batch_at: Option<std::time::Instant>,
+    /// Directories whose name changes batches since the checkpoint hold and no `NamesSynced`
+    /// covers yet: the first and the last such batch's sequence number (see `names_synced`).
+    names_unsynced: HashMap<Vec<u8>, (u64, u64)>,
 }
 
 impl Ring {
@@ -465,6 +469,8 @@ impl IntentLog {
             last_batch_at: None,
             flushed_before_seq: contents.next_seq,
             checkpoint_before_writing: contents.unflushed_dropped > 0,
+            // Batches read at open are replayed and checkpointed before any is written.
+            names_unsynced: HashMap::new(),
         };
         let log = IntentLog {
             device,
@@ -631,6 +637,32 @@ impl IntentLog {
         lock(&self.pending).records.cancel_create(file)
     }
 
+    /// After a sync of the directory `dir` on the backend that began once every batch before
+    /// `before_seq` was durable: `commit` is given the record that says the backend holds their
+    /// name changes of it, for replay (`Record::NamesSynced`). Not when no batch before
+    /// `before_seq` holds one that an earlier such record does not cover: the record would tell
+    /// replay nothing. New files the log holds are not counted: replay makes them apart.
+    pub fn commit_names_synced(
+        &self,
+        dir: &[u8],
+        before_seq: u64,
+        commit: impl FnOnce(Record) -> Result<(), LogError>,
+    ) -> Result<(), LogError> {
+        let uncovered = lock(&self.ring).names_unsynced.get(dir).is_some_and(|&(first, _)| first < before_seq);
+        if !uncovered {
+            return Ok(());
+        }
+        commit(Record::NamesSynced { dir: dir.to_vec(), before_seq })?;
+        let mut ring = lock(&self.ring);
+        if let Some((first, last)) = ring.names_unsynced.get_mut(dir) {
+            *first = (*first).max(before_seq);
+            if *last < before_seq {
+                ring.names_unsynced.remove(dir);
+            }
+        }
+        Ok(())
+    }
+
     /// Makes the batches written so far durable (a flush of the device, if any is unflushed),
     /// and nothing queued.
     pub fn flush_written_batches(&self) -> Result<(), LogError> {
@@ -726,6 +758,11 @@ impl IntentLog {
         }
         self.metrics.log_records.fetch_add(records.len() as u64, Relaxed);
         self.metrics.log_write_bytes.fetch_add(bytes.len() as u64 + wrap_waste.min(1) * block_bytes as u64, Relaxed);
+        for record in records.iter().filter(|r| !is_pending_key(r.file())) {
+            for dir in record.directories_changed() {
+                ring.names_unsynced.entry(dir.to_vec()).or_insert((seq, seq)).1 = seq;
+            }
+        }
         ring.starts.push_back((seq, at));
         ring.next_seq += 1;
         ring.next_block = at + blocks;
@@ -749,6 +786,10 @@ impl IntentLog {
         while ring.starts.front().is_some_and(|&(seq, _)| seq < first_kept_seq) {
             ring.starts.pop_front();
         }
+        ring.names_unsynced.retain(|_, (first, last)| {
+            *first = (*first).max(first_kept_seq);
+            *last >= first_kept_seq
+        });
         let block = ring.starts.front().map_or(ring.next_block % ring.sb.area_blocks, |&(_, b)| b);
         let sb = Superblock {
             generation: ring.sb.generation + 1,

@@ -343,16 +343,43 @@ impl Writeback {
     /// log become durable there first, so that what the directory's fsync acknowledges is in
     /// the log too; so do the batches closes wrote without a flush.
     pub fn commit_queued_names(&self) -> SysResult<()> {
-        let Some(log) = &self.log else { return Ok(()) };
-        match log.commit(Vec::new()) {
-            Ok(()) => Ok(()),
+        self.commit_queued_names_before_seq().map(drop)
+    }
+
+    /// `commit_queued_names`, and the sequence number the batches holding them end before
+    /// (None: a checkpoint made them durable on the backend instead, and the log holds none).
+    pub fn commit_queued_names_before_seq(&self) -> SysResult<Option<u64>> {
+        let Some(log) = &self.log else { return Ok(None) };
+        match log.commit_before_seq(Vec::new()) {
+            Ok(before_seq) => Ok(Some(before_seq)),
             // No room: a checkpoint makes them durable on the backend instead, and frees the ring.
-            Err(LogError::Full { .. }) => self.checkpoint(),
+            Err(LogError::Full { .. }) => self.checkpoint().map(|()| None),
             Err(e) => {
                 log::error!("committing queued name changes to the intent log: {e}");
                 Err(Errno(libc::EIO))
             }
         }
+    }
+
+    /// After the backend synced the directory `dir`, which it began once the name records in
+    /// batches before `before_seq` were durable: a record saying the backend holds them, so
+    /// that replay does not apply them again over later changes the log never saw (a rename
+    /// back that no fsync acknowledged, and the daemon's death took from the queue). Durable
+    /// before any later change the backend makes can be (`commit_before_backend`).
+    pub fn note_dir_synced(&self, dir: u64, before_seq: u64) -> SysResult<()> {
+        let Some(log) = &self.log else { return Ok(()) };
+        let key = self.ns.log_key(dir)?;
+        let committed = log.commit_names_synced(&key, before_seq, |record| {
+            match self.commit_before_backend(log, vec![record.clone()]) {
+                // The checkpoint makes every name durable on the backend: nothing left to cover.
+                Err(LogError::Full { .. }) => self.checkpoint().map_err(LogError::from),
+                other => other,
+            }
+        });
+        committed.map_err(|e| {
+            log::error!("inode {dir}: recording its sync in the intent log: {e}");
+            Errno(libc::EIO)
+        })
     }
 
     /// Whether a log fsync can stand for a backend sync of `ino` (None: it cannot), and
