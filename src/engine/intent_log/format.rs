@@ -246,6 +246,16 @@ impl Record {
         }
     }
 
+    /// The name the record puts an object at (its directory's key, the name): a Create's, a
+    /// Link's, a Rename's target.
+    pub fn name_taken(&self) -> Option<(&[u8], &[u8])> {
+        match self {
+            Record::Create { parent, name, .. } | Record::Link { parent, name, .. } => Some((parent, name)),
+            Record::Rename { to_parent, to_name, .. } => Some((to_parent, to_name)),
+            _ => None,
+        }
+    }
+
     /// The directories whose names the record changes on the backend as it happens: what a
     /// `NamesSynced` of one of them covers. Not a Hidden's: its backend unlink waits.
     pub fn directories_changed(&self) -> Vec<&[u8]> {

@@ -272,23 +272,45 @@ struct Queue {
     creates: HashMap<Vec<u8>, usize>,
     mentions: HashMap<Vec<u8>, u32>,
     live: usize,
+    /// The Unlinks taken back with their Creates, by the name they freed (its directory's key,
+    /// the name), each with its place in the order of take-backs; kept over batches until a
+    /// checkpoint has synced the backend. The backend may still hold such a file after a
+    /// crash (its creation committed, its unlink not), and a record that puts another object
+    /// at the name brings the Unlink back in front of it: else replay takes the old file for a
+    /// new one the log holds that a checkpoint made there (`replay::Replay::adopt`), and keeps
+    /// its bytes past the new one's.
+    taken_back_unlinks: HashMap<(Vec<u8>, Vec<u8>), (u64, Record)>,
+    take_backs: u64,
 }
+
+/// Unlinks taken back and kept (`Queue::taken_back_unlinks`) at most: past it, unlinks of files
+/// no batch carried are logged as any (rm -rf of a fresh tree costs log bytes, not memory).
+const TAKEN_BACK_UNLINKS_MAX: usize = 65536;
 
 impl Queue {
     fn extend(&mut self, records: impl IntoIterator<Item = Record>) {
         for record in records {
-            let mut objects = record.objects();
-            objects.sort_unstable();
-            objects.dedup();
-            for key in objects {
-                *self.mentions.entry(key.to_vec()).or_default() += 1;
+            if let Some(at) = record.name_taken() {
+                if let Some((_, unlink)) = self.taken_back_unlinks.remove(&(at.0.to_vec(), at.1.to_vec())) {
+                    self.push(unlink);
+                }
             }
-            if let Record::Create { file, .. } = &record {
-                self.creates.entry(file.clone()).or_insert(self.records.len());
-            }
-            self.records.push(Some(record));
-            self.live += 1;
+            self.push(record);
         }
+    }
+
+    fn push(&mut self, record: Record) {
+        let mut objects = record.objects();
+        objects.sort_unstable();
+        objects.dedup();
+        for key in objects {
+            *self.mentions.entry(key.to_vec()).or_default() += 1;
+        }
+        if let Record::Create { file, .. } = &record {
+            self.creates.entry(file.clone()).or_insert(self.records.len());
+        }
+        self.records.push(Some(record));
+        self.live += 1;
     }
 
     fn len(&self) -> usize {
@@ -297,7 +319,11 @@ impl Queue {
 
     fn take(&mut self) -> Vec<Record> {
         let records = std::mem::take(&mut self.records).into_iter().flatten().collect();
-        *self = Queue::default();
+        *self = Queue {
+            taken_back_unlinks: std::mem::take(&mut self.taken_back_unlinks),
+            take_backs: self.take_backs,
+            ..Queue::default()
+        };
         records
     }
 
@@ -307,12 +333,16 @@ impl Queue {
         self.mentions.get(file).is_some_and(|&count| count > own_create)
     }
 
-    /// Takes back the Create of `file` if nothing else queued refers to the file.
-    fn cancel_create(&mut self, file: &[u8]) -> bool {
+    /// Takes back the Create of the file `unlink` removes if nothing else queued refers to the
+    /// file, and keeps `unlink` for a record that puts another object at its name.
+    fn cancel_create(&mut self, unlink: &Record) -> bool {
+        let Record::Unlink { file, parent, name, .. } = unlink else { return false };
         let Some(&at) = self.creates.get(file) else { return false };
-        if self.mentions.get(file) != Some(&1) {
+        if self.mentions.get(file) != Some(&1) || self.taken_back_unlinks.len() >= TAKEN_BACK_UNLINKS_MAX {
             return false;
         }
+        self.taken_back_unlinks.insert((parent.clone(), name.clone()), (self.take_backs, unlink.clone()));
+        self.take_backs += 1;
         let record = self.records[at].take().expect("an indexed Create is queued");
         for key in record.objects() {
             if let Some(count) = self.mentions.get_mut(key) {
@@ -630,11 +660,24 @@ impl IntentLog {
         }
     }
 
-    /// Takes back the queued Create record of `file` if no batch has taken it yet and nothing
-    /// else queued refers to the file: the log never knew the file, so its removal need not be
-    /// logged either. Returns whether it did.
-    pub fn cancel_queued_create(&self, file: &[u8]) -> bool {
-        lock(&self.pending).records.cancel_create(file)
+    /// Takes back the queued Create record of the file `unlink` removes if no batch has taken
+    /// it yet and nothing else queued refers to the file: the log never knew the file, so its
+    /// removal need not be logged either, unless something later takes its name before a
+    /// checkpoint (`Queue::taken_back_unlinks`). Returns whether it did.
+    pub fn cancel_queued_create(&self, unlink: &Record) -> bool {
+        lock(&self.pending).records.cancel_create(unlink)
+    }
+
+    /// How many Creates have been taken back so far: a checkpoint reads it before it commits
+    /// the queue and syncs the backend, which then holds every unlink taken back before.
+    pub fn take_backs_so_far(&self) -> u64 {
+        lock(&self.pending).records.take_backs
+    }
+
+    /// After a checkpoint: the unlinks taken back before `take_backs` are durable on the
+    /// backend, and no longer kept.
+    pub fn forget_take_backs_before(&self, take_backs: u64) {
+        lock(&self.pending).records.taken_back_unlinks.retain(|_, (order, _)| *order >= take_backs);
     }
 
     /// After a sync of the directory `dir` on the backend that began once every batch before
@@ -1219,18 +1262,57 @@ mod tests {
             to_name: b"a2".to_vec(),
             replaced: Vec::new(),
         };
+        let unlink = |file: &[u8]| Record::Unlink {
+            file: file.to_vec(),
+            parent: b"dir".to_vec(),
+            name: file.to_vec(),
+            directory: false,
+        };
         let mut queue = Queue::default();
         queue.extend([create(b"a"), rename.clone(), create(b"b"), create(b"c")]);
-        assert!(!queue.cancel_create(b"a"), "a rename of it is queued");
+        assert!(!queue.cancel_create(&unlink(b"a")), "a rename of it is queued");
         assert!(queue.changes_names_of(b"a"), "the rename is a change of its names");
         assert!(!queue.changes_names_of(b"b"), "its creation alone is not");
-        assert!(queue.cancel_create(b"b"));
-        assert!(!queue.cancel_create(b"b"), "taken back once");
-        assert!(!queue.cancel_create(b"dir"), "a directory's key is no queued Create");
+        assert!(queue.cancel_create(&unlink(b"b")));
+        assert!(!queue.cancel_create(&unlink(b"b")), "taken back once");
+        assert!(!queue.cancel_create(&unlink(b"dir")), "a directory's key is no queued Create");
         assert_eq!(queue.len(), 3);
         assert_eq!(queue.take(), vec![create(b"a"), rename, create(b"c")]);
         assert_eq!(queue.len(), 0);
-        assert!(!queue.cancel_create(b"c"), "taken by a batch");
+        assert!(!queue.cancel_create(&unlink(b"c")), "taken by a batch");
+    }
+
+    #[test]
+    fn an_unlink_taken_back_comes_back_before_whatever_takes_its_name_until_a_checkpoint() {
+        let create = |file: &[u8], name: &[u8]| Record::Create {
+            file: file.to_vec(),
+            parent: b"dir".to_vec(),
+            name: name.to_vec(),
+            mode: 0o100644,
+            uid: 0,
+            gid: 0,
+        };
+        let unlink = |file: &[u8], name: &[u8]| Record::Unlink {
+            file: file.to_vec(),
+            parent: b"dir".to_vec(),
+            name: name.to_vec(),
+            directory: false,
+        };
+        let mut queue = Queue::default();
+        queue.extend([create(b"a", b"f"), create(b"b", b"g")]);
+        assert!(queue.cancel_create(&unlink(b"a", b"f")));
+        assert_eq!(queue.take(), vec![create(b"b", b"g")], "a batch carries neither record");
+        queue.extend([create(b"c", b"f")]);
+        assert_eq!(queue.take(), vec![unlink(b"a", b"f"), create(b"c", b"f")], "over batches, before the new name");
+        queue.extend([create(b"d", b"f")]);
+        assert_eq!(queue.take(), vec![create(b"d", b"f")], "once");
+        // A checkpoint's sync makes what was taken back before it durable on the backend.
+        queue.extend([create(b"e", b"h")]);
+        assert!(queue.cancel_create(&unlink(b"e", b"h")));
+        let before_checkpoint = queue.take_backs;
+        queue.taken_back_unlinks.retain(|_, (order, _)| *order >= before_checkpoint);
+        queue.extend([create(b"f", b"h")]);
+        assert_eq!(queue.take(), vec![create(b"f", b"h")]);
     }
 
     #[test]

@@ -326,8 +326,9 @@ impl Writeback {
         match record {
             // Removed before any batch carried its creation: nothing in the log or acknowledged
             // by it knows the file, so neither record is needed (rm -rf of a fresh tree would
-            // otherwise cost a log write per file).
-            Some(Record::Unlink { ref file, .. }) if log.cancel_queued_create(file) => {}
+            // otherwise cost a log write per file), until a record puts something else at the
+            // name before a checkpoint (the log keeps the Unlink for that).
+            Some(ref unlink @ Record::Unlink { .. }) if log.cancel_queued_create(unlink) => {}
             // A link removes nothing: only the file's one logged name stops being its only one.
             Some(record) if destroys_logged_file && !matches!(record, Record::Link { .. }) => {
                 if let Err(e) = self.commit_before_backend(log, vec![record]) {
@@ -712,6 +713,7 @@ impl Writeback {
     pub fn checkpoint(&self) -> SysResult<()> {
         let Some(log) = &self.log else { return Ok(()) };
         let _one_at_a_time = lock(&self.checkpointing);
+        let take_backs = log.take_backs_so_far();
         // The queued name records go into the log first, in a batch this checkpoint releases:
         // each change was made on the backend before it was queued, so the sync below makes it
         // durable there. Written after the release point, they would outlive the checkpoint (a
@@ -759,6 +761,7 @@ impl Writeback {
             log::error!("{e}");
             Errno(libc::EIO)
         })?;
+        log.forget_take_backs_before(take_backs);
         if let Some(held) = &self.pending {
             held.checkpoint_released(release_before);
         }
