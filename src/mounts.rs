@@ -174,6 +174,15 @@ pub fn process_alive(pid: i32) -> bool {
     })
 }
 
+/// When the process started, in clock ticks since boot (/proc/PID/stat's 22nd field): with its
+/// id, it names one process, where an id alone is given out again once the process is gone.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields from the state on (the 3rd) follow the parenthesised command name.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
 /// Changes the flags of a mounted coalescefs (`mount -o remount,ro`); the daemon keeps serving.
 pub fn remount(mount_point: &Path, options: &crate::options::MountOptions) -> Result<(), String> {
     let target = sys::path_cstring(mount_point).map_err(|e| format!("mount point: {e}"))?;

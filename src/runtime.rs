@@ -92,17 +92,26 @@ impl RuntimeDir {
         self.path.join("unmount-report")
     }
 
-    /// The pid file, mode 0644: anyone may see which process serves the mount.
+    /// The pid file, mode 0644: anyone may see which process serves the mount. The process's
+    /// start time follows its id, so that a daemon that died without removing the file is not
+    /// taken for whatever process has its id since.
     pub fn write_pid(&self) -> std::io::Result<()> {
         let path = self.pid_path();
         let tmp = self.path.join("pid.tmp");
+        let pid = std::process::id() as i32;
+        let line = match crate::mounts::process_start_time(pid) {
+            Some(started) => format!("{pid} {started}\n"),
+            None => format!("{pid}\n"),
+        };
         let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(&tmp)?;
-        std::io::Write::write_all(&mut file, format!("{}\n", std::process::id()).as_bytes())?;
+        std::io::Write::write_all(&mut file, line.as_bytes())?;
         std::fs::rename(tmp, path)
     }
 
+    /// The daemon's process id, if the process with that id is the one that wrote the file
+    /// (same start time; a file without one, from an older daemon, is taken at its word).
     pub fn read_pid(&self) -> Option<i32> {
-        std::fs::read_to_string(self.pid_path()).ok()?.trim().parse().ok()
+        parse_pid_file(&std::fs::read_to_string(self.pid_path()).ok()?, crate::mounts::process_start_time)
     }
 
     /// At a clean exit: the pid file and the socket go; the log and the report stay.
@@ -122,5 +131,33 @@ mod tests {
         assert_eq!(escape_path(Path::new("/srv/my-data/")), "srv-my\\x2ddata");
         assert_eq!(escape_path(Path::new("/tmp/a b/.hidden")), "tmp-a\\x20b-.hidden");
         assert_eq!(escape_path(Path::new("/")), "-");
+    }
+}
+
+/// A pid file's process id, checked against `start_time_of` (see `RuntimeDir::read_pid`).
+fn parse_pid_file(text: &str, start_time_of: impl Fn(i32) -> Option<u64>) -> Option<i32> {
+    let mut words = text.split_whitespace();
+    let pid: i32 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some(started) => (start_time_of(pid)? == started.parse::<u64>().ok()?).then_some(pid),
+        None => Some(pid),
+    }
+}
+
+#[cfg(test)]
+mod pid_file_tests {
+    use super::parse_pid_file;
+
+    #[test]
+    fn a_pid_file_names_its_process_only_while_the_start_time_matches() {
+        let running = |pid: i32| (pid == 42).then_some(1000);
+        assert_eq!(parse_pid_file("42 1000\n", running), Some(42));
+        assert_eq!(parse_pid_file("42 999\n", running), None, "the id was given to another process since");
+        assert_eq!(parse_pid_file("43 1000\n", running), None, "no such process");
+        assert_eq!(parse_pid_file("42\n", running), Some(42), "an older daemon's file");
+        assert_eq!(parse_pid_file("", running), None);
+        let me = std::process::id() as i32;
+        let started = crate::mounts::process_start_time(me).expect("this process's start time");
+        assert_eq!(parse_pid_file(&format!("{me} {started}"), crate::mounts::process_start_time), Some(me));
     }
 }

@@ -175,7 +175,7 @@ fn umount_of_something_not_mounted() {
 }
 
 fn daemon_pid(backing: &std::path::Path) -> i32 {
-    fs::read_to_string(runtime_dir(backing).join("pid")).unwrap().trim().parse().unwrap()
+    fs::read_to_string(runtime_dir(backing).join("pid")).unwrap().split_whitespace().next().unwrap().parse().unwrap()
 }
 
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {

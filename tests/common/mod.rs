@@ -344,7 +344,13 @@ impl TestMount {
     }
 
     pub fn daemon_pid(&self) -> i32 {
-        std::fs::read_to_string(self.runtime_dir().join("pid")).unwrap().trim().parse().unwrap()
+        std::fs::read_to_string(self.runtime_dir().join("pid"))
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
     }
 }
 
