@@ -206,6 +206,9 @@ pub struct Metrics {
     pub unit_bytes: AtomicU64,
     /// fsyncs made durable by the intent log instead of the backend.
     pub log_fsyncs: AtomicU64,
+    /// Directory fsyncs after which the log recorded that the backend holds the directory's
+    /// name changes (`Record::NamesSynced`).
+    pub log_dir_syncs_recorded: AtomicU64,
     /// Files created since the last checkpoint whose name and bytes went to the intent log at
     /// close or fsync, the backend not yet told (`engine::pending`); and of all the files made
     /// that way, those the backend has been given (at a checkpoint, or earlier when needed).
@@ -318,6 +321,11 @@ impl Metrics {
             ("log_size_bytes", "Size of the intent log (0: the log is off)", self.log_size_bytes.load(Relaxed)),
             ("log_block_bytes", "The intent log's block, the smallest commit", self.log_block_bytes.load(Relaxed)),
             ("log_fsyncs_total", "fsyncs made durable by the intent log", self.log_fsyncs.load(Relaxed)),
+            (
+                "log_dir_syncs_recorded_total",
+                "Directory fsyncs the intent log recorded, so that replay leaves the names they made durable",
+                self.log_dir_syncs_recorded.load(Relaxed),
+            ),
             (
                 "pending_files_logged_total",
                 "New files made durable by the intent log alone at close or fsync",

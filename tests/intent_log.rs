@@ -982,6 +982,9 @@ fn a_rename_back_the_log_never_saw_is_not_undone_by_replaying_the_first() {
     fs::rename(m.path("d/f0"), m.path("d/f1")).unwrap();
     fs::write(m.path("d/f0"), b"second").unwrap();
     fs::File::open(m.path("d")).unwrap().sync_all().unwrap();
+    assert_eq!(m.counter("log_dir_syncs_recorded_total"), 1, "the directory's sync was recorded");
+    fs::File::open(m.path("d")).unwrap().sync_all().unwrap();
+    assert_eq!(m.counter("log_dir_syncs_recorded_total"), 1, "a second sync with nothing new records nothing");
     fs::rename(m.path("d/f1"), m.path("d/f0")).unwrap();
     kill_daemon(&mut m);
     m.mount();

@@ -371,6 +371,7 @@ impl Writeback {
         let Some(log) = &self.log else { return Ok(()) };
         let key = self.ns.log_key(dir)?;
         let committed = log.commit_names_synced(&key, before_seq, |record| {
+            self.metrics.log_dir_syncs_recorded.fetch_add(1, Relaxed);
             match self.commit_before_backend(log, vec![record.clone()]) {
                 // The checkpoint makes every name durable on the backend: nothing left to cover.
                 Err(LogError::Full { .. }) => self.checkpoint().map_err(LogError::from),
