@@ -13,8 +13,13 @@ use coalescefs::engine::intent_log::format::Record;
 use coalescefs::engine::intent_log::{self, raw::RawLog, IntentLog};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args().nth(1).ok_or("usage: logdump COPY_OF_INTENT_LOG [--runs]")?;
-    let zero_runs = std::env::args().nth(2).is_some_and(|a| a == "--runs");
+    const USAGE: &str = "usage: logdump COPY_OF_INTENT_LOG [--runs]";
+    let (flags, paths): (Vec<String>, Vec<String>) = std::env::args().skip(1).partition(|a| a.starts_with("--"));
+    if let Some(unknown) = flags.iter().find(|f| *f != "--runs") {
+        return Err(format!("unknown option {unknown}; {USAGE}").into());
+    }
+    let [path] = paths.as_slice() else { return Err(USAGE.into()) };
+    let zero_runs = !flags.is_empty();
     // A block device's replay map would go to the state directory; a file's is beside it.
     let (device, _) = intent_log::open_file_device(Path::new(&path), None, Path::new("/nonexistent"), RawLog::Off)
         .map_err(|e| e.to_string())?;
