@@ -23,9 +23,15 @@ impl Writeback {
     /// no state ended between its reading and the table's lock; else it is read again (not
     /// under the lock: a held file's size takes its own). Any file's state ending counts, so an
     /// open may read twice while others close; each try is one size read (an fstat), and it
-    /// ends with the first window in which no state ends.
+    /// ends with the first window in which no state ends. A file that has a state (open
+    /// elsewhere, or lingering with buffered bytes) is not asked: its state's size is the one.
     pub fn open_file(&self, id: ObjectId, mut store_size: impl FnMut() -> SysResult<u64>) -> SysResult<Arc<FileState>> {
         let (mut files, size) = loop {
+            let files = lock(&self.files);
+            if files.contains_key(&id) {
+                break (files, 0);
+            }
+            drop(files);
             let ended_before = self.states_ended.load(Acquire);
             let size = store_size()?;
             let files = lock(&self.files);
