@@ -351,7 +351,12 @@ impl Namespace for LocalBackend {
     }
 
     fn log_key(&self, id: ObjectId) -> SysResult<Vec<u8>> {
-        self.dir.file_handle(&self.node(id)?.node)
+        let object = self.node(id)?;
+        if let Some(key) = object.log_key.get() {
+            return Ok(key.clone());
+        }
+        let key = self.dir.file_handle(&object.node)?;
+        Ok(object.log_key.get_or_init(|| key).clone())
     }
 
     fn identify(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)> {

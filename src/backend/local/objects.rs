@@ -44,11 +44,21 @@ pub struct Object {
     pub capability_absent: AtomicBool,
     /// The engine chose the id (`remember_as`): kept aside when the object is forgotten.
     chosen_id: bool,
+    /// Its persistent handle, once asked (`Namespace::log_key`): with the log on, every
+    /// unlink, rename and creation names its directory by it, and a handle never changes.
+    pub log_key: std::sync::OnceLock<Vec<u8>>,
 }
 
 impl Object {
     fn new(id: ObjectId, key: BackingKey, node: Node) -> Object {
-        Object { id, key, node, capability_absent: AtomicBool::new(false), chosen_id: false }
+        Object {
+            id,
+            key,
+            node,
+            capability_absent: AtomicBool::new(false),
+            chosen_id: false,
+            log_key: std::sync::OnceLock::new(),
+        }
     }
 }
 
