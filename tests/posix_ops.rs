@@ -428,6 +428,30 @@ fn copy_file_range_copies_bytes() {
     assert_eq!(fs::read(m.path("dst")).unwrap(), &data[1000..201_000]);
 }
 
+/// With its defaults a new file lives in memory and the log until a checkpoint; a copy into one
+/// made it on the backend, then asked the backend to copy into the held file's data, which the
+/// backend did not know: ENOSYS, on which the kernel stops sending copy_file_range for the whole
+/// mount (every later `cp` copied through reads and writes). Every copy reaches the daemon now.
+#[test]
+fn a_copy_into_a_new_file_keeps_copy_file_range_for_the_mount() {
+    let m = TestMount::new();
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    fs::write(m.path("src"), &data).unwrap();
+    m.sync_to_backend();
+    let src = File::open(m.path("src")).unwrap();
+    for (copy, name) in ["dst1", "dst2", "dst3"].iter().enumerate() {
+        let dst = OpenOptions::new().write(true).create_new(true).open(m.path(name)).unwrap();
+        let (mut off_in, mut off_out) = (0i64, 0i64);
+        let n = unsafe {
+            libc::copy_file_range(src.as_raw_fd(), &mut off_in, dst.as_raw_fd(), &mut off_out, data.len(), 0)
+        };
+        assert_eq!(n, data.len() as isize, "copy_file_range: {}", std::io::Error::last_os_error());
+        drop(dst);
+        assert_eq!(fs::read(m.path(name)).unwrap(), data);
+        assert_eq!(m.counter("fuse_copy_file_range_total"), copy as u64 + 1, "copy {copy} reached the daemon");
+    }
+}
+
 #[test]
 fn seek_data_and_seek_hole_find_the_written_ranges() {
     let m = TestMount::new();

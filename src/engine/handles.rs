@@ -289,7 +289,10 @@ impl Engine {
         let target = self.flushed(target_fh)?;
         // FUSE replies carry a u32 byte count; the kernel loops for the rest.
         let length = length.min(u32::MAX as u64 & !0xfff);
-        let copied = source.data.copy_to(source_offset, &*target.data, target_offset, length)?;
+        // Both are on the backend now (`make_real`); a handle opened while the target was held
+        // reaches its backend data through the held file's.
+        let target_data = super::pending::store_data(&target.data);
+        let copied = source.data.copy_to(source_offset, &*target_data, target_offset, length)?;
         self.writeback.note_backend_changed(target.id);
         if let Some(state) = &target.state {
             self.writeback.note_backend_size(state, target_offset + copied as u64);

@@ -1289,6 +1289,16 @@ impl PendingData {
     }
 }
 
+/// The store's own data behind `data`: a handle opened while memory held its file keeps the
+/// held file's data, which goes on to the backend's once the file is made there. For what only
+/// the store's data can do with another of its files (`FileData::copy_to`).
+pub fn store_data(data: &Arc<dyn FileData>) -> Arc<dyn FileData> {
+    match data.as_any().downcast_ref::<PendingData>().and_then(PendingData::real) {
+        Some(real) => real,
+        None => data.clone(),
+    }
+}
+
 impl FileData for PendingData {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> SysResult<usize> {
         let body = self.file.body();

@@ -206,7 +206,11 @@ impl FileData for LocalFileData {
     }
 
     fn copy_to(&self, source_offset: u64, target: &dyn FileData, target_offset: u64, length: u64) -> SysResult<usize> {
-        let Some(target) = target.as_any().downcast_ref::<LocalFileData>() else { return Err(Errno(libc::ENOSYS)) };
+        // Not ENOSYS: on that the kernel stops sending copies for the whole mount; on
+        // EOPNOTSUPP it copies this one through reads and writes, and asks again next time.
+        let Some(target) = target.as_any().downcast_ref::<LocalFileData>() else {
+            return Err(Errno(libc::EOPNOTSUPP));
+        };
         let mut source_off = source_offset as libc::loff_t;
         let mut target_off = target_offset as libc::loff_t;
         retry_eintr(|| {
