@@ -158,7 +158,7 @@ impl Superblock {
 /// Data, Size and Barrier are the file's contents. Create, Unlink and Rename are the namespace:
 /// a file created since the last checkpoint is only findable after a power cut if its name is
 /// in the log, and unlinks and renames are logged (riding along with the next batch) so that
-/// replay applies names in the order they happened.
+/// replay applies names in the order they happened. NamesSynced says where the backend is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     /// Bytes written at `offset`.

@@ -234,7 +234,8 @@ struct Ring {
     /// where its batch takes one or two sectors.
     last_batch_at: Option<std::time::Instant>,
     /// Directories whose name changes batches since the checkpoint hold and no `NamesSynced`
-    /// covers yet: the first and the last such batch's sequence number (see `names_synced`).
+    /// covers yet: the first and the last such batch's sequence number (see
+    /// `commit_names_synced`).
     names_unsynced: HashMap<Vec<u8>, (u64, u64)>,
 }
 
@@ -333,6 +334,10 @@ impl Queue {
         self.mentions.get(file).is_some_and(|&count| count > own_create)
     }
 
+    fn forget_take_backs_before(&mut self, take_backs: u64) {
+        self.taken_back_unlinks.retain(|_, (order, _)| *order >= take_backs);
+    }
+
     /// Takes back the Create of the file `unlink` removes if nothing else queued refers to the
     /// file, and keeps `unlink` for a record that puts another object at its name.
     fn cancel_create(&mut self, unlink: &Record) -> bool {
@@ -341,7 +346,9 @@ impl Queue {
         if self.mentions.get(file) != Some(&1) || self.taken_back_unlinks.len() >= TAKEN_BACK_UNLINKS_MAX {
             return false;
         }
-        self.taken_back_unlinks.insert((parent.clone(), name.clone()), (self.take_backs, unlink.clone()));
+        let earlier = self.taken_back_unlinks.insert((parent.clone(), name.clone()), (self.take_backs, unlink.clone()));
+        // The file's Create took the name, and brought back whatever was kept for it.
+        debug_assert!(earlier.is_none(), "an unlink kept for a name no record took since");
         self.take_backs += 1;
         let record = self.records[at].take().expect("an indexed Create is queued");
         for key in record.objects() {
@@ -677,7 +684,7 @@ impl IntentLog {
     /// After a checkpoint: the unlinks taken back before `take_backs` are durable on the
     /// backend, and no longer kept.
     pub fn forget_take_backs_before(&self, take_backs: u64) {
-        lock(&self.pending).records.taken_back_unlinks.retain(|_, (order, _)| *order >= take_backs);
+        lock(&self.pending).records.forget_take_backs_before(take_backs);
     }
 
     /// After a sync of the directory `dir` on the backend that began once every batch before
@@ -1310,7 +1317,7 @@ mod tests {
         queue.extend([create(b"e", b"h")]);
         assert!(queue.cancel_create(&unlink(b"e", b"h")));
         let before_checkpoint = queue.take_backs;
-        queue.taken_back_unlinks.retain(|_, (order, _)| *order >= before_checkpoint);
+        queue.forget_take_backs_before(before_checkpoint);
         queue.extend([create(b"f", b"h")]);
         assert_eq!(queue.take(), vec![create(b"f", b"h")]);
     }

@@ -371,11 +371,14 @@ impl Writeback {
         let Some(log) = &self.log else { return Ok(()) };
         let key = self.ns.log_key(dir)?;
         let committed = log.commit_names_synced(&key, before_seq, |record| {
-            self.metrics.log_dir_syncs_recorded.fetch_add(1, Relaxed);
             match self.commit_before_backend(log, vec![record.clone()]) {
+                Ok(()) => {
+                    self.metrics.log_dir_syncs_recorded.fetch_add(1, Relaxed);
+                    Ok(())
+                }
                 // The checkpoint makes every name durable on the backend: nothing left to cover.
                 Err(LogError::Full { .. }) => self.checkpoint().map_err(LogError::from),
-                other => other,
+                Err(e) => Err(e),
             }
         });
         committed.map_err(|e| {
