@@ -716,6 +716,20 @@ fn run_with(ops: &[Op], dirs_logged: bool, log_closes: LogCloses) -> Result<(), 
     Ok(())
 }
 
+/// `ops` and then each of `ends`, with new files held (`log_closes=always`) and not: each run
+/// must keep what was acknowledged.
+fn run_with_each_end(ops: &[Op], ends: &[Op]) {
+    for end in ends {
+        for held in [LogCloses::Never, LogCloses::Always] {
+            let mut all = ops.to_vec();
+            all.push(end.clone());
+            if let Err(e) = run_with(&all, false, held) {
+                panic!("ending with {end:?}, {held:?}: {e}");
+            }
+        }
+    }
+}
+
 fn cases() -> u32 {
     std::env::var("ENGINE_MODEL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)
 }
@@ -961,22 +975,17 @@ fn a_file_unlinked_at_a_name_and_renamed_back_to_it_through_another_link_keeps_i
 /// With a recovery killed part way, as a real store after the daemon's exit holds no lookups.
 #[test]
 fn a_rename_a_directory_fsync_made_durable_is_not_applied_again_over_a_later_one() {
-    for end in [Op::KillInRecovery { at: 0 }, Op::Kill, Op::Crash { log_writes_kept: u64::MAX }] {
-        for held in [LogCloses::Never, LogCloses::Always] {
-            let ops = vec![
-                Op::Create { dir: 1, name: 0 },
-                Op::Write { dir: 1, name: 0, offset: 0, len: 100, seed: 1, sync: true },
-                Op::Rename { from: (1, 0), to: (1, 1) },
-                Op::Create { dir: 1, name: 0 },
-                Op::FsyncDir { dir: 1 },
-                Op::Rename { from: (1, 1), to: (1, 0) },
-                end.clone(),
-            ];
-            if let Err(e) = run_with(&ops, false, held) {
-                panic!("ending with {end:?}, {held:?}: {e}");
-            }
-        }
-    }
+    run_with_each_end(
+        &[
+            Op::Create { dir: 1, name: 0 },
+            Op::Write { dir: 1, name: 0, offset: 0, len: 100, seed: 1, sync: true },
+            Op::Rename { from: (1, 0), to: (1, 1) },
+            Op::Create { dir: 1, name: 0 },
+            Op::FsyncDir { dir: 1 },
+            Op::Rename { from: (1, 1), to: (1, 0) },
+        ],
+        &[Op::KillInRecovery { at: 0 }, Op::Kill, Op::Crash { log_writes_kept: u64::MAX }],
+    );
 }
 
 /// The same with an unlink: a file replaced by a rename its directory's fsync acknowledged,
@@ -985,22 +994,17 @@ fn a_rename_a_directory_fsync_made_durable_is_not_applied_again_over_a_later_one
 /// holds bytes of is committed as it happens): here it holds the record to the Create it covers.
 #[test]
 fn a_file_a_synced_rename_replaced_is_not_made_again_after_a_later_unlink() {
-    for end in [Op::KillInRecovery { at: 0 }, Op::Kill, Op::Crash { log_writes_kept: u64::MAX }] {
-        for held in [LogCloses::Never, LogCloses::Always] {
-            let ops = vec![
-                Op::Create { dir: 1, name: 0 },
-                Op::Write { dir: 1, name: 0, offset: 0, len: 100, seed: 1, sync: true },
-                Op::Create { dir: 1, name: 1 },
-                Op::Rename { from: (1, 1), to: (1, 0) },
-                Op::FsyncDir { dir: 1 },
-                Op::Unlink { dir: 1, name: 0 },
-                end.clone(),
-            ];
-            if let Err(e) = run_with(&ops, false, held) {
-                panic!("ending with {end:?}, {held:?}: {e}");
-            }
-        }
-    }
+    run_with_each_end(
+        &[
+            Op::Create { dir: 1, name: 0 },
+            Op::Write { dir: 1, name: 0, offset: 0, len: 100, seed: 1, sync: true },
+            Op::Create { dir: 1, name: 1 },
+            Op::Rename { from: (1, 1), to: (1, 0) },
+            Op::FsyncDir { dir: 1 },
+            Op::Unlink { dir: 1, name: 0 },
+        ],
+        &[Op::KillInRecovery { at: 0 }, Op::Kill, Op::Crash { log_writes_kept: u64::MAX }],
+    );
 }
 
 /// A backend file (too large for the log at its fsync) unlinked before any batch carried its
@@ -1011,19 +1015,16 @@ fn a_file_a_synced_rename_replaced_is_not_made_again_after_a_later_unlink() {
 /// at 10,000 cases). The taken-back Unlink comes back in front of the record that takes its name.
 #[test]
 fn a_file_unlinked_before_the_log_knew_it_is_not_taken_for_a_new_one_at_its_name() {
-    for held in [LogCloses::Always, LogCloses::Never] {
-        let ops = vec![
+    run_with_each_end(
+        &[
             Op::Create { dir: 0, name: 0 },
             Op::Write { dir: 0, name: 0, offset: 8996, len: 15581, seed: 0, sync: true },
             Op::Unlink { dir: 0, name: 0 },
             Op::Create { dir: 0, name: 0 },
             Op::Fsync { dir: 0, name: 0 },
-            Op::Crash { log_writes_kept: 0 },
-        ];
-        if let Err(e) = run_with(&ops, false, held) {
-            panic!("{held:?}: {e}");
-        }
-    }
+        ],
+        &[Op::Crash { log_writes_kept: 0 }],
+    );
 }
 
 /// A daemon killed after making a file (at once, as in a burst) and writing its bytes at close:
@@ -1077,22 +1078,17 @@ proptest! {
 /// record now says the object was put back.
 #[test]
 fn a_name_unlinked_and_linked_back_survives_a_crash() {
-    for end in [Op::Kill, Op::Crash { log_writes_kept: u64::MAX }, Op::Crash { log_writes_kept: 0 }] {
-        for held in [LogCloses::Never, LogCloses::Always] {
-            let ops = vec![
-                Op::Create { dir: 1, name: 0 },
-                Op::Link { from: (1, 0), to: (1, 1) },
-                Op::Checkpoint,
-                Op::Unlink { dir: 1, name: 0 },
-                Op::Link { from: (1, 1), to: (1, 0) },
-                Op::Fsync { dir: 1, name: 0 },
-                end.clone(),
-            ];
-            if let Err(e) = run_with(&ops, false, held) {
-                panic!("ending with {end:?}, {held:?}: {e}");
-            }
-        }
-    }
+    run_with_each_end(
+        &[
+            Op::Create { dir: 1, name: 0 },
+            Op::Link { from: (1, 0), to: (1, 1) },
+            Op::Checkpoint,
+            Op::Unlink { dir: 1, name: 0 },
+            Op::Link { from: (1, 1), to: (1, 0) },
+            Op::Fsync { dir: 1, name: 0 },
+        ],
+        &[Op::Kill, Op::Crash { log_writes_kept: u64::MAX }, Op::Crash { log_writes_kept: 0 }],
+    );
 }
 
 /// A recovery killed at each of its changes to the store in turn (as the crash harness's
