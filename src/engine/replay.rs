@@ -459,11 +459,13 @@ fn removed_by(record: &Record) -> Option<(&[u8], &[u8], &[u8])> {
 }
 
 /// The object a name record puts at a name, and the name (its directory's key and the name):
-/// a rename's target, a link's new name.
+/// a rename's target, a link's new name (`Record::name_taken`, a Create's aside: it puts a new
+/// object, never one back).
 fn put_by(record: &Record) -> Option<(&[u8], &[u8], &[u8])> {
     match record {
-        Record::Rename { file, to_parent, to_name, .. } => Some((file, to_parent, to_name)),
-        Record::Link { file, parent, name } => Some((file, parent, name)),
+        Record::Rename { .. } | Record::Link { .. } => {
+            record.name_taken().map(|(parent, name)| (record.file(), parent, name))
+        }
         _ => None,
     }
 }

@@ -810,7 +810,13 @@ impl IntentLog {
         self.metrics.log_write_bytes.fetch_add(bytes.len() as u64 + wrap_waste.min(1) * block_bytes as u64, Relaxed);
         for record in records.iter().filter(|r| !is_pending_key(r.file())) {
             for dir in record.directories_changed() {
-                ring.names_unsynced.entry(dir.to_vec()).or_insert((seq, seq)).1 = seq;
+                // The commit path: the key is copied only the first time its directory comes.
+                match ring.names_unsynced.get_mut(dir) {
+                    Some((_, last)) => *last = seq,
+                    None => {
+                        ring.names_unsynced.insert(dir.to_vec(), (seq, seq));
+                    }
+                }
             }
         }
         ring.starts.push_back((seq, at));
