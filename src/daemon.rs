@@ -167,7 +167,10 @@ fn backends(
     metrics: &Arc<metrics::Metrics>,
     faults: Option<&Arc<Faults>>,
 ) -> (Arc<dyn Namespace>, Arc<dyn UnitStore>) {
-    let local = Arc::new(local);
+    let local = Arc::new(match opts.backend {
+        BackendKind::Local => local,
+        BackendKind::Null => local.without_prepared_files(),
+    });
     let store: Arc<dyn UnitStore> = match opts.backend {
         BackendKind::Local => local.clone(),
         BackendKind::Null => Arc::new(backend::null::NullStore::new(local.clone(), metrics.clone())),

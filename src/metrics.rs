@@ -218,6 +218,12 @@ pub struct Metrics {
     /// a burst of closes, or `never`), and closes that wrote to the backend what the log could
     /// have taken (a close in a burst, or `never`).
     pub pending_files_declined: AtomicU64,
+    /// Held files made on the backend from a file it made ahead (`Namespace::prepare_files`),
+    /// and of those, the ones whose unused blocks a checkpoint gave back.
+    pub files_made_ahead_named: AtomicU64,
+    pub files_made_ahead_trimmed: AtomicU64,
+    /// Files made ahead, ready to be named now.
+    pub files_made_ahead_ready: AtomicU64,
     pub closes_not_logged: AtomicU64,
     /// Closes that left the file open for writing in the closing process (dd's dup2 onto its
     /// standard output): not a durability point, the last descriptor's close is.
@@ -340,6 +346,21 @@ impl Metrics {
                 "pending_files_declined_total",
                 "New files made on the backend when created, not held (a burst of closes, or log_closes=never)",
                 self.pending_files_declined.load(Relaxed),
+            ),
+            (
+                "files_made_ahead_named_total",
+                "New files made on the backend from a file it made ahead at a checkpoint",
+                self.files_made_ahead_named.load(Relaxed),
+            ),
+            (
+                "files_made_ahead_ready",
+                "Files the backend made ahead, ready for new files made alone",
+                self.files_made_ahead_ready.load(Relaxed),
+            ),
+            (
+                "files_made_ahead_trimmed_total",
+                "Files made ahead whose blocks past their end a checkpoint gave back",
+                self.files_made_ahead_trimmed.load(Relaxed),
             ),
             (
                 "closes_not_logged_total",

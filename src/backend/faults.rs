@@ -251,6 +251,22 @@ impl Namespace for FaultyBackend {
         self.check(FaultOp::Mutate, Some(parent))?;
         self.ns.make_with_id(id, parent, name, perm, owner)
     }
+    fn make_with_id_prepared(
+        &self,
+        id: ObjectId,
+        parent: ObjectId,
+        name: &OsStr,
+        perm: u32,
+        owner: Owner,
+    ) -> SysResult<Attr> {
+        self.check(FaultOp::Create, Some(parent))?;
+        self.check(FaultOp::Mutate, Some(parent))?;
+        self.ns.make_with_id_prepared(id, parent, name, perm, owner)
+    }
+    fn prepare_files(&self, count: usize, bytes: u64) -> SysResult<usize> {
+        // No fault of its own: a rule meant for an application's create would be spent here.
+        self.ns.prepare_files(count, bytes)
+    }
     fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
         self.check(FaultOp::Create, Some(new_parent))?;
         self.check(FaultOp::Mutate, Some(new_parent))?;

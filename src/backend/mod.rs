@@ -112,6 +112,28 @@ pub trait Namespace: Send + Sync {
         Err(Errno(libc::ENOSYS))
     }
 
+    /// `make_with_id` of a file about to be given its bytes, from one `prepare_files` made
+    /// ahead where one is ready (else as `make_with_id`): its creation was paid for in the
+    /// sync that followed the preparation, shared with the others made then.
+    fn make_with_id_prepared(
+        &self,
+        id: ObjectId,
+        parent: ObjectId,
+        name: &OsStr,
+        perm: u32,
+        owner: Owner,
+    ) -> SysResult<Attr> {
+        self.make_with_id(id, parent, name, perm, owner)
+    }
+
+    /// Makes files ahead, unnamed, until `count` are ready, with their first `bytes` allocated
+    /// where the backend can; and gives back what files made from earlier ones were given and
+    /// did not use. For the caller's next sync of the whole store (a checkpoint), which makes
+    /// it all durable at once. Returns how many are ready; none by default.
+    fn prepare_files(&self, _count: usize, _bytes: u64) -> SysResult<usize> {
+        Ok(0)
+    }
+
     /// Gives `id` the further name `new_name` in `new_parent`; counts one lookup.
     fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr>;
 

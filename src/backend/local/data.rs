@@ -10,7 +10,7 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard};
 
 use crate::backend::{FileData, UnitWrite};
 use crate::metrics::Metrics;
@@ -24,6 +24,10 @@ pub struct LocalFileData {
     direct: OnceLock<Option<File>>,
     logical_block_bytes: u64,
     metrics: Arc<Metrics>,
+    /// For a file made ahead whose blocks past its end are not given back yet: taken for
+    /// reading by every write and size change, so none grows the file while its trim truncates
+    /// it to the size it had (`prepared::PreparedFiles::trim`).
+    trim_guard: Option<Arc<RwLock<()>>>,
 }
 
 fn align_up(x: u64, to: u64) -> u64 {
@@ -36,7 +40,16 @@ fn align_down(x: u64, to: u64) -> u64 {
 
 impl LocalFileData {
     pub fn new(file: File, logical_block_bytes: u64, metrics: Arc<Metrics>) -> LocalFileData {
-        LocalFileData { file, direct: OnceLock::new(), logical_block_bytes, metrics }
+        LocalFileData { file, direct: OnceLock::new(), logical_block_bytes, metrics, trim_guard: None }
+    }
+
+    /// See `trim_guard`.
+    pub fn not_trimmed_while_written(&mut self, guard: Option<Arc<RwLock<()>>>) {
+        self.trim_guard = guard;
+    }
+
+    pub(super) fn not_trimmed(&self) -> Option<RwLockReadGuard<'_, ()>> {
+        self.trim_guard.as_ref().map(|g| g.read().unwrap_or_else(|p| p.into_inner()))
     }
 
     pub fn file(&self) -> &File {
@@ -78,6 +91,7 @@ impl FileData for LocalFileData {
     }
 
     fn write_unit(&self, unit: &UnitWrite<'_>) -> SysResult<()> {
+        let _not_trimmed = self.not_trimmed();
         let block = self.logical_block_bytes;
         let unit_start = unit.start();
         let limit = unit.limit();
@@ -168,6 +182,7 @@ impl FileData for LocalFileData {
     }
 
     fn set_size(&self, size: u64) -> SysResult<()> {
+        let _not_trimmed = self.not_trimmed();
         check(unsafe { libc::ftruncate(self.file.as_raw_fd(), size as libc::off_t) }).map(drop)
     }
 
@@ -190,6 +205,7 @@ impl FileData for LocalFileData {
     }
 
     fn allocate(&self, mode: i32, offset: u64, length: u64) -> SysResult<()> {
+        let _not_trimmed = self.not_trimmed();
         retry_eintr(|| {
             check(unsafe { libc::fallocate(self.file.as_raw_fd(), mode, offset as libc::off_t, length as libc::off_t) })
         })
@@ -211,6 +227,7 @@ impl FileData for LocalFileData {
         let Some(target) = target.as_any().downcast_ref::<LocalFileData>() else {
             return Err(Errno(libc::EOPNOTSUPP));
         };
+        let _target_not_trimmed = target.not_trimmed();
         let mut source_off = source_offset as libc::loff_t;
         let mut target_off = target_offset as libc::loff_t;
         retry_eintr(|| {

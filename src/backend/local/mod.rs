@@ -16,8 +16,10 @@ pub mod data;
 pub mod geometry;
 pub mod nodes;
 pub mod objects;
+pub mod prepared;
 
 use std::ffi::{CString, OsStr};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
@@ -26,10 +28,11 @@ use std::sync::Arc;
 use crate::backend::{Capabilities, DirReader, FileData, Namespace, OpenMode, UnitStore};
 use crate::engine::types::{Attr, DirEntry, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, Timestamp, XattrReply};
 use crate::metrics::Metrics;
-use crate::sys::{name_cstring, Errno, SysResult};
+use crate::sys::{check, name_cstring, Errno, SysResult};
 use data::LocalFileData;
 use nodes::{BackingDir, DirStream, Node};
 use objects::{BackingKey, ObjectTable};
+use prepared::PreparedFiles;
 
 fn key_of(st: &libc::stat) -> BackingKey {
     (st.st_dev, st.st_ino)
@@ -46,6 +49,9 @@ pub struct LocalBackend {
     metrics: Arc<Metrics>,
     /// Files made on a user's behalf are given to that user (the daemon makes them as root).
     is_root_daemon: bool,
+    /// Files made ahead (`Namespace::prepare_files`); None where they would hold blocks no
+    /// data goes to (the null store's).
+    prepared: Option<PreparedFiles>,
 }
 
 impl LocalBackend {
@@ -78,7 +84,20 @@ impl LocalBackend {
             capabilities,
             metrics,
             is_root_daemon: unsafe { libc::geteuid() } == 0,
+            prepared: Some(PreparedFiles::default()),
         })
+    }
+
+    /// No files made ahead: the data goes elsewhere (`backend=null`), and their allocated blocks
+    /// would only take space.
+    pub fn without_prepared_files(mut self) -> LocalBackend {
+        self.prepared = None;
+        self
+    }
+
+    /// How many files made ahead are ready (for tests and the engine's metrics).
+    pub fn prepared_files_ready(&self) -> usize {
+        self.prepared.as_ref().map_or(0, PreparedFiles::ready)
     }
 
     pub fn root_path(&self) -> &Path {
@@ -216,6 +235,9 @@ impl Namespace for LocalBackend {
 
     fn setattr(&self, id: ObjectId, changes: &SetAttr) -> SysResult<()> {
         let object = self.node(id)?;
+        // Not across a trim of blocks made ahead, which puts the mtime it found back.
+        let guard = self.prepared.as_ref().and_then(|p| p.guard_of(object.key));
+        let _not_trimmed = guard.as_ref().map(|g| g.read().unwrap_or_else(|p| p.into_inner()));
         if changes.uid.is_some() || changes.gid.is_some() {
             self.dir.chown(&object.node, changes.uid, changes.gid)?;
         }
@@ -254,6 +276,46 @@ impl Namespace for LocalBackend {
         let object = self.objects.remember_as(node, key_of(&st), id);
         object.capability_absent.store(true, Relaxed);
         Ok(self.attr_of(object.id, &st))
+    }
+
+    fn make_with_id_prepared(
+        &self,
+        id: ObjectId,
+        parent: ObjectId,
+        name: &OsStr,
+        perm: u32,
+        owner: Owner,
+    ) -> SysResult<Attr> {
+        let Some(prepared) = &self.prepared else { return self.make_with_id(id, parent, name, perm, owner) };
+        let c_name = name_cstring(name)?;
+        let parent_object = self.node(parent)?;
+        // A directory with a default ACL gives its new files an ACL and a mode of its own: a
+        // file made ahead in the root would have neither.
+        let default_acl = self.dir.get_xattr(&parent_object.node, c"system.posix_acl_default", 0).is_ok();
+        let Some((file, allocated)) = (!default_acl).then(|| prepared.take()).flatten() else {
+            return self.make_with_id(id, parent, name, perm, owner);
+        };
+        self.metrics.files_made_ahead_ready.store(prepared.ready() as u64, Relaxed);
+        check(unsafe { libc::fchmod(file.as_raw_fd(), (perm & 0o7777) as libc::mode_t) })?;
+        let (node, made) = self.dir.name_unnamed(&file, &parent_object.node, &c_name)?;
+        let st = self.give_to(&parent_object.node, &node, made, owner)?;
+        let object = self.objects.remember_as(node, key_of(&st), id);
+        object.capability_absent.store(true, Relaxed);
+        if allocated > 0 {
+            prepared.note_named(object.clone(), allocated);
+        }
+        self.metrics.files_made_ahead_named.fetch_add(1, Relaxed);
+        Ok(self.attr_of(object.id, &st))
+    }
+
+    fn prepare_files(&self, count: usize, bytes: u64) -> SysResult<usize> {
+        let Some(prepared) = &self.prepared else { return Ok(0) };
+        let trimmed = prepared.trim(&self.dir);
+        self.metrics.files_made_ahead_trimmed.fetch_add(trimmed as u64, Relaxed);
+        let ready = prepared.refill(&self.dir, count, bytes)?;
+        self.metrics.files_made_ahead_ready.store(ready as u64, Relaxed);
+        log::debug!("files made ahead: {trimmed} trimmed, {ready} ready");
+        Ok(ready)
     }
 
     fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
@@ -396,10 +458,61 @@ impl UnitStore for LocalBackend {
         let flags =
             if mode.write { libc::O_RDWR } else { libc::O_RDONLY } | if mode.no_atime { libc::O_NOATIME } else { 0 };
         let file = self.dir.open(&object.node, flags)?;
-        Ok(Arc::new(LocalFileData::new(file, self.capabilities.logical_block_bytes, self.metrics.clone())))
+        let mut data = LocalFileData::new(file, self.capabilities.logical_block_bytes, self.metrics.clone());
+        if mode.write {
+            data.not_trimmed_while_written(self.prepared.as_ref().and_then(|p| p.guard_of(object.key)));
+        }
+        Ok(Arc::new(data))
     }
 
     fn sync_all(&self) -> SysResult<()> {
         self.dir.sync_file_system()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::types::ROOT_ID;
+    use std::os::unix::fs::FileExt;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// A write to a file made ahead holds off the checkpoint's trim, which truncates the file to
+    /// the size it finds: one that ran across the write would cut off what it added.
+    #[test]
+    fn a_write_to_a_file_made_ahead_holds_off_its_trim() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Arc::new(LocalBackend::open(dir.path(), 64, None, Arc::new(Metrics::default())).unwrap());
+        if backend.prepare_files(1, 1 << 20).unwrap() == 0 {
+            eprintln!("skipped: no O_TMPFILE or no room on the file system under {}", dir.path().display());
+            return;
+        }
+        let id = 1 << 62;
+        let owner = Owner { uid: unsafe { libc::geteuid() }, gid: unsafe { libc::getegid() } };
+        backend.make_with_id_prepared(id, ROOT_ID, OsStr::new("f"), 0o644, owner).unwrap();
+        assert_eq!(backend.prepared_files_ready(), 0, "the one made ahead was taken");
+        let data = backend.open(id, OpenMode { write: true, no_atime: false }).unwrap();
+        let data = data.as_any().downcast_ref::<LocalFileData>().unwrap();
+        let writing = data.not_trimmed().expect("a file made ahead is written under its trim guard");
+
+        let (done_tx, done_rx) = mpsc::channel();
+        let trimmer = backend.clone();
+        let trim = std::thread::spawn(move || {
+            trimmer.prepare_files(0, 1 << 20).unwrap();
+            done_tx.send(()).unwrap();
+        });
+        assert!(done_rx.recv_timeout(Duration::from_millis(200)).is_err(), "the trim waits for the write");
+        data.file().write_all_at(&[7u8; 200 << 10], 0).unwrap();
+        drop(writing);
+        done_rx.recv_timeout(Duration::from_secs(10)).expect("the trim ran after the write");
+        trim.join().unwrap();
+        let st = std::fs::metadata(dir.path().join("f")).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(st.len(), 200 << 10, "the write's bytes are all there");
+        assert_eq!(st.blocks() * 512, 200 << 10, "and nothing past them");
+        let reopened = backend.open(id, OpenMode { write: true, no_atime: false }).unwrap();
+        let reopened = reopened.as_any().downcast_ref::<LocalFileData>().unwrap();
+        assert!(reopened.not_trimmed().is_none(), "trimmed, it needs no guard for later writes");
     }
 }

@@ -508,6 +508,24 @@ impl BackingDir {
         self.lookup(new_parent, new_name)
     }
 
+    /// A regular file with no name (O_TMPFILE in the backing root, mode 0600): the backing file
+    /// system frees it with its last descriptor, a crash included, unless `name_unnamed` names it.
+    pub fn make_unnamed(&self) -> SysResult<File> {
+        let root = self.fd(&self.root)?;
+        let fd = self.with_descriptor(|| sys::openat(root.as_raw_fd(), c".", libc::O_TMPFILE | libc::O_RDWR, 0o600))?;
+        Ok(File::from(fd))
+    }
+
+    /// Names a file `make_unnamed` made: `name` in `parent` (EEXIST if taken).
+    pub fn name_unnamed(&self, file: &File, parent: &Node, name: &CStr) -> SysResult<(Node, libc::stat)> {
+        let path = sys::proc_fd_path(file);
+        let dir = self.fd(parent)?;
+        check(unsafe {
+            libc::linkat(libc::AT_FDCWD, path.as_ptr(), dir.as_raw_fd(), name.as_ptr(), libc::AT_SYMLINK_FOLLOW)
+        })?;
+        self.lookup(parent, name)
+    }
+
     pub fn readlink(&self, node: &Node) -> SysResult<Vec<u8>> {
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
         let fd = self.fd(node)?;
@@ -606,6 +624,10 @@ impl BackingDir {
     /// Makes everything written to the backing file system durable, in one call.
     pub fn sync_file_system(&self) -> SysResult<()> {
         check(unsafe { libc::syncfs(self.mount_fd.as_raw_fd()) }).map(drop)
+    }
+
+    pub fn statfs_root(&self) -> SysResult<libc::statvfs> {
+        self.statfs(&self.root)
     }
 
     pub fn statfs(&self, node: &Node) -> SysResult<libc::statvfs> {
