@@ -711,7 +711,7 @@ impl Pending {
     /// under its id, if `when` says so of its body. Ok(None): not held, unlinked, or `when`
     /// declined.
     fn make_if(&self, id: ObjectId, when: impl Fn(&Body) -> bool) -> SysResult<Option<Made>> {
-        self.make_with(id, when, None)
+        self.make_with(id, when, None, false)
     }
 
     /// One held file made on the backend ahead of the checkpoint (`make_unlogged_now`,
@@ -725,19 +725,22 @@ impl Pending {
     ) -> SysResult<Option<Made>> {
         let parent = self.with_held(id, |_, body| body.name.as_ref().map(|(parent, _)| *parent)).flatten();
         match parent {
-            Some(parent) => self.keeping_times_of(&[parent], || self.make_with(id, when, durably)),
-            None => self.make_with(id, when, durably),
+            Some(parent) => self.keeping_times_of(&[parent], || self.make_with(id, when, durably, true)),
+            None => self.make_with(id, when, durably, true),
         }
     }
 
     /// `make_if`; with `durably`, the file and its name are synced on the backend and then
     /// `durably(records)` runs (the log's commit of `made_durably_records`), all before anything
-    /// else can reach the file.
+    /// else can reach the file. `alone`: made by itself, not in a checkpoint's batch, so from a
+    /// file the backend made ahead (`Namespace::make_with_id_prepared`) where it has one: a
+    /// checkpoint's creations share their costs anyway, one made alone pays them all.
     fn make_with(
         &self,
         id: ObjectId,
         when: impl Fn(&Body) -> bool,
         durably: Option<&dyn Fn(Vec<Record>) -> SysResult<()>>,
+        alone: bool,
     ) -> SysResult<Option<Made>> {
         let Some(file) = self.get(id) else { return Ok(None) };
         let mut body = file.body();
@@ -749,7 +752,11 @@ impl Pending {
         let owner = Owner { uid: body.attr.uid, gid: body.attr.gid };
         // A backend file it was renamed over may still hold the name, hidden: it goes first.
         self.remove_hidden(Some(parent), Some(&name))?;
-        let made = self.ns.make_with_id(id, parent, &name, body.attr.perm, owner)?;
+        let made = if alone {
+            self.ns.make_with_id_prepared(id, parent, &name, body.attr.perm, owner)?
+        } else {
+            self.ns.make_with_id(id, parent, &name, body.attr.perm, owner)?
+        };
         assert_eq!(made.id, id, "the backend keeps the id it is given");
         let written = (|| {
             let data = self.store.open(id, OpenMode { write: true, no_atime: false })?;
@@ -1111,6 +1118,19 @@ impl Namespace for PendingNamespace {
 
     fn make_with_id(&self, id: ObjectId, parent: ObjectId, name: &OsStr, perm: u32, owner: Owner) -> SysResult<Attr> {
         self.0.ns.make_with_id(id, parent, name, perm, owner)
+    }
+    fn make_with_id_prepared(
+        &self,
+        id: ObjectId,
+        parent: ObjectId,
+        name: &OsStr,
+        perm: u32,
+        owner: Owner,
+    ) -> SysResult<Attr> {
+        self.0.ns.make_with_id_prepared(id, parent, name, perm, owner)
+    }
+    fn prepare_files(&self, count: usize, bytes: u64) -> SysResult<usize> {
+        self.0.ns.prepare_files(count, bytes)
     }
     fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
         if self.0.named(new_parent, new_name).is_some() {

@@ -712,6 +712,21 @@ impl Writeback {
         Some(Ok(()))
     }
 
+    /// Before a sync of the whole backend: the files made ahead for held files made alone are
+    /// refilled, and those used give back what they did not (`Namespace::prepare_files`). A
+    /// failure costs only the saving: held files are then made as any other.
+    fn prepare_files(&self) {
+        if self.pending.is_none() {
+            return;
+        }
+        let bytes = bytes_made_ahead(self.config.unit_bytes);
+        if let Err(e) = self.ns.prepare_files(FILES_MADE_AHEAD, bytes) {
+            log::warn!(
+                "making files ahead on the backend: {e}; new files are made one by one until the next checkpoint"
+            );
+        }
+    }
+
     /// Writes everything buffered to the backend, syncs the backend file system once, and
     /// releases the log records that held it. Order matters; see SEMANTICS.md.
     pub fn checkpoint(&self) -> SysResult<()> {
@@ -760,6 +775,7 @@ impl Writeback {
         }
         let flushed: Vec<(u64, u64)> =
             lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
+        self.prepare_files();
         self.sync_backend()?;
         log.checkpoint(release_before).map_err(|e| {
             log::error!("{e}");
@@ -871,6 +887,8 @@ impl Writeback {
     /// holds anything or a file waits for a backend sync to become eligible for it.
     pub(super) fn checkpoint_loop(&self) {
         let log = self.log.as_ref().expect("the checkpointer runs with a log");
+        // The first ones: their creation shares the backend's next sync with whatever comes.
+        self.prepare_files();
         let mut last = Instant::now();
         while self.pause_unless_stopped(Duration::from_millis(100).min(self.config.checkpoint_interval)) {
             let entries = lock(&self.durability).len();

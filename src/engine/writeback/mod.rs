@@ -70,6 +70,18 @@ const DURABILITY_ENTRIES_BEFORE_CHECKPOINT: usize = 100_000;
 /// The bytes of new files held in memory (`pending`) that bring the next checkpoint forward.
 const HELD_BYTES_BEFORE_CHECKPOINT: u64 = 64 << 20;
 
+/// Files the backend makes ahead for held files made alone before a checkpoint
+/// (`Namespace::prepare_files`): enough for the lone closes of a checkpoint interval
+/// (seed 000's writers), refilled at every checkpoint. A burst of closes makes its files on the
+/// backend directly and takes none.
+const FILES_MADE_AHEAD: usize = 16;
+
+/// Bytes allocated in each file made ahead: the unit, at most 1 MiB (a file made alone is small
+/// more often than not, and what it does not use waits for the next checkpoint to be given back).
+fn bytes_made_ahead(unit_bytes: u64) -> u64 {
+    unit_bytes.min(1 << 20)
+}
+
 /// What the backend holds durably for one file, beyond its FileState's lifetime: whether a
 /// log fsync can stand for a backend sync.
 #[derive(Default, Debug)]
