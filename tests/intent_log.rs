@@ -1956,6 +1956,45 @@ fn a_file_made_alone_takes_one_made_ahead_and_gives_back_what_it_did_not_use() {
     assert!(fs::read(m.path("alone")).unwrap() == content);
 }
 
+/// A backing file system that fills up gets back the space of the files made ahead at the next
+/// checkpoint, and keeps them from then on while it has under a tenth free.
+#[test]
+fn a_nearly_full_backing_file_system_gets_the_files_made_ahead_back() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (a loop-mounted file system)");
+        return;
+    }
+    let available = |path: &std::path::Path| {
+        let c = cstr(path);
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+        st.f_bavail * st.f_frsize
+    };
+    let small = SmallFileSystem::new(128);
+    let backing = small.path().join("backing");
+    fs::create_dir(&backing).unwrap();
+    let _state = StateCleanup::of(&backing);
+    let m = TestMount::build(&["checkpoint_interval=3600s"], &[], Some(&backing));
+    wait_for_files_made_ahead(&m);
+    assert_eq!(m.counter("files_made_ahead_ready"), 16);
+    // Filled from outside the mount to under a tenth free, files made ahead and all.
+    let free = available(&backing);
+    let filler = File::create(small.path().join("filler")).unwrap();
+    let total = 128u64 << 20;
+    filler.set_len(free - total / 20).unwrap();
+    let allocated =
+        unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&filler), 0, 0, (free - total / 20) as i64) };
+    assert_eq!(allocated, 0, "{}", std::io::Error::last_os_error());
+    drop(filler);
+    let before = available(&backing);
+    m.sync_to_backend();
+    assert_eq!(m.counter("files_made_ahead_ready"), 0, "none kept on a nearly full file system");
+    let after = available(&backing);
+    assert!(after >= before + (15 << 20), "their blocks came back: {before} then {after} bytes free");
+    m.sync_to_backend();
+    assert_eq!(m.counter("files_made_ahead_ready"), 0, "and none made again");
+}
+
 /// A file made ahead is made as root in the backing root; named, it belongs to its maker, with
 /// the group a set-group-ID directory gives.
 #[test]
