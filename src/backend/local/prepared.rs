@@ -7,12 +7,13 @@
 //! descriptor in the journal commit that makes it durable, beside its directory block and its
 //! inode. A file made ahead has paid for those in the checkpoint's commit, shared; naming it
 //! costs the directory block and its inode (and the orphan file's block, which lists unnamed
-//! inodes). Measured per file with seed 000's method (write in 8 KiB pieces, close, `sync`):
-//! 64 KiB files 72 KiB of device writes against 78 native on 512-byte sectors, 96 against 120
-//! on 4 KiB sectors; 1 MiB files 1,032 against 1,038 and 1,056 against 1,080.
+//! inodes). Measured per file with seed 000's method on ext4 alone (write in 8 KiB pieces,
+//! close, `sync`): 64 KiB files 72 KiB of device writes against 78 made with open(O_CREAT) on
+//! 512-byte sectors, 96 against 120 on 4 KiB sectors; 1 MiB files 1,032 against 1,038 and
+//! 1,056 against 1,080 (`bench/new-file-layouts` has the fsynced case).
 //!
 //! How: `O_TMPFILE` in the backing root (an unnamed inode the backing file system frees with
-//! its last descriptor: a crash leaves nothing behind), its first `bytes_each` bytes allocated
+//! its last descriptor: a crash leaves nothing behind), its first `bytes` bytes allocated
 //! past its end (`FALLOC_FL_KEEP_SIZE`: its size stays 0, the blocks read as zeros), named by
 //! `linkat`. What a named file holds past its end is given back at the next checkpoint
 //! (`trim`): a truncate to its own size, under a lock every writer of that inode takes for
