@@ -25,6 +25,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::nodes::BackingDir;
@@ -48,6 +49,8 @@ pub struct PreparedFiles {
     /// Unnamed files, and the bytes each has allocated.
     ready: Mutex<Vec<(File, u64)>>,
     reserved: Mutex<HashMap<BackingKey, Reserved>>,
+    /// The backing file system makes no unnamed files (no O_TMPFILE): none is tried again.
+    unsupported: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -89,6 +92,9 @@ impl PreparedFiles {
             let st = dir.statfs_root()?;
             (st.f_bavail.saturating_mul(st.f_frsize), st.f_blocks.saturating_mul(st.f_frsize))
         };
+        if self.unsupported.load(Relaxed) {
+            return Ok(0);
+        }
         let mut ready = lock(&self.ready);
         let wanted = (count.saturating_sub(ready.len()) as u64).saturating_mul(bytes);
         if free < (total / FREE_FRACTION_KEPT).saturating_add(wanted) {
@@ -99,7 +105,19 @@ impl PreparedFiles {
             return Ok(0);
         }
         while ready.len() < count {
-            let file = dir.make_unnamed()?;
+            let file = match dir.make_unnamed() {
+                Ok(file) => file,
+                // What open(2) answers where the file system has no O_TMPFILE.
+                Err(Errno(e)) if [libc::EOPNOTSUPP, libc::EISDIR, libc::EINVAL].contains(&e) => {
+                    log::info!(
+                        "the backing file system makes no unnamed files ({}): new files are made one by one",
+                        Errno(e)
+                    );
+                    self.unsupported.store(true, Relaxed);
+                    return Ok(0);
+                }
+                Err(e) => return Err(e),
+            };
             let allocated = sys::retry_eintr(|| {
                 check(unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, bytes as libc::off_t) })
             });
