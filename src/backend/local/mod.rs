@@ -95,7 +95,7 @@ impl LocalBackend {
         self
     }
 
-    /// How many files made ahead are ready (for tests and the engine's metrics).
+    /// How many files made ahead are ready.
     pub fn prepared_files_ready(&self) -> usize {
         self.prepared.as_ref().map_or(0, PreparedFiles::ready)
     }
@@ -286,7 +286,9 @@ impl Namespace for LocalBackend {
         perm: u32,
         owner: Owner,
     ) -> SysResult<Attr> {
-        let Some(prepared) = &self.prepared else { return self.make_with_id(id, parent, name, perm, owner) };
+        let Some(prepared) = self.prepared.as_ref().filter(|p| p.ready() > 0) else {
+            return self.make_with_id(id, parent, name, perm, owner);
+        };
         let c_name = name_cstring(name)?;
         let parent_object = self.node(parent)?;
         // A directory with a default ACL gives its new files an ACL and a mode of its own: a

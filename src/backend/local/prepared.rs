@@ -25,7 +25,8 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::nodes::BackingDir;
@@ -36,6 +37,7 @@ use crate::sys::{self, check, Errno, SysResult};
 const FREE_FRACTION_KEPT: u64 = 10;
 
 /// A named file whose blocks past its end (up to `to`) are not given back yet.
+#[derive(Clone)]
 struct Reserved {
     /// Taken for reading by every write and size or time change of the inode
     /// (`LocalFileData`, `LocalBackend::setattr`), for writing by its trim.
@@ -49,6 +51,9 @@ pub struct PreparedFiles {
     /// Unnamed files, and the bytes each has allocated.
     ready: Mutex<Vec<(File, u64)>>,
     reserved: Mutex<HashMap<BackingKey, Reserved>>,
+    /// Whether `reserved` holds anything: every open for writing and every setattr asks, and
+    /// almost always it holds nothing, which this answers without the map's lock.
+    any_reserved: AtomicBool,
     /// The backing file system makes no unnamed files (no O_TMPFILE): none is tried again.
     unsupported: AtomicBool,
 }
@@ -71,90 +76,101 @@ impl PreparedFiles {
     /// before it and past its end are given back by the next `trim`.
     pub fn note_named(&self, object: Arc<Object>, to: u64) {
         let guard = Arc::new(RwLock::new(()));
-        lock(&self.reserved).insert(object.key, Reserved { guard, object, to });
+        let mut reserved = lock(&self.reserved);
+        reserved.insert(object.key, Reserved { guard, object, to });
+        self.any_reserved.store(true, Release);
     }
 
     /// The lock a writer of the inode `key` takes for reading, while it holds reserved blocks.
     pub fn guard_of(&self, key: BackingKey) -> Option<Arc<RwLock<()>>> {
-        let reserved = lock(&self.reserved);
-        if reserved.is_empty() {
+        // Set with the entry, under the map's lock; cleared only with the map empty, under it.
+        if !self.any_reserved.load(Acquire) {
             return None;
         }
-        reserved.get(&key).map(|r| r.guard.clone())
+        lock(&self.reserved).get(&key).map(|r| r.guard.clone())
     }
 
     /// Makes unnamed files until `count` are ready, each with `bytes` allocated; none where
     /// that would leave under `FREE_FRACTION_KEPT` of the backing file system free (the ones
     /// ready are then given back too: a nearly full disk keeps its space for the files written).
-    /// Returns how many are ready.
+    /// Returns how many are ready. The files are made without the lock `take` needs: a held
+    /// file made meanwhile does not wait for them.
     pub fn refill(&self, dir: &BackingDir, count: usize, bytes: u64) -> SysResult<usize> {
+        if self.unsupported.load(Relaxed) {
+            return Ok(0);
+        }
         let (free, total) = {
             let st = dir.statfs_root()?;
             (st.f_bavail.saturating_mul(st.f_frsize), st.f_blocks.saturating_mul(st.f_frsize))
         };
-        if self.unsupported.load(Relaxed) {
-            return Ok(0);
-        }
-        let mut ready = lock(&self.ready);
-        let wanted = (count.saturating_sub(ready.len()) as u64).saturating_mul(bytes);
-        if free < (total / FREE_FRACTION_KEPT).saturating_add(wanted) {
+        let missing = count.saturating_sub(self.ready());
+        if free < (total / FREE_FRACTION_KEPT).saturating_add(missing as u64 * bytes) {
+            let mut ready = lock(&self.ready);
             if !ready.is_empty() {
                 log::info!("{} bytes free on the backing file system: no files made ahead", free);
             }
             ready.clear();
             return Ok(0);
         }
-        while ready.len() < count {
-            let file = match dir.make_unnamed() {
-                Ok(file) => file,
-                // What open(2) answers where the file system has no O_TMPFILE.
-                Err(Errno(e)) if [libc::EOPNOTSUPP, libc::EISDIR, libc::EINVAL].contains(&e) => {
-                    log::info!(
-                        "the backing file system makes no unnamed files ({}): new files are made one by one",
-                        Errno(e)
-                    );
-                    self.unsupported.store(true, Relaxed);
-                    return Ok(0);
+        let mut made = Vec::with_capacity(missing);
+        let result = (|| {
+            for _ in 0..missing {
+                let file = match dir.make_unnamed() {
+                    Ok(file) => file,
+                    // What open(2) answers where the file system has no O_TMPFILE.
+                    Err(Errno(e)) if [libc::EOPNOTSUPP, libc::EISDIR, libc::EINVAL].contains(&e) => {
+                        log::info!(
+                            "the backing file system makes no unnamed files ({}): new files are made one by one",
+                            Errno(e)
+                        );
+                        self.unsupported.store(true, Relaxed);
+                        return Ok(());
+                    }
+                    Err(e) => return Err(e),
+                };
+                let allocated = sys::retry_eintr(|| {
+                    check(unsafe {
+                        libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, bytes as libc::off_t)
+                    })
+                });
+                match allocated {
+                    Ok(_) => made.push((file, bytes)),
+                    // Still a file made ahead: its inode is, if not its blocks.
+                    Err(Errno(libc::EOPNOTSUPP)) => made.push((file, 0)),
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
-            };
-            let allocated = sys::retry_eintr(|| {
-                check(unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, bytes as libc::off_t) })
-            });
-            match allocated {
-                Ok(_) => ready.push((file, bytes)),
-                // Still a file made ahead: its inode is, if not its blocks.
-                Err(Errno(libc::EOPNOTSUPP)) => ready.push((file, 0)),
-                Err(e) => return Err(e),
             }
-        }
-        Ok(ready.len())
+            Ok(())
+        })();
+        // What was made before a failure is kept.
+        let mut ready = lock(&self.ready);
+        ready.extend(made);
+        result.map(|()| ready.len())
     }
 
     /// Gives back the blocks named files hold past their ends. Returns how many were trimmed;
     /// one that cannot be is left with its blocks, and logged.
     pub fn trim(&self, dir: &BackingDir) -> usize {
-        let keys: Vec<BackingKey> = lock(&self.reserved).keys().copied().collect();
+        let entries: Vec<(BackingKey, Reserved)> = lock(&self.reserved).iter().map(|(k, r)| (*k, r.clone())).collect();
         let mut trimmed = 0;
-        for key in keys {
-            let Some((guard, object, to)) =
-                lock(&self.reserved).get(&key).map(|r| (r.guard.clone(), r.object.clone(), r.to))
-            else {
-                continue;
-            };
-            {
-                let _no_writer = guard.write().unwrap_or_else(|p| p.into_inner());
-                match trim_one(dir, &object, to) {
-                    Ok(true) => trimmed += 1,
-                    Ok(false) => {}
-                    Err(e) => log::warn!(
-                        "giving back the blocks past the end of inode {} (made ahead): {e}; they stay allocated",
-                        object.key.1
-                    ),
-                }
-                // Out of the map before the guard goes: a writer that opens the file from now
-                // on needs none.
-                lock(&self.reserved).remove(&key);
+        for (key, Reserved { guard, object, to }) in entries {
+            let _no_writer = guard.write().unwrap_or_else(|p| p.into_inner());
+            match trim_one(dir, &object, to) {
+                Ok(true) => trimmed += 1,
+                Ok(false) => {}
+                Err(e) => log::warn!(
+                    "giving back the blocks past the end of inode {} (made ahead): {e}; they stay allocated",
+                    object.key.1
+                ),
+            }
+            // Out of the map before the guard goes: a writer that opens the file from now on
+            // needs none. Only this entry: its inode number may be a newer file's by now.
+            let mut reserved = lock(&self.reserved);
+            if reserved.get(&key).is_some_and(|r| Arc::ptr_eq(&r.guard, &guard)) {
+                reserved.remove(&key);
+            }
+            if reserved.is_empty() {
+                self.any_reserved.store(false, Release);
             }
         }
         trimmed
