@@ -122,6 +122,13 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
     // A crash's log that this mount would not replay stops it here, before it serves a byte.
     state::check_log_marker(&backing, log_path(opts, &state).as_deref())?;
     state.make(opts.read_only, opts.log != LogPlace::Off)?;
+    // Files made ahead are made only for the log's held files.
+    if opts.log != LogPlace::Off && !opts.read_only {
+        let list = state.made_ahead_list_path();
+        if let Err(e) = backend.keep_made_ahead_list(&list) {
+            return Err(format!("cannot keep the list of files made ahead at {}: {e}", list.display()));
+        }
+    }
     // The last daemon's report was read by its `coalescefs umount`, or is out of date now.
     let _ = std::fs::remove_file(runtime.unmount_report_path());
     Ok(Prepared { backing, mount_point, runtime, metrics, backend, state })

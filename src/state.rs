@@ -35,6 +35,8 @@ pub const LOG_MARKER_XATTR: &str = "user.coalescefs.log";
 /// The intent log's file in the state directory (and, for a log on a block device, the name its
 /// replay map is made beside).
 pub const LOG_FILE_NAME: &str = "intent.log";
+/// The local backend's list of its files made ahead (`backend::local::prepared`).
+const MADE_AHEAD_LIST_NAME: &str = "made-ahead";
 /// Locked by the daemon that uses the state directory.
 const LOCK_FILE_NAME: &str = "lock";
 
@@ -110,6 +112,11 @@ impl StateDir {
         self.path.join(LOG_FILE_NAME)
     }
 
+    /// The list of files the local backend made ahead, while the log is on.
+    pub fn made_ahead_list_path(&self) -> PathBuf {
+        self.path.join(MADE_AHEAD_LIST_NAME)
+    }
+
     /// The name in the backing root the mount must hide: the legacy state folder's.
     pub fn hidden_name(&self) -> Option<&OsStr> {
         self.hidden_name.as_deref()
@@ -132,13 +139,14 @@ fn absolute_state_path(path: &Path) -> Result<PathBuf, String> {
 }
 
 /// Removes what a mount keeps in the state directory `path` (its log, the log's replay map, the
-/// lock), for `coalescefs forget`; the caller holds the directory's lock. Anything else stays.
+/// list of files made ahead, the lock), for `coalescefs forget`; the caller holds the directory's lock. Anything else stays.
 pub fn remove_state_files(path: &Path) -> Result<(), String> {
     let log = path.join(LOG_FILE_NAME);
     // A daemon that died writing the log's blocks on its device left it immutable.
     crate::engine::intent_log::raw::clear_immutable(&log)
         .map_err(|e| format!("clearing the immutable flag of {}: {e}", log.display()))?;
-    for file in [crate::engine::intent_log::device::replay_map_path(&log), log, path.join(LOCK_FILE_NAME)] {
+    let made_ahead = path.join(MADE_AHEAD_LIST_NAME);
+    for file in [crate::engine::intent_log::device::replay_map_path(&log), log, made_ahead, path.join(LOCK_FILE_NAME)] {
         match std::fs::remove_file(&file) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

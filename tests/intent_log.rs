@@ -1956,6 +1956,40 @@ fn a_file_made_alone_takes_one_made_ahead_and_gives_back_what_it_did_not_use() {
     assert!(fs::read(m.path("alone")).unwrap() == content);
 }
 
+/// A daemon killed after it named a file made ahead, before the checkpoint that gives back
+/// what the file holds past its end: the next mount gives it back (the state directory's list
+/// of files made ahead), and the file keeps its bytes and its mtime.
+#[test]
+fn a_mount_after_a_kill_gives_back_what_files_made_ahead_hold_past_their_ends() {
+    if !in_a_process_of_its_own("a_mount_after_a_kill_gives_back_what_files_made_ahead_hold_past_their_ends") {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let mut m = TestMount::with_options(&["checkpoint_interval=3600s"]);
+    wait_for_files_made_ahead(&m);
+    let content = pattern(100 << 10, 5);
+    std::thread::sleep(Duration::from_millis(50)); // a lone close: the file is held
+    let mut f = File::create(m.path("alone")).unwrap();
+    for piece in content.chunks(8192) {
+        f.write_all(piece).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(m.counter("files_made_ahead_named_total"), 1, "made from a file made ahead");
+    let before = fs::metadata(m.backing_path("alone")).unwrap();
+    assert!(before.blocks() * 512 >= 1 << 20, "its blocks made ahead: {} sectors", before.blocks());
+
+    kill_daemon(&mut m);
+    let killed = fs::metadata(m.backing_path("alone")).unwrap();
+    assert!(killed.blocks() * 512 >= 1 << 20, "no checkpoint trimmed it: {} sectors", killed.blocks());
+    m.mount();
+    assert_eq!(m.counter("files_made_ahead_trimmed_total"), 1, "the mount gave back its blocks");
+    let after = fs::metadata(m.backing_path("alone")).unwrap();
+    assert_eq!((after.len(), after.blocks() * 512), (100 << 10, 100 << 10), "nothing past its end");
+    assert_eq!((after.mtime(), after.mtime_nsec()), (before.mtime(), before.mtime_nsec()), "its mtime kept");
+    assert!(fs::read(m.path("alone")).unwrap() == content);
+}
+
 /// A backing file system that fills up gets back the space of the files made ahead at the next
 /// checkpoint, and keeps them from then on while it has under a tenth free.
 #[test]

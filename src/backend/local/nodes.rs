@@ -583,6 +583,11 @@ impl BackingDir {
         }
     }
 
+    /// The handle of the inode an open file is (named or not), for `open_by_handle`.
+    pub fn handle_of_open(&self, file: &File) -> SysResult<Vec<u8>> {
+        handle_of(file.as_raw_fd(), EMPTY, libc::AT_EMPTY_PATH)
+    }
+
     /// The handle of what `name` in the directory `dir` is, without following a symlink.
     pub fn handle_at(&self, dir: &Node, name: &CStr) -> SysResult<Vec<u8>> {
         handle_of(self.fd(dir)?.as_raw_fd(), name, 0)

@@ -20,11 +20,21 @@
 //! reading (a write that grew it meanwhile would be cut off), and its mtime put back (the
 //! truncate sets it; the file's own writes are what mtime is for).
 //!
+//! A crash between a file's naming and that checkpoint would leave its blocks past its end
+//! allocated for good, so the handles (`name_to_handle_at`) of every file made ahead are
+//! written, and made durable, to a list in the state directory before any of them can be
+//! named (`keep_list`, `refill`): the next mount opens each by its handle and gives back what
+//! it holds past its end. A handle of a file never named opens nothing (the file system freed
+//! it with the daemon's descriptor). One small overwrite of the list per checkpoint that made
+//! files, none per file.
+//!
 //! Must not: decide when (the engine asks, see `Namespace::prepare_files`).
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::{Arc, Mutex, RwLock};
@@ -32,6 +42,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use super::nodes::BackingDir;
 use super::objects::{BackingKey, Object};
 use crate::sys::{self, check, Errno, SysResult};
+
+/// A handle from `BackingDir::handle_of_open`.
+type Handle = Vec<u8>;
 
 /// Files are made ahead only while the backing file system keeps more than 1/this free.
 const FREE_FRACTION_KEPT: u64 = 10;
@@ -44,18 +57,30 @@ struct Reserved {
     guard: Arc<RwLock<()>>,
     object: Arc<Object>,
     to: u64,
+    /// None where the file system gives no handles: the file is then in no list.
+    handle: Option<Handle>,
+}
+
+/// A file made ahead and not named yet.
+pub struct Unnamed {
+    pub file: File,
+    /// The bytes allocated in it past its end.
+    pub allocated: u64,
+    handle: Option<Handle>,
 }
 
 #[derive(Default)]
 pub struct PreparedFiles {
-    /// Unnamed files, and the bytes each has allocated.
-    ready: Mutex<Vec<(File, u64)>>,
+    ready: Mutex<Vec<Unnamed>>,
     reserved: Mutex<HashMap<BackingKey, Reserved>>,
     /// Whether `reserved` holds anything: every open for writing and every setattr asks, and
     /// almost always it holds nothing, which this answers without the map's lock.
     any_reserved: AtomicBool,
     /// The backing file system makes no unnamed files (no O_TMPFILE): none is tried again.
     unsupported: AtomicBool,
+    /// The state directory's list of the files made ahead, once `keep_list` opened it; its
+    /// lock is held by a refill from its writing the list until its files are ready.
+    list: Mutex<Option<File>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -63,8 +88,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl PreparedFiles {
-    /// One unnamed file and the bytes allocated in it, if any is left.
-    pub fn take(&self) -> Option<(File, u64)> {
+    /// One unnamed file, if any is left.
+    pub fn take(&self) -> Option<Unnamed> {
         lock(&self.ready).pop()
     }
 
@@ -74,10 +99,11 @@ impl PreparedFiles {
 
     /// A file taken from here was named as `object`: its blocks past `to` are its own, those
     /// before it and past its end are given back by the next `trim`.
-    pub fn note_named(&self, object: Arc<Object>, to: u64) {
+    pub fn note_named(&self, object: Arc<Object>, unnamed: Unnamed) {
         let guard = Arc::new(RwLock::new(()));
+        let (to, handle) = (unnamed.allocated, unnamed.handle);
         let mut reserved = lock(&self.reserved);
-        reserved.insert(object.key, Reserved { guard, object, to });
+        reserved.insert(object.key, Reserved { guard, object, to, handle });
         self.any_reserved.store(true, Release);
     }
 
@@ -133,19 +159,68 @@ impl PreparedFiles {
                         libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, bytes as libc::off_t)
                     })
                 });
-                match allocated {
-                    Ok(_) => made.push((file, bytes)),
+                let allocated = match allocated {
+                    Ok(_) => bytes,
                     // Still a file made ahead: its inode is, if not its blocks.
-                    Err(Errno(libc::EOPNOTSUPP)) => made.push((file, 0)),
+                    Err(Errno(libc::EOPNOTSUPP)) => 0,
                     Err(e) => return Err(e),
-                }
+                };
+                let handle = dir
+                    .handle_of_open(&file)
+                    .inspect_err(|e| log::debug!("no handle for a file made ahead ({e}): it is in no list"))
+                    .ok();
+                made.push(Unnamed { file, allocated, handle });
             }
             Ok(())
         })();
-        // What was made before a failure is kept.
+        // What was made before a failure is kept, once listed.
+        let mut list = lock(&self.list);
+        if let Some(list) = list.as_mut().filter(|_| !made.is_empty()) {
+            let mut handles: Vec<Handle> = made.iter().filter_map(|u| u.handle.clone()).collect();
+            handles.extend(lock(&self.ready).iter().filter_map(|u| u.handle.clone()));
+            handles.extend(lock(&self.reserved).values().filter_map(|r| r.handle.clone()));
+            let fsid = dir.statfs_root()?.f_fsid;
+            // Unlisted, none may be named: they go (unnamed, the file system frees them).
+            write_list(list, fsid, &handles)?;
+        }
         let mut ready = lock(&self.ready);
         ready.extend(made);
         result.map(|()| ready.len())
+    }
+
+    /// Opens (or makes) the list of files made ahead at `path` and gives back the blocks past
+    /// their ends that the files it names hold: those a daemon that stopped without its last
+    /// checkpoint named and never trimmed. From now on `refill` lists its files there before it
+    /// hands them out. Returns how many files were given blocks back. Before the engine serves
+    /// anything: a file trimmed here has no writer.
+    pub fn keep_list(&self, dir: &BackingDir, path: &Path) -> SysResult<usize> {
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(path)
+        };
+        let mut file = open().map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        let trimmed = match read_list(&mut file) {
+            Ok(None) => 0,
+            Ok(Some((fsid, _))) if fsid != dir.statfs_root()?.f_fsid => {
+                log::warn!("{}: a list of another file system's files; not used", path.display());
+                0
+            }
+            Ok(Some((_, handles))) => give_back_listed(dir, &handles),
+            Err(why) => {
+                log::warn!(
+                    "{}: {why}; the files made ahead before this mount keep what they hold past their ends",
+                    path.display()
+                );
+                0
+            }
+        };
+        *lock(&self.list) = Some(file);
+        Ok(trimmed)
     }
 
     /// Gives back the blocks named files hold past their ends. Returns how many were trimmed;
@@ -153,7 +228,7 @@ impl PreparedFiles {
     pub fn trim(&self, dir: &BackingDir) -> usize {
         let entries: Vec<(BackingKey, Reserved)> = lock(&self.reserved).iter().map(|(k, r)| (*k, r.clone())).collect();
         let mut trimmed = 0;
-        for (key, Reserved { guard, object, to }) in entries {
+        for (key, Reserved { guard, object, to, .. }) in entries {
             let _no_writer = guard.write().unwrap_or_else(|p| p.into_inner());
             match trim_one(dir, &object, to) {
                 Ok(true) => trimmed += 1,
@@ -181,14 +256,23 @@ impl PreparedFiles {
 /// anything there. A truncate to its own size, not a hole punched: ext4 punches nothing past
 /// the end, and frees preallocated blocks there on any truncate (`ext4_setattr`).
 fn trim_one(dir: &BackingDir, object: &Object, to: u64) -> SysResult<bool> {
-    let file = dir.open(&object.node, libc::O_WRONLY)?;
-    let before = sys::fstat_fd(&file)?;
+    trim_file(&dir.open(&object.node, libc::O_WRONLY)?, Some(to))
+}
+
+/// Gives back what `file` holds past its end: up to `to` where that is known, else whatever
+/// it has allocated past the end's block.
+fn trim_file(file: &File, to: Option<u64>) -> SysResult<bool> {
+    let before = sys::fstat_fd(file)?;
     let size = before.st_size as u64;
-    if before.st_nlink == 0 || size >= to {
+    let holds_past_end = match to {
+        Some(to) => size < to,
+        None => before.st_blocks as u64 * 512 > size.next_multiple_of(before.st_blksize.max(512) as u64),
+    };
+    if before.st_nlink == 0 || before.st_mode & libc::S_IFMT != libc::S_IFREG || !holds_past_end {
         return Ok(false);
     }
     sys::retry_eintr(|| check(unsafe { libc::ftruncate(file.as_raw_fd(), before.st_size) }))?;
-    let after = sys::fstat_fd(&file)?;
+    let after = sys::fstat_fd(file)?;
     if (after.st_mtime, after.st_mtime_nsec) != (before.st_mtime, before.st_mtime_nsec) {
         let times = [
             libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
@@ -197,4 +281,98 @@ fn trim_one(dir: &BackingDir, object: &Object, to: u64) -> SysResult<bool> {
         check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
     }
     Ok(true)
+}
+
+/// The trims `keep_list` does: each listed file that is still there, by its handle. Returns how
+/// many had blocks given back.
+fn give_back_listed(dir: &BackingDir, handles: &[Handle]) -> usize {
+    let mut trimmed = 0;
+    for handle in handles {
+        let file = match dir.open_by_handle(handle, libc::O_WRONLY | libc::O_NOFOLLOW) {
+            Ok(file) => file,
+            // Never named: freed with the last daemon's descriptor. Or named and removed since.
+            Err(Errno(libc::ESTALE | libc::ENOENT)) => continue,
+            Err(Errno(libc::EPERM)) => {
+                log::warn!(
+                    "files made ahead before this mount: opening them by handle needs CAP_DAC_READ_SEARCH; \
+                     what they hold past their ends stays allocated"
+                );
+                break;
+            }
+            Err(e) => {
+                log::warn!("a file made ahead before this mount: {e}; what it holds past its end stays allocated");
+                continue;
+            }
+        };
+        match trim_file(&file, None) {
+            Ok(true) => trimmed += 1,
+            Ok(false) => {}
+            Err(e) => log::warn!("giving back the blocks past the end of a file made ahead before this mount: {e}"),
+        }
+    }
+    if trimmed > 0 {
+        log::info!(
+            "{trimmed} files made ahead and named before the last daemon stopped: blocks past their ends given back"
+        );
+    }
+    trimmed
+}
+
+/// The list's first bytes; then the body's length and crc32c, then the body: the backing
+/// file system's id, the handle count, and each handle's length and bytes.
+const LIST_MAGIC: &[u8; 8] = b"CFSAHD01";
+const LIST_HEADER_BYTES: usize = 16;
+/// Longer than any list (16 ready, as many named since the last trim, 136 bytes a handle at most).
+const LIST_MAX_BYTES: usize = 64 << 10;
+
+/// Overwrites the list in place, in whole 4 KiB blocks, and waits for it to be durable. A torn
+/// write fails its checksum: the next mount then gives nothing back, which costs space only.
+fn write_list(file: &mut File, fsid: u64, handles: &[Handle]) -> SysResult<()> {
+    let mut body = Vec::with_capacity(12 + handles.len() * 16);
+    body.extend_from_slice(&fsid.to_le_bytes());
+    body.extend_from_slice(&(handles.len() as u32).to_le_bytes());
+    for handle in handles {
+        body.extend_from_slice(&(handle.len() as u32).to_le_bytes());
+        body.extend_from_slice(handle);
+    }
+    let mut block = Vec::with_capacity(LIST_HEADER_BYTES + body.len());
+    block.extend_from_slice(LIST_MAGIC);
+    block.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    block.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    block.extend_from_slice(&body);
+    assert!(block.len() <= LIST_MAX_BYTES, "a list of {} handles fits {LIST_MAX_BYTES} bytes", handles.len());
+    block.resize(block.len().next_multiple_of(4096), 0);
+    sys::pwrite_all(file.as_raw_fd(), &block, 0)?;
+    sys::retry_eintr(|| check(unsafe { libc::fdatasync(file.as_raw_fd()) })).map(drop)
+}
+
+/// The list's file system id and handles; None for an empty (new) list, Err for one that is
+/// not a whole list.
+fn read_list(file: &mut File) -> Result<Option<(u64, Vec<Handle>)>, String> {
+    let mut bytes = vec![0u8; LIST_MAX_BYTES];
+    let n = sys::pread_full(file.as_raw_fd(), &mut bytes, 0).map_err(|e| format!("reading the list: {e}"))?;
+    let bytes = &bytes[..n];
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    let (header, rest) = bytes.split_at_checked(LIST_HEADER_BYTES).ok_or("a list shorter than its header")?;
+    if &header[..8] != LIST_MAGIC {
+        return Err("not a list of files made ahead".into());
+    }
+    let u32_at = |b: &[u8], at: usize| b.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()));
+    let body_len = u32_at(header, 8).unwrap() as usize;
+    let body = rest.get(..body_len).ok_or("a list cut short")?;
+    if crc32c::crc32c(body) != u32_at(header, 12).unwrap() {
+        return Err("a list whose checksum does not match (a write torn by a crash?)".into());
+    }
+    let fsid = u64::from_le_bytes(body.get(..8).ok_or("no file system id")?.try_into().unwrap());
+    let count = u32_at(body, 8).ok_or("no count")? as usize;
+    let mut handles = Vec::with_capacity(count.min(1024));
+    let mut at = 12;
+    for _ in 0..count {
+        let len = u32_at(body, at).ok_or("a handle cut short")? as usize;
+        handles.push(body.get(at + 4..at + 4 + len).ok_or("a handle cut short")?.to_vec());
+        at += 4 + len;
+    }
+    Ok(Some((fsid, handles)))
 }
