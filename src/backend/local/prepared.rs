@@ -81,6 +81,9 @@ pub struct PreparedFiles {
     /// The state directory's list of the files made ahead, once `keep_list` opened it; its
     /// lock is held by a refill from its writing the list until its files are ready.
     list: Mutex<Option<File>>,
+    /// The files the last `trim` gave blocks back: listed once more, since their truncates are
+    /// durable only with the backend's next sync, which comes after the list's next write.
+    just_trimmed: Mutex<Vec<Handle>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -179,9 +182,9 @@ impl PreparedFiles {
             let mut handles: Vec<Handle> = made.iter().filter_map(|u| u.handle.clone()).collect();
             handles.extend(lock(&self.ready).iter().filter_map(|u| u.handle.clone()));
             handles.extend(lock(&self.reserved).values().filter_map(|r| r.handle.clone()));
-            let fsid = dir.statfs_root()?.f_fsid;
+            handles.extend(lock(&self.just_trimmed).iter().cloned());
             // Unlisted, none may be named: they go (unnamed, the file system frees them).
-            write_list(list, fsid, &handles)?;
+            write_list(list, &handles)?;
         }
         let mut ready = lock(&self.ready);
         ready.extend(made);
@@ -206,11 +209,10 @@ impl PreparedFiles {
         let mut file = open().map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
         let trimmed = match read_list(&mut file) {
             Ok(None) => 0,
-            Ok(Some((fsid, _))) if fsid != dir.statfs_root()?.f_fsid => {
-                log::warn!("{}: a list of another file system's files; not used", path.display());
-                0
-            }
-            Ok(Some((_, handles))) => give_back_listed(dir, &handles),
+            // A handle holds the inode's generation beside its number: one of another file
+            // system (a different one mounted at the backing path since) opens nothing here,
+            // or, against odds of one in 2^32, a file whose blocks past its end are trimmed.
+            Ok(Some(handles)) => give_back_listed(dir, &handles),
             Err(why) => {
                 log::warn!(
                     "{}: {why}; the files made ahead before this mount keep what they hold past their ends",
@@ -227,6 +229,7 @@ impl PreparedFiles {
     /// one that cannot be is left with its blocks, and logged.
     pub fn trim(&self, dir: &BackingDir) -> usize {
         let entries: Vec<(BackingKey, Reserved)> = lock(&self.reserved).iter().map(|(k, r)| (*k, r.clone())).collect();
+        *lock(&self.just_trimmed) = entries.iter().filter_map(|(_, r)| r.handle.clone()).collect();
         let mut trimmed = 0;
         for (key, Reserved { guard, object, to, .. }) in entries {
             let _no_writer = guard.write().unwrap_or_else(|p| p.into_inner());
@@ -318,18 +321,18 @@ fn give_back_listed(dir: &BackingDir, handles: &[Handle]) -> usize {
     trimmed
 }
 
-/// The list's first bytes; then the body's length and crc32c, then the body: the backing
-/// file system's id, the handle count, and each handle's length and bytes.
+/// The list's first bytes; then the body's length and crc32c, then the body: the handle count,
+/// and each handle's length and bytes.
 const LIST_MAGIC: &[u8; 8] = b"CFSAHD01";
 const LIST_HEADER_BYTES: usize = 16;
-/// Longer than any list (16 ready, as many named since the last trim, 136 bytes a handle at most).
+/// Longer than any list (16 ready, as many named since the last trim and trimmed by it, 132
+/// bytes a handle at most).
 const LIST_MAX_BYTES: usize = 64 << 10;
 
 /// Overwrites the list in place, in whole 4 KiB blocks, and waits for it to be durable. A torn
 /// write fails its checksum: the next mount then gives nothing back, which costs space only.
-fn write_list(file: &mut File, fsid: u64, handles: &[Handle]) -> SysResult<()> {
-    let mut body = Vec::with_capacity(12 + handles.len() * 16);
-    body.extend_from_slice(&fsid.to_le_bytes());
+fn write_list(file: &mut File, handles: &[Handle]) -> SysResult<()> {
+    let mut body = Vec::with_capacity(4 + handles.len() * 16);
     body.extend_from_slice(&(handles.len() as u32).to_le_bytes());
     for handle in handles {
         body.extend_from_slice(&(handle.len() as u32).to_le_bytes());
@@ -346,9 +349,8 @@ fn write_list(file: &mut File, fsid: u64, handles: &[Handle]) -> SysResult<()> {
     sys::retry_eintr(|| check(unsafe { libc::fdatasync(file.as_raw_fd()) })).map(drop)
 }
 
-/// The list's file system id and handles; None for an empty (new) list, Err for one that is
-/// not a whole list.
-fn read_list(file: &mut File) -> Result<Option<(u64, Vec<Handle>)>, String> {
+/// The list's handles; None for an empty (new) list, Err for one that is not a whole list.
+fn read_list(file: &mut File) -> Result<Option<Vec<Handle>>, String> {
     let mut bytes = vec![0u8; LIST_MAX_BYTES];
     let n = sys::pread_full(file.as_raw_fd(), &mut bytes, 0).map_err(|e| format!("reading the list: {e}"))?;
     let bytes = &bytes[..n];
@@ -365,14 +367,13 @@ fn read_list(file: &mut File) -> Result<Option<(u64, Vec<Handle>)>, String> {
     if crc32c::crc32c(body) != u32_at(header, 12).unwrap() {
         return Err("a list whose checksum does not match (a write torn by a crash?)".into());
     }
-    let fsid = u64::from_le_bytes(body.get(..8).ok_or("no file system id")?.try_into().unwrap());
-    let count = u32_at(body, 8).ok_or("no count")? as usize;
+    let count = u32_at(body, 0).ok_or("no count")? as usize;
     let mut handles = Vec::with_capacity(count.min(1024));
-    let mut at = 12;
+    let mut at = 4;
     for _ in 0..count {
         let len = u32_at(body, at).ok_or("a handle cut short")? as usize;
         handles.push(body.get(at + 4..at + 4 + len).ok_or("a handle cut short")?.to_vec());
         at += 4 + len;
     }
-    Ok(Some((fsid, handles)))
+    Ok(Some(handles))
 }
