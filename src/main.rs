@@ -324,6 +324,20 @@ fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<Path
         Err(e) => return fail(format!("{}: {e}", log_path.display())),
     };
     let result = engine::salvage_log(&backend, &backend, Box::new(device));
+    // What files made ahead and named before the crash hold past their ends, as a mount gives back.
+    let made_ahead = state.made_ahead_list_path();
+    if made_ahead.exists() {
+        match backend.keep_made_ahead_list(&made_ahead) {
+            Ok(0) => {}
+            Ok(n) => {
+                println!("files made ahead and named before the crash, given back the blocks past their ends: {n}")
+            }
+            Err(e) => eprintln!(
+                "coalescefs: warning: {}: {e}; files made ahead keep what they hold past their ends",
+                made_ahead.display()
+            ),
+        }
+    }
     if result.is_ok() && marker.as_deref().is_some_and(|marked| state::same_file(marked, &log_path)) {
         if let Err(message) = state::clear_log_marker(&backing) {
             return fail(message);

@@ -1964,6 +1964,19 @@ fn a_mount_after_a_kill_gives_back_what_files_made_ahead_hold_past_their_ends() 
     if !in_a_process_of_its_own("a_mount_after_a_kill_gives_back_what_files_made_ahead_hold_past_their_ends") {
         return;
     }
+    given_back_after_a_kill(false);
+}
+
+/// As above, by `coalescefs recover` instead of a mount.
+#[test]
+fn recover_after_a_kill_gives_back_what_files_made_ahead_hold_past_their_ends() {
+    if !in_a_process_of_its_own("recover_after_a_kill_gives_back_what_files_made_ahead_hold_past_their_ends") {
+        return;
+    }
+    given_back_after_a_kill(true);
+}
+
+fn given_back_after_a_kill(by_recover: bool) {
     use std::os::unix::fs::MetadataExt;
     let mut m = TestMount::with_options(&["checkpoint_interval=3600s"]);
     wait_for_files_made_ahead(&m);
@@ -1982,8 +1995,15 @@ fn a_mount_after_a_kill_gives_back_what_files_made_ahead_hold_past_their_ends() 
     kill_daemon(&mut m);
     let killed = fs::metadata(m.backing_path("alone")).unwrap();
     assert!(killed.blocks() * 512 >= 1 << 20, "no checkpoint trimmed it: {} sectors", killed.blocks());
+    if by_recover {
+        let out = coalescefs(&["recover", &path_str(&m.backing)]);
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(said.contains("given back the blocks past their ends: 1"), "{said}");
+    }
     m.mount();
-    assert_eq!(m.counter("files_made_ahead_trimmed_total"), 1, "the mount gave back its blocks");
+    let given_back_by_mount = if by_recover { 0 } else { 1 };
+    assert_eq!(m.counter("files_made_ahead_trimmed_total"), given_back_by_mount);
     let after = fs::metadata(m.backing_path("alone")).unwrap();
     assert_eq!((after.len(), after.blocks() * 512), (100 << 10, 100 << 10), "nothing past its end");
     assert_eq!((after.mtime(), after.mtime_nsec()), (before.mtime(), before.mtime_nsec()), "its mtime kept");
