@@ -174,15 +174,16 @@ fn backends(
     metrics: &Arc<metrics::Metrics>,
     faults: Option<&Arc<Faults>>,
 ) -> (Arc<dyn Namespace>, Arc<dyn UnitStore>) {
-    let local = Arc::new(match opts.backend {
-        BackendKind::Local => local,
-        BackendKind::Null => local.without_prepared_files(),
-    });
-    let store: Arc<dyn UnitStore> = match opts.backend {
-        BackendKind::Local => local.clone(),
-        BackendKind::Null => Arc::new(backend::null::NullStore::new(local.clone(), metrics.clone())),
+    let (ns, store): (Arc<dyn Namespace>, Arc<dyn UnitStore>) = match opts.backend {
+        BackendKind::Local => {
+            let local = Arc::new(local);
+            (local.clone(), local)
+        }
+        BackendKind::Null => {
+            let local = Arc::new(local.without_prepared_files());
+            (local.clone(), Arc::new(backend::null::NullStore::new(local, metrics.clone())))
+        }
     };
-    let ns: Arc<dyn Namespace> = local;
     match faults {
         Some(faults) => {
             let wrapped = Arc::new(backend::faults::FaultyBackend::new(ns, store, faults.clone()));
