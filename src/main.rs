@@ -301,10 +301,17 @@ fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<Path
         Err(message) => return fail(message),
     };
     // Held while recovering: a mount of the same directory now would replay the same log.
-    let state = match state::StateDir::find(&backing, state_dir.as_deref()) {
+    let mut state = match state::StateDir::find(&backing, state_dir.as_deref()) {
         Ok(state) => state,
         Err(message) => return fail(format!("{message}: unmount it first")),
     };
+    // And the state directory's lock, as a mount takes it: another backing directory's mount
+    // may use a state=DIR given here too, and its log and its files made ahead are its own.
+    if state.path().is_dir() {
+        if let Err(message) = state.make(false, true) {
+            return fail(message);
+        }
+    }
     // Which log: the one asked for, else the one the backing directory says it needs, else
     // the state directory's.
     let marker = match state::log_marker(&backing) {

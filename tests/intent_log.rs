@@ -1696,6 +1696,22 @@ fn forget_removes_the_state_and_runtime_directories_but_never_unreplayed_batches
     assert_eq!(left, ["notes"], "forget keeps only the admin's files in state=DIR");
 }
 
+/// `coalescefs recover` takes the state directory's lock as a mount does: a state=DIR a mount of
+/// another backing directory uses holds that mount's log and its files made ahead, which a
+/// recover of this one must not apply or trim.
+#[test]
+fn recover_refuses_a_state_directory_another_mount_uses() {
+    let state = tempfile::tempdir().unwrap();
+    let option = format!("state={}", path_str(state.path()));
+    let m = TestMount::with_options(&[&option]);
+    write_and_fsync(&m.path("f"), &pattern(3000, 1));
+    let other = tempfile::tempdir().unwrap();
+    let out = coalescefs(&["recover", "--state", &path_str(state.path()), &path_str(other.path())]);
+    assert!(!out.status.success(), "recover of another backing directory with a state=DIR in use: {out:?}");
+    assert!(stderr_of(&out).contains("in use by another coalescefs"), "{}", stderr_of(&out));
+    assert!(fs::read(m.path("f")).unwrap() == pattern(3000, 1));
+}
+
 /// The default log file on ext4, as root: its blocks are written on the block device under it
 /// (`log_raw=auto`), so a log commit changes no inode (no journal commit at the next `sync`),
 /// and the file is immutable while a daemon writes it. A killed daemon's fsyncs are replayed
