@@ -219,7 +219,8 @@ pub struct Metrics {
     /// have taken (a close in a burst, or `never`).
     pub pending_files_declined: AtomicU64,
     /// Held files made on the backend from a file it made ahead (`Namespace::prepare_files`),
-    /// and of those, the ones whose unused blocks a checkpoint gave back.
+    /// and of those, the ones whose unused blocks a checkpoint gave back (or this daemon's mount,
+    /// for files a daemon before it named and no checkpoint trimmed).
     pub files_made_ahead_named: AtomicU64,
     pub files_made_ahead_trimmed: AtomicU64,
     /// Files made ahead, ready to be named now.
@@ -359,7 +360,7 @@ impl Metrics {
             ),
             (
                 "files_made_ahead_trimmed_total",
-                "Files made ahead whose blocks past their end a checkpoint gave back",
+                "Files made ahead whose blocks past their end a checkpoint (or, after a crash, the mount) gave back",
                 self.files_made_ahead_trimmed.load(Relaxed),
             ),
             (

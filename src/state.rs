@@ -139,7 +139,8 @@ fn absolute_state_path(path: &Path) -> Result<PathBuf, String> {
 }
 
 /// Removes what a mount keeps in the state directory `path` (its log, the log's replay map, the
-/// list of files made ahead, the lock), for `coalescefs forget`; the caller holds the directory's lock. Anything else stays.
+/// list of files made ahead, the lock), for `coalescefs forget`; the caller holds the
+/// directory's lock. Anything else stays.
 pub fn remove_state_files(path: &Path) -> Result<(), String> {
     let log = path.join(LOG_FILE_NAME);
     // A daemon that died writing the log's blocks on its device left it immutable.
