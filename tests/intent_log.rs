@@ -1549,32 +1549,48 @@ fn new_files_in_a_burst_go_to_the_backend_and_a_lone_one_to_the_log() {
         fs::write(m.path(&format!("d/old{i}")), pattern(3000, 9)).unwrap();
     }
     m.remount();
-    let burst = |m: &TestMount| {
+    m.run_ahead_of_other_tests();
+    // Most of a burst's closes; a machine busy enough to stretch gaps past 2 ms sends some to
+    // the log, and one that broke a burst up too much is given two more tries.
+    const TRIES: u8 = 3;
+    let mut bursts = 0;
+    for attempt in 0..TRIES {
+        let (declined_before, log_bytes_before) =
+            (m.counter("pending_files_declined_total"), m.counter("log_write_bytes_total"));
         for i in 0..200 {
-            fs::write(m.path(&format!("d/f{i}")), pattern(1000 + i, 1)).unwrap();
+            fs::write(m.path(&format!("d/f{attempt}-{i}")), pattern(1000 + i, attempt + 1)).unwrap();
         }
-    };
-    burst(&m);
-    let declined = m.counter("pending_files_declined_total");
-    // Most of them; a machine busy enough to stretch the gap past 2 ms holds a few.
-    assert!(declined >= 150, "{declined} of 200 new files in a burst made on the backend");
-    let on_backend = (0..200).filter(|i| m.backing_path(&format!("d/f{i}")).exists()).count() as u64;
-    assert!(on_backend >= declined, "{on_backend} files on the backend before the checkpoint, {declined} declined");
-    assert!(
-        m.counter("log_write_bytes_total") < 200 * 1000 / 4,
-        "the burst's bytes went to the log: {} bytes",
-        m.counter("log_write_bytes_total")
-    );
-    // Changes to existing files, closed in a burst: to the backend, not the log.
-    for i in 0..20 {
-        let f = OpenOptions::new().write(true).open(m.path(&format!("d/old{i}"))).unwrap();
-        f.write_all_at(b"changed", 100).unwrap();
+        bursts += 1;
+        let declined = m.counter("pending_files_declined_total") - declined_before;
+        let log_bytes = m.counter("log_write_bytes_total") - log_bytes_before;
+        if (declined < 150 || log_bytes >= 200 * 1000 / 4) && attempt + 1 < TRIES {
+            continue;
+        }
+        assert!(declined >= 150, "{declined} of 200 new files in a burst made on the backend");
+        let on_backend = (0..200).filter(|i| m.backing_path(&format!("d/f{attempt}-{i}")).exists()).count() as u64;
+        assert!(on_backend >= declined, "{on_backend} files on the backend before the checkpoint, {declined} declined");
+        assert!(log_bytes < 200 * 1000 / 4, "the burst's bytes went to the log: {log_bytes} bytes");
+        break;
     }
-    assert!(m.counter("closes_not_logged_total") >= 15, "changes closed in a burst were logged");
-    assert!(
-        fs::read(m.backing_path("d/old19")).unwrap()[100..107] == *b"changed",
-        "a change closed in a burst is not on the backend"
-    );
+    // Changes to existing files, closed in a burst: to the backend, not the log.
+    let mut change = *b"change0";
+    for attempt in 0..TRIES {
+        change[6] = b'0' + attempt;
+        let not_logged_before = m.counter("closes_not_logged_total");
+        for i in 0..20 {
+            let f = OpenOptions::new().write(true).open(m.path(&format!("d/old{i}"))).unwrap();
+            f.write_all_at(&change, 100).unwrap();
+        }
+        let not_logged = m.counter("closes_not_logged_total") - not_logged_before;
+        if not_logged < 15 && attempt + 1 < TRIES {
+            continue;
+        }
+        assert!(not_logged >= 15, "{not_logged} of 20 changes closed in a burst went to the backend");
+        let on_backend =
+            (0..20).filter(|i| fs::read(m.backing_path(&format!("d/old{i}"))).unwrap()[100..107] == change).count();
+        assert!(on_backend as u64 >= not_logged, "{on_backend} changes on the backend, {not_logged} closes not logged");
+        break;
+    }
     // A lone file: held, its close a log commit, the backend not told before the checkpoint.
     let lone = || {
         std::thread::sleep(Duration::from_millis(20));
@@ -1595,12 +1611,17 @@ fn new_files_in_a_burst_go_to_the_backend_and_a_lone_one_to_the_log() {
     assert!(!m.backing_path("d/lone").exists(), "a lone new file reached the backend before the checkpoint");
     kill_daemon(&mut m);
     m.mount();
-    for i in 0..200 {
-        let name = format!("d/f{i}");
-        assert!(fs::read(m.path(&name)).unwrap() == pattern(1000 + i, 1), "{name} differs after the kill");
+    for attempt in 0..bursts {
+        for i in 0..200 {
+            let name = format!("d/f{attempt}-{i}");
+            assert!(
+                fs::read(m.path(&name)).unwrap() == pattern(1000 + i, attempt + 1),
+                "{name} differs after the kill"
+            );
+        }
     }
     for i in 0..20 {
-        assert!(fs::read(m.path(&format!("d/old{i}"))).unwrap()[100..107] == *b"changed", "d/old{i} lost its change");
+        assert!(fs::read(m.path(&format!("d/old{i}"))).unwrap()[100..107] == change, "d/old{i} lost its change");
     }
     assert!(fs::read(m.path("d/lone")).unwrap() == pattern(1500, 2), "d/lone differs after the kill");
 }
