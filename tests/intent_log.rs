@@ -1506,6 +1506,7 @@ fn closes_in_a_burst_go_through_the_page_cache_which_sync_writes_and_a_killed_da
     // Written through the file: where the daemon writes its blocks on the device (log_raw=auto,
     // as root on ext4) there is no page-cache path.
     let mut m = TestMount::with_options(&["log_closes=always", "checkpoint_interval=3600s", "log_raw=off"]);
+    m.run_ahead_of_other_tests();
     let burst = |m: &TestMount, round: u8| {
         for i in 0..200 {
             fs::write(m.path(&format!("f{round}-{i}")), pattern(1000 + i, round)).unwrap();
