@@ -2048,6 +2048,41 @@ fn given_back_after_a_kill(by_recover: bool) {
     assert!(fs::read(m.path("alone")).unwrap() == content);
 }
 
+/// A file made from one made ahead and removed before the checkpoint that trims it gives its
+/// space back at once, as any other: nothing the trim needs later keeps it allocated (on a full
+/// disk, whose checkpoints failed for want of that space, `rm` of it gave nothing back).
+#[test]
+fn a_file_made_ahead_and_removed_before_its_trim_gives_its_space_back_at_once() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (a loop-mounted file system)");
+        return;
+    }
+    let small = SmallFileSystem::new(128);
+    let backing = small.path().join("backing");
+    fs::create_dir(&backing).unwrap();
+    let _state = StateCleanup::of(&backing);
+    let m = TestMount::build(&["checkpoint_interval=3600s"], &[], Some(&backing));
+    wait_for_files_made_ahead(&m);
+    std::thread::sleep(Duration::from_millis(50)); // a lone close: the file is held
+    let mut f = File::create(m.path("big")).unwrap();
+    for piece in pattern(8 << 20, 7).chunks(8192) {
+        f.write_all(piece).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(m.counter("files_made_ahead_named_total"), 1, "made from a file made ahead");
+    assert_eq!(m.counter("files_made_ahead_trimmed_total"), 0, "and not trimmed yet");
+    let available = || {
+        let c = cstr(&backing);
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+        st.f_bavail * st.f_frsize
+    };
+    let before = available();
+    fs::remove_file(m.path("big")).unwrap();
+    wait_for(|| available() >= before + (8 << 20), "the removed file's space to come back");
+}
+
 /// A backing file system that fills up gets back the space of the files made ahead at the next
 /// checkpoint, and keeps them from then on while it has under a tenth free.
 #[test]

@@ -37,7 +37,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use super::nodes::BackingDir;
 use super::objects::{BackingKey, Object};
@@ -55,7 +55,10 @@ struct Reserved {
     /// Taken for reading by every write and size or time change of the inode
     /// (`LocalFileData`, `LocalBackend::setattr`), for writing by its trim.
     guard: Arc<RwLock<()>>,
-    object: Arc<Object>,
+    /// Not kept alive from here: its node's descriptor would keep an unlinked file's blocks
+    /// allocated until the trim (on a full disk, `rm` of the file gave nothing back while the
+    /// checkpoints failed for want of that space).
+    object: Weak<Object>,
     to: u64,
     /// None where the file system gives no handles: the file is then in no list.
     handle: Option<Handle>,
@@ -106,7 +109,7 @@ impl PreparedFiles {
         let guard = Arc::new(RwLock::new(()));
         let (to, handle) = (unnamed.allocated, unnamed.handle);
         let mut reserved = lock(&self.reserved);
-        reserved.insert(object.key, Reserved { guard, object, to, handle });
+        reserved.insert(object.key, Reserved { guard, object: Arc::downgrade(&object), to, handle });
         self.any_reserved.store(true, Release);
     }
 
@@ -231,14 +234,15 @@ impl PreparedFiles {
         let entries: Vec<(BackingKey, Reserved)> = lock(&self.reserved).iter().map(|(k, r)| (*k, r.clone())).collect();
         *lock(&self.just_trimmed) = entries.iter().filter_map(|(_, r)| r.handle.clone()).collect();
         let mut trimmed = 0;
-        for (key, Reserved { guard, object, to, .. }) in entries {
+        for (key, reserved) in entries {
+            let guard = reserved.guard.clone();
             let _no_writer = guard.write().unwrap_or_else(|p| p.into_inner());
-            match trim_one(dir, &object, to) {
+            match trim_one(dir, &reserved) {
                 Ok(true) => trimmed += 1,
                 Ok(false) => {}
                 Err(e) => log::warn!(
                     "giving back the blocks past the end of inode {} (made ahead): {e}; they stay allocated",
-                    object.key.1
+                    key.1
                 ),
             }
             // Out of the map before the guard goes: a writer that opens the file from now on
@@ -258,8 +262,20 @@ impl PreparedFiles {
 /// Gives back what the file holds past its end, keeping its mtime. Returns whether it had
 /// anything there. A truncate to its own size, not a hole punched: ext4 punches nothing past
 /// the end, and frees preallocated blocks there on any truncate (`ext4_setattr`).
-fn trim_one(dir: &BackingDir, object: &Object, to: u64) -> SysResult<bool> {
-    trim_file(&dir.open(&object.node, libc::O_WRONLY)?, Some(to))
+fn trim_one(dir: &BackingDir, reserved: &Reserved) -> SysResult<bool> {
+    let by_handle = reserved.handle.as_ref().map(|handle| dir.open_by_handle(handle, libc::O_WRONLY));
+    let file = match by_handle {
+        Some(Ok(file)) => file,
+        // Removed: its blocks went with it.
+        Some(Err(Errno(libc::ESTALE | libc::ENOENT))) => return Ok(false),
+        // No CAP_DAC_READ_SEARCH: through the object while anything else keeps it.
+        Some(Err(Errno(libc::EPERM))) | None => match reserved.object.upgrade() {
+            Some(object) => dir.open(&object.node, libc::O_WRONLY)?,
+            None => return Ok(false),
+        },
+        Some(Err(e)) => return Err(e),
+    };
+    trim_file(&file, Some(reserved.to))
 }
 
 /// Gives back what `file` holds past its end: up to `to` where that is known, else whatever
