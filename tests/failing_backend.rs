@@ -105,13 +105,6 @@ fn peak_rss_mib(pid: i32) -> u64 {
     kib / 1024
 }
 
-fn available_bytes(path: &Path) -> u64 {
-    let c = cstr(path);
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-    st.f_bavail * st.f_frsize
-}
-
 fn run_case(fault: Fault, workload: Workload, log: bool) {
     let case = format!("{fault:?}, {workload:?}, log={}", if log { "on" } else { "off" });
     let small = SmallFileSystem::new(64);

@@ -2048,21 +2048,39 @@ fn given_back_after_a_kill(by_recover: bool) {
     assert!(fs::read(m.path("alone")).unwrap() == content);
 }
 
+/// A mount whose backing directory is alone on a 128 MiB ext4 of its own (its free space is
+/// the mount's), the checkpoint out of the way, once its files made ahead are ready; None
+/// without root. Fields drop in order: the mount before its file system.
+struct OnASmallFileSystem {
+    m: TestMount,
+    _state: StateCleanup,
+    backing: std::path::PathBuf,
+    small: SmallFileSystem,
+}
+
+impl OnASmallFileSystem {
+    fn mount() -> Option<OnASmallFileSystem> {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root (a loop-mounted file system)");
+            return None;
+        }
+        let small = SmallFileSystem::new(128);
+        let backing = small.path().join("backing");
+        fs::create_dir(&backing).unwrap();
+        let _state = StateCleanup::of(&backing);
+        let m = TestMount::build(&["checkpoint_interval=3600s"], &[], Some(&backing));
+        wait_for_files_made_ahead(&m);
+        Some(OnASmallFileSystem { m, _state, backing, small })
+    }
+}
+
 /// A file made from one made ahead and removed before the checkpoint that trims it gives its
 /// space back at once, as any other: nothing the trim needs later keeps it allocated (on a full
 /// disk, whose checkpoints failed for want of that space, `rm` of it gave nothing back).
 #[test]
 fn a_file_made_ahead_and_removed_before_its_trim_gives_its_space_back_at_once() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root (a loop-mounted file system)");
-        return;
-    }
-    let small = SmallFileSystem::new(128);
-    let backing = small.path().join("backing");
-    fs::create_dir(&backing).unwrap();
-    let _state = StateCleanup::of(&backing);
-    let m = TestMount::build(&["checkpoint_interval=3600s"], &[], Some(&backing));
-    wait_for_files_made_ahead(&m);
+    let Some(on_small) = OnASmallFileSystem::mount() else { return };
+    let (m, backing) = (&on_small.m, &on_small.backing);
     std::thread::sleep(Duration::from_millis(50)); // a lone close: the file is held
     let mut f = File::create(m.path("big")).unwrap();
     for piece in pattern(8 << 20, 7).chunks(8192) {
@@ -2072,40 +2090,20 @@ fn a_file_made_ahead_and_removed_before_its_trim_gives_its_space_back_at_once() 
     drop(f);
     assert_eq!(m.counter("files_made_ahead_named_total"), 1, "made from a file made ahead");
     assert_eq!(m.counter("files_made_ahead_trimmed_total"), 0, "and not trimmed yet");
-    let available = || {
-        let c = cstr(&backing);
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-        st.f_bavail * st.f_frsize
-    };
-    let before = available();
+    let before = available_bytes(backing);
     fs::remove_file(m.path("big")).unwrap();
-    wait_for(|| available() >= before + (8 << 20), "the removed file's space to come back");
+    wait_for(|| available_bytes(backing) >= before + (8 << 20), "the removed file's space to come back");
 }
 
 /// A backing file system that fills up gets back the space of the files made ahead at the next
 /// checkpoint, and keeps them from then on while it has under a tenth free.
 #[test]
 fn a_nearly_full_backing_file_system_gets_the_files_made_ahead_back() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root (a loop-mounted file system)");
-        return;
-    }
-    let available = |path: &std::path::Path| {
-        let c = cstr(path);
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-        st.f_bavail * st.f_frsize
-    };
-    let small = SmallFileSystem::new(128);
-    let backing = small.path().join("backing");
-    fs::create_dir(&backing).unwrap();
-    let _state = StateCleanup::of(&backing);
-    let m = TestMount::build(&["checkpoint_interval=3600s"], &[], Some(&backing));
-    wait_for_files_made_ahead(&m);
+    let Some(on_small) = OnASmallFileSystem::mount() else { return };
+    let (m, backing, small) = (&on_small.m, &on_small.backing, &on_small.small);
     assert_eq!(m.counter("files_made_ahead_ready"), 16);
     // Filled from outside the mount to under a tenth free, files made ahead and all.
-    let free = available(&backing);
+    let free = available_bytes(backing);
     let filler = File::create(small.path().join("filler")).unwrap();
     let total = 128u64 << 20;
     filler.set_len(free - total / 20).unwrap();
@@ -2113,10 +2111,10 @@ fn a_nearly_full_backing_file_system_gets_the_files_made_ahead_back() {
         unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&filler), 0, 0, (free - total / 20) as i64) };
     assert_eq!(allocated, 0, "{}", std::io::Error::last_os_error());
     drop(filler);
-    let before = available(&backing);
+    let before = available_bytes(backing);
     m.sync_to_backend();
     assert_eq!(m.counter("files_made_ahead_ready"), 0, "none kept on a nearly full file system");
-    let after = available(&backing);
+    let after = available_bytes(backing);
     assert!(after >= before + (15 << 20), "their blocks came back: {before} then {after} bytes free");
     m.sync_to_backend();
     assert_eq!(m.counter("files_made_ahead_ready"), 0, "and none made again");

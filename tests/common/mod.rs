@@ -35,6 +35,14 @@ pub fn in_a_process_of_its_own(name: &str) -> bool {
     false
 }
 
+/// The bytes an unprivileged writer may still take on the file system `path` is on.
+pub fn available_bytes(path: &Path) -> u64 {
+    let c = cstr(path);
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st.f_bavail * st.f_frsize
+}
+
 /// Polls `done` until it holds; panics naming `what` after 10 s.
 pub fn wait_for(mut done: impl FnMut() -> bool, what: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
