@@ -25,8 +25,8 @@
 //! written, and made durable, to a list in the state directory before any of them can be
 //! named (`keep_list`, `refill`): the next mount opens each by its handle and gives back what
 //! it holds past its end. A handle of a file never named opens nothing (the file system freed
-//! it with the daemon's descriptor). One small overwrite of the list per checkpoint that made
-//! files, none per file.
+//! it with the daemon's descriptor). One small write of the list per checkpoint that made
+//! files (into one of two slots in turn, see `List`), none per file.
 //!
 //! Must not: decide when (the engine asks, see `Namespace::prepare_files`).
 
@@ -83,7 +83,7 @@ pub struct PreparedFiles {
     unsupported: AtomicBool,
     /// The state directory's list of the files made ahead, once `keep_list` opened it; its
     /// lock is held by a refill from its writing the list until its files are ready.
-    list: Mutex<Option<File>>,
+    list: Mutex<Option<List>>,
     /// The files the last `trim` gave blocks back: listed once more, since their truncates are
     /// durable only with the backend's next sync, which comes after the list's next write.
     just_trimmed: Mutex<Vec<Handle>>,
@@ -210,21 +210,21 @@ impl PreparedFiles {
                 .open(path)
         };
         let mut file = open().map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
-        let trimmed = match read_list(&mut file) {
-            Ok(None) => 0,
+        let (trimmed, next_seq) = match read_list(&mut file) {
+            Ok(None) => (0, 0),
             // A handle holds the inode's generation beside its number: one of another file
             // system (a different one mounted at the backing path since) opens nothing here,
             // or, against odds of one in 2^32, a file whose blocks past its end are trimmed.
-            Ok(Some(handles)) => give_back_listed(dir, &handles),
+            Ok(Some((seq, handles))) => (give_back_listed(dir, &handles), seq + 1),
             Err(why) => {
                 log::warn!(
                     "{}: {why}; the files made ahead before this mount keep what they hold past their ends",
                     path.display()
                 );
-                0
+                (0, 0)
             }
         };
-        *lock(&self.list) = Some(file);
+        *lock(&self.list) = Some(List { file, next_seq });
         Ok(trimmed)
     }
 
@@ -337,18 +337,27 @@ fn give_back_listed(dir: &BackingDir, handles: &[Handle]) -> usize {
     trimmed
 }
 
-/// The list's first bytes; then the body's length and crc32c, then the body: the handle count,
-/// and each handle's length and bytes.
-const LIST_MAGIC: &[u8; 8] = b"CFSAHD01";
+/// The list is two slots, written in turn: a crash that tears one write leaves the other, the
+/// list before, which names every file the torn one would have but those it was about to hand
+/// out (which die unnamed). A slot's first bytes; then its body's length and crc32c, then the
+/// body: the write's sequence number, the handle count, and each handle's length and bytes.
+const LIST_MAGIC: &[u8; 8] = b"CFSAHD02";
 const LIST_HEADER_BYTES: usize = 16;
 /// Longer than any list (16 ready, as many named since the last trim and trimmed by it, 132
-/// bytes a handle at most).
-const LIST_MAX_BYTES: usize = 64 << 10;
+/// bytes a handle at most): a slot's size.
+const LIST_SLOT_BYTES: usize = 64 << 10;
 
-/// Overwrites the list in place, in whole 4 KiB blocks, and waits for it to be durable. A torn
-/// write fails its checksum: the next mount then gives nothing back, which costs space only.
-fn write_list(file: &mut File, handles: &[Handle]) -> SysResult<()> {
-    let mut body = Vec::with_capacity(4 + handles.len() * 16);
+/// The list the state directory keeps, and the sequence number of its next write.
+struct List {
+    file: File,
+    next_seq: u64,
+}
+
+/// Writes the list into the slot the last write did not use, in whole 4 KiB blocks, and waits
+/// for it to be durable.
+fn write_list(list: &mut List, handles: &[Handle]) -> SysResult<()> {
+    let mut body = Vec::with_capacity(12 + handles.len() * 16);
+    body.extend_from_slice(&list.next_seq.to_le_bytes());
     body.extend_from_slice(&(handles.len() as u32).to_le_bytes());
     for handle in handles {
         body.extend_from_slice(&(handle.len() as u32).to_le_bytes());
@@ -359,20 +368,32 @@ fn write_list(file: &mut File, handles: &[Handle]) -> SysResult<()> {
     block.extend_from_slice(&(body.len() as u32).to_le_bytes());
     block.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
     block.extend_from_slice(&body);
-    assert!(block.len() <= LIST_MAX_BYTES, "a list of {} handles fits {LIST_MAX_BYTES} bytes", handles.len());
+    assert!(block.len() <= LIST_SLOT_BYTES, "a list of {} handles fits a slot", handles.len());
     block.resize(block.len().next_multiple_of(4096), 0);
-    sys::pwrite_all(file.as_raw_fd(), &block, 0)?;
-    sys::retry_eintr(|| check(unsafe { libc::fdatasync(file.as_raw_fd()) })).map(drop)
+    let slot = (list.next_seq % 2) as usize * LIST_SLOT_BYTES;
+    sys::pwrite_all(list.file.as_raw_fd(), &block, slot as u64)?;
+    sys::retry_eintr(|| check(unsafe { libc::fdatasync(list.file.as_raw_fd()) }))?;
+    list.next_seq += 1;
+    Ok(())
 }
 
-/// The list's handles; None for an empty (new) list, Err for one that is not a whole list.
-fn read_list(file: &mut File) -> Result<Option<Vec<Handle>>, String> {
-    let mut bytes = vec![0u8; LIST_MAX_BYTES];
+/// The newer whole slot's sequence number and handles; None for a new list (no slot written),
+/// Err where no slot is whole.
+fn read_list(file: &mut File) -> Result<Option<(u64, Vec<Handle>)>, String> {
+    let mut bytes = vec![0u8; 2 * LIST_SLOT_BYTES];
     let n = sys::pread_full(file.as_raw_fd(), &mut bytes, 0).map_err(|e| format!("reading the list: {e}"))?;
     let bytes = &bytes[..n];
-    if bytes.is_empty() {
+    if bytes.iter().all(|&b| b == 0) {
         return Ok(None);
     }
+    let slots: Vec<Result<(u64, Vec<Handle>), String>> = bytes.chunks(LIST_SLOT_BYTES).map(read_slot).collect();
+    match slots.iter().filter_map(|slot| slot.as_ref().ok()).max_by_key(|(seq, _)| *seq) {
+        Some(newer) => Ok(Some(newer.clone())),
+        None => Err(slots.into_iter().find_map(Result::err).unwrap_or_default()),
+    }
+}
+
+fn read_slot(bytes: &[u8]) -> Result<(u64, Vec<Handle>), String> {
     let (header, rest) = bytes.split_at_checked(LIST_HEADER_BYTES).ok_or("a list shorter than its header")?;
     if &header[..8] != LIST_MAGIC {
         return Err("not a list of files made ahead".into());
@@ -383,13 +404,14 @@ fn read_list(file: &mut File) -> Result<Option<Vec<Handle>>, String> {
     if crc32c::crc32c(body) != u32_at(header, 12).unwrap() {
         return Err("a list whose checksum does not match (a write torn by a crash?)".into());
     }
-    let count = u32_at(body, 0).ok_or("no count")? as usize;
+    let seq = u64::from_le_bytes(body.get(..8).ok_or("no sequence number")?.try_into().unwrap());
+    let count = u32_at(body, 8).ok_or("no count")? as usize;
     let mut handles = Vec::with_capacity(count.min(1024));
-    let mut at = 4;
+    let mut at = 12;
     for _ in 0..count {
         let len = u32_at(body, at).ok_or("a handle cut short")? as usize;
         handles.push(body.get(at + 4..at + 4 + len).ok_or("a handle cut short")?.to_vec());
         at += 4 + len;
     }
-    Ok(Some(handles))
+    Ok((seq, handles))
 }
