@@ -343,8 +343,9 @@ fn give_back_listed(dir: &BackingDir, handles: &[Handle]) -> usize {
 /// body: the write's sequence number, the handle count, and each handle's length and bytes.
 const LIST_MAGIC: &[u8; 8] = b"CFSAHD02";
 const LIST_HEADER_BYTES: usize = 16;
-/// Longer than any list (16 ready, as many named since the last trim and trimmed by it, 132
-/// bytes a handle at most): a slot's size.
+/// A slot's size: longer than any list the engine's count makes (16 ready, as many named since
+/// the last trim and trimmed by it, 132 bytes a handle at most); a longer one is refused
+/// (`write_list`).
 const LIST_SLOT_BYTES: usize = 64 << 10;
 
 /// The list the state directory keeps, and the sequence number of its next write.
@@ -368,7 +369,12 @@ fn write_list(list: &mut List, handles: &[Handle]) -> SysResult<()> {
     block.extend_from_slice(&(body.len() as u32).to_le_bytes());
     block.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
     block.extend_from_slice(&body);
-    assert!(block.len() <= LIST_SLOT_BYTES, "a list of {} handles fits a slot", handles.len());
+    if block.len() > LIST_SLOT_BYTES {
+        // More handles than `refill`'s callers ever make ready: the refill fails, and none of
+        // its files is handed out unlisted.
+        log::error!("a list of {} files made ahead is longer than its slot ({LIST_SLOT_BYTES} bytes)", handles.len());
+        return Err(Errno(libc::EOVERFLOW));
+    }
     block.resize(block.len().next_multiple_of(4096), 0);
     let slot = (list.next_seq % 2) as usize * LIST_SLOT_BYTES;
     sys::pwrite_all(list.file.as_raw_fd(), &block, slot as u64)?;
