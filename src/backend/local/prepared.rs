@@ -200,17 +200,15 @@ impl PreparedFiles {
     /// hands them out. Returns how many files were given blocks back. Before the engine serves
     /// anything: a file trimmed here has no writer.
     pub fn keep_list(&self, dir: &BackingDir, path: &Path) -> SysResult<usize> {
-        let open = || {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(path)
-        };
-        let mut file = open().map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
-        let (trimmed, next_seq) = match read_list(&mut file) {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        let (trimmed, next_seq) = match read_list(&file) {
             Ok(None) => (0, 0),
             // A handle holds the inode's generation beside its number: one of another file
             // system (a different one mounted at the backing path since) opens nothing here,
@@ -263,11 +261,9 @@ impl PreparedFiles {
 /// anything there. A truncate to its own size, not a hole punched: ext4 punches nothing past
 /// the end, and frees preallocated blocks there on any truncate (`ext4_setattr`).
 fn trim_one(dir: &BackingDir, reserved: &Reserved) -> SysResult<bool> {
-    let by_handle = reserved.handle.as_ref().map(|handle| dir.open_by_handle(handle, libc::O_WRONLY));
-    let file = match by_handle {
-        Some(Ok(file)) => file,
-        // Removed: its blocks went with it.
-        Some(Err(Errno(libc::ESTALE | libc::ENOENT))) => return Ok(false),
+    let file = match reserved.handle.as_ref().map(|handle| open_listed(dir, handle)) {
+        Some(Ok(Some(file))) => file,
+        Some(Ok(None)) => return Ok(false),
         // No CAP_DAC_READ_SEARCH: through the object while anything else keeps it.
         Some(Err(Errno(libc::EPERM))) | None => match reserved.object.upgrade() {
             Some(object) => dir.open(&object.node, libc::O_WRONLY)?,
@@ -276,6 +272,17 @@ fn trim_one(dir: &BackingDir, reserved: &Reserved) -> SysResult<bool> {
         Some(Err(e)) => return Err(e),
     };
     trim_file(&file, Some(reserved.to))
+}
+
+/// A file made ahead, opened for its trim by its handle; None where it is gone (never named,
+/// and freed with the daemon's descriptor that held it; or named and removed since: its blocks
+/// went with it).
+fn open_listed(dir: &BackingDir, handle: &Handle) -> SysResult<Option<File>> {
+    match dir.open_by_handle(handle, libc::O_WRONLY) {
+        Ok(file) => Ok(Some(file)),
+        Err(Errno(libc::ESTALE | libc::ENOENT)) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Gives back what `file` holds past its end: up to `to` where that is known, else whatever
@@ -307,10 +314,9 @@ fn trim_file(file: &File, to: Option<u64>) -> SysResult<bool> {
 fn give_back_listed(dir: &BackingDir, handles: &[Handle]) -> usize {
     let mut trimmed = 0;
     for handle in handles {
-        let file = match dir.open_by_handle(handle, libc::O_WRONLY | libc::O_NOFOLLOW) {
-            Ok(file) => file,
-            // Never named: freed with the last daemon's descriptor. Or named and removed since.
-            Err(Errno(libc::ESTALE | libc::ENOENT)) => continue,
+        let file = match open_listed(dir, handle) {
+            Ok(Some(file)) => file,
+            Ok(None) => continue,
             Err(Errno(libc::EPERM)) => {
                 log::warn!(
                     "files made ahead before this mount: opening them by handle needs CAP_DAC_READ_SEARCH; \
@@ -385,7 +391,7 @@ fn write_list(list: &mut List, handles: &[Handle]) -> SysResult<()> {
 
 /// The newer whole slot's sequence number and handles; None for a new list (no slot written),
 /// Err where no slot is whole.
-fn read_list(file: &mut File) -> Result<Option<(u64, Vec<Handle>)>, String> {
+fn read_list(file: &File) -> Result<Option<(u64, Vec<Handle>)>, String> {
     let mut bytes = vec![0u8; 2 * LIST_SLOT_BYTES];
     let n = sys::pread_full(file.as_raw_fd(), &mut bytes, 0).map_err(|e| format!("reading the list: {e}"))?;
     let bytes = &bytes[..n];
