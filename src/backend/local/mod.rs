@@ -304,10 +304,10 @@ impl Namespace for LocalBackend {
         // A directory with a default ACL gives its new files an ACL and a mode of its own: a
         // file made ahead in the root would have neither.
         let default_acl = self.dir.get_xattr(&parent_object.node, c"system.posix_acl_default", 0).is_ok();
-        let Some(unnamed) = (!default_acl).then(|| prepared.take()).flatten() else {
+        let Some((unnamed, left)) = (!default_acl).then(|| prepared.take()).flatten() else {
             return self.make_with_id(id, parent, name, perm, owner);
         };
-        self.metrics.files_made_ahead_ready.store(prepared.ready() as u64, Relaxed);
+        self.metrics.files_made_ahead_ready.store(left as u64, Relaxed);
         check(unsafe { libc::fchmod(unnamed.file.as_raw_fd(), (perm & 0o7777) as libc::mode_t) })?;
         let (node, made) = self.dir.name_unnamed(&unnamed.file, &parent_object.node, &c_name)?;
         let st = self.give_to(&parent_object.node, &node, made, owner)?;

@@ -94,9 +94,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl PreparedFiles {
-    /// One unnamed file, if any is left.
-    pub fn take(&self) -> Option<Unnamed> {
-        lock(&self.ready).pop()
+    /// One unnamed file, if any is left, and how many are left after it.
+    pub fn take(&self) -> Option<(Unnamed, usize)> {
+        let mut ready = lock(&self.ready);
+        ready.pop().map(|unnamed| (unnamed, ready.len()))
     }
 
     pub fn ready(&self) -> usize {
