@@ -307,10 +307,8 @@ fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<Path
     };
     // And the state directory's lock, as a mount takes it: another backing directory's mount
     // may use a state=DIR given here too, and its log and its files made ahead are its own.
-    if state.path().is_dir() {
-        if let Err(message) = state.make(false, true) {
-            return fail(message);
-        }
+    if let Err(message) = state.lock_if_present() {
+        return fail(message);
     }
     // Which log: the one asked for, else the one the backing directory says it needs, else
     // the state directory's.
@@ -379,10 +377,8 @@ fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool) -> Exit
         Ok(state) => state,
         Err(message) => return fail(format!("{message}: unmount it first")),
     };
-    if state.path().is_dir() {
-        if let Err(message) = state.make(false, true) {
-            return fail(message);
-        }
+    if let Err(message) = state.lock_if_present() {
+        return fail(message);
     }
     let marker = match state::log_marker(&backing) {
         Ok(marker) => marker,

@@ -103,6 +103,15 @@ impl StateDir {
         Ok(())
     }
 
+    /// Locks the state directory if it exists, as a mount does, for a command that works on it
+    /// unmounted (`recover`, `forget`): another backing directory's mount may use it.
+    pub fn lock_if_present(&mut self) -> Result<(), String> {
+        if self.path.is_dir() {
+            self.make(false, true)?;
+        }
+        Ok(())
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
