@@ -233,10 +233,9 @@ impl PreparedFiles {
         let entries: Vec<(BackingKey, Reserved)> = lock(&self.reserved).iter().map(|(k, r)| (*k, r.clone())).collect();
         *lock(&self.just_trimmed) = entries.iter().filter_map(|(_, r)| r.handle.clone()).collect();
         let mut trimmed = 0;
-        for (key, reserved) in entries {
-            let guard = reserved.guard.clone();
-            let _no_writer = guard.write().unwrap_or_else(|p| p.into_inner());
-            match trim_one(dir, &reserved) {
+        for (key, entry) in entries {
+            let _no_writer = entry.guard.write().unwrap_or_else(|p| p.into_inner());
+            match trim_one(dir, &entry) {
                 Ok(true) => trimmed += 1,
                 Ok(false) => {}
                 Err(e) => log::warn!(
@@ -246,11 +245,11 @@ impl PreparedFiles {
             }
             // Out of the map before the guard goes: a writer that opens the file from now on
             // needs none. Only this entry: its inode number may be a newer file's by now.
-            let mut reserved = lock(&self.reserved);
-            if reserved.get(&key).is_some_and(|r| Arc::ptr_eq(&r.guard, &guard)) {
-                reserved.remove(&key);
+            let mut map = lock(&self.reserved);
+            if map.get(&key).is_some_and(|r| Arc::ptr_eq(&r.guard, &entry.guard)) {
+                map.remove(&key);
             }
-            if reserved.is_empty() {
+            if map.is_empty() {
                 self.any_reserved.store(false, Release);
             }
         }
