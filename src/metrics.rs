@@ -189,6 +189,9 @@ pub struct Metrics {
     /// Bytes the engine read from the backend to complete a unit before writing it whole: only
     /// a store of whole units (partial_writes false) makes it read.
     pub backend_read_bytes_for_writes: AtomicU64,
+    /// Truncates of a rewritten file the store was not given: the buffer held every byte past
+    /// them, written over the store's blocks in place (`Writeback::file_data`).
+    pub backend_truncates_written_over: AtomicU64,
     pub units_flushed_full: AtomicU64,
     pub units_flushed_partial: AtomicU64,
     pub flush_errors: AtomicU64,
@@ -300,6 +303,11 @@ impl Metrics {
                 "backend_read_bytes_for_writes_total",
                 "Bytes read from the backend to complete writes",
                 self.backend_read_bytes_for_writes.load(Relaxed),
+            ),
+            (
+                "backend_truncates_written_over_total",
+                "Truncates of rewritten files written over in place, the buffer holding every byte past them",
+                self.backend_truncates_written_over.load(Relaxed),
             ),
             ("units_flushed_full_total", "Units flushed whole", self.units_flushed_full.load(Relaxed)),
             ("units_flushed_partial_total", "Units flushed as dirty ranges", self.units_flushed_partial.load(Relaxed)),

@@ -190,6 +190,48 @@ fn an_in_place_rewrite_is_logged_at_close_and_its_truncate_waits_for_the_checkpo
     assert_eq!(fs::read(m.backing_path("f")).unwrap(), pattern(500, 5), "the checkpoint gave the backend both");
 }
 
+/// An O_TRUNC rewrite whose new bytes the buffer holds whole, flushed (at its close above what
+/// the log takes, at the checkpoint below it): the store is not given the truncate, the new
+/// bytes are written over the old blocks and the size set, so the backing file system frees and
+/// allocates nothing. The backend then holds the new content exactly, shorter or longer than the
+/// old; a rewrite that leaves a hole is truncated first, the hole reading as zeros.
+#[test]
+fn an_o_trunc_rewrite_held_whole_is_written_over_the_old_blocks() {
+    if !in_a_process_of_its_own("an_o_trunc_rewrite_held_whole_is_written_over_the_old_blocks") {
+        return;
+    }
+    let options = ["log_closes=always", "unit=64K", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::with_options(&options);
+    for (name, len, seed) in
+        [("shorter", 300_000, 1), ("longer", 100_000, 2), ("small", 3000, 3), ("holed", 200_000, 4)]
+    {
+        fs::write(m.path(name), pattern(len, seed)).unwrap();
+    }
+    m.sync_to_backend();
+    let written_over = m.counter("backend_truncates_written_over_total");
+    fs::write(m.path("shorter"), pattern(200_000, 11)).unwrap(); // O_TRUNC, write, close
+    fs::write(m.path("longer"), pattern(250_000, 12)).unwrap();
+    fs::write(m.path("small"), pattern(1000, 13)).unwrap(); // logged: the checkpoint writes it
+    let holed = OpenOptions::new().write(true).truncate(true).open(m.path("holed")).unwrap();
+    holed.write_all_at(&pattern(80_000, 14), 100_000).unwrap();
+    drop(holed);
+    let holed_now = [vec![0u8; 100_000], pattern(80_000, 14)].concat();
+    assert_eq!(m.counter("backend_truncates_written_over_total"), written_over + 2, "the two whole rewrites");
+    assert!(fs::read(m.backing_path("shorter")).unwrap() == pattern(200_000, 11), "shorter: the old tail went");
+    assert!(fs::read(m.backing_path("longer")).unwrap() == pattern(250_000, 12), "longer");
+    assert!(fs::read(m.backing_path("holed")).unwrap() == holed_now, "the hole is zeros, not the old bytes");
+    assert_eq!(fs::read(m.backing_path("small")).unwrap(), pattern(3000, 3), "the log holds the small one");
+    m.sync_to_backend();
+    assert_eq!(m.counter("backend_truncates_written_over_total"), written_over + 3, "and the checkpoint's");
+    assert_eq!(fs::read(m.backing_path("small")).unwrap(), pattern(1000, 13));
+    kill_daemon(&mut m);
+    m.mount();
+    assert!(fs::read(m.path("shorter")).unwrap() == pattern(200_000, 11));
+    assert!(fs::read(m.path("longer")).unwrap() == pattern(250_000, 12));
+    assert_eq!(fs::read(m.path("small")).unwrap(), pattern(1000, 13));
+    assert!(fs::read(m.path("holed")).unwrap() == holed_now);
+}
+
 /// After a truncate the log holds and the backend has not been given (see the test above),
 /// every later size change is the log's to say, with or without bytes: a truncate to more (a
 /// hole) and a truncate back to 0, each fsynced, survive a killed daemon. The power-cut

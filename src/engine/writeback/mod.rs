@@ -290,6 +290,26 @@ struct FileInner {
 }
 
 impl FileInner {
+    /// Whether the buffer (units dirty or in flight) holds every byte of the file from `from`
+    /// to its size: none of the store's bytes there is then the file's.
+    fn buffer_holds_all_from(&self, from: u64, unit_bytes: u64) -> bool {
+        let mut pos = from;
+        while pos < self.size {
+            let unit = pos / unit_bytes;
+            let unit_start = unit * unit_bytes;
+            let end = (unit_start + unit_bytes).min(self.size);
+            let mut held = self.dirty.get(&unit).map(|u| u.ranges.clone()).unwrap_or_default();
+            for r in self.in_flight.get(&unit).into_iter().flat_map(|u| u.ranges.iter()) {
+                held.insert(r.clone());
+            }
+            if !held.covers(pos - unit_start, end - unit_start) {
+                return false;
+            }
+            pos = end;
+        }
+        true
+    }
+
     /// Whether a flush would give the backend something the log's records of the file do not
     /// say: bytes in flight or written since they were logged, or a truncate the store has not
     /// been given (the size the log said last may have changed since: grown again).

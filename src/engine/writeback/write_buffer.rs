@@ -549,9 +549,24 @@ impl Writeback {
         // A truncate the store has not been given yet goes first: whoever writes or reads the
         // store through here must find the file's bytes, not the ones the truncate dropped.
         if let Some(cut) = inner.cut_to {
-            data.set_size(cut)?;
-            if inner.size > cut {
-                data.set_size(inner.size)?;
+            if inner.buffer_holds_all_from(cut, self.config.unit_bytes) {
+                // An O_TRUNC rewrite, whole in the buffer: the store's blocks are written over
+                // in place instead of freed by the truncate and allocated again by the writes,
+                // which costs the backing file system its block bitmap, group descriptor and
+                // extent changes (an extra bitmap block in each rewrite where the new blocks
+                // landed in another group). Readers meanwhile get the buffer's bytes over every
+                // byte the store still holds from before; a crash before the flushes end leaves
+                // old bytes where new ones were not yet written, as a rewrite's truncate that was
+                // not acknowledged may (and replay applies a logged truncate first).
+                if data.size()? != inner.size {
+                    data.set_size(inner.size)?;
+                }
+                self.metrics.backend_truncates_written_over.fetch_add(1, Relaxed);
+            } else {
+                data.set_size(cut)?;
+                if inner.size > cut {
+                    data.set_size(inner.size)?;
+                }
             }
             inner.cut_to = None;
             inner.cut_unlogged = None;
