@@ -547,7 +547,8 @@ impl Writeback {
             }
         };
         // A truncate the store has not been given yet goes first: whoever writes or reads the
-        // store through here must find the file's bytes, not the ones the truncate dropped.
+        // store through here must find the file's bytes, not the ones the truncate dropped
+        // (or, where the buffer holds every byte past it, their reads get the buffer's).
         if let Some(cut) = inner.cut_to {
             if inner.buffer_holds_all_from(cut, self.config.unit_bytes) {
                 // An O_TRUNC rewrite, whole in the buffer: the store's blocks are written over
