@@ -9,8 +9,9 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard};
 
 use crate::backend::{FileData, UnitWrite};
 use crate::metrics::Metrics;
@@ -28,10 +29,9 @@ pub struct LocalFileData {
     /// reading by every write and size change, so none grows the file while its trim truncates
     /// it to the size it had (`prepared::PreparedFiles::trim`).
     trim_guard: Option<Arc<RwLock<()>>>,
-    /// Held by `set_size` and by the size check before direct writes past the end
-    /// (`extend_for_direct`): a check and a truncate made one at a time never shrink the file
-    /// under a concurrent change of its size.
-    size_change: Mutex<()>,
+    /// The backing file system allocates nothing on request (`extend_for_direct`): not asked
+    /// again.
+    no_fallocate: AtomicBool,
 }
 
 fn align_up(x: u64, to: u64) -> u64 {
@@ -50,25 +50,40 @@ impl LocalFileData {
             logical_block_bytes,
             metrics,
             trim_guard: None,
-            size_change: Mutex::new(()),
+            no_fallocate: AtomicBool::new(false),
         }
     }
 
-    fn size_change(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.size_change.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Before O_DIRECT writes that end at `end`: the file grown to it first, if shorter. An
-    /// O_DIRECT write past the end makes ext4 put the inode on its orphan list for the write's
-    /// duration (to cut the size back after a crash) and take it off after, one more journaled
-    /// block per write: measured on a 4Kn loop device, 1 MiB files written by one O_DIRECT write
-    /// each cost 1,088 KiB of device writes against 1,080 grown first (and 1,080 written
-    /// through the page cache); 1,042 against 1,040 on 512-byte sectors. A crash between the
-    /// two leaves the grown part reading zeros, as any write not yet acknowledged may.
-    fn extend_for_direct(&self, end: u64) -> SysResult<()> {
-        let _one_at_a_time = self.size_change();
-        if (sys::fstat_fd(&self.file)?.st_size as u64) < end {
-            check(unsafe { libc::ftruncate(self.file.as_raw_fd(), end as libc::off_t) })?;
+    /// Before O_DIRECT writes covering [from, end): the part past the file's end allocated
+    /// first, which grows the file to `end`. An O_DIRECT write past the end makes ext4 put the
+    /// inode on its orphan list for the write's duration (to cut the size back after a crash)
+    /// and take it off after, one more journaled block per write: measured on a 4Kn loop
+    /// device, 1 MiB files written by one O_DIRECT write each cost 1,088 KiB of device writes
+    /// against 1,080 allocated first (and 1,080 written through the page cache); 1,042 against
+    /// 1,040 on 512-byte sectors. fallocate, not ftruncate: it only ever grows the file, so a
+    /// size a concurrent write or truncate set meanwhile is never cut back (a check then an
+    /// ftruncate did cut a tail another flusher had just written: the crash harness saw the
+    /// file short). A crash between the two leaves the allocated part reading zeros, as any
+    /// write not yet acknowledged may. Where it fails, the writes go on as they would have.
+    fn extend_for_direct(&self, from: u64, end: u64) -> SysResult<()> {
+        if self.no_fallocate.load(Relaxed) {
+            return Ok(());
+        }
+        let size = sys::fstat_fd(&self.file)?.st_size as u64;
+        if size >= end {
+            return Ok(());
+        }
+        let from = from.max(size);
+        let allocated = retry_eintr(|| {
+            check(unsafe {
+                libc::fallocate(self.file.as_raw_fd(), 0, from as libc::off_t, (end - from) as libc::off_t)
+            })
+        });
+        match allocated {
+            Ok(_) => {}
+            Err(Errno(libc::EOPNOTSUPP)) => self.no_fallocate.store(true, Relaxed),
+            // ENOSPC and the like: the writes meet it too, and say it.
+            Err(e) => log::debug!("allocating {from}..{end} before O_DIRECT writes: {e}"),
         }
         Ok(())
     }
@@ -174,8 +189,11 @@ impl FileData for LocalFileData {
             }
         }
         let Some(direct) = direct_file else { return Ok(()) };
-        if let Some(end) = direct_pieces.iter().map(|(bytes, offset)| offset + bytes.len() as u64).max() {
-            self.extend_for_direct(end)?;
+        if let (Some(from), Some(end)) = (
+            direct_pieces.iter().map(|(_, offset)| *offset).min(),
+            direct_pieces.iter().map(|(bytes, offset)| offset + bytes.len() as u64).max(),
+        ) {
+            self.extend_for_direct(from, end)?;
         }
         // Together only when no piece of this unit went through the page cache: with a cached
         // page beside them, concurrent O_DIRECT writes were seen (fsx) to fail the kernel's
@@ -216,7 +234,6 @@ impl FileData for LocalFileData {
 
     fn set_size(&self, size: u64) -> SysResult<()> {
         let _not_trimmed = self.not_trimmed();
-        let _one_at_a_time = self.size_change();
         check(unsafe { libc::ftruncate(self.file.as_raw_fd(), size as libc::off_t) }).map(drop)
     }
 
