@@ -291,7 +291,9 @@ struct FileInner {
 
 impl FileInner {
     /// Whether the buffer (units dirty or in flight) holds every byte of the file from `from`
-    /// to its size: none of the store's bytes there is then the file's.
+    /// to its size: none of the store's bytes there is then the file's. It stops at the first
+    /// unit the buffer does not hold, so it visits at most the buffered units plus one, whatever
+    /// size a truncate set; it runs once per deferred truncate, not per write.
     fn buffer_holds_all_from(&self, from: u64, unit_bytes: u64) -> bool {
         let mut pos = from;
         while pos < self.size {
