@@ -818,6 +818,35 @@ fn a_rename_over_a_backend_file_unlinks_it_at_the_checkpoint_and_never_leaves_ne
     assert!(f == pattern(2000, 2) || f == pattern(1500, 3), "f holds neither the old nor the new bytes");
 }
 
+/// A rename of a file the log alone holds is written to the log before it returns, so a daemon
+/// killed right after it, with nothing committed since, keeps it: tmp + rename over a backend
+/// file, and a rename to a free name. A rename only queued for the next commit would come back
+/// as the temporary name beside the old file. (This write is what tmp + rename costs beyond a
+/// new file, one log block: README's small-file table.)
+#[test]
+fn a_rename_of_a_held_file_that_returned_survives_a_killed_daemon() {
+    if !in_a_process_of_its_own("a_rename_of_a_held_file_that_returned_survives_a_killed_daemon") {
+        return;
+    }
+    let options = ["log_closes=always", "checkpoint_interval=3600s"];
+    let mut m = TestMount::with_options(&options);
+    fs::write(m.path("f"), pattern(3000, 1)).unwrap();
+    m.sync_to_backend();
+    fs::write(m.path("tmp"), pattern(2000, 2)).unwrap();
+    fs::write(m.path("a"), pattern(1000, 3)).unwrap();
+    let batches = m.counter("log_batches_total");
+    fs::rename(m.path("tmp"), m.path("f")).unwrap();
+    fs::rename(m.path("a"), m.path("b")).unwrap();
+    assert_eq!(m.counter("log_batches_total"), batches + 2, "each rename is a log write of its own");
+    assert!(!m.backing_path("tmp").exists() && !m.backing_path("b").exists(), "the renamed files are held");
+    kill_daemon(&mut m);
+    m.mount();
+    assert_eq!(fs::read(m.path("f")).unwrap(), pattern(2000, 2), "f lost its rename");
+    assert!(!m.path("tmp").exists(), "tmp came back");
+    assert_eq!(fs::read(m.path("b")).unwrap(), pattern(1000, 3), "b lost its rename");
+    assert!(!m.path("a").exists(), "a came back");
+}
+
 /// The backend holds later name changes than a hidden name's unlink, which waits for the
 /// checkpoint: replay, which skips name records the backend has gone past, still applies it,
 /// or the replaced file would take the name back from the new one (the crash harness found it).
