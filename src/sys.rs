@@ -97,6 +97,14 @@ pub fn fstat_fd(fd: &impl AsRawFd) -> SysResult<libc::stat> {
     fstatat(fd.as_raw_fd(), EMPTY, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
 }
 
+/// fallocate(2) on `fd`, retried where the kernel interrupted it.
+pub fn fallocate(fd: &impl AsRawFd, mode: i32, offset: u64, length: u64) -> SysResult<()> {
+    retry_eintr(|| {
+        check(unsafe { libc::fallocate(fd.as_raw_fd(), mode, offset as libc::off_t, length as libc::off_t) })
+    })
+    .map(drop)
+}
+
 /// The `/proc/self/fd/N` path of an fd: the one safe way to reopen or chmod the exact inode an
 /// O_PATH fd holds, without resolving any name again.
 pub fn proc_fd_path(fd: &impl AsRawFd) -> CString {

@@ -74,12 +74,7 @@ impl LocalFileData {
             return Ok(());
         }
         let from = from.max(size);
-        let allocated = retry_eintr(|| {
-            check(unsafe {
-                libc::fallocate(self.file.as_raw_fd(), 0, from as libc::off_t, (end - from) as libc::off_t)
-            })
-        });
-        match allocated {
+        match sys::fallocate(&self.file, 0, from, end - from) {
             Ok(_) => {}
             Err(Errno(libc::EOPNOTSUPP)) => self.no_fallocate.store(true, Relaxed),
             // ENOSPC and the like: the writes meet it too, and say it.
@@ -257,10 +252,7 @@ impl FileData for LocalFileData {
 
     fn allocate(&self, mode: i32, offset: u64, length: u64) -> SysResult<()> {
         let _not_trimmed = self.not_trimmed();
-        retry_eintr(|| {
-            check(unsafe { libc::fallocate(self.file.as_raw_fd(), mode, offset as libc::off_t, length as libc::off_t) })
-        })
-        .map(drop)
+        sys::fallocate(&self.file, mode, offset, length)
     }
 
     fn seek(&self, offset: i64, whence: i32) -> SysResult<i64> {

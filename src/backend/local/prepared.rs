@@ -161,12 +161,7 @@ impl PreparedFiles {
                     }
                     Err(e) => return Err(e),
                 };
-                let allocated = sys::retry_eintr(|| {
-                    check(unsafe {
-                        libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, bytes as libc::off_t)
-                    })
-                });
-                let allocated = match allocated {
+                let allocated = match sys::fallocate(&file, libc::FALLOC_FL_KEEP_SIZE, 0, bytes) {
                     Ok(_) => bytes,
                     // Still a file made ahead: its inode is, if not its blocks.
                     Err(Errno(libc::EOPNOTSUPP)) => 0,
