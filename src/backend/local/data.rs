@@ -30,8 +30,8 @@ pub struct LocalFileData {
     /// it to the size it had (`prepared::PreparedFiles::trim`).
     trim_guard: Option<Arc<RwLock<()>>>,
     /// The backing file system allocates nothing on request (`extend_for_direct`): not asked
-    /// again.
-    no_fallocate: AtomicBool,
+    /// again, by this file or any other of the backend's (`LocalBackend::no_fallocate`).
+    no_fallocate: Arc<AtomicBool>,
 }
 
 fn align_up(x: u64, to: u64) -> u64 {
@@ -43,15 +43,13 @@ fn align_down(x: u64, to: u64) -> u64 {
 }
 
 impl LocalFileData {
-    pub fn new(file: File, logical_block_bytes: u64, metrics: Arc<Metrics>) -> LocalFileData {
-        LocalFileData {
-            file,
-            direct: OnceLock::new(),
-            logical_block_bytes,
-            metrics,
-            trim_guard: None,
-            no_fallocate: AtomicBool::new(false),
-        }
+    pub fn new(
+        file: File,
+        logical_block_bytes: u64,
+        metrics: Arc<Metrics>,
+        no_fallocate: Arc<AtomicBool>,
+    ) -> LocalFileData {
+        LocalFileData { file, direct: OnceLock::new(), logical_block_bytes, metrics, trim_guard: None, no_fallocate }
     }
 
     /// Before O_DIRECT writes covering [from, end): the part past the file's end allocated

@@ -22,6 +22,7 @@ use std::ffi::{CString, OsStr};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -52,6 +53,9 @@ pub struct LocalBackend {
     /// Files made ahead (`Namespace::prepare_files`); None where they would hold blocks no
     /// data goes to (the null store's).
     prepared: Option<PreparedFiles>,
+    /// The backing file system allocates nothing on request: set by the first file that finds
+    /// it so (`LocalFileData::extend_for_direct`), so that no other file asks again.
+    no_fallocate: Arc<AtomicBool>,
 }
 
 impl LocalBackend {
@@ -85,6 +89,7 @@ impl LocalBackend {
             metrics,
             is_root_daemon: unsafe { libc::geteuid() } == 0,
             prepared: Some(PreparedFiles::default()),
+            no_fallocate: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -421,7 +426,7 @@ impl Namespace for LocalBackend {
 
     fn sync_dir(&self, id: ObjectId) -> SysResult<()> {
         let file = self.dir.open_dir_for_sync(&self.node(id)?.node)?;
-        LocalFileData::new(file, 1, self.metrics.clone()).sync(false)
+        LocalFileData::new(file, 1, self.metrics.clone(), self.no_fallocate.clone()).sync(false)
     }
 
     fn log_key(&self, id: ObjectId) -> SysResult<Vec<u8>> {
@@ -470,7 +475,12 @@ impl UnitStore for LocalBackend {
         let flags =
             if mode.write { libc::O_RDWR } else { libc::O_RDONLY } | if mode.no_atime { libc::O_NOATIME } else { 0 };
         let file = self.dir.open(&object.node, flags)?;
-        let mut data = LocalFileData::new(file, self.capabilities.logical_block_bytes, self.metrics.clone());
+        let mut data = LocalFileData::new(
+            file,
+            self.capabilities.logical_block_bytes,
+            self.metrics.clone(),
+            self.no_fallocate.clone(),
+        );
         if mode.write {
             data.not_trimmed_while_written(self.prepared.as_ref().and_then(|p| p.guard_of(object.key)));
         }
