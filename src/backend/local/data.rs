@@ -182,11 +182,9 @@ impl FileData for LocalFileData {
             }
         }
         let Some(direct) = direct_file else { return Ok(()) };
-        if let (Some(from), Some(end)) = (
-            direct_pieces.iter().map(|(_, offset)| *offset).min(),
-            direct_pieces.iter().map(|(bytes, offset)| offset + bytes.len() as u64).max(),
-        ) {
-            self.extend_for_direct(from, end)?;
+        // In offset order, as the unit's ranges are.
+        if let (Some((_, from)), Some((bytes, last))) = (direct_pieces.first(), direct_pieces.last()) {
+            self.extend_for_direct(*from, last + bytes.len() as u64)?;
         }
         // Together only when no piece of this unit went through the page cache: with a cached
         // page beside them, concurrent O_DIRECT writes were seen (fsx) to fail the kernel's
