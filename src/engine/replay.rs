@@ -34,9 +34,9 @@
 //!      back at is not applied, and a backend that shows the link holds what came before it.
 //!    - Rename: only if the source name still refers to the logged object and the target name
 //!      is free or holds what the rename replaced. Where the source no longer does and a later
-//!      record removes the renamed object, the name ends without what the rename replaced: a
-//!      file replay made again in its place (from a record the backend showed nothing of) is
-//!      removed.
+//!      record removes the renamed object, the name ends without what the rename replaced: the
+//!      file there is removed, whether replay made it again (from a record the backend showed
+//!      nothing of) or the backend kept it, unless a later record puts it back there.
 //! 3. Data and sizes in order, after the file's last Barrier (a backend sync made everything
 //!    before it durable there). A file that no longer exists had been deleted: dropped.
 //!
@@ -116,6 +116,9 @@ struct Replay<'a> {
     /// Where each object is last removed (its Unlink or Hidden record, or a Rename over it): the
     /// index of that record.
     last_removal: HashMap<Vec<u8>, usize>,
+    /// Where each object is last put at a name (object, directory, name; by a Rename or a
+    /// Link record): the index of that record.
+    last_put: HashMap<Place, usize>,
     /// Directories replay changed, and their mtime before (see `keep_time_of`).
     dir_times: HashMap<ObjectId, super::types::Timestamp>,
     applied: u64,
@@ -348,7 +351,7 @@ impl Replay<'_> {
                 let from = match self.directory(from_parent)? {
                     Some(from) if self.names(from, from_name, file) => from,
                     _ if self.last_removal.get(file.as_slice()).is_some_and(|&later| later > at) => {
-                        return self.remove_made_again_in_place_of(replaced, to, to_name);
+                        return self.remove_what_it_replaced(at, replaced, to, to_parent, to_name);
                     }
                     _ => return Ok(false),
                 };
@@ -365,13 +368,29 @@ impl Replay<'_> {
 
     /// A rename that cannot be applied because its source name no longer holds its object, an
     /// object a later record removes: the log says the name ends without what the rename
-    /// replaced, so a file replay made again in that place (`replaced`, from an earlier record
-    /// the backend showed nothing of) goes, or it outlives its replacement and comes back after
-    /// an acknowledged unlink. (Without a later removal the object is gone because its creation
+    /// replaced, so that (`replaced`) goes if it is still there, or it outlives its replacement
+    /// and comes back after an acknowledged unlink. Whether replay made it again (from an
+    /// earlier record the backend showed nothing of) or the backend kept it (its creation was
+    /// durable, the rename and its file's creation were not), unless a later record puts it
+    /// back at that name. (Without a later removal the object is gone because its creation
     /// never reached the backend, nor the rename: what the rename replaced is the older state
     /// to keep.) Returns whether it removed one.
-    fn remove_made_again_in_place_of(&mut self, replaced: &[u8], to: ObjectId, to_name: &[u8]) -> SysResult<bool> {
-        if replaced.is_empty() || !self.recreated.contains_key(replaced) || !self.names(to, to_name, replaced) {
+    fn remove_what_it_replaced(
+        &mut self,
+        at: usize,
+        replaced: &[u8],
+        to: ObjectId,
+        to_parent: &[u8],
+        to_name: &[u8],
+    ) -> SysResult<bool> {
+        if replaced.is_empty() || !self.names(to, to_name, replaced) {
+            return Ok(false);
+        }
+        let put_back_later = || {
+            let place = (replaced.to_vec(), to_parent.to_vec(), to_name.to_vec());
+            self.last_put.get(&place).is_some_and(|&put| put > at)
+        };
+        if !self.recreated.contains_key(replaced) && put_back_later() {
             return Ok(false);
         }
         self.keep_time_of(to);
@@ -381,10 +400,7 @@ impl Replay<'_> {
                 self.open.pop(&id);
                 self.ns.forget(id, 1);
             }
-            log::debug!(
-                "replay: {} made again, then replaced by a rename whose file is gone: removed",
-                describe_key(replaced)
-            );
+            log::debug!("replay: {}, replaced by a rename whose file is gone: removed", describe_key(replaced));
         }
         Ok(removed)
     }
@@ -566,6 +582,20 @@ fn last_removals(records: &[&Record]) -> HashMap<Vec<u8>, usize> {
     last
 }
 
+/// An object at a name: its key, its directory's key, the name.
+type Place = (Vec<u8>, Vec<u8>, Vec<u8>);
+
+/// Where each object is last put at a name (`Replay::last_put`).
+fn last_puts(records: &[&Record]) -> HashMap<Place, usize> {
+    let mut last = HashMap::new();
+    for (i, r) in records.iter().enumerate() {
+        if let Some((object, parent, name)) = put_by(r) {
+            last.insert((object.to_vec(), parent.to_vec(), name.to_vec()), i);
+        }
+    }
+    last
+}
+
 pub fn replay(
     ns: &dyn Namespace,
     store: &dyn UnitStore,
@@ -607,6 +637,7 @@ pub fn replay(
         with_contents,
         needed_dirs: HashSet::new(),
         last_removal: last_removals(&records),
+        last_put: last_puts(&records),
         dir_times: HashMap::new(),
         applied: 0,
         recreated_files: 0,
