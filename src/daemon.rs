@@ -332,10 +332,12 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         opts.xattrs,
         mount_id.clone(),
     );
+    let notifier = adapter.notifier_slot();
     let session = match start_session(adapter, &backing, &mount_point, opts) {
         Ok(session) => session,
         Err(message) => return ready.error(&message),
     };
+    let _ = notifier.set(session.notifier());
 
     metrics.daemon_pid.store(std::process::id() as u64, std::sync::atomic::Ordering::Relaxed);
     if let Err(e) = runtime.write_pid() {

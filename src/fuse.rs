@@ -50,6 +50,9 @@ pub struct FuseAdapter {
     /// descriptors are told to be on this mount (see [`crate::descriptors`]). Unset, every
     /// close is taken as the file's last.
     mount_id: Arc<OnceLock<u64>>,
+    /// The session's channel for notifications to the kernel, set once it is mounted: how
+    /// dirty pages are asked for before SEEK_DATA and SEEK_HOLE (see `lseek`).
+    notifier: Arc<OnceLock<fuser::Notifier>>,
 }
 
 impl FuseAdapter {
@@ -61,7 +64,12 @@ impl FuseAdapter {
         xattrs: bool,
         mount_id: Arc<OnceLock<u64>>,
     ) -> FuseAdapter {
-        FuseAdapter { engine, metrics, max_write_bytes, ttl, xattrs, mount_id }
+        FuseAdapter { engine, metrics, max_write_bytes, ttl, xattrs, mount_id, notifier: Arc::new(OnceLock::new()) }
+    }
+
+    /// Where the session's notifier goes once the session exists (it is made from the adapter).
+    pub fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
     }
 
     /// Ok where extended attributes are served; ENOSYS with `xattr=off`, which makes the
@@ -612,11 +620,34 @@ impl Filesystem for FuseAdapter {
         reply_empty(reply, self.engine.fallocate(fh.0, offset, length, mode));
     }
 
-    fn lseek(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
-        let _served = self.metrics.fuse_requests.start(FuseOp::Lseek);
-        match self.engine.lseek(fh.0, offset, whence) {
+    /// SEEK_DATA and SEEK_HOLE must see what the application wrote, pages the kernel holds
+    /// dirty included (`Engine::kernel_may_hold_writes`). An inode invalidation from `offset`
+    /// on makes the kernel write those pages back (each one a WRITE request) before it returns;
+    /// it runs on a thread of its own, which answers the lseek after it, so that the workers
+    /// (one, with `threads=1`) are free to take those writes. Its cost: the file's cached pages
+    /// from `offset` on are read again.
+    fn lseek(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        let answer = move |engine: &Engine, reply: ReplyLseek| match engine.lseek(fh.0, offset, whence) {
             Ok(offset) => reply.offset(offset),
             Err(e) => reply.error(fuse_errno(e)),
+        };
+        let notifier = self.notifier.get().filter(|_| {
+            matches!(whence, libc::SEEK_DATA | libc::SEEK_HOLE) && self.engine.kernel_may_hold_writes(fh.0)
+        });
+        let Some(notifier) = notifier.cloned() else {
+            let _served = self.metrics.fuse_requests.start(FuseOp::Lseek);
+            return answer(&self.engine, reply);
+        };
+        let (engine, metrics) = (self.engine.clone(), self.metrics.clone());
+        let spawned = std::thread::Builder::new().name("lseek".into()).spawn(move || {
+            let _served = metrics.fuse_requests.start(FuseOp::Lseek);
+            if let Err(e) = notifier.inval_inode(ino, offset.max(0), 0) {
+                log::warn!("inode {}: asking the kernel for its dirty pages before lseek: {e}", ino.0);
+            }
+            answer(&engine, reply);
+        });
+        if let Err(e) = spawned {
+            log::warn!("no thread for an lseek that must wait for the kernel's dirty pages: {e}");
         }
     }
 

@@ -25,7 +25,8 @@ pub(super) struct OpenFile {
     pub(super) written_through: AtomicBool,
 }
 
-/// The writable handles open on one file, and the page-cache choice they share.
+/// The writable handles open on one file, and the page-cache choice they share (under
+/// `PageCache::Auto`; with the cache on or off it is the same for every file).
 pub(super) struct WriterMode {
     pub(super) handles: usize,
     pub(super) bypass_page_cache: bool,
@@ -80,11 +81,12 @@ impl Engine {
         }
         let writable = mode.write;
         let mut bypass_page_cache = false;
-        if let (Some(state), true, PageCache::Auto) = (&state, writable, self.config.page_cache) {
+        if let (Some(state), true) = (&state, writable) {
             let mut modes = lock(&self.writer_modes);
-            let writer = modes
-                .entry(id)
-                .or_insert_with(|| WriterMode { handles: 0, bypass_page_cache: self.holds_data(&*data, state) });
+            let writer = modes.entry(id).or_insert_with(|| WriterMode {
+                handles: 0,
+                bypass_page_cache: self.config.page_cache == PageCache::Auto && self.holds_data(&*data, state),
+            });
             writer.handles += 1;
             bypass_page_cache = writer.bypass_page_cache;
         }
@@ -212,7 +214,7 @@ impl Engine {
 
     pub fn release(&self, fh: u64) -> SysResult<()> {
         let open = lock(&self.files).remove(&fh).ok_or(Errno(libc::EBADF))?;
-        if open.writable && open.state.is_some() && self.config.page_cache == PageCache::Auto {
+        if open.writable && open.state.is_some() {
             let mut modes = lock(&self.writer_modes);
             if let Some(mode) = modes.get_mut(&open.id) {
                 mode.handles -= 1;
@@ -264,6 +266,18 @@ impl Engine {
             self.writeback.note_backend_size(state, offset + length);
         }
         Ok(())
+    }
+
+    /// Whether the kernel may hold bytes of the file that it has not sent yet: while a handle
+    /// is open for writing, its writes through the kernel's page cache (the writeback cache),
+    /// and its stores into a shared mapping (in every cache mode), are dirty pages the kernel
+    /// sends at its own pace, at the close, or when asked. The engine cannot see them, so an
+    /// answer about where the file holds data (SEEK_DATA, SEEK_HOLE) needs them sent first,
+    /// which the kernel does not do before it asks (FUSE_LSEEK). With no writer open there are
+    /// none: each close sent them, and a mapping keeps its handle open until it is unmapped.
+    pub fn kernel_may_hold_writes(&self, fh: u64) -> bool {
+        let Ok(open) = self.open_file(fh) else { return false };
+        open.state.is_some() && lock(&self.writer_modes).contains_key(&open.id)
     }
 
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> SysResult<i64> {

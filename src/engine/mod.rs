@@ -159,7 +159,7 @@ pub struct Engine {
     next_handle: AtomicU64,
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
-    /// Per file, under `PageCache::Auto`.
+    /// Per file with a writable handle open.
     writer_modes: Mutex<HashMap<ObjectId, WriterMode>>,
 }
 
