@@ -105,6 +105,41 @@ pub fn fallocate(fd: &impl AsRawFd, mode: i32, offset: u64, length: u64) -> SysR
     .map(drop)
 }
 
+/// The ranges of `[from, to)` that `fd` reads as holes (SEEK_HOLE and SEEK_DATA): never
+/// written, or allocated and never written (unwritten extents) with nothing in the page cache.
+pub fn holes_within(fd: &impl AsRawFd, from: u64, to: u64) -> SysResult<Vec<(u64, u64)>> {
+    let seek = |offset: u64, whence: i32| {
+        // SAFETY: lseek takes no pointers; an fd that is not open answers EBADF.
+        let at = unsafe { libc::lseek(fd.as_raw_fd(), offset as libc::off_t, whence) };
+        if at < 0 {
+            Err(Errno::last())
+        } else {
+            Ok(at as u64)
+        }
+    };
+    let mut holes = Vec::new();
+    let mut at = from;
+    while at < to {
+        let hole = match seek(at, libc::SEEK_HOLE) {
+            Ok(hole) => hole,
+            Err(Errno(libc::ENXIO)) => break, // at or past the end
+            Err(e) => return Err(e),
+        };
+        if hole >= to {
+            break;
+        }
+        let data = match seek(hole, libc::SEEK_DATA) {
+            Ok(data) => data.min(to),
+            Err(Errno(libc::ENXIO)) => to,
+            Err(e) => return Err(e),
+        };
+        assert!(data > hole, "SEEK_DATA from a hole at {hole} answered {data}");
+        holes.push((hole, data));
+        at = data;
+    }
+    Ok(holes)
+}
+
 /// The `/proc/self/fd/N` path of an fd: the one safe way to reopen or chmod the exact inode an
 /// O_PATH fd holds, without resolving any name again.
 pub fn proc_fd_path(fd: &impl AsRawFd) -> CString {

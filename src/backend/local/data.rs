@@ -13,6 +13,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard};
 
+use super::prepared::PreparedFiles;
 use crate::backend::{FileData, UnitWrite};
 use crate::metrics::Metrics;
 use crate::sys::{self, check, check_size, retry_eintr, Errno, SysResult};
@@ -32,6 +33,8 @@ pub struct LocalFileData {
     /// The backing file system allocates nothing on request (`extend_for_direct`): not asked
     /// again, by this file or any other of the backend's (`LocalBackend::no_fallocate`).
     no_fallocate: Arc<AtomicBool>,
+    /// The files made ahead, whose blocks a write that finds the disk full is given first.
+    made_ahead: Option<Arc<PreparedFiles>>,
 }
 
 fn align_up(x: u64, to: u64) -> u64 {
@@ -49,7 +52,15 @@ impl LocalFileData {
         metrics: Arc<Metrics>,
         no_fallocate: Arc<AtomicBool>,
     ) -> LocalFileData {
-        LocalFileData { file, direct: OnceLock::new(), logical_block_bytes, metrics, trim_guard: None, no_fallocate }
+        LocalFileData {
+            file,
+            direct: OnceLock::new(),
+            logical_block_bytes,
+            metrics,
+            trim_guard: None,
+            no_fallocate,
+            made_ahead: None,
+        }
     }
 
     /// Before O_DIRECT writes covering [from, end): the part past the file's end allocated
@@ -84,6 +95,11 @@ impl LocalFileData {
     /// See `trim_guard`.
     pub fn not_trimmed_while_written(&mut self, guard: Option<Arc<RwLock<()>>>) {
         self.trim_guard = guard;
+    }
+
+    /// See `made_ahead`.
+    pub fn gives_way_to_files_made_ahead(&mut self, made_ahead: Option<Arc<PreparedFiles>>) {
+        self.made_ahead = made_ahead;
     }
 
     pub(super) fn not_trimmed(&self) -> Option<RwLockReadGuard<'_, ()>> {
@@ -123,12 +139,8 @@ impl LocalFileData {
     }
 }
 
-impl FileData for LocalFileData {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> SysResult<usize> {
-        sys::pread_full(self.file.as_raw_fd(), buf, offset)
-    }
-
-    fn write_unit(&self, unit: &UnitWrite<'_>) -> SysResult<()> {
+impl LocalFileData {
+    fn write_unit_once(&self, unit: &UnitWrite<'_>) -> SysResult<()> {
         let _not_trimmed = self.not_trimmed();
         let block = self.logical_block_bytes;
         let unit_start = unit.start();
@@ -221,6 +233,32 @@ impl FileData for LocalFileData {
             self.count_write(bytes.len() as u64, went_direct);
         }
         first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl FileData for LocalFileData {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> SysResult<usize> {
+        sys::pread_full(self.file.as_raw_fd(), buf, offset)
+    }
+
+    /// A write that finds the backing file system full is tried once more after the files made
+    /// ahead and not named yet give their blocks back (up to 16 MiB a mount, see `prepared`):
+    /// the space goes to what was written, not to files that may come. The write is the same
+    /// bytes at the same offsets, so its part that went through before is written again.
+    fn write_unit(&self, unit: &UnitWrite<'_>) -> SysResult<()> {
+        let given_back_before = self.made_ahead.as_ref().map(|m| m.times_given_back());
+        let space_freed_since = || {
+            let made_ahead = self.made_ahead.as_ref();
+            made_ahead.is_some_and(|m| m.give_back_ready() > 0 || Some(m.times_given_back()) != given_back_before)
+        };
+        match self.write_unit_once(unit) {
+            Err(Errno(libc::ENOSPC)) if space_freed_since() => {
+                self.metrics.files_made_ahead_ready.store(0, Relaxed);
+                log::info!("the backing file system is full: files made ahead gave their blocks back");
+                self.write_unit_once(unit)
+            }
+            result => result,
+        }
     }
 
     fn set_size(&self, size: u64) -> SysResult<()> {

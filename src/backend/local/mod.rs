@@ -52,7 +52,7 @@ pub struct LocalBackend {
     is_root_daemon: bool,
     /// Files made ahead (`Namespace::prepare_files`); None where they would hold blocks no
     /// data goes to (the null store's).
-    prepared: Option<PreparedFiles>,
+    prepared: Option<Arc<PreparedFiles>>,
     /// The backing file system allocates nothing on request: set by the first file that finds
     /// it so (`LocalFileData::extend_for_direct`), so that no other file asks again.
     no_fallocate: Arc<AtomicBool>,
@@ -88,7 +88,7 @@ impl LocalBackend {
             capabilities,
             metrics,
             is_root_daemon: unsafe { libc::geteuid() } == 0,
-            prepared: Some(PreparedFiles::default()),
+            prepared: Some(Arc::default()),
             no_fallocate: Arc::new(AtomicBool::new(false)),
         })
     }
@@ -112,7 +112,7 @@ impl LocalBackend {
 
     /// How many files made ahead are ready.
     pub fn prepared_files_ready(&self) -> usize {
-        self.prepared.as_ref().map_or(0, PreparedFiles::ready)
+        self.prepared.as_ref().map_or(0, |p| p.ready())
     }
 
     pub fn root_path(&self) -> &Path {
@@ -148,10 +148,22 @@ impl LocalBackend {
         }
     }
 
+    /// The attributes of `object`, whose stat is `st`, with the blocks it uses: a file made
+    /// ahead holds blocks for what it may be written until the next checkpoint gives the rest
+    /// back (`prepared`), and `du` must count what was written.
+    fn attr_in_use(&self, object: &objects::Object, st: &libc::stat) -> Attr {
+        let mut attr = self.attr_of(object.id, st);
+        if let Some(prepared) = &self.prepared {
+            let unused = prepared.unused_reservation(object.key, st, || self.dir.open(&object.node, libc::O_RDONLY));
+            attr.blocks -= unused / 512;
+        }
+        attr
+    }
+
     /// Records one lookup of a node just opened, and answers with its attributes.
     fn remember(&self, node: Node, st: &libc::stat) -> Attr {
         let object = self.objects.remember(node, key_of(st));
-        self.attr_of(object.id, st)
+        self.attr_in_use(&object, st)
     }
 
     /// Gives a just-made object to the user who made it. The daemon makes it as itself (root),
@@ -245,7 +257,7 @@ impl Namespace for LocalBackend {
 
     fn getattr(&self, id: ObjectId) -> SysResult<Attr> {
         let object = self.node(id)?;
-        Ok(self.attr_of(id, &self.dir.stat(&object.node)?))
+        Ok(self.attr_in_use(&object, &self.dir.stat(&object.node)?))
     }
 
     fn setattr(&self, id: ObjectId, changes: &SetAttr) -> SysResult<()> {
@@ -322,7 +334,7 @@ impl Namespace for LocalBackend {
             prepared.note_named(object.clone(), unnamed);
         }
         self.metrics.files_made_ahead_named.fetch_add(1, Relaxed);
-        Ok(self.attr_of(object.id, &st))
+        Ok(self.attr_in_use(&object, &st))
     }
 
     fn prepare_files(&self, count: usize, bytes: u64) -> SysResult<usize> {
@@ -483,6 +495,7 @@ impl UnitStore for LocalBackend {
         );
         if mode.write {
             data.not_trimmed_while_written(self.prepared.as_ref().and_then(|p| p.guard_of(object.key)));
+            data.gives_way_to_files_made_ahead(self.prepared.clone());
         }
         Ok(Arc::new(data))
     }

@@ -87,6 +87,8 @@ pub struct PreparedFiles {
     /// The files the last `trim` gave blocks back: listed once more, since their truncates are
     /// durable only with the backend's next sync, which comes after the list's next write.
     just_trimmed: Mutex<Vec<Handle>>,
+    /// See `times_given_back`.
+    given_back: std::sync::atomic::AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -102,6 +104,26 @@ impl PreparedFiles {
 
     pub fn ready(&self) -> usize {
         lock(&self.ready).len()
+    }
+
+    /// Frees the files made ahead and not named yet, for a write that found the disk full.
+    /// Returns the bytes they held ahead; the next checkpoint makes more only where the disk
+    /// has room (`FREE_FRACTION_KEPT`).
+    pub fn give_back_ready(&self) -> u64 {
+        let freed: Vec<Unnamed> = std::mem::take(&mut *lock(&self.ready));
+        // Unnamed (O_TMPFILE): the file system frees each with its last descriptor, here.
+        let bytes = freed.iter().map(|unnamed| unnamed.allocated).sum();
+        drop(freed);
+        if bytes > 0 {
+            self.given_back.fetch_add(1, Release);
+        }
+        bytes
+    }
+
+    /// How many times `give_back_ready` freed anything: a write that met ENOSPC while another
+    /// was given the blocks tries again too.
+    pub fn times_given_back(&self) -> u64 {
+        self.given_back.load(Acquire)
     }
 
     /// A file taken from here was named as `object`: its blocks past `to` are its own, those
@@ -121,6 +143,25 @@ impl PreparedFiles {
             return None;
         }
         lock(&self.reserved).get(&key).map(|r| r.guard.clone())
+    }
+
+    /// The bytes of the file `key` that are its reservation's and hold nothing it wrote: its
+    /// allocated blocks past its end, and those of `[0, to)` inside its size that read as holes
+    /// (`to`: what was allocated ahead). 0 for a file with no reservation left. `open` opens
+    /// the file for the holes, asked only where the file is reserved and reaches `to`.
+    pub fn unused_reservation(&self, key: BackingKey, st: &libc::stat, open: impl FnOnce() -> SysResult<File>) -> u64 {
+        let Some(to) = self.guard_of(key).and_then(|_| lock(&self.reserved).get(&key).map(|r| r.to)) else {
+            return 0;
+        };
+        let (size, block) = (st.st_size as u64, st.st_blksize.max(512) as u64);
+        let past_end = to.saturating_sub(size.next_multiple_of(block));
+        let inside = if size >= block {
+            let holes = open().and_then(|file| sys::holes_within(&file, 0, to.min(size)));
+            holes.map_or(0, |holes| holes.iter().map(|(from, to)| to - from).sum())
+        } else {
+            0
+        };
+        (past_end + inside).min(st.st_blocks as u64 * 512)
     }
 
     /// Makes unnamed files until `count` are ready, each with `bytes` allocated; none where
@@ -252,9 +293,11 @@ impl PreparedFiles {
     }
 }
 
-/// Gives back what the file holds past its end, keeping its mtime. Returns whether it had
-/// anything there. A truncate to its own size, not a hole punched: ext4 punches nothing past
-/// the end, and frees preallocated blocks there on any truncate (`ext4_setattr`).
+/// Gives back what the file holds past its end and what of `[0, to)` inside its size it never
+/// wrote (a file grown by a truncate or a write past `to`), keeping its mtime. Returns whether
+/// it had anything there. Past the end a truncate to its own size, not a hole punched: ext4
+/// punches nothing past the end, and frees preallocated blocks there on any truncate
+/// (`ext4_setattr`).
 fn trim_one(dir: &BackingDir, reserved: &Reserved) -> SysResult<bool> {
     let file = match reserved.handle.as_ref().map(|handle| open_listed(dir, handle)) {
         Some(Ok(Some(file))) => file,
@@ -285,14 +328,28 @@ fn open_listed(dir: &BackingDir, handle: &Handle) -> SysResult<Option<File>> {
 fn trim_file(file: &File, to: Option<u64>) -> SysResult<bool> {
     let before = sys::fstat_fd(file)?;
     let size = before.st_size as u64;
+    if before.st_nlink == 0 || before.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Ok(false);
+    }
     let holds_past_end = match to {
         Some(to) => size < to,
         None => before.st_blocks as u64 * 512 > size.next_multiple_of(before.st_blksize.max(512) as u64),
     };
-    if before.st_nlink == 0 || before.st_mode & libc::S_IFMT != libc::S_IFREG || !holds_past_end {
+    // Holes inside the size, in what was allocated ahead: unwritten extents ext4 keeps
+    // allocated (a punch of a range that holds none is not asked for).
+    let unwritten_inside = match to {
+        Some(to) if before.st_blocks > 0 => sys::holes_within(file, 0, to.min(size))?,
+        _ => Vec::new(),
+    };
+    if !holds_past_end && unwritten_inside.is_empty() {
         return Ok(false);
     }
-    sys::retry_eintr(|| check(unsafe { libc::ftruncate(file.as_raw_fd(), before.st_size) }))?;
+    for (from, to) in unwritten_inside {
+        sys::fallocate(file, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, from, to - from)?;
+    }
+    if holds_past_end {
+        sys::retry_eintr(|| check(unsafe { libc::ftruncate(file.as_raw_fd(), before.st_size) }))?;
+    }
     let after = sys::fstat_fd(file)?;
     if (after.st_mtime, after.st_mtime_nsec) != (before.st_mtime, before.st_mtime_nsec) {
         let times = [
