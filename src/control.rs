@@ -78,8 +78,13 @@ pub fn ask(socket: &Path, command: &str) -> std::io::Result<String> {
 /// Binds before the mount is reported ready, so a busy port fails the mount with a message.
 /// One fixed document per connection, whatever was asked: a few lines of HTTP rather than an
 /// HTTP stack and an async runtime in the daemon for it.
-pub fn serve_prometheus(address: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let listener = TcpListener::bind(address)?;
+/// The Prometheus endpoint's listener, bound before the mount makes anything: an address
+/// taken fails the start before there is anything to undo.
+pub fn bind_prometheus(address: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(address)
+}
+
+pub fn serve_prometheus(listener: TcpListener, metrics: Arc<Metrics>) -> std::io::Result<()> {
     std::thread::Builder::new().name("metrics".into()).spawn(move || {
         for stream in listener.incoming().flatten() {
             let _ = stream.set_read_timeout(Some(IO_TIMEOUT));

@@ -74,6 +74,45 @@ struct Prepared {
     metrics: Arc<metrics::Metrics>,
     backend: backend::local::LocalBackend,
     state: StateDir,
+    metrics_listener: Option<std::net::TcpListener>,
+    /// What this start made, for a start that fails to undo.
+    made: MadeAtStart,
+}
+
+/// What a start made that a failed start takes away again, so that it leaves the backing and
+/// state directories as it found them (a crash marker left behind made the next mount refuse
+/// to start as "not unmounted cleanly").
+#[derive(Default)]
+struct MadeAtStart {
+    /// The state directory did not exist before.
+    state_dir: Option<PathBuf>,
+    /// The backing root named no log before this start set it.
+    marker: bool,
+    /// The log's file did not exist before.
+    log_file: Option<PathBuf>,
+}
+
+impl MadeAtStart {
+    fn undo(&self, backing: &Path, runtime: &RuntimeDir) {
+        runtime.remove_runtime_files();
+        if self.marker {
+            if let Err(e) = state::clear_log_marker(backing) {
+                log::warn!("undoing a failed start: {e}");
+            }
+        }
+        if let Some(log) = &self.log_file {
+            for file in [engine::intent_log::device::replay_map_path(log), log.clone()] {
+                let _ = std::fs::remove_file(file);
+            }
+        }
+        if let Some(state_dir) = &self.state_dir {
+            if let Err(e) = state::remove_state_files(state_dir).and_then(|()| {
+                std::fs::remove_dir(state_dir).map_err(|e| format!("removing {}: {e}", state_dir.display()))
+            }) {
+                log::warn!("undoing a failed start: {e}");
+            }
+        }
+    }
 }
 
 pub fn run_mount(request: MountRequest) -> ExitCode {
@@ -114,6 +153,12 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
     let opts = &request.options;
     let backing = mounts::check_backing_dir(&request.backing_dir, opts.read_only)?;
     let mount_point = mounts::check_mount_point(&request.mount_point, &backing)?;
+    let metrics_listener = match opts.metrics_address {
+        Some(address) => {
+            Some(control::bind_prometheus(address).map_err(|e| format!("metrics={address}: cannot listen: {e}"))?)
+        }
+        None => None,
+    };
     let runtime = RuntimeDir::of(&backing);
     runtime.create().map_err(|e| format!("cannot create the runtime directory {}: {e}", runtime.path().display()))?;
     let metrics = Arc::new(metrics::Metrics::default());
@@ -121,17 +166,23 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
     let mut state = StateDir::find(&backing, opts.state_dir.as_deref())?;
     // A crash's log that this mount would not replay stops it here, before it serves a byte.
     state::check_log_marker(&backing, log_path(opts, &state).as_deref())?;
+    let state_existed = state.path().exists();
     state.make(opts.read_only, opts.log != LogPlace::Off)?;
+    let made = MadeAtStart {
+        state_dir: (!state_existed && state.path().is_dir()).then(|| state.path().to_path_buf()),
+        ..MadeAtStart::default()
+    };
     // Files made ahead are made only for the log's held files.
     if opts.log != LogPlace::Off && !opts.read_only {
         let list = state.made_ahead_list_path();
         if let Err(e) = backend.keep_made_ahead_list(&list) {
+            made.undo(&backing, &runtime);
             return Err(format!("cannot keep the list of files made ahead at {}: {e}", list.display()));
         }
     }
     // The last daemon's report was read by its `coalescefs umount`, or is out of date now.
     let _ = std::fs::remove_file(runtime.unmount_report_path());
-    Ok(Prepared { backing, mount_point, runtime, metrics, backend, state })
+    Ok(Prepared { backing, mount_point, runtime, metrics, backend, state, metrics_listener, made })
 }
 
 /// The intent log's file, when the log is on.
@@ -280,7 +331,7 @@ fn options_in_effect(
 
 /// The daemon proper (also in the foreground): runs until unmounted, then tears down.
 fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> ExitCode {
-    let Prepared { backing, mount_point, runtime, metrics, backend, state } = prepared;
+    let Prepared { backing, mount_point, runtime, metrics, backend, state, metrics_listener, mut made } = prepared;
     block_termination_signals();
     // Modes arrive already masked by the kernel; the daemon's own umask must not mask twice.
     unsafe { libc::umask(0) };
@@ -294,6 +345,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     );
     // A discovered unit larger than half the buffer would leave writers nothing to work with.
     if opts.buffer_bytes < 2 * capabilities.unit_bytes {
+        made.undo(&backing, &runtime);
         return ready.error(&format!(
             "buffer={} must hold at least two units of {} bytes (give a larger buffer= or a smaller unit=)",
             opts.buffer_bytes, capabilities.unit_bytes
@@ -301,12 +353,19 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     }
     let faults = match Faults::from_env() {
         Ok(faults) => faults.map(Arc::new),
-        Err(e) => return ready.error(&format!("COALESCEFS_FAULTS: {e}")),
+        Err(e) => {
+            made.undo(&backing, &runtime);
+            return ready.error(&format!("COALESCEFS_FAULTS: {e}"));
+        }
     };
     if faults.is_some() {
         log::warn!("fault injection is on (COALESCEFS_FAULTS): for tests only");
     }
     let config = engine_config(opts, &capabilities, &state);
+    if !opts.read_only {
+        made.marker = matches!(state::log_marker(&backing), Ok(None));
+        made.log_file = log_path(opts, &state).filter(|log| !log.exists());
+    }
     let log = match log_setup(opts, &backing, &state, faults.as_ref()) {
         Ok(log) => {
             if log.is_some() {
@@ -314,12 +373,22 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
             }
             log
         }
-        Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
+        Err(e) => {
+            made.undo(&backing, &runtime);
+            return ready.error(&format!("cannot start on {}: {e}", backing.display()));
+        }
     };
     let (ns, store) = backends(backend, opts, &metrics, faults.as_ref());
     let engine = match engine::Engine::new(ns, store, config, metrics.clone(), log) {
         Ok(engine) => Arc::new(engine),
-        Err(e) => return ready.error(&format!("cannot start on {}: {e}", backing.display())),
+        Err(e) => {
+            // A replay that failed part way leaves its log and marker for the next mount.
+            if !made.marker {
+                made.log_file = None;
+            }
+            made.undo(&backing, &runtime);
+            return ready.error(&format!("cannot start on {}: {e}", backing.display()));
+        }
     };
     let max_write = opts.max_write_bytes.unwrap_or(capabilities.unit_bytes).min(fuse::MAX_WRITE_BYTES_LIMIT);
     metrics.set_mount_options(options_in_effect(opts, &capabilities, &backing, &mount_point, &state, max_write));
@@ -335,7 +404,15 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     let notifier = adapter.notifier_slot();
     let session = match start_session(adapter, &backing, &mount_point, opts) {
         Ok(session) => session,
-        Err(message) => return ready.error(&message),
+        Err(message) => {
+            let done = engine.shut_down();
+            if done.unwritten.is_empty() && !engine.log_holds_records() {
+                made.undo(&backing, &runtime);
+            } else {
+                runtime.remove_runtime_files();
+            }
+            return ready.error(&message);
+        }
     };
     let _ = notifier.set(session.notifier());
 
@@ -351,10 +428,9 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     if let Err(e) = control::serve_control_socket(&runtime.socket_path(), metrics.clone(), sync_all, faults) {
         log::warn!("no control socket ({e}): `coalescefs stats` and `sync` will not answer");
     }
-    if let Some(address) = opts.metrics_address {
-        if let Err(e) = control::serve_prometheus(address, metrics.clone()) {
-            let _ = mounts::unmount(&mount_point, true);
-            return ready.error(&format!("metrics={address}: cannot listen: {e}"));
+    if let Some(listener) = metrics_listener {
+        if let Err(e) = control::serve_prometheus(listener, metrics.clone()) {
+            log::warn!("no thread for the metrics endpoint ({e}): it will not answer");
         }
     }
     log::info!("mounted {} at {}", backing.display(), mount_point.display());

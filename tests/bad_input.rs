@@ -262,3 +262,34 @@ fn helper_form_used_by_mount_fuse3() {
     assert!(coalescefs(&["umount", &m]).status.success());
     assert_eq!(fs::read(format!("{b}/f")).unwrap(), b"via mount(8)");
 }
+
+/// A start that fails after it made its state (the metrics port taken: found before anything
+/// is made; the intent log failing its first write: after the log, its marker on the backing
+/// root and the state directory were made) leaves nothing behind: no crash marker, no log, no
+/// state directory, no socket or pid file; and the next mount, with the log off, starts.
+#[test]
+fn a_start_that_fails_undoes_everything_it_made() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: the state and runtime directories checked are root's");
+        return;
+    }
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let metrics = format!("metrics={}", taken.local_addr().unwrap());
+    let failures: [(&[&str], &[(&str, &str)], &str); 2] =
+        [(&["-o", &metrics], &[], "cannot listen"), (&[], &[("COALESCEFS_FAULTS", "logwrite=EIO")], "cannot start on")];
+    for (options, env, message) in failures {
+        let (_t, b, m) = dirs();
+        let backing = std::path::Path::new(&b);
+        let out = Command::new(BIN).args(["mount", &b, &m]).args(options).envs(env.iter().copied()).output().unwrap();
+        assert_fails(&out, 1, message);
+        assert!(!is_mounted(&m));
+        assert_eq!(xattr_of(backing, "user.coalescefs.log"), Err(libc::ENODATA), "{message}: a crash marker left");
+        assert!(!state_dir(backing).exists(), "{message}: the state directory left");
+        for file in ["pid", "control.sock"] {
+            assert!(!runtime_dir(backing).join(file).exists(), "{message}: {file} left");
+        }
+        let out = coalescefs(&["mount", &b, &m, "-o", "log=off"]);
+        assert!(out.status.success(), "{message}: the next mount: {}", stderr_of(&out));
+        assert!(coalescefs(&["umount", &m]).status.success());
+    }
+}
