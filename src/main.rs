@@ -122,7 +122,15 @@ replays them; so does `coalescefs recover`), unless --discard. The files of BACK
 Example:\n  coalescefs forget /srv/data")]
     Forget {
         /// The backing directory of the unmounted file system
-        backing_dir: PathBuf,
+        #[arg(required_unless_present = "orphans")]
+        backing_dir: Option<PathBuf>,
+        /// Instead: list the state and runtime directories whose backing directory is gone
+        /// (tests, benchmarks, removed data); with --remove, remove them
+        #[arg(long, conflicts_with_all = ["backing_dir", "state"])]
+        orphans: bool,
+        /// With --orphans: remove what it lists
+        #[arg(long, requires = "orphans")]
+        remove: bool,
         /// The state directory (as mounted with -o state=DIR)
         #[arg(long, value_name = "DIR")]
         state: Option<PathBuf>,
@@ -187,7 +195,10 @@ fn main() -> ExitCode {
         Command::Stats { watch: Some(seconds), mountpoint, .. } => watch_stats(&mountpoint, seconds),
         Command::Sync { mountpoint } => run_sync(&mountpoint),
         Command::Recover { backing_dir, state, log } => run_recover(&backing_dir, state, log),
-        Command::Forget { backing_dir, state, discard } => run_forget(&backing_dir, state, discard),
+        Command::Forget { orphans: true, remove, discard, .. } => run_forget_orphans(remove, discard),
+        Command::Forget { backing_dir, state, discard, .. } => {
+            run_forget(&backing_dir.expect("clap requires it without --orphans"), state, discard)
+        }
         Command::Completions { shell } => {
             // Into memory first: clap_complete panics on a failed write (a closed pipe).
             let mut script = Vec::new();
@@ -362,6 +373,45 @@ fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<Path
             ExitCode::SUCCESS
         }
         Err(message) => fail(message),
+    }
+}
+
+/// `forget --orphans`: one line per directory whose backing directory is gone; with `remove`,
+/// each removed (or why not). Exit status 1 if any could not be.
+fn run_forget_orphans(remove: bool, discard: bool) -> ExitCode {
+    let found = coalescefs::orphans::find();
+    if found.is_empty() {
+        println!("no state or runtime directory of a backing directory that is gone");
+        return ExitCode::SUCCESS;
+    }
+    let mut refused = 0;
+    for orphan in &found {
+        let what = format!(
+            "{} {} ({} KiB; {} is gone)",
+            orphan.kind.name(),
+            orphan.dir.display(),
+            orphan.bytes.div_ceil(1024),
+            orphan.backing.display()
+        );
+        if !remove {
+            println!("{what}");
+            continue;
+        }
+        match coalescefs::orphans::remove(orphan, discard) {
+            Ok(()) => println!("removed {what}"),
+            Err(message) => {
+                eprintln!("coalescefs: left {}: {message}", orphan.dir.display());
+                refused += 1;
+            }
+        }
+    }
+    if !remove {
+        println!("`coalescefs forget --orphans --remove` removes them");
+    }
+    if refused > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

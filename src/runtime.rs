@@ -41,6 +41,36 @@ pub fn escape_path(path: &Path) -> String {
     out
 }
 
+/// The path `escape_path` made `name` from; None for a name it cannot have made.
+pub fn unescape_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    if name == "-" {
+        return Some(PathBuf::from("/"));
+    }
+    let mut bytes = vec![b'/'];
+    let mut rest = name.as_bytes();
+    while let Some((&b, after)) = rest.split_first() {
+        match b {
+            b'-' => bytes.push(b'/'),
+            b'\\' => {
+                let hex = after.strip_prefix(b"x").filter(|h| h.len() >= 2)?;
+                bytes.push(u8::from_str_radix(std::str::from_utf8(&hex[..2]).ok()?, 16).ok()?);
+                rest = &hex[2..];
+                continue;
+            }
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b':' | b'_' | b'.' => bytes.push(b),
+            _ => return None,
+        }
+        rest = after;
+    }
+    Some(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
+}
+
+/// Where the runtime directories are, one per backing directory.
+pub fn base_dir() -> PathBuf {
+    base()
+}
+
 fn base() -> PathBuf {
     if unsafe { libc::geteuid() } == 0 {
         return PathBuf::from("/run/coalescefs");
@@ -52,6 +82,11 @@ fn base() -> PathBuf {
 }
 
 impl RuntimeDir {
+    /// A runtime directory found by its path (`orphans`).
+    pub fn at(path: PathBuf) -> RuntimeDir {
+        RuntimeDir { path }
+    }
+
     /// The runtime directory of the mount of `backing` (a canonical path).
     pub fn of(backing: &Path) -> RuntimeDir {
         RuntimeDir { path: base().join(escape_path(backing)) }
@@ -92,31 +127,45 @@ impl RuntimeDir {
         self.path.join("unmount-report")
     }
 
-    /// The pid file, mode 0644: anyone may see which process serves the mount. The process's
-    /// start time follows its id, so that a daemon that died without removing the file is not
+    /// The pid file, mode 0644: anyone may see which process serves the mount, and
+    /// `kill $(cat pid)` signals it. The process's start time goes to a file beside it
+    /// (`pid.start`), written first, so that a daemon that died without removing them is not
     /// taken for whatever process has its id since.
     pub fn write_pid(&self) -> std::io::Result<()> {
-        let path = self.pid_path();
-        let tmp = self.path.join("pid.tmp");
         let pid = std::process::id() as i32;
-        let line = match crate::mounts::process_start_time(pid) {
-            Some(started) => format!("{pid} {started}\n"),
-            None => format!("{pid}\n"),
-        };
+        match crate::mounts::process_start_time(pid) {
+            Some(started) => self.write_replacing(&self.start_time_path(), &format!("{started}\n"))?,
+            None => {
+                let _ = std::fs::remove_file(self.start_time_path());
+            }
+        }
+        self.write_replacing(&self.pid_path(), &format!("{pid}\n"))
+    }
+
+    fn start_time_path(&self) -> PathBuf {
+        self.path.join("pid.start")
+    }
+
+    fn write_replacing(&self, path: &Path, text: &str) -> std::io::Result<()> {
+        let tmp = self.path.join("pid.tmp");
         let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(&tmp)?;
-        std::io::Write::write_all(&mut file, line.as_bytes())?;
+        std::io::Write::write_all(&mut file, text.as_bytes())?;
         std::fs::rename(tmp, path)
     }
 
     /// The daemon's process id, if the process with that id is the one that wrote the file
-    /// (same start time; a file without one, from an older daemon, is taken at its word).
+    /// (same start time; a pid file without one, or with the start time after the id as older
+    /// daemons wrote it, is read too).
     pub fn read_pid(&self) -> Option<i32> {
-        parse_pid_file(&std::fs::read_to_string(self.pid_path()).ok()?, crate::mounts::process_start_time)
+        let pid = std::fs::read_to_string(self.pid_path()).ok()?;
+        let started = std::fs::read_to_string(self.start_time_path()).ok();
+        parse_pid_file(&pid, started.as_deref(), crate::mounts::process_start_time)
     }
 
     /// At a clean exit: the pid file and the socket go; the log and the report stay.
     pub fn remove_runtime_files(&self) {
         let _ = std::fs::remove_file(self.pid_path());
+        let _ = std::fs::remove_file(self.start_time_path());
         let _ = std::fs::remove_file(self.socket_path());
     }
 }
@@ -124,6 +173,15 @@ impl RuntimeDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_escaped_path_is_unescaped_to_itself() {
+        for path in ["/", "/srv/data", "/tmp/coalescefs-test-ab.c/backing", "/a b/ü/.hidden/x:y_z"] {
+            assert_eq!(unescape_path(&escape_path(Path::new(path))), Some(PathBuf::from(path)), "{path}");
+        }
+        assert_eq!(unescape_path("bad name"), None);
+        assert_eq!(unescape_path("trailing\\x4"), None);
+    }
 
     #[test]
     fn paths_are_escaped_as_systemd_escape_does() {
@@ -135,10 +193,10 @@ mod tests {
 }
 
 /// A pid file's process id, checked against `start_time_of` (see `RuntimeDir::read_pid`).
-fn parse_pid_file(text: &str, start_time_of: impl Fn(i32) -> Option<u64>) -> Option<i32> {
-    let mut words = text.split_whitespace();
+fn parse_pid_file(pid_text: &str, start_text: Option<&str>, start_time_of: impl Fn(i32) -> Option<u64>) -> Option<i32> {
+    let mut words = pid_text.split_whitespace();
     let pid: i32 = words.next()?.parse().ok()?;
-    match words.next() {
+    match words.next().or_else(|| start_text.and_then(|t| t.split_whitespace().next())) {
         Some(started) => (start_time_of(pid)? == started.parse::<u64>().ok()?).then_some(pid),
         None => Some(pid),
     }
@@ -151,13 +209,24 @@ mod pid_file_tests {
     #[test]
     fn a_pid_file_names_its_process_only_while_the_start_time_matches() {
         let running = |pid: i32| (pid == 42).then_some(1000);
-        assert_eq!(parse_pid_file("42 1000\n", running), Some(42));
-        assert_eq!(parse_pid_file("42 999\n", running), None, "the id was given to another process since");
-        assert_eq!(parse_pid_file("43 1000\n", running), None, "no such process");
-        assert_eq!(parse_pid_file("42\n", running), Some(42), "an older daemon's file");
-        assert_eq!(parse_pid_file("", running), None);
+        assert_eq!(parse_pid_file("42\n", Some("1000\n"), running), Some(42));
+        assert_eq!(parse_pid_file("42\n", Some("999\n"), running), None, "the id was given to another process since");
+        assert_eq!(parse_pid_file("43\n", Some("1000\n"), running), None, "no such process");
+        assert_eq!(parse_pid_file("42 1000\n", None, running), Some(42), "an older daemon's file");
+        assert_eq!(parse_pid_file("42 999\n", None, running), None);
+        assert_eq!(parse_pid_file("42\n", None, running), Some(42), "without a start time");
+        assert_eq!(parse_pid_file("", None, running), None);
+    }
+
+    #[test]
+    fn the_pid_file_holds_one_number_and_names_this_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = super::RuntimeDir::at(dir.path().to_path_buf());
+        runtime.write_pid().unwrap();
         let me = std::process::id() as i32;
-        let started = crate::mounts::process_start_time(me).expect("this process's start time");
-        assert_eq!(parse_pid_file(&format!("{me} {started}"), crate::mounts::process_start_time), Some(me));
+        assert_eq!(std::fs::read_to_string(runtime.pid_path()).unwrap(), format!("{me}\n"), "kill $(cat pid) works");
+        assert_eq!(runtime.read_pid(), Some(me));
+        std::fs::write(runtime.start_time_path(), "1\n").unwrap();
+        assert_eq!(runtime.read_pid(), None, "another process with this id");
     }
 }

@@ -38,7 +38,7 @@ pub const LOG_FILE_NAME: &str = "intent.log";
 /// The local backend's list of its files made ahead (`backend::local::prepared`).
 const MADE_AHEAD_LIST_NAME: &str = "made-ahead";
 /// Locked by the daemon that uses the state directory.
-const LOCK_FILE_NAME: &str = "lock";
+pub const LOCK_FILE_NAME: &str = "lock";
 
 pub struct StateDir {
     path: PathBuf,
@@ -51,15 +51,19 @@ pub struct StateDir {
 
 /// Where the state of `backing` goes when no `state=` is given (and no legacy folder exists).
 pub fn default_path(backing: &Path) -> PathBuf {
-    let base = if unsafe { libc::geteuid() } == 0 {
+    default_base().join(escape_path(backing))
+}
+
+/// Where the default state directories are, one per backing directory.
+pub fn default_base() -> PathBuf {
+    if unsafe { libc::geteuid() } == 0 {
         PathBuf::from("/var/lib/coalescefs")
     } else {
         match std::env::var_os("XDG_STATE_HOME") {
             Some(dir) if Path::new(&dir).is_absolute() => PathBuf::from(dir).join("coalescefs"),
             _ => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/".into())).join(".local/state/coalescefs"),
         }
-    };
-    base.join(escape_path(backing))
+    }
 }
 
 impl StateDir {

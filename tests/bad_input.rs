@@ -175,7 +175,11 @@ fn umount_of_something_not_mounted() {
 }
 
 fn daemon_pid(backing: &std::path::Path) -> i32 {
-    fs::read_to_string(runtime_dir(backing).join("pid")).unwrap().split_whitespace().next().unwrap().parse().unwrap()
+    fs::read_to_string(runtime_dir(backing).join("pid"))
+        .unwrap()
+        .trim_end()
+        .parse()
+        .expect("the pid file holds one number")
 }
 
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -275,7 +279,9 @@ fn a_start_that_fails_undoes_everything_it_made() {
     }
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let metrics = format!("metrics={}", taken.local_addr().unwrap());
-    let failures: [(&[&str], &[(&str, &str)], &str); 2] =
+    /// Options, the daemon's environment, and what the failure says.
+    type Failure<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let failures: [Failure; 2] =
         [(&["-o", &metrics], &[], "cannot listen"), (&[], &[("COALESCEFS_FAULTS", "logwrite=EIO")], "cannot start on")];
     for (options, env, message) in failures {
         let (_t, b, m) = dirs();

@@ -1789,6 +1789,44 @@ fn forget_removes_the_state_and_runtime_directories_but_never_unreplayed_batches
     assert_eq!(left, ["notes"], "forget keeps only the admin's files in state=DIR");
 }
 
+/// `coalescefs forget --orphans` lists the state and runtime directories whose backing
+/// directory is gone, and with --remove removes them; one whose log holds a batch never
+/// replayed (the last copy of an fsynced write) stays unless --discard.
+#[test]
+fn forget_orphans_lists_and_removes_the_directories_of_backing_directories_that_are_gone() {
+    let mut clean = TestMount::with_options(&["unit=64K"]);
+    write_and_fsync(&clean.path("f"), b"f");
+    clean.unmount();
+    let mut killed = TestMount::with_options(&["unit=64K"]);
+    let mut f = File::create(killed.path("g")).unwrap();
+    f.write_all(b"g").unwrap();
+    f.sync_all().unwrap();
+    kill_daemon(&mut killed);
+    drop(f);
+    let dirs = |m: &TestMount| [m.state_dir(), m.runtime_dir()];
+    for m in [&clean, &killed] {
+        for dir in dirs(m) {
+            assert!(dir.is_dir(), "{} before", dir.display());
+        }
+        fs::remove_dir_all(&m.backing).unwrap();
+    }
+    let out = coalescefs(&["forget", "--orphans"]);
+    let listed = String::from_utf8_lossy(&out.stdout).to_string();
+    for dir in dirs(&clean).iter().chain(&dirs(&killed)) {
+        assert!(listed.contains(&path_str(dir)), "{} not listed:\n{listed}", dir.display());
+        assert!(dir.is_dir(), "listing removed {}", dir.display());
+    }
+    // Other tests' directories may be listed too, and refused while their daemons run.
+    let out = coalescefs(&["forget", "--orphans", "--remove"]);
+    for dir in dirs(&clean).iter().chain([&killed.runtime_dir()]) {
+        assert!(!dir.exists(), "{} left: {}", dir.display(), stderr_of(&out));
+    }
+    assert!(killed.state_dir().join("intent.log").exists(), "a log holding a batch removed without --discard");
+    assert!(stderr_of(&out).contains("never replayed"), "{}", stderr_of(&out));
+    let out = coalescefs(&["forget", "--orphans", "--remove", "--discard"]);
+    assert!(!killed.state_dir().exists(), "--discard left it: {}", stderr_of(&out));
+}
+
 /// `coalescefs recover` takes the state directory's lock as a mount does: a state=DIR a mount of
 /// another backing directory uses holds that mount's log and its files made ahead, which a
 /// recover of this one must not apply or trim.

@@ -1,0 +1,110 @@
+//! State and runtime directories whose backing directory is gone (`coalescefs forget
+//! --orphans`): each holds what nothing else would ever remove, a 64 MiB intent log or a
+//! daemon's log. Found by name: a directory's name is its backing directory's path, escaped
+//! (`runtime::escape_path`), so the backing directory it served is known without reading it.
+//! A state directory named by `state=DIR` is not under the default base and is not found.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::engine::intent_log::{self, raw::RawLog};
+use crate::{runtime, state};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The intent log and what goes with it (`state.rs`).
+    State,
+    /// The daemon's log, its socket and pid file (`runtime.rs`).
+    Runtime,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::State => "state",
+            Kind::Runtime => "runtime",
+        }
+    }
+}
+
+pub struct Orphan {
+    pub kind: Kind,
+    pub dir: PathBuf,
+    /// The backing directory it served, which is gone.
+    pub backing: PathBuf,
+    /// The space its files take (their allocated blocks).
+    pub bytes: u64,
+}
+
+/// Every state and runtime directory under the default bases whose backing directory is gone.
+pub fn find() -> Vec<Orphan> {
+    let mut found = Vec::new();
+    for (kind, base) in [(Kind::State, state::default_base()), (Kind::Runtime, runtime::base_dir())] {
+        let Ok(entries) = std::fs::read_dir(&base) else { continue };
+        for entry in entries.flatten() {
+            let Some(backing) = entry.file_name().to_str().and_then(runtime::unescape_path) else { continue };
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            // Gone, not merely unreadable: any answer but ENOENT keeps it.
+            let gone =
+                matches!(std::fs::symlink_metadata(&backing), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+            if is_dir && gone {
+                let dir = entry.path();
+                found.push(Orphan { kind, bytes: allocated_bytes(&dir), dir, backing });
+            }
+        }
+    }
+    found
+}
+
+fn allocated_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.blocks() * 512).sum()
+}
+
+/// Removes an orphan: refused while a daemon uses it (its lock held, its pid alive), and for a
+/// state directory whose log holds batches never replayed unless `discard` (its backing
+/// directory is gone: they can never be, but they are the last copy of fsynced writes).
+pub fn remove(orphan: &Orphan, discard: bool) -> Result<(), String> {
+    let dir = &orphan.dir;
+    match orphan.kind {
+        Kind::State => {
+            let lock_path = dir.join(state::LOCK_FILE_NAME);
+            let _lock = match std::fs::File::open(&lock_path) {
+                Ok(lock) => {
+                    // SAFETY: flock takes no pointers; the descriptor is open for the call.
+                    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                        return Err(format!("{}: in use by a running coalescefs", dir.display()));
+                    }
+                    Some(lock)
+                }
+                Err(_) => None,
+            };
+            let log = dir.join(state::LOG_FILE_NAME);
+            if log.exists() && !discard {
+                let held = intent_log::open_file_device(&log, None, dir, RawLog::Off)
+                    .and_then(|(device, _)| intent_log::batches_to_replay(Box::new(device)));
+                match held {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        return Err(format!(
+                            "{} holds {n} batches never replayed (the last copy of fsynced writes to {}): \
+                             give --discard to lose them",
+                            log.display(),
+                            orphan.backing.display()
+                        ))
+                    }
+                    Err(e) => return Err(format!("{}: {e}; give --discard to remove it anyway", log.display())),
+                }
+            }
+            state::remove_state_files(dir)?;
+            std::fs::remove_dir(dir).map_err(|e| format!("removing {}: {e}", dir.display()))
+        }
+        Kind::Runtime => {
+            if runtime::RuntimeDir::at(dir.clone()).read_pid().is_some_and(crate::mounts::process_alive) {
+                return Err(format!("{}: its daemon is still running", dir.display()));
+            }
+            std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))
+        }
+    }
+}
