@@ -295,6 +295,11 @@ fn run_umount(target: &Path, lazy: bool) -> ExitCode {
 /// The mount's backing directory, from /proc/self/mountinfo, or a message why there is none.
 fn backing_of_mount(target: &Path) -> Result<(PathBuf, PathBuf), String> {
     let mount_point = mounts::absolute(target);
+    if let Err(e) = std::fs::symlink_metadata(&mount_point) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            return Err(format!("{} does not exist", mount_point.display()));
+        }
+    }
     let info = mounts::mount_at(&mount_point).ok_or_else(|| format!("{} is not mounted", mount_point.display()))?;
     if info.fs_type != mounts::FS_TYPE {
         return Err(format!("{} is a {} mount, not coalescefs", mount_point.display(), info.fs_type));
@@ -537,7 +542,7 @@ fn watch_stats(target: &Path, seconds: f64) -> ExitCode {
     };
     let header = format!(
         "{:>8} {:>10} {:>10} {:>10} {:>13} {:>9} {:>10} {:>10}",
-        "time", "app MiB/s", "store MiB/s", "log MiB/s", "amplification", "fsyncs/s", "FUSE req/s", "buffer MiB"
+        "time", "app MiB/s", "backend MiB/s", "log MiB/s", "amplification", "fsyncs/s", "FUSE req/s", "buffer MiB"
     );
     if writeln!(out, "{header}").is_err() {
         return ExitCode::SUCCESS;

@@ -135,6 +135,13 @@ pub fn check_mount_point(path: &Path, backing: &Path) -> Result<PathBuf, String>
             backing.display()
         ));
     }
+    // Allowed, as mount(8) allows it, but what is there cannot be reached while mounted.
+    if let Some(Ok(entry)) = std::fs::read_dir(&canonical).ok().and_then(|mut entries| entries.next()) {
+        log::warn!(
+            "mount point {shown} is not empty ({} among its entries): what it holds is hidden while mounted",
+            entry.file_name().to_string_lossy()
+        );
+    }
     Ok(canonical)
 }
 

@@ -299,3 +299,37 @@ fn a_start_that_fails_undoes_everything_it_made() {
         assert!(coalescefs(&["umount", &m]).status.success());
     }
 }
+
+/// What a new user read and found wrong: a non-empty mount point taken silently, a path that
+/// does not exist called "not mounted", the daemon's log saying "shut down" twice and
+/// "replayed 41 of 64 records" (as if 23 were lost) after a crash.
+#[test]
+fn what_the_commands_say_is_what_happened() {
+    let (t, b, m) = dirs();
+    let missing = path_str(&t.path().join("nope"));
+    for command in ["stats", "umount", "sync"] {
+        assert_fails(&coalescefs(&[command, &missing]), 1, &format!("{missing} does not exist"));
+    }
+    fs::write(format!("{m}/hidden"), b"x").unwrap();
+    let out = coalescefs(&["mount", &b, &m]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("is not empty (hidden among its entries)"), "{}", stderr_of(&out));
+    let file = format!("{m}/f");
+    let mut f = fs::File::create(&file).unwrap();
+    std::io::Write::write_all(&mut f, b"fsynced").unwrap();
+    f.sync_all().unwrap();
+    let pid = daemon_pid(std::path::Path::new(&b));
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    wait_until("the daemon to die", || process_gone(pid));
+    drop(f);
+    assert!(coalescefs(&["umount", &m]).status.success());
+    let out = coalescefs(&["mount", &b, &m]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(coalescefs(&["umount", &m]).status.success());
+    let log = fs::read_to_string(runtime_dir(std::path::Path::new(&b)).join("daemon.log")).unwrap();
+    let this_daemon = |line: &&str| !line.contains(&format!("[{pid}]"));
+    let replay = log.lines().find(|l| l.contains("replayed the intent log")).unwrap_or_else(|| panic!("{log}"));
+    assert!(replay.contains(" applied, ") && replay.contains("already on the backend"), "{replay}");
+    let shut_down = log.lines().filter(this_daemon).filter(|l| l.contains("shut down with")).count();
+    assert_eq!(shut_down, 1, "the second daemon said it shut down {shut_down} times:\n{log}");
+}

@@ -158,6 +158,8 @@ pub struct Engine {
     config: EngineConfig,
     next_handle: AtomicU64,
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    /// `shut_down` has said so in the log once.
+    shut_down_said: std::sync::atomic::AtomicBool,
     dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
     /// Per file with a writable handle open.
     writer_modes: Mutex<HashMap<ObjectId, WriterMode>>,
@@ -210,6 +212,7 @@ impl Engine {
             config,
             next_handle: AtomicU64::new(1),
             files: Mutex::new(HashMap::new()),
+            shut_down_said: std::sync::atomic::AtomicBool::new(false),
             dirs: Mutex::new(HashMap::new()),
             writer_modes: Mutex::new(HashMap::new()),
         })
@@ -304,8 +307,12 @@ impl Engine {
     /// Called once the kernel has let go of the mount: nothing may stay only in memory. Returns
     /// what could not be written (see `Writeback::shut_down`); later calls return the same.
     pub fn shut_down(&self) -> ShutDown {
+        let first = !self.shut_down_said.swap(true, std::sync::atomic::Ordering::Relaxed);
         let done = self.writeback.shut_down();
-        log::info!("shut down with {} open files", lock(&self.files).len());
+        // Called by the kernel's DESTROY and again by the daemon after its session ends.
+        if first {
+            log::info!("shut down with {} open files", lock(&self.files).len());
+        }
         done
     }
 

@@ -747,12 +747,14 @@ pub fn replay(
     log.device().remove_map()?;
     metrics.log_replayed_records.fetch_add(replay.applied, Ordering::Relaxed);
     log::warn!(
-        "replayed {} of {} intent log records ({} batches, {} files made again) from {}: the last mount did not end cleanly",
-        replay.applied,
-        records.len(),
+        "the last mount did not end cleanly: replayed the intent log {} ({} batches, {} records): {} applied, \
+         {} already on the backend or made moot by a later record (markers included), {} files made again",
+        log.device().describe(),
         batches.len(),
+        records.len(),
+        replay.applied,
+        records.len() as u64 - replay.applied,
         replay.recreated_files,
-        log.device().describe()
     );
     for what in &replay.not_restored {
         log::warn!("intent log: a file created before the crash was not made again: {what}");
