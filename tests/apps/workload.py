@@ -8,7 +8,7 @@ problems (empty: all is well), so a test can name every difference it finds.
 Everything here is deterministic for a given seed: the source tree, the C project and the
 database rows are generated, not taken from the machine.
 """
-import hashlib, os, random, shutil, sqlite3, stat, subprocess, sys, time
+import errno, hashlib, os, random, shutil, sqlite3, stat, subprocess, sys, time
 
 # Owners the tree's entries get (tar -p as root restores them).
 OWNERS = [(0, 0), (1000, 1000), (65534, 65534), (1000, 100)]
@@ -277,6 +277,52 @@ def sqlite_check(path, expected_rows):
         problems.append(f"{n} rows (sum {total}), {expected_rows} expected")
     db.close()
     return problems
+
+
+# ---- a sparse image written and walked before its close
+
+
+def sparse_image(path, size=64 << 20, extents=24, seed=5):
+    """What an image tool or a log-structured store does: writes scattered extents into a
+    sparse file, then, still holding it open (its writes in the kernel's cache), walks its data
+    with SEEK_DATA and SEEK_HOLE, as `cp --sparse` and `qemu-img convert` do, and reads each
+    range back. Returns the problems: a written byte the walk skipped, or a range that reads
+    other bytes than were written."""
+    rng = random.Random(seed)
+    written = {}
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, size)
+        for _ in range(extents):
+            at = rng.randrange(0, size - (1 << 20)) & ~4095
+            data = rng.randbytes(rng.choice([512, 4096, 70000, 1 << 20]))
+            os.pwrite(fd, data, at)
+            for i in range(0, len(data), 512):  # 512-byte granules, the later write wins
+                written[at + i] = data[i:i + 512]
+        ranges, at = [], 0
+        while True:
+            try:
+                data = os.lseek(fd, at, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == errno.ENXIO:
+                    break
+                raise
+            hole = os.lseek(fd, data, os.SEEK_HOLE)
+            if hole <= data:
+                return [f"SEEK_HOLE from data at {data} answered {hole}"]
+            ranges.append((data, hole))
+            at = hole
+        problems = []
+        for offset, piece in sorted(written.items()):
+            if not any(a <= offset and offset + len(piece) <= b for a, b in ranges):
+                problems.append(f"written at {offset}, the walk found data only at {ranges[:8]}...")
+                break
+            if os.pread(fd, len(piece), offset) != piece:
+                problems.append(f"{offset}: reads other bytes than were written")
+                break
+        return problems
+    finally:
+        os.close(fd)
 
 
 # ---- rsync
