@@ -182,7 +182,9 @@ fn a_copied_tree_takes_the_space_it_takes_natively() {
         std::process::Command::new("cp").arg("-a").arg(source.path()).arg(native.path().join("copy")).status().unwrap();
     assert!(status.success());
     let native_bytes = allocated_bytes(&native.path().join("copy"));
-    let slack = files * 4096;
+    // Within 1 % of native, as the issue asks (files made ahead held 16 MiB more on 10 MiB).
+    let slack = native_bytes / 100;
+    assert!(files >= 200);
     let through_mount = allocated_bytes(&m.path("copy"));
     assert!(
         through_mount.abs_diff(native_bytes) <= slack,

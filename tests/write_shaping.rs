@@ -458,6 +458,7 @@ fn stats_watch_prints_a_line_per_interval_and_stops_with_its_reader() {
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(watch.stdout.take().unwrap()));
     let header = lines.next().unwrap().unwrap();
     assert!(header.contains("amplification") && header.contains("app MiB/s"), "{header}");
+    assert!(header.contains("backend MiB/s") && !header.contains("store"), "the README's word: {header}");
     fs::write(m.path("f"), pattern(1 << 20, 3)).unwrap();
     let rows: Vec<String> = (0..4).map(|_| lines.next().unwrap().unwrap()).collect();
     // Some interval saw the MiB written: its application rate is not zero.
