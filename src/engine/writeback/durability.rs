@@ -35,13 +35,21 @@ impl Writeback {
 
     /// Whether a new regular file in `parent` is held in memory and the log until the next
     /// checkpoint (`pending`): where its close would go to the log (`log_closes`: not in a
-    /// burst of closes), in a directory the backend holds durably, or one the log can make
-    /// again (`logged_path`).
+    /// burst of closes, or in a burst of files each fsynced before its close), in a directory
+    /// the backend holds durably, or one the log can make again (`logged_path`).
+    ///
+    /// Why the fsynced burst is held: tar and rsync fsync nothing, and the backend's one journal
+    /// commit shares the creations of their whole burst; dpkg, a maildir and git with
+    /// core.fsync fsync every file, and a file made on the backend at once costs each fsync a
+    /// journal commit, where the log answers it with a block or two. Measured with 200 new
+    /// 1 KiB files, each fsynced then closed, state directory on the measured 512-byte-sector
+    /// ext4: 25.2x the application bytes made at once, 7.0x held (native ext4 36.3x).
     pub fn may_hold_new_file(&self, parent: u64) -> bool {
         if self.pending.is_none() || !logged_path(&lock(&self.durability), parent) {
             return false;
         }
-        let hold = self.logs_close(self.last_close.within_burst());
+        let in_burst = self.last_close.within_burst() && !self.last_close_fsynced.load(Relaxed);
+        let hold = self.logs_close(in_burst);
         if !hold {
             self.metrics.pending_files_declined.fetch_add(1, Relaxed);
         }
@@ -410,7 +418,9 @@ impl Writeback {
     /// fsync(2) and fdatasync(2): through the intent log when it can stand for a backend
     /// sync, otherwise the buffered units to the backend and the backend synced.
     pub fn fsync(&self, file: &Arc<FileState>, data_only: bool) -> SysResult<()> {
-        self.sync_file(file, data_only, ErrorReport::Sync)
+        let synced = self.sync_file(file, data_only, ErrorReport::Sync);
+        self.last_fsync.note();
+        synced
     }
 
     /// close(2): the buffered data goes to the backend. A file with records in the intent log
@@ -419,6 +429,7 @@ impl Writeback {
     /// acknowledged survives a daemon crash, with the log as without it.
     pub fn close_file(&self, file: &Arc<FileState>) -> SysResult<()> {
         let in_burst = self.last_close.note();
+        self.last_close_fsynced.store(self.last_fsync.within_burst(), Relaxed);
         if let Some(result) = self.commit_pending(file, ErrorReport::Close) {
             return result;
         }

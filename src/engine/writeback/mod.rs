@@ -399,6 +399,12 @@ pub struct Writeback {
     checkpointing: Mutex<()>,
     /// The last close of a file open for writing (`LogCloses::Auto`).
     last_close: LastEvent,
+    /// The last fsync or fdatasync an application asked for.
+    last_fsync: LastEvent,
+    /// The last close came right after an fsync (within `BURST_GAP`): a burst of such closes
+    /// is a burst of fsynced files (dpkg, a maildir, git with core.fsync), whose new files the
+    /// log holds (`may_hold_new_file`).
+    last_close_fsynced: std::sync::atomic::AtomicBool,
 }
 
 /// Retries of a refused flush wait this long at first, twice as long after each failure that
@@ -477,6 +483,8 @@ impl Writeback {
             durability: Mutex::new(HashMap::new()),
             checkpointing: Mutex::new(()),
             last_close: LastEvent::default(),
+            last_fsync: LastEvent::default(),
+            last_close_fsynced: std::sync::atomic::AtomicBool::new(false),
         });
         for i in 0..writeback.config.flushers {
             let wb = writeback.clone();
