@@ -186,8 +186,10 @@ fn a_copied_tree_takes_the_space_it_takes_natively() {
     let slack = native_bytes / 100;
     assert!(files >= 200);
     let through_mount = allocated_bytes(&m.path("copy"));
+    // Never more than 1 % over; under by at most a block a file: a file the log holds in
+    // memory counts its size in 512-byte sectors, where ext4 will round it up to its 4 KiB block.
     assert!(
-        through_mount.abs_diff(native_bytes) <= slack,
+        through_mount <= native_bytes + slack && through_mount + files * 4096 >= native_bytes,
         "du through the mount {through_mount}, native {native_bytes}"
     );
     m.sync_to_backend();
