@@ -34,10 +34,27 @@ use crate::ll::reply::Response;
 use crate::ll::{self};
 use crate::passthrough::BackingId;
 
+/// Where the one reply to a request goes when the request did not come from read(2) on
+/// /dev/fuse but over a transport of the caller's own (FUSE over io_uring: the reply is written
+/// into the ring entry the request arrived in). Called at most once per request, from whichever
+/// thread replies; `reply` holds the `fuse_out_header` first, then the body, as for writev(2).
+pub trait ReplySink: std::fmt::Debug + Send + Sync + 'static {
+    /// Sends one reply.
+    /// # Errors
+    /// When the reply cannot be handed to the kernel.
+    fn send(&self, reply: &[IoSlice<'_>]) -> std::io::Result<()>;
+}
+
 /// Generic reply callback to send data
 #[derive(Debug)]
 pub(crate) enum ReplySender {
     Channel(ChannelSender),
+    /// A request from another transport: its reply goes to `sink`; backing files (passthrough)
+    /// are still opened through `channel`, the /dev/fuse descriptor.
+    Sink {
+        sink: std::sync::Arc<dyn ReplySink>,
+        channel: ChannelSender,
+    },
     #[cfg(test)]
     Assert(AssertSender),
     #[cfg(test)]
@@ -49,6 +66,7 @@ impl ReplySender {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()> {
         match self {
             ReplySender::Channel(sender) => sender.send(data),
+            ReplySender::Sink { sink, .. } => sink.send(data),
             #[cfg(test)]
             ReplySender::Assert(sender) => sender.send(data),
             #[cfg(test)]
@@ -63,6 +81,7 @@ impl ReplySender {
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> std::io::Result<BackingId> {
         match self {
             ReplySender::Channel(sender) => sender.open_backing(fd),
+            ReplySender::Sink { channel, .. } => channel.open_backing(fd),
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -74,6 +93,7 @@ impl ReplySender {
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
         match self {
             ReplySender::Channel(sender) => unsafe { sender.wrap_backing(id) },
+            ReplySender::Sink { channel, .. } => unsafe { channel.wrap_backing(id) },
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]

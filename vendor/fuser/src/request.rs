@@ -34,6 +34,8 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// Set for a request from another transport: where its reply goes instead of `ch`.
+    sink: Option<std::sync::Arc<dyn crate::reply::ReplySink>>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +51,33 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self {
+            ch,
+            sink: None,
+            request,
+        })
+    }
+
+    /// A request that arrived over another transport, its reply to go to `sink`.
+    pub(crate) fn with_sink(
+        ch: ChannelSender,
+        sink: std::sync::Arc<dyn crate::reply::ReplySink>,
+        data: &'a [u8],
+    ) -> Option<RequestWithSender<'a>> {
+        let mut request = Self::new(ch, data)?;
+        request.sink = Some(sink);
+        Some(request)
+    }
+
+    /// Where this request's reply goes.
+    fn sender(&self) -> ReplySender {
+        match &self.sink {
+            None => ReplySender::Channel(self.ch.clone()),
+            Some(sink) => ReplySender::Sink {
+                sink: sink.clone(),
+                channel: self.ch.clone(),
+            },
+        }
     }
 
     /// Dispatch request to the given filesystem.
@@ -302,11 +330,7 @@ impl<'a> RequestWithSender<'a> {
                     self.request.nodeid(),
                     x.file_handle(),
                     x.offset(),
-                    ReplyDirectory::new(
-                        self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
-                        x.size() as usize,
-                    ),
+                    ReplyDirectory::new(self.request.unique(), self.sender(), x.size() as usize),
                 );
             }
             ll::Operation::ReleaseDir(x) => {
@@ -479,7 +503,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -552,7 +576,7 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.sender())
     }
 
     /// Returns a Request reference for this request

@@ -244,6 +244,20 @@ impl<FS: Filesystem> Session<FS> {
     /// # Errors
     /// Returns any final error when the session comes to an end.
     pub fn run(self) -> io::Result<()> {
+        self.run_with_transport(|_| Ok(()))
+    }
+
+    /// Runs the session as `run` does and, on a thread of its own beside the /dev/fuse loops,
+    /// `transport`: a source of requests of the caller's own (FUSE over io_uring), which hands
+    /// each to the [`RequestDispatcher`] it is given. The /dev/fuse loops still serve what the
+    /// kernel sends there (FORGET, INTERRUPT, and everything when the transport is not in use).
+    /// Returns when the loops and the transport have ended, after `destroy`.
+    /// # Errors
+    /// Returns any final error of the loops or of the transport.
+    pub fn run_with_transport<T>(self, transport: T) -> io::Result<()>
+    where
+        T: FnOnce(RequestDispatcher<FS>) -> io::Result<()> + Send + 'static,
+    {
         let Session {
             filesystem,
             ch,
@@ -286,6 +300,7 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        let channel_for_transport = ch.clone();
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -305,6 +320,21 @@ impl<FS: Filesystem> Session<FS> {
                     .spawn(move || event_loop.event_loop())?,
             );
         }
+
+        let dispatcher = RequestDispatcher {
+            event_loop: Arc::new(SessionEventLoop {
+                thread_name: "transport".to_string(),
+                filesystem: filesystem.clone(),
+                ch: channel_for_transport,
+                allowed,
+                session_owner,
+            }),
+        };
+        threads.push(
+            thread::Builder::new()
+                .name("fuser-transport".to_string())
+                .spawn(move || transport(dispatcher))?,
+        );
 
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
@@ -552,6 +582,54 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 Err(err) => return Err(err.into()),
             }
         }
+    }
+}
+
+/// Hands fuser a request that arrived over a transport of the caller's own, with the sink its
+/// reply goes to; it is parsed, checked and dispatched to the filesystem as a request read from
+/// /dev/fuse would be. Cloned freely, one per transport thread.
+pub struct RequestDispatcher<FS: Filesystem> {
+    event_loop: Arc<SessionEventLoop<FS>>,
+}
+
+impl<FS: Filesystem> std::fmt::Debug for RequestDispatcher<FS> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestDispatcher").finish_non_exhaustive()
+    }
+}
+
+impl<FS: Filesystem> Clone for RequestDispatcher<FS> {
+    fn clone(&self) -> Self {
+        Self {
+            event_loop: self.event_loop.clone(),
+        }
+    }
+}
+
+impl<FS: Filesystem> RequestDispatcher<FS> {
+    /// Dispatches one request: `request` is the request as /dev/fuse would deliver it
+    /// (`fuse_in_header` first, 8-byte aligned); its one reply goes to `sink`. DESTROY is
+    /// answered here, as the /dev/fuse loop answers it.
+    /// # Errors
+    /// `InvalidData` when the bytes are not a request; nothing was replied then.
+    pub fn dispatch(
+        &self,
+        request: &[u8],
+        sink: Arc<dyn crate::reply::ReplySink>,
+    ) -> io::Result<()> {
+        let Some(req) = RequestWithSender::with_sink(self.event_loop.ch.sender(), sink, request)
+        else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "Invalid request",
+            ));
+        };
+        if let Ok(Operation::Destroy(_)) = req.request.operation() {
+            req.reply::<ReplyEmpty>().ok();
+        } else {
+            req.dispatch(&self.event_loop);
+        }
+        Ok(())
     }
 }
 
