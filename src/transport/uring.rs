@@ -340,7 +340,10 @@ impl RingTransport {
             let qid = queue.shared.qid;
             match std::thread::Builder::new().name(format!("fuse-ring-{qid}")).spawn(move || queue.run()) {
                 Ok(thread) => threads.push(thread),
-                Err(e) => log::error!("cannot start the thread of ring queue {qid}: {e}"),
+                Err(e) => {
+                    log::error!("cannot start the thread of ring queue {qid}: {e}");
+                    fall_back_to_dev_fuse(dev_fuse, &metrics);
+                }
             }
         }
         drop(dispatcher);
@@ -393,8 +396,9 @@ impl<FS: fuser::Filesystem> Queue<FS> {
         // Entries that have delivered a request: an error on one of those is not a refused
         // registration.
         let mut delivered = vec![false; self.shared.entries.len()];
-        if let Err(e) = self.push(&sqes) {
-            log::error!("ring queue {qid}: cannot queue its entries: {e}");
+        if let Err(e) = self.push(&sqes).and_then(|()| self.ring.submit().map(|_| ())) {
+            log::error!("ring queue {qid}: cannot register its entries: {e}");
+            fall_back_to_dev_fuse(self.dev_fuse, &self.metrics);
             return;
         }
         let mut live_entries = self.shared.entries.len();
@@ -455,6 +459,7 @@ impl<FS: fuser::Filesystem> Queue<FS> {
                         // /dev/fuse, where fuser's loops still read.
                         log::warn!("ring queue {qid} entry {index}: REGISTER refused ({error}): the mount falls back to /dev/fuse");
                         self.metrics.set_transport("dev (io_uring registration refused)");
+                        self.metrics.fuse_ring_queues.store(0, Relaxed);
                     }
                     live_entries -= 1;
                     continue;
@@ -578,6 +583,34 @@ impl<FS: fuser::Filesystem> Queue<FS> {
             log::error!("ring queue {}: {e}: EIO", shared.qid);
             answer_error(&sink, unique, libc::EIO);
         }
+    }
+}
+
+/// Makes the kernel serve the connection over /dev/fuse, for a queue that cannot register its
+/// entries: until every queue has one, the kernel holds every request of the mount. A REGISTER
+/// it refuses (here: no iovecs) turns the connection's io_uring off and wakes those requests
+/// (fs/fuse/dev_uring.c, fuse_uring_cmd); it is sent on a ring of its own, since the queue's
+/// ring may be what failed.
+fn fall_back_to_dev_fuse(dev_fuse: RawFd, metrics: &Metrics) {
+    let refused = (|| -> io::Result<i32> {
+        let mut ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2)?;
+        ring.submitter().register_files(&[dev_fuse])?;
+        // len 0: the kernel wants exactly 2 iovecs and refuses with EINVAL.
+        let sqe = ring_cmd(FUSE_IO_URING_CMD_REGISTER, 0, 0, 0, None);
+        // SAFETY: the SQE names no memory (no iovecs).
+        unsafe { ring.submission().push(&sqe) }.map_err(|_| io::Error::other("submission queue full"))?;
+        ring.submit_and_wait(1)?;
+        let result = ring.completion().next().map(|c| c.result()).unwrap_or(0);
+        Ok(result)
+    })();
+    match refused {
+        Ok(result) if result < 0 => {
+            log::warn!("FUSE over io_uring turned off for this mount: requests come over /dev/fuse");
+            metrics.set_transport("dev (io_uring queue setup failed)");
+            metrics.fuse_ring_queues.store(0, Relaxed);
+        }
+        Ok(result) => log::error!("could not turn FUSE over io_uring off (REGISTER answered {result})"),
+        Err(e) => log::error!("could not turn FUSE over io_uring off: {e}"),
     }
 }
 
