@@ -368,7 +368,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
             log::info!(
                 "transport: FUSE over io_uring, {} queues of {} entries ({} byte payloads); FORGET and INTERRUPT over /dev/fuse",
                 rings.queue_count(),
-                transport::uring::ENTRIES_PER_QUEUE,
+                rings.entries_per_queue(),
                 transport::uring::payload_bytes(max_write as u32)
             );
         }

@@ -35,9 +35,13 @@ const IN_OUT_HEADER_BYTES: usize = 128;
 const OP_IN_OUT_BYTES: usize = 128;
 const IN_HEADER_BYTES: usize = 40;
 const OUT_HEADER_BYTES: usize = 16;
-/// Entries per queue: one thread answers a queue's requests one at a time, so more entries only
-/// let the kernel copy in the next requests meanwhile; each costs a payload buffer (>= max_write).
-pub const ENTRIES_PER_QUEUE: usize = 4;
+/// Entries per queue, at most: one thread answers a queue's requests one at a time, so more
+/// entries only let the kernel copy in the next requests meanwhile; each costs a payload buffer
+/// (>= max_write).
+pub const ENTRIES_PER_QUEUE_MAX: usize = 4;
+/// The bound on all entries' memory together: a machine of many possible CPUs gets fewer
+/// entries per queue (never fewer than one: the kernel needs one in every queue).
+pub const ENTRY_MEMORY_BUDGET_BYTES: usize = 64 << 20;
 /// The page that holds an entry's header and, just below the payload, the request's
 /// `fuse_in_header` and op arguments copied there so that fuser sees one contiguous request.
 const HEADER_AREA_BYTES: usize = 4096;
@@ -114,6 +118,12 @@ pub fn payload_bytes(max_write_bytes: u32) -> usize {
         .unwrap_or(256);
     let bytes = FUSE_MIN_READ_BUFFER.max(max_write_bytes as usize).max(limit_pages * page);
     bytes.div_ceil(page) * page
+}
+
+/// As many entries per queue as ENTRY_MEMORY_BUDGET_BYTES holds, 1 to ENTRIES_PER_QUEUE_MAX.
+fn entries_per_queue(queue_count: usize, payload_capacity: usize) -> usize {
+    let entry_bytes = HEADER_AREA_BYTES + payload_capacity;
+    (ENTRY_MEMORY_BUDGET_BYTES / (queue_count * entry_bytes)).clamp(1, ENTRIES_PER_QUEUE_MAX)
 }
 
 /// One entry's memory: the header area (header, then room for the request's headers just below
@@ -283,12 +293,12 @@ pub struct RingTransport {
 }
 
 impl RingTransport {
-    /// Makes a ring and `ENTRIES_PER_QUEUE` entries for every possible CPU. `dev_fuse` is (a
-    /// duplicate of) the connection's /dev/fuse descriptor; `payload_capacity` from
-    /// [`payload_bytes`].
+    /// Makes a ring and its entries for every possible CPU. `dev_fuse` is (a duplicate of) the
+    /// connection's /dev/fuse descriptor; `payload_capacity` from [`payload_bytes`].
     pub fn new(dev_fuse: OwnedFd, payload_capacity: usize) -> io::Result<RingTransport> {
         let queue_count = possible_cpus();
         assert!(queue_count > 0 && queue_count <= u16::MAX as usize);
+        let entries_per_queue = entries_per_queue(queue_count, payload_capacity);
         let mut queues = Vec::with_capacity(queue_count);
         let mut rings = Vec::with_capacity(queue_count);
         for qid in 0..queue_count {
@@ -296,11 +306,11 @@ impl RingTransport {
                 // The kernel copies each request in task work on the queue's thread; run it
                 // when the thread enters the kernel anyway rather than interrupting it.
                 .setup_coop_taskrun()
-                .setup_cqsize(4 * ENTRIES_PER_QUEUE as u32)
-                .build(2 * ENTRIES_PER_QUEUE as u32)?;
+                .setup_cqsize(4 * entries_per_queue as u32)
+                .build(2 * entries_per_queue as u32)?;
             ring.submitter().register_files(&[dev_fuse.as_raw_fd()])?;
-            let mut entries = Vec::with_capacity(ENTRIES_PER_QUEUE);
-            for _ in 0..ENTRIES_PER_QUEUE {
+            let mut entries = Vec::with_capacity(entries_per_queue);
+            for _ in 0..entries_per_queue {
                 let memory = EntryMemory::new(payload_capacity)?;
                 let iovecs = [
                     libc::iovec { iov_base: memory.header().cast(), iov_len: std::mem::size_of::<ReqHeader>() },
@@ -329,6 +339,10 @@ impl RingTransport {
 
     pub fn queue_count(&self) -> usize {
         self.queues.len()
+    }
+
+    pub fn entries_per_queue(&self) -> usize {
+        self.queues[0].entries.len()
     }
 
     /// Serves every queue on a thread of its own until the connection ends, then returns.
@@ -403,7 +417,7 @@ impl<FS: fuser::Filesystem> Queue<FS> {
         }
         let mut live_entries = self.shared.entries.len();
         let mut kernel_let_go = true;
-        let mut completions: Vec<(u64, i32)> = Vec::with_capacity(4 * ENTRIES_PER_QUEUE);
+        let mut completions: Vec<(u64, i32)> = Vec::with_capacity(4 * self.shared.entries.len());
         while live_entries > 0 {
             let commits = self.commits();
             if let Err(e) = self.push(&commits) {
@@ -671,6 +685,18 @@ mod tests {
         assert_eq!(u32::from_ne_bytes(bytes[SQE_LEN_OFFSET..SQE_LEN_OFFSET + 4].try_into().unwrap()), 2);
         // cmd_op (u32 at byte 8, in the `off` union) and the command area at byte 48.
         assert_eq!(u32::from_ne_bytes(bytes[8..12].try_into().unwrap()), 7);
+    }
+
+    #[test]
+    fn entries_stay_within_their_memory_budget_but_every_queue_has_one() {
+        assert_eq!(entries_per_queue(2, 1 << 20), ENTRIES_PER_QUEUE_MAX);
+        assert_eq!(entries_per_queue(16, 1 << 20), 3);
+        assert_eq!(entries_per_queue(64, 1 << 20), 1);
+        assert_eq!(entries_per_queue(1024, 16 << 20), 1);
+        for queues in [1, 2, 8, 16, 64] {
+            let entries = entries_per_queue(queues, 1 << 20);
+            assert!(entries == 1 || queues * entries * ((1 << 20) + 4096) <= ENTRY_MEMORY_BUDGET_BYTES);
+        }
     }
 
     #[test]
