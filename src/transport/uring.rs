@@ -302,10 +302,10 @@ impl RingTransport {
         let mut queues = Vec::with_capacity(queue_count);
         let mut rings = Vec::with_capacity(queue_count);
         for qid in 0..queue_count {
+            // No SINGLE_ISSUER, COOP_TASKRUN or DEFER_TASKRUN: libfuse measured them slower for
+            // this (lib/fuse_uring.c), and COOP_TASKRUN made no difference here (fstat 11-15 us
+            // either way on the loaded 2-CPU machine).
             let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-                // The kernel copies each request in task work on the queue's thread; run it
-                // when the thread enters the kernel anyway rather than interrupting it.
-                .setup_coop_taskrun()
                 .setup_cqsize(4 * entries_per_queue as u32)
                 .build(2 * entries_per_queue as u32)?;
             ring.submitter().register_files(&[dev_fuse.as_raw_fd()])?;
