@@ -410,6 +410,7 @@ impl<FS: fuser::Filesystem> Queue<FS> {
         // Entries that have delivered a request: an error on one of those is not a refused
         // registration.
         let mut delivered = vec![false; self.shared.entries.len()];
+        let mut register_retries_left = 100;
         if let Err(e) = self.push(&sqes).and_then(|()| self.ring.submit().map(|_| ())) {
             log::error!("ring queue {qid}: cannot register its entries: {e}");
             fall_back_to_dev_fuse(self.dev_fuse, &self.metrics);
@@ -460,6 +461,17 @@ impl<FS: fuser::Filesystem> Queue<FS> {
                     let errno = -result;
                     let connection_ended = [libc::ENOTCONN, libc::ECONNABORTED, libc::ECANCELED].contains(&errno);
                     let error = io::Error::from_raw_os_error(errno);
+                    let retry = errno == libc::EAGAIN || errno == libc::EINTR;
+                    if retry && !delivered[index] && register_retries_left > 0 {
+                        // EAGAIN: the connection's INIT not yet complete (it is, before the
+                        // rings start; libfuse retries too). Bounded, and spaced.
+                        register_retries_left -= 1;
+                        std::thread::sleep(Duration::from_millis(10));
+                        let sqe = self.register(index);
+                        if self.push(&[sqe]).is_ok() {
+                            continue;
+                        }
+                    }
                     if !connection_ended && delivered[index] {
                         // A COMMIT the kernel refused (its request gone): the entry stays with
                         // the kernel unusable, so register it again or the queue would shrink.
