@@ -221,6 +221,8 @@ struct QueueShared {
 struct RingReply {
     queue: Arc<QueueShared>,
     entry: usize,
+    /// The request it answers: a reply kept past its entry's commit must not answer the next.
+    unique: u64,
     /// The request carried no payload, so its reply may go straight into the payload buffer.
     payload_free: bool,
 }
@@ -238,7 +240,7 @@ impl fuser::ReplySink for RingReply {
         assert_eq!(header.len(), OUT_HEADER_BYTES, "a reply starts with fuse_out_header");
         let body_bytes: usize = body.iter().map(|b| b.len()).sum();
         let mut state = entry.reply.lock().unwrap_or_else(|e| e.into_inner());
-        if state.answered {
+        if state.answered || state.unique != self.unique {
             return Err(io::Error::other("a second reply to one request"));
         }
         let mut out_header = [0u8; OUT_HEADER_BYTES];
@@ -575,7 +577,8 @@ impl<FS: fuser::Filesystem> Queue<FS> {
             state.answered = false;
             state.staged_body = None;
         }
-        let sink = Arc::new(RingReply { queue: shared.clone(), entry: index, payload_free: payload_bytes == 0 });
+        let sink =
+            Arc::new(RingReply { queue: shared.clone(), entry: index, unique, payload_free: payload_bytes == 0 });
         // The op arguments are whatever the request holds besides its header and payload.
         let op_bytes = request_len.checked_sub(IN_HEADER_BYTES + payload_bytes);
         let valid = unique == in_out.commit_id
@@ -605,9 +608,21 @@ impl<FS: fuser::Filesystem> Queue<FS> {
             std::slice::from_raw_parts(start as *const u8, start_offset + payload_bytes)
         };
         debug_assert_eq!(request.as_ptr() as usize % 8, 0);
-        if let Err(e) = self.dispatcher.dispatch(request, sink.clone()) {
-            log::error!("ring queue {}: {e}: EIO", shared.qid);
-            answer_error(&sink, unique, libc::EIO);
+        // A panic in the file system must not take the queue's thread with it: every request
+        // the kernel routes to this CPU would then wait on a queue nobody serves.
+        let dispatched =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.dispatcher.dispatch(request, sink.clone())));
+        match dispatched {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                log::error!("ring queue {}: {e}: EIO", shared.qid);
+                answer_error(&sink, unique, libc::EIO);
+            }
+            Err(_) => {
+                log::error!("ring queue {}: a request panicked (unique {unique}): EIO", shared.qid);
+                // Unless its reply went out as it unwound (fuser answers EIO on drop).
+                answer_error(&sink, unique, libc::EIO);
+            }
         }
     }
 }
