@@ -353,7 +353,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     };
     // INIT is answered: with the ring granted, the kernel holds every request until each
     // possible CPU's queue has an entry registered, so the rings must exist before anything
-    // waits on the mount, or the mount must go.
+    // waits on the mount, or the ring be turned off (auto), or the mount go (uring).
     let rings = match ring_transport(&session, &negotiation, opts.transport, max_write as u32) {
         Ok(rings) => rings,
         Err(message) => {
@@ -446,12 +446,23 @@ fn ring_transport(
         }
         return Ok(None);
     }
-    let dev_fuse = std::os::fd::AsFd::as_fd(session)
+    let dev_fuse = std::os::fd::AsFd::as_fd(session);
+    let rings = dev_fuse
         .try_clone_to_owned()
-        .map_err(|e| format!("cannot duplicate the /dev/fuse descriptor for io_uring: {e}"))?;
-    transport::uring::RingTransport::new(dev_fuse, transport::uring::payload_bytes(max_write_bytes))
-        .map(Some)
-        .map_err(|e| format!("cannot set up FUSE over io_uring: {e}"))
+        .and_then(|fd| transport::uring::RingTransport::new(fd, transport::uring::payload_bytes(max_write_bytes)));
+    match rings {
+        Ok(rings) => Ok(Some(rings)),
+        Err(e) if choice == TransportChoice::Auto => {
+            // Turned off for the connection, the held requests go to /dev/fuse.
+            log::warn!("cannot set up FUSE over io_uring ({e}): transport=auto falls back to /dev/fuse");
+            if transport::uring::fall_back_to_dev_fuse(std::os::fd::AsRawFd::as_raw_fd(&dev_fuse)) {
+                Ok(None)
+            } else {
+                Err(format!("cannot set up FUSE over io_uring ({e}), nor turn it off"))
+            }
+        }
+        Err(e) => Err(format!("cannot set up FUSE over io_uring: {e}")),
+    }
 }
 
 fn start_session(

@@ -358,7 +358,7 @@ impl RingTransport {
                 Ok(thread) => threads.push(thread),
                 Err(e) => {
                     log::error!("cannot start the thread of ring queue {qid}: {e}");
-                    fall_back_to_dev_fuse(dev_fuse, &metrics);
+                    queue_failed(dev_fuse, &metrics);
                 }
             }
         }
@@ -415,7 +415,7 @@ impl<FS: fuser::Filesystem> Queue<FS> {
         let mut register_retries_left = 100;
         if let Err(e) = self.push(&sqes).and_then(|()| self.ring.submit().map(|_| ())) {
             log::error!("ring queue {qid}: cannot register its entries: {e}");
-            fall_back_to_dev_fuse(self.dev_fuse, &self.metrics);
+            queue_failed(self.dev_fuse, &self.metrics);
             return;
         }
         let mut live_entries = self.shared.entries.len();
@@ -627,12 +627,12 @@ impl<FS: fuser::Filesystem> Queue<FS> {
     }
 }
 
-/// Makes the kernel serve the connection over /dev/fuse, for a queue that cannot register its
-/// entries: until every queue has one, the kernel holds every request of the mount. A REGISTER
+/// Makes the kernel serve the connection over /dev/fuse, for rings that cannot be made or a
+/// queue that cannot register its entries: until every queue has one, the kernel holds every request of the mount. A REGISTER
 /// it refuses (here: no iovecs) turns the connection's io_uring off and wakes those requests
 /// (fs/fuse/dev_uring.c, fuse_uring_cmd); it is sent on a ring of its own, since the queue's
-/// ring may be what failed.
-fn fall_back_to_dev_fuse(dev_fuse: RawFd, metrics: &Metrics) {
+/// ring may be what failed. True when the kernel took the refusal.
+pub fn fall_back_to_dev_fuse(dev_fuse: RawFd) -> bool {
     let refused = (|| -> io::Result<i32> {
         let mut ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2)?;
         ring.submitter().register_files(&[dev_fuse])?;
@@ -647,11 +647,24 @@ fn fall_back_to_dev_fuse(dev_fuse: RawFd, metrics: &Metrics) {
     match refused {
         Ok(result) if result < 0 => {
             log::warn!("FUSE over io_uring turned off for this mount: requests come over /dev/fuse");
-            metrics.set_transport("dev (io_uring queue setup failed)");
-            metrics.fuse_ring_queues.store(0, Relaxed);
+            true
         }
-        Ok(result) => log::error!("could not turn FUSE over io_uring off (REGISTER answered {result})"),
-        Err(e) => log::error!("could not turn FUSE over io_uring off: {e}"),
+        Ok(result) => {
+            log::error!("could not turn FUSE over io_uring off (REGISTER answered {result})");
+            false
+        }
+        Err(e) => {
+            log::error!("could not turn FUSE over io_uring off: {e}");
+            false
+        }
+    }
+}
+
+/// A queue that cannot serve: the connection falls back to /dev/fuse, and stats say so.
+fn queue_failed(dev_fuse: RawFd, metrics: &Metrics) {
+    if fall_back_to_dev_fuse(dev_fuse) {
+        metrics.set_transport("dev (io_uring queue setup failed)");
+        metrics.fuse_ring_queues.store(0, Relaxed);
     }
 }
 
