@@ -20,6 +20,7 @@ use crate::engine::intent_log::raw::RawLog;
 use crate::options::{BackendKind, LogPlace, MountOptions, MountRequest};
 use crate::runtime::RuntimeDir;
 use crate::state::{self, StateDir};
+use crate::transport::{self, TransportChoice};
 use crate::{backend, control, engine, fuse, logging, metrics, mounts, sys};
 
 /// The exit status of a command that met a condition (usage errors exit 2).
@@ -319,6 +320,7 @@ fn options_in_effect(
         ("log_closes", if opts.log == LogPlace::Off { "never".into() } else { log_closes.to_string() }),
         ("log_raw", if opts.log_raw == RawLog::Auto && opts.log != LogPlace::Off { "auto" } else { "off" }.into()),
         ("xattr", if opts.xattrs { "on" } else { "off" }.into()),
+        ("transport", opts.transport.name().into()),
         ("cache_timeout_ms", opts.cache_timeout.as_millis().to_string()),
         ("io_timeout_ms", opts.io_timeout.as_millis().to_string()),
         ("read_only", opts.read_only.to_string()),
@@ -393,6 +395,18 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     let max_write = opts.max_write_bytes.unwrap_or(capabilities.unit_bytes).min(fuse::MAX_WRITE_BYTES_LIMIT);
     metrics.set_mount_options(options_in_effect(opts, &capabilities, &backing, &mount_point, &state, max_write));
     let mount_id = Arc::new(std::sync::OnceLock::new());
+    let ask_for_ring = match (opts.transport, transport::uring_unavailable()) {
+        (TransportChoice::Dev, _) => false,
+        (TransportChoice::Auto, None) | (TransportChoice::Uring, None) => true,
+        (TransportChoice::Auto, Some(why)) => {
+            log::info!("transport=auto: /dev/fuse, FUSE over io_uring is not available: {why}");
+            false
+        }
+        (TransportChoice::Uring, Some(why)) => {
+            return ready.error(&format!("transport=uring: FUSE over io_uring is not available: {why}"));
+        }
+    };
+    let negotiation = Arc::new(transport::Negotiation::new(ask_for_ring));
     let adapter = fuse::FuseAdapter::new(
         engine.clone(),
         metrics.clone(),
@@ -400,6 +414,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         opts.cache_timeout,
         opts.xattrs,
         mount_id.clone(),
+        negotiation.clone(),
     );
     let notifier = adapter.notifier_slot();
     let session = match start_session(adapter, &backing, &mount_point, opts) {
@@ -415,6 +430,38 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         }
     };
     let _ = notifier.set(session.notifier());
+    // INIT is answered: with the ring granted, the kernel holds every request until each
+    // possible CPU's queue has an entry registered, so the rings must exist before anything
+    // waits on the mount, or the ring be turned off (auto), or the mount go (uring).
+    let rings = match ring_transport(&session, &negotiation, opts.transport, max_write as u32) {
+        Ok(rings) => rings,
+        Err(message) => {
+            let _ = mounts::unmount(&mount_point, true);
+            let done = engine.shut_down();
+            if done.unwritten.is_empty() && !engine.log_holds_records() {
+                made.undo(&backing, &runtime);
+            } else {
+                runtime.remove_runtime_files();
+            }
+            return ready.error(&message);
+        }
+    };
+    match &rings {
+        Some(rings) => {
+            metrics.set_transport("uring");
+            metrics.fuse_ring_queues.store(rings.queue_count() as u64, std::sync::atomic::Ordering::Relaxed);
+            log::info!(
+                "transport: FUSE over io_uring, {} queues of {} entries ({} byte payloads); FORGET and INTERRUPT over /dev/fuse",
+                rings.queue_count(),
+                rings.entries_per_queue(),
+                transport::uring::payload_bytes(max_write as u32)
+            );
+        }
+        None => {
+            metrics.set_transport("dev");
+            log::info!("transport: /dev/fuse, {} threads", opts.threads);
+        }
+    }
 
     metrics.daemon_pid.store(std::process::id() as u64, std::sync::atomic::Ordering::Relaxed);
     if let Err(e) = runtime.write_pid() {
@@ -444,7 +491,13 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     }
     unmount_on_signal(mount_point.clone(), ours.map(|m| m.device_minor), session_ended.clone());
     ready.ok();
-    let result = session.run();
+    let ring_metrics = metrics.clone();
+    let result = session.run_with_transport(move |dispatcher| {
+        if let Some(rings) = rings {
+            rings.serve(dispatcher, ring_metrics);
+        }
+        Ok(())
+    });
     session_ended.store(true, std::sync::atomic::Ordering::Relaxed);
     // The kernel's DESTROY usually ran this already; after an aborted connection it did not.
     let done = engine.shut_down();
@@ -460,6 +513,40 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         Err(e) => log::info!("the session on {} ended: {e}", mount_point.display()),
     }
     exit
+}
+
+/// The rings of a mount whose INIT granted FUSE over io_uring; None when it was not asked for
+/// or (transport=auto) not granted. An error when transport=uring was not granted or the rings
+/// cannot be made.
+fn ring_transport(
+    session: &fuser::Session<fuse::FuseAdapter>,
+    negotiation: &transport::Negotiation,
+    choice: TransportChoice,
+    max_write_bytes: u32,
+) -> Result<Option<transport::uring::RingTransport>, String> {
+    if !negotiation.granted() {
+        if choice == TransportChoice::Uring {
+            return Err("transport=uring: the kernel did not grant FUSE over io_uring at INIT".into());
+        }
+        return Ok(None);
+    }
+    let dev_fuse = std::os::fd::AsFd::as_fd(session);
+    let rings = dev_fuse
+        .try_clone_to_owned()
+        .and_then(|fd| transport::uring::RingTransport::new(fd, transport::uring::payload_bytes(max_write_bytes)));
+    match rings {
+        Ok(rings) => Ok(Some(rings)),
+        Err(e) if choice == TransportChoice::Auto => {
+            // Turned off for the connection, the held requests go to /dev/fuse.
+            log::warn!("cannot set up FUSE over io_uring ({e}): transport=auto falls back to /dev/fuse");
+            if transport::uring::fall_back_to_dev_fuse(std::os::fd::AsRawFd::as_raw_fd(&dev_fuse)) {
+                Ok(None)
+            } else {
+                Err(format!("cannot set up FUSE over io_uring ({e}), nor turn it off"))
+            }
+        }
+        Err(e) => Err(format!("cannot set up FUSE over io_uring: {e}")),
+    }
 }
 
 fn start_session(

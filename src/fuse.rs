@@ -19,6 +19,7 @@ use crate::engine::types::{Attr, Kind, TimeToSet, TimesToSet, Timestamp, XattrRe
 use crate::engine::{AttrChanges, Caller, Engine, Opened, PageCache};
 use crate::metrics::{FuseOp, Metrics};
 use crate::sys::{Errno, SysResult};
+use crate::transport::Negotiation;
 
 /// fuser's (and the kernel protocol's practical) ceiling for one write request.
 pub const MAX_WRITE_BYTES_LIMIT: u64 = 16 << 20;
@@ -53,6 +54,8 @@ pub struct FuseAdapter {
     /// The session's channel for notifications to the kernel, set once it is mounted: how
     /// dirty pages are asked for before SEEK_DATA and SEEK_HOLE (see `lseek`).
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// Whether INIT asks for FUSE over io_uring, and the kernel's answer (see `transport`).
+    transport: Arc<Negotiation>,
 }
 
 impl FuseAdapter {
@@ -63,8 +66,18 @@ impl FuseAdapter {
         ttl: Duration,
         xattrs: bool,
         mount_id: Arc<OnceLock<u64>>,
+        transport: Arc<Negotiation>,
     ) -> FuseAdapter {
-        FuseAdapter { engine, metrics, max_write_bytes, ttl, xattrs, mount_id, notifier: Arc::new(OnceLock::new()) }
+        FuseAdapter {
+            engine,
+            metrics,
+            max_write_bytes,
+            ttl,
+            xattrs,
+            mount_id,
+            notifier: Arc::new(OnceLock::new()),
+            transport,
+        }
     }
 
     /// Where the session's notifier goes once the session exists (it is made from the adapter).
@@ -235,6 +248,16 @@ impl Filesystem for FuseAdapter {
             // Handles that bypass the cache may still be mapped shared; with this flag the
             // kernel also writes back and drops cached pages before every uncached request.
             PageCache::Auto => wanted |= InitFlags::FUSE_WRITEBACK_CACHE | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
+        }
+        // FUSE_OVER_IO_URING is a flags2 bit (41): fuser answers INIT with flags2, so asking
+        // is enough; the kernel offers it only while enable_uring is on.
+        if self.transport.ask_for_ring() {
+            if config.capabilities().contains(InitFlags::FUSE_OVER_IO_URING) {
+                wanted |= InitFlags::FUSE_OVER_IO_URING;
+                self.transport.grant();
+            } else {
+                log::warn!("the kernel did not offer FUSE over io_uring at INIT: requests come over /dev/fuse");
+            }
         }
         let supported = wanted & config.capabilities();
         let _ = config.add_capabilities(supported);

@@ -4,7 +4,8 @@
 //! `engine` (every decision: the write buffer, flushers, the intent log, durability, replay),
 //! `backend` (storage: the namespace and unit store traits and their implementations). Around
 //! them: `daemon` (a mount's life), `control` (the stats socket and Prometheus endpoint),
-//! `metrics`, `mounts`, `options`, `runtime` (the runtime directory), `state` (the state directory), `logging`, `sys`.
+//! `metrics`, `mounts`, `options`, `runtime` (the runtime directory), `state` (the state directory), `logging`, `sys`,
+//! `transport` (/dev/fuse or FUSE over io_uring, under fuser).
 //! The binary (`main.rs`) is the command line.
 
 pub mod backend;
@@ -21,3 +22,4 @@ pub mod orphans;
 pub mod runtime;
 pub mod state;
 pub mod sys;
+pub mod transport;

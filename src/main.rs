@@ -20,6 +20,8 @@ use options::UsageError;
 const MOUNT_OPTIONS_HELP: &str = "\
 Mount options (-o, comma-separated, repeatable):
   allow_other, allow_root, ro, fsname=NAME, threads=N (FUSE workers, default 4)
+  transport=auto|uring|dev  FUSE over io_uring (a queue per CPU) or /dev/fuse; auto (the
+                     default): io_uring where the kernel offers it (enable_uring is Y)
   unit=SIZE          power of two, 4K..64M; default discovered from the backing device, else 1M
   buffer=SIZE        write buffer bound (default 256M)
   flushers=N         parallel flushers (default: cores, 2..8)

@@ -254,6 +254,12 @@ pub struct Metrics {
     pub fuse_requests: FuseRequests,
     /// The daemon's process id, for tools that signal it.
     pub daemon_pid: AtomicU64,
+    /// Requests that arrived over FUSE over io_uring (the rest came from /dev/fuse), and its
+    /// queues (0: the mount uses /dev/fuse only).
+    pub fuse_ring_requests: AtomicU64,
+    pub fuse_ring_queues: AtomicU64,
+    /// How requests reach the daemon (`set_transport`).
+    transport: std::sync::Mutex<String>,
     /// The options the mount runs with (`set_mount_options`).
     mount_options: std::sync::OnceLock<Vec<(String, String)>>,
 }
@@ -333,6 +339,12 @@ impl Metrics {
             ),
             ("unit_bytes", "Unit size", self.unit_bytes.load(Relaxed)),
             ("daemon_pid", "The daemon's process id", self.daemon_pid.load(Relaxed)),
+            (
+                "fuse_ring_requests_total",
+                "FUSE requests that arrived over io_uring",
+                self.fuse_ring_requests.load(Relaxed),
+            ),
+            ("fuse_ring_queues", "FUSE over io_uring queues (0: /dev/fuse only)", self.fuse_ring_queues.load(Relaxed)),
             ("log_size_bytes", "Size of the intent log (0: the log is off)", self.log_size_bytes.load(Relaxed)),
             ("log_block_bytes", "The intent log's block, the smallest commit", self.log_block_bytes.load(Relaxed)),
             ("log_fsyncs_total", "fsyncs made durable by the intent log", self.log_fsyncs.load(Relaxed)),
@@ -422,6 +434,7 @@ impl Metrics {
             human_bytes(self.backend_write_bytes.load(Relaxed)),
             human_bytes(self.log_write_bytes.load(Relaxed)),
         );
+        let _ = writeln!(out, "transport: {}", self.transport());
         if let Some(options) = self.mount_options.get() {
             let listed: Vec<String> = options.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(out, "options: {}", listed.join(" "));
@@ -445,6 +458,21 @@ impl Metrics {
             }
         }
         out
+    }
+
+    /// How requests reach the daemon: "uring" (FUSE over io_uring), "dev" (/dev/fuse), and why
+    /// when it is not what was asked for.
+    pub fn set_transport(&self, transport: &str) {
+        *self.transport.lock().unwrap_or_else(|e| e.into_inner()) = transport.to_string();
+    }
+
+    pub fn transport(&self) -> String {
+        let transport = self.transport.lock().unwrap_or_else(|e| e.into_inner());
+        if transport.is_empty() {
+            "dev".to_string()
+        } else {
+            transport.clone()
+        }
     }
 
     /// The mount's options as it runs with them (the unit it found, the log's path), for the

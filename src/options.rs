@@ -69,6 +69,8 @@ pub struct MountOptions {
     /// `xattr=on|off`: extended attributes served (the default), or refused as unsupported
     /// (see `fuse::FuseAdapter::xattrs`).
     pub xattrs: bool,
+    /// `transport=auto|uring|dev`: how FUSE requests reach the daemon (see `transport`).
+    pub transport: crate::transport::TransportChoice,
 }
 
 /// BlueStore's `prefer_deferred_size` on HDD: a time decision (one sequential log write rather
@@ -157,6 +159,7 @@ impl Default for MountOptions {
             log_closes: crate::engine::LogCloses::Auto,
             log_raw: crate::engine::intent_log::raw::RawLog::Auto,
             xattrs: true,
+            transport: crate::transport::TransportChoice::Auto,
         }
     }
 }
@@ -295,6 +298,9 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
                 "off" => RawLog::Off,
                 v => return Err(UsageError(format!("log_raw={v}: expected auto or off"))),
             }
+        }
+        "transport" => {
+            options.transport = crate::transport::TransportChoice::parse(need_value(value)?).map_err(UsageError)?;
         }
         "xattr" => {
             options.xattrs = match need_value(value)? {
@@ -484,6 +490,20 @@ mod tests {
     fn xattr_takes_on_or_off() {
         assert!(parse_mount_args(&args(&["a", "b"])).unwrap().options.xattrs);
         assert!(!parse_mount_args(&args(&["a", "b", "-o", "xattr=off"])).unwrap().options.xattrs);
+    }
+
+    #[test]
+    fn transport_is_auto_uring_or_dev() {
+        use crate::transport::TransportChoice;
+        assert_eq!(parse_mount_args(&args(&["a", "b"])).unwrap().options.transport, TransportChoice::Auto);
+        for (value, choice) in
+            [("auto", TransportChoice::Auto), ("uring", TransportChoice::Uring), ("dev", TransportChoice::Dev)]
+        {
+            let option = format!("transport={value}");
+            assert_eq!(parse_mount_args(&args(&["a", "b", "-o", &option])).unwrap().options.transport, choice);
+        }
+        let error = parse_mount_args(&args(&["a", "b", "-o", "transport=ring"])).unwrap_err();
+        assert!(error.0.contains("transport=ring: expected auto, uring or dev"), "{}", error.0);
         let err = parse_mount_args(&args(&["a", "b", "-o", "xattr=no"])).unwrap_err();
         assert_eq!(err.0, "xattr=no: expected on or off");
     }

@@ -4,7 +4,7 @@ its table, as (label, run) pairs; run(work) measures one repetition in the scrat
 """
 import json, os, sys, time
 
-from stores import REPO, Store, System, WriteTrace, cleanups, cleanups_global, diskstats, drop_caches, measured, sh
+from stores import BIN, REPO, Store, System, WriteTrace, cleanups, cleanups_global, diskstats, drop_caches, measured, sh
 
 
 def fio(path, **params):
@@ -427,3 +427,95 @@ def case_memory(size_mib, writers=4):
                          end_fsync=1, filename_format="f.$jobnum")
     return [("coalescefs buffer=64M", in_store("coalescefs", ["buffer=64M", "writeback_cache=off"], writers * size_mib + 512,
                                                4096, work, app_bytes=writers * size_mib << 20, sample_rss=True))]
+
+
+ENABLE_URING = "/sys/module/fuse/parameters/enable_uring"
+
+
+def uring_enabled_while_mounting():
+    """enable_uring on (the kernel offers FUSE over io_uring only then, at INIT); what puts it
+    back, also run if the benchmark is interrupted. None where the kernel has no such switch."""
+    if not os.path.exists(ENABLE_URING):
+        return None
+    with open(ENABLE_URING) as f:
+        before = f.read().strip()
+
+    def restore():
+        with open(ENABLE_URING, "w") as f:
+            f.write(before + "\n")
+        if restore in cleanups_global:
+            cleanups_global.remove(restore)
+    cleanups_global.append(restore)
+    with open(ENABLE_URING, "w") as f:
+        f.write("1\n")
+    return restore
+
+
+def per_request_us(path, count):
+    """Microseconds per fstat of an open file and per stat of its name, in this process (the
+    loop's own cost, about 0.3 us in Python, is in every row alike)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for _ in range(200):
+            os.fstat(fd)
+        started = time.perf_counter()
+        for _ in range(count):
+            os.fstat(fd)
+        fstat_s = time.perf_counter() - started
+        started = time.perf_counter()
+        for _ in range(count // 4):
+            os.stat(path)
+        stat_s = time.perf_counter() - started
+    finally:
+        os.close(fd)
+    return fstat_s, fstat_s / count * 1e6, stat_s / (count // 4) * 1e6
+
+
+def case_transport(quick):
+    """Issue 45: the round trip of one FUSE request, coalescefs over /dev/fuse and over
+    io_uring, with attribute and name timeouts 0 (cache_timeout=0) so that every fstat is a
+    GETATTR and every stat a LOOKUP and a GETATTR; native ext4 (/var/tmp) beside them."""
+    count = 2000 if quick else 20000
+
+    def run_for(system):
+        def run(work):
+            path = os.path.join(work, "f")
+            mnt, backing = os.path.join(work, "mnt"), os.path.join(work, "backing")
+            stats = {}
+            if system == "native":
+                with open(path, "w") as f:
+                    f.write("x")
+            else:
+                transport = system.split()[-1]
+                os.makedirs(mnt), os.makedirs(backing)
+                restore = uring_enabled_while_mounting() if transport == "uring" else None
+                try:
+                    sh(BIN, "mount", backing, mnt, "-o",
+                       f"transport={transport},cache_timeout=0,state={os.path.join(work, 'state')}")
+                finally:
+                    if restore:
+                        restore()
+                cleanups.append(lambda: sh(BIN, "umount", mnt, check=False))
+                path = os.path.join(mnt, "f")
+                with open(path, "w") as f:
+                    f.write("x")
+            seconds, fstat_us, stat_us = per_request_us(path, count)
+            if system != "native":
+                out = sh(BIN, "stats", mnt, capture=True)
+                stats["transport"] = next((l.split(":", 1)[1].strip() for l in out.splitlines()
+                                           if l.startswith("transport:")), "?")
+                stats["ring_requests"] = next((int(l.split()[1]) for l in out.splitlines()
+                                               if l.startswith("fuse_ring_requests_total ")), 0)
+                sh(BIN, "umount", mnt)
+                sh(BIN, "forget", "--discard", "--state", os.path.join(work, "state"), backing, check=False)
+            return {"seconds": seconds, "fstat_us": fstat_us, "stat_us": stat_us, "write_bytes": 0,
+                    "read_bytes_during_work": 0, **stats}
+        return run
+
+    systems = ["native", "coalescefs dev"]
+    if os.path.exists(ENABLE_URING):
+        systems.append("coalescefs uring")
+    else:
+        print(f"bench: transport: no {ENABLE_URING} (a kernel without CONFIG_FUSE_IO_URING): io_uring not measured",
+              file=sys.stderr)
+    return [(system, run_for(system)) for system in systems]

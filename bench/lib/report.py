@@ -491,7 +491,30 @@ def render(results, plots):
                   f"{r['app_bytes'] >> 20} MiB written in {r['seconds']:.1f} s; daemon peak resident memory "
                   f"{peak / (1 << 20):.1f} MiB (bound 64 MiB plus the fixed overhead stated in the README).", "",
                   plot_link(plots, "memory"), ""]
+    if "transport" in c:
+        lines += ["## Issue 45: one FUSE request's round trip, /dev/fuse against io_uring", ""] + transport_table(c) + [""]
     return "\n".join(lines)
+
+
+def transport_table(c):
+    """Microseconds per fstat (a GETATTR) and per stat (LOOKUP + GETATTR), attribute and name
+    timeouts 0, and their ratios to native ext4 and to coalescefs over /dev/fuse, same run."""
+    t = c["transport"]
+    lines = ["In-process loops (Python's `os.fstat`, `os.stat`) on one file; coalescefs with `cache_timeout=0` and "
+             "`transport=` as labelled (`enable_uring` turned on for the io_uring mount and put back). The repetition "
+             "with the median fstat time; min-max of the fstat loop beside it.", "",
+             "| system | transport (stats) | fstat µs | vs native | vs coalescefs dev | stat µs | vs coalescefs dev | requests over the ring |",
+             "|---|---|---|---|---|---|---|---|"]
+    native, dev = t["native"], t.get("coalescefs dev")
+    for label, r in t.items():
+        low = r["seconds_min"] / r["seconds"] * r["fstat_us"]
+        high = r["seconds_max"] / r["seconds"] * r["fstat_us"]
+        vs_dev = f"{dev['fstat_us'] / r['fstat_us']:.2f}x faster" if dev else ""
+        stat_vs_dev = f"{dev['stat_us'] / r['stat_us']:.2f}x faster" if dev else ""
+        lines.append(f"| {label} | {r.get('transport', '')} | {r['fstat_us']:.1f} ({low:.1f}-{high:.1f}) "
+                     f"| {r['fstat_us'] / native['fstat_us']:.1f}x | {vs_dev} | {r['stat_us']:.1f} | {stat_vs_dev} "
+                     f"| {r.get('ring_requests', '')} |")
+    return lines
 
 
 def plot_link(plots, case):

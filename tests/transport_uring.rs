@@ -1,0 +1,264 @@
+//! FUSE over io_uring (`transport=uring`) on a real mount: file I/O answered over the rings,
+//! and a daemon killed while its rings hold requests leaves a mount that `coalescefs umount`
+//! clears and a remount replays.
+//!
+//! The kernel offers the transport only while /sys/module/fuse/parameters/enable_uring is on
+//! (off by default): each test turns it on and puts back what it found, also when it fails.
+//! Without root or without the parameter (a kernel without CONFIG_FUSE_IO_URING) the tests say
+//! why and pass.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// The tests here run one at a time: the parameter is global, and one test putting it back
+/// must not pull it from under another's INIT.
+static ENABLE_URING_HELD: Mutex<()> = Mutex::new(());
+
+/// enable_uring on while it lives; what it was before when dropped (also on a panic).
+struct UringEnabled {
+    previous: String,
+    _held: std::sync::MutexGuard<'static, ()>,
+}
+
+impl UringEnabled {
+    /// None, with the reason printed, where the test cannot run.
+    fn new(test: &str) -> Option<UringEnabled> {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("{test}: skipped: enable_uring can only be set as root");
+            return None;
+        }
+        let held = ENABLE_URING_HELD.lock().unwrap_or_else(|e| e.into_inner());
+        let previous = match fs::read_to_string(ENABLE_URING) {
+            Ok(value) => value.trim().to_string(),
+            Err(e) => {
+                eprintln!("{test}: skipped: {ENABLE_URING}: {e} (a kernel without CONFIG_FUSE_IO_URING)");
+                return None;
+            }
+        };
+        fs::write(ENABLE_URING, "1").expect("turn enable_uring on");
+        Some(UringEnabled { previous, _held: held })
+    }
+}
+
+impl Drop for UringEnabled {
+    fn drop(&mut self) {
+        if let Err(e) = fs::write(ENABLE_URING, &self.previous) {
+            eprintln!("cannot put {ENABLE_URING} back to {}: {e}", self.previous);
+        }
+    }
+}
+
+fn stats_text(m: &TestMount) -> String {
+    let out = coalescefs(&["stats", &path_str(&m.mnt)]);
+    assert!(out.status.success(), "stats: {}", stderr_of(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn possible_cpus() -> u64 {
+    let possible = fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    possible.trim().split([',', '-']).filter_map(|n| n.parse::<u64>().ok()).max().unwrap() + 1
+}
+
+#[test]
+fn file_io_is_answered_over_the_rings() {
+    let Some(_uring) = UringEnabled::new("file_io_is_answered_over_the_rings") else { return };
+    // cache_timeout=0: every stat reaches the daemon.
+    let mut m = TestMount::with_options(&["allow_other", "transport=uring", "cache_timeout=0"]);
+    let text = stats_text(&m);
+    assert!(text.contains("transport: uring"), "{text}");
+    assert_eq!(m.counter("fuse_ring_queues"), possible_cpus());
+    assert!(m.daemon_log().contains("FUSE over io_uring"), "{}", m.daemon_log());
+    let served_before = m.counter("fuse_ring_requests_total");
+
+    fs::write(m.path("small"), b"over the ring").unwrap();
+    assert_eq!(fs::read(m.path("small")).unwrap(), b"over the ring");
+    fs::rename(m.path("small"), m.path("renamed")).unwrap();
+    assert!(!m.path("small").exists());
+    let mut file = fs::OpenOptions::new().append(true).open(m.path("renamed")).unwrap();
+    file.write_all(b", synced").unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    assert_eq!(fs::read(m.path("renamed")).unwrap(), b"over the ring, synced");
+
+    // 4 MiB: requests of max_write (the unit, 1 MiB) fill the payload buffers; once through the
+    // page cache, once O_DIRECT (each write its own request), and read back both ways.
+    let big: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    fs::write(m.path("big"), &big).unwrap();
+    let mut direct = fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.path("big-direct"))
+        .unwrap();
+    let aligned = AlignedBuffer::copy_of(&big);
+    direct.write_all(aligned.bytes()).unwrap();
+    direct.sync_all().unwrap();
+    drop(direct);
+    assert!(fs::read(m.path("big")).unwrap() == big, "big read back differs");
+    let mut read_direct =
+        fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(m.path("big-direct")).unwrap();
+    let mut back = AlignedBuffer::zeroed(big.len());
+    read_direct.read_exact(back.bytes_mut()).unwrap();
+    drop(read_direct);
+    assert!(back.bytes() == big.as_slice(), "big-direct read back differs");
+
+    fs::create_dir(m.path("dir")).unwrap();
+    for i in 0..50 {
+        fs::write(m.path(&format!("dir/f{i}")), i.to_string()).unwrap();
+    }
+    let mut names: Vec<String> =
+        fs::read_dir(m.path("dir")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    let mut expected: Vec<String> = (0..50).map(|i| format!("f{i}")).collect();
+    expected.sort();
+    assert_eq!(names, expected);
+    for _ in 0..100 {
+        fs::metadata(m.path("renamed")).unwrap();
+    }
+
+    let served = m.counter("fuse_ring_requests_total") - served_before;
+    // Each create, write, rename, fsync, readdir and stat above is at least one request.
+    assert!(served >= 250, "only {served} requests came over the rings");
+    // FORGET never comes over a ring: the kernel sends it on /dev/fuse, where fuser's loops
+    // still read. Dropping the kernel's caches forgets the 50 files.
+    // (The counter is listed once it is not 0.)
+    let forgets = |m: &TestMount| m.stats().get("fuse_forget_total").copied().unwrap_or(0);
+    let forgets_before = forgets(&m);
+    if drop_kernel_caches().is_some() {
+        wait_for(|| forgets(&m) >= forgets_before + 50, "FORGETs over /dev/fuse");
+    }
+
+    // After a clean unmount and a mount again, every byte is there.
+    m.remount();
+    assert_eq!(fs::read(m.path("renamed")).unwrap(), b"over the ring, synced");
+    assert!(fs::read(m.path("big")).unwrap() == big);
+    assert!(fs::read(m.path("big-direct")).unwrap() == big);
+    assert!(stats_text(&m).contains("transport: uring"));
+}
+
+#[test]
+fn transport_uring_is_refused_clearly_where_the_kernel_does_not_offer_it() {
+    if unsafe { libc::geteuid() } != 0 || fs::metadata(ENABLE_URING).is_err() {
+        eprintln!("skipped: not root, or no {ENABLE_URING}");
+        return;
+    }
+    let _held = ENABLE_URING_HELD.lock().unwrap_or_else(|e| e.into_inner());
+    let previous = fs::read_to_string(ENABLE_URING).unwrap();
+    if previous.trim() != "N" && previous.trim() != "0" {
+        eprintln!("skipped: enable_uring is on here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (backing, mnt) = (dir.path().join("b"), dir.path().join("m"));
+    fs::create_dir(&backing).unwrap();
+    fs::create_dir(&mnt).unwrap();
+    let _cleanup = StateCleanup::of(&backing);
+    let out = coalescefs(&["mount", &path_str(&backing), &path_str(&mnt), "-o", "transport=uring"]);
+    assert!(!out.status.success());
+    let message = stderr_of(&out);
+    assert!(message.contains("transport=uring") && message.contains("enable_uring"), "{message}");
+    assert!(!fs::read_to_string("/proc/self/mountinfo").unwrap().contains(&path_str(&mnt)));
+    // auto falls back to /dev/fuse and says so.
+    let out = coalescefs(&["mount", &path_str(&backing), &path_str(&mnt), "-o", "transport=auto"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let stats = coalescefs(&["stats", &path_str(&mnt)]);
+    let text = String::from_utf8_lossy(&stats.stdout).into_owned();
+    assert!(coalescefs(&["umount", &path_str(&mnt)]).status.success());
+    assert!(text.contains("transport: dev"), "{text}");
+    assert!(text.contains("fuse_ring_queues                         0"), "{text}");
+}
+
+#[test]
+fn a_daemon_killed_while_its_rings_hold_requests_leaves_a_mount_that_umount_clears_and_a_remount_replays() {
+    let Some(_uring) = UringEnabled::new("a_daemon_killed_while_its_rings_hold_requests") else { return };
+    let mut m = TestMount::build(&["allow_other", "transport=uring"], &[("COALESCEFS_FAULTS", "")], None);
+    let mnt = path_str(&m.mnt);
+    assert!(stats_text(&m).contains("transport: uring"));
+    let mut kept = fs::File::create(m.path("kept")).unwrap();
+    kept.write_all(b"made durable by fsync").unwrap();
+    kept.sync_all().unwrap();
+    drop(kept);
+
+    // Hold requests in the daemon: the intent log's device stalls, so fsyncs wait in ring
+    // entries the daemon has taken and not answered.
+    m.inject("logsync=stall:60s");
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    for i in 0..2 {
+        let path = m.path(&format!("held{i}"));
+        let done_tx = done_tx.clone();
+        std::thread::spawn(move || {
+            let result = (|| {
+                let mut f = fs::File::create(&path)?;
+                f.write_all(b"never acknowledged")?;
+                f.sync_all()
+            })();
+            let _ = done_tx.send(result.map_err(|e| e.raw_os_error()));
+        });
+    }
+    assert!(done_rx.recv_timeout(Duration::from_millis(700)).is_err(), "the fsyncs should be held by the stalled log");
+    let pid = m.daemon_pid();
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !process_gone(pid) {
+        assert!(Instant::now() < deadline, "the killed daemon did not go");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The held requests fail rather than hang.
+    for _ in 0..2 {
+        let result = done_rx.recv_timeout(Duration::from_secs(20)).expect("a held fsync never returned");
+        assert!(result.is_err(), "a held fsync succeeded after the daemon died");
+    }
+    let dead = fs::metadata(&m.mnt).unwrap_err().raw_os_error();
+    assert!(matches!(dead, Some(libc::ENOTCONN | libc::ECONNABORTED)), "{dead:?}");
+    let out = coalescefs(&["umount", &mnt]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(!fs::read_to_string("/proc/self/mountinfo").unwrap().contains(&mnt));
+
+    // A mount over the ring again replays the intent log: what fsync acknowledged is there.
+    m.assume_unmounted();
+    m.set_options(&["allow_other", "transport=uring"]);
+    m.mount();
+    assert_eq!(fs::read(m.path("kept")).unwrap(), b"made durable by fsync");
+    assert!(m.counter("log_replayed_records_total") > 0);
+    assert!(stats_text(&m).contains("transport: uring"));
+}
+
+/// Page-aligned bytes for O_DIRECT.
+struct AlignedBuffer {
+    words: Vec<u64>,
+    len: usize,
+    offset: usize,
+}
+
+impl AlignedBuffer {
+    fn zeroed(len: usize) -> AlignedBuffer {
+        let words = vec![0u64; (len + 8192) / 8];
+        let offset = (4096 - words.as_ptr() as usize % 4096) % 4096;
+        AlignedBuffer { words, len, offset }
+    }
+
+    fn copy_of(bytes: &[u8]) -> AlignedBuffer {
+        let mut buffer = AlignedBuffer::zeroed(bytes.len());
+        buffer.bytes_mut().copy_from_slice(bytes);
+        buffer
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: words holds len + 8192 bytes; offset < 4096, so offset + len is inside.
+        unsafe { std::slice::from_raw_parts((self.words.as_ptr() as *const u8).add(self.offset), self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in bytes, and &mut self makes it the only view.
+        unsafe { std::slice::from_raw_parts_mut((self.words.as_mut_ptr() as *mut u8).add(self.offset), self.len) }
+    }
+}
