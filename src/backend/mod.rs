@@ -15,6 +15,7 @@
 //! | `null` | the local one | nothing stored, sizes kept: the FUSE and engine ceiling |
 //! | `memory` | in memory | in memory, whole units only, durable at sync; for in-process tests, with crashes |
 //! | `faults` | wraps any | wraps any: fails or stalls calls as a test's plan says |
+//! | `sqlite` | tables of one database file | one row per file and unit, whole units only; a transaction per sync |
 //!
 //! # The contract
 //!
@@ -52,6 +53,7 @@ pub mod faults;
 pub mod local;
 pub mod memory;
 pub mod null;
+pub mod sqlite;
 
 use std::ffi::OsStr;
 use std::sync::Arc;
