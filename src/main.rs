@@ -304,7 +304,9 @@ fn backing_of_mount(target: &Path) -> Result<(PathBuf, PathBuf), String> {
     if info.fs_type != mounts::FS_TYPE {
         return Err(format!("{} is a {} mount, not coalescefs", mount_point.display(), info.fs_type));
     }
-    Ok((mount_point, PathBuf::from(info.source)))
+    // The runtime directory is keyed by the backing directory or the database file.
+    let backing = coalescefs::backend::source::MountSource::parse(Path::new(&info.source)).path().to_path_buf();
+    Ok((mount_point, backing))
 }
 
 fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<PathBuf>) -> ExitCode {

@@ -141,6 +141,35 @@ fn valid_name(name: &OsStr) -> SysResult<()> {
     Ok(())
 }
 
+/// The access ACL's extended attribute (the kernel's POSIX ACL xattr format).
+const ACL_ACCESS: &str = "system.posix_acl_access";
+
+/// The permission bits an access ACL gives (owner, group or mask, other), and whether it says
+/// more than they do (named users or groups). None when it is not an ACL.
+fn acl_mode(value: &[u8]) -> Option<(u32, bool)> {
+    const USER_OBJ: u16 = 0x01;
+    const GROUP_OBJ: u16 = 0x04;
+    const MASK: u16 = 0x10;
+    const OTHER: u16 = 0x20;
+    if value.len() < 4 || (value.len() - 4) % 8 != 0 || u32::from_le_bytes(value[..4].try_into().ok()?) != 2 {
+        return None;
+    }
+    let (mut user, mut group, mut mask, mut other, mut extended) = (None, None, None, None, false);
+    for entry in value[4..].chunks_exact(8) {
+        let tag = u16::from_le_bytes([entry[0], entry[1]]);
+        let perm = u32::from(u16::from_le_bytes([entry[2], entry[3]]) & 0o7);
+        match tag {
+            USER_OBJ => user = Some(perm),
+            GROUP_OBJ => group = Some(perm),
+            MASK => mask = Some(perm),
+            OTHER => other = Some(perm),
+            _ => extended = true,
+        }
+    }
+    let group_bits = mask.or(group)?;
+    Some((user? << 6 | group_bits << 3 | other?, extended || mask.is_some()))
+}
+
 /// Ids are u64; SQLite's integers i64: the bits are kept.
 fn sql_id(id: ObjectId) -> i64 {
     id as i64
@@ -766,6 +795,23 @@ impl Namespace for SqliteBackend {
     fn set_xattr(&self, id: ObjectId, name: &OsStr, value: &[u8], flags: i32) -> SysResult<()> {
         lock(&self.inner).change(|s| {
             s.object(id)?;
+            // An access ACL sets the mode's bits, as a local file system's does (`cp -a`
+            // preserves modes so); one the mode says all of is not kept apart.
+            if name == ACL_ACCESS {
+                let (perm, extended) = acl_mode(value).ok_or(Errno(libc::EINVAL))?;
+                let now = Timestamp::now();
+                s.update(id, |o| {
+                    o.perm = (o.perm & !0o777) | perm;
+                    o.ctime = now;
+                })?;
+                if !extended {
+                    s.db.prepare_cached("DELETE FROM xattrs WHERE id = ?1 AND name = ?2")
+                        .sql()?
+                        .execute(params![sql_id(id), name.as_bytes()])
+                        .sql()?;
+                    return Ok(());
+                }
+            }
             let exists =
                 s.db.prepare_cached("SELECT 1 FROM xattrs WHERE id = ?1 AND name = ?2")
                     .sql()?

@@ -202,3 +202,16 @@ fn the_crash_marker_lives_in_the_database() {
     b.set_log_marker(None).unwrap();
     assert_eq!(b.log_marker().unwrap(), None);
 }
+
+#[test]
+fn an_access_acl_the_mode_says_all_of_sets_the_mode_and_is_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(&dir);
+    let d = b.make(ROOT_ID, OsStr::new("d"), NewObject::Directory { perm: 0o700 }, OWNER).unwrap();
+    // What `cp -a` sets for a directory of mode 0755: owner rwx, group r-x, other r-x.
+    let acl = b"\x02\0\0\0\x01\0\x07\0\xff\xff\xff\xff\x04\0\x05\0\xff\xff\xff\xff\x20\0\x05\0\xff\xff\xff\xff";
+    b.set_xattr(d.id, OsStr::new("system.posix_acl_access"), acl, 0).unwrap();
+    assert_eq!(b.getattr(d.id).unwrap().perm, 0o755);
+    assert_eq!(b.list_xattr(d.id, 0).unwrap(), XattrReply::Size(0));
+    assert_eq!(b.set_xattr(d.id, OsStr::new("system.posix_acl_access"), b"junk", 0).unwrap_err().0, libc::EINVAL);
+}
