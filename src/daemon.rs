@@ -604,6 +604,11 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
             log::warn!("{e}: the next mount will ask for the same intent log");
         }
     }
+    if let Marker::Database(db) = &marker {
+        if let Err(e) = db.close_wal() {
+            log::warn!("the WAL of {} was not emptied at unmount: {e}", db.path().display());
+        }
+    }
     runtime.remove_runtime_files();
     let exit = report_shut_down(&runtime, &done, engine.log_holds_records());
     match result {

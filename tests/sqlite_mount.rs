@@ -192,7 +192,10 @@ fn a_tree_copied_in_survives_a_remount_byte_for_byte_and_the_database_checks_cle
     assert_eq!(snapshot(&m.mnt), expected, "as copied, before the unmount");
     m.unmount();
 
-    // Unmounted: the database holds it all, clean, with no crash marker left.
+    // Unmounted: the database file alone holds it all (its WAL emptied into it), clean, with no
+    // crash marker left.
+    let wal = m.db.with_extension("db-wal");
+    assert_eq!(fs::metadata(&wal).map_or(0, |w| w.len()), 0, "the WAL is emptied into the database at unmount");
     assert_eq!(m.integrity(), "ok");
     let db = m.open_db();
     let (rows, bytes): (i64, i64) = db

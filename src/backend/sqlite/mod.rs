@@ -571,6 +571,18 @@ impl SqliteBackend {
         }
     }
 
+    /// At a clean stop: everything committed, and the WAL copied into the database file and
+    /// emptied, so that the file alone is the whole tree (to copy or back up unmounted).
+    pub fn close_wal(&self) -> SysResult<()> {
+        let mut s = lock(&self.inner);
+        s.commit()?;
+        let busy: i64 = s.db.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0)).sql()?;
+        if busy != 0 {
+            log::warn!("sqlite backend: the WAL of {} could not be emptied (a reader holds it)", self.path.display());
+        }
+        Ok(())
+    }
+
     /// `PRAGMA integrity_check`'s answer ("ok" when clean), for tests and `recover`.
     pub fn integrity_check(&self) -> SysResult<String> {
         let s = lock(&self.inner);
