@@ -72,6 +72,8 @@ struct Inner {
     /// Keys' second half: `generation << 32 | counter`.
     generation: u64,
     births: u64,
+    /// Crashed (`SqliteBackend::crash`): every change and commit fails from now on.
+    crashed: bool,
 }
 
 pub struct SqliteBackend {
@@ -179,6 +181,9 @@ impl Inner {
     /// Runs `f` as one savepoint inside the open transaction (begun here if none is): its
     /// changes stay only if it succeeds.
     fn change<T>(&mut self, f: impl FnOnce(&mut Inner) -> SysResult<T>) -> SysResult<T> {
+        if self.crashed {
+            return Err(Errno(libc::EIO));
+        }
         if self.db.is_autocommit() {
             self.db.execute_batch("BEGIN IMMEDIATE").sql()?;
         }
@@ -199,6 +204,9 @@ impl Inner {
 
     /// Commits the open transaction: everything so far is durable.
     fn commit(&mut self) -> SysResult<()> {
+        if self.crashed {
+            return Err(Errno(libc::EIO));
+        }
         if !self.db.is_autocommit() {
             self.db.execute_batch("COMMIT").sql()?;
         }
@@ -468,8 +476,15 @@ impl SqliteBackend {
     /// `unit_bytes` overrides the default unit. The error says what is wrong with the file.
     pub fn open(path: &Path, unit_bytes: Option<u64>, metrics: Arc<Metrics>) -> Result<SqliteBackend, String> {
         let (db, generation) = schema::open(path)?;
-        let mut inner =
-            Inner { db, lookups: HashMap::new(), open_handles: HashMap::new(), next_id: 0, generation, births: 0 };
+        let mut inner = Inner {
+            db,
+            lookups: HashMap::new(),
+            open_handles: HashMap::new(),
+            next_id: 0,
+            generation,
+            births: 0,
+            crashed: false,
+        };
         let shown = path.display();
         let setup = (|| -> SysResult<()> {
             inner.change(|s| {
@@ -562,13 +577,15 @@ impl SqliteBackend {
         s.commit()
     }
 
-    /// A power cut, for tests: what no sync committed is lost, and nothing is looked up or open.
-    #[cfg(test)]
-    fn crash(self) {
-        let s = lock(&self.inner);
+    /// A power cut, for tests: what no sync committed is lost, and this backend takes no more
+    /// changes (an abandoned engine's threads may still call it); open the file again for the
+    /// store after the crash.
+    pub fn crash(&self) {
+        let mut s = lock(&self.inner);
         if !s.db.is_autocommit() {
             s.db.execute_batch("ROLLBACK").expect("rollback");
         }
+        s.crashed = true;
     }
 
     /// At a clean stop: everything committed, and the WAL copied into the database file and
@@ -598,8 +615,12 @@ fn unsafe_ids() -> (u32, u32) {
 
 impl Drop for SqliteBackend {
     fn drop(&mut self) {
-        // What a clean stop left uncommitted (no sync after it) is kept.
-        if let Err(e) = lock(&self.inner).commit() {
+        // What a clean stop left uncommitted (no sync after it) is kept; a crash keeps nothing.
+        let mut s = lock(&self.inner);
+        if s.crashed {
+            return;
+        }
+        if let Err(e) = s.commit() {
             log::warn!("sqlite backend: the commit at close failed: {e}");
         }
     }
