@@ -278,4 +278,12 @@ fn a_missing_directory_or_a_file_that_is_not_a_database_is_refused_and_left_unwr
     assert_eq!(fs::read(&text).unwrap(), junk, "left as it was");
     assert!(!m.dir.path().join("notes.txt-wal").exists());
     let _ = fs::remove_dir_all(runtime_dir(&text));
+
+    // Not yet for a database: said so, and nothing is opened.
+    for command in ["recover", "forget"] {
+        let out = coalescefs(&[command, &format!("sqlite:{}", path_str(&text))]);
+        assert!(!out.status.success());
+        assert!(stderr_of(&out).contains("is not supported yet"), "{command}: {}", stderr_of(&out));
+    }
+    assert_eq!(fs::read(&text).unwrap(), junk, "still as it was");
 }
