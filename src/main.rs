@@ -148,7 +148,8 @@ Example:\n  coalescefs forget /srv/data")]
 
 #[derive(clap::Args)]
 struct MountArgs {
-    /// The directory whose files the mount serves
+    /// The directory whose files the mount serves, or sqlite:PATH for a tree kept in one SQLite
+    /// database file (made if absent)
     backing_dir: PathBuf,
     /// An empty directory to mount it on
     mountpoint: PathBuf,
