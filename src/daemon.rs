@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::faults::Faults;
+use crate::backend::source::MountSource;
 use crate::backend::{Capabilities, Namespace, UnitStore};
 use crate::engine::intent_log::raw::RawLog;
 use crate::options::{BackendKind, LogPlace, MountOptions, MountRequest};
@@ -62,6 +63,90 @@ pub fn open_backend(
         .map_err(|e| format!("cannot open backing directory {}: {e}", backing.display()))
 }
 
+/// The store a mount opened: the backend factory's second half (`backend::source` names it).
+enum Opened {
+    Local(backend::local::LocalBackend),
+    Sqlite(Arc<backend::sqlite::SqliteBackend>),
+    /// A database `prepare` checked and closed again: a SQLite connection must not cross the
+    /// fork (the parent's close would take the WAL from under the daemon). `serve` opens it.
+    SqliteToOpen(PathBuf),
+}
+
+impl Opened {
+    fn capabilities(&self) -> &Capabilities {
+        match self {
+            Opened::Local(local) => local.capabilities(),
+            Opened::Sqlite(db) => db.capabilities(),
+            Opened::SqliteToOpen(_) => unreachable!("serve opens the database first"),
+        }
+    }
+
+    /// Where the crash marker lives: the backing root's xattr, or the database's meta table.
+    fn marker(&self, backing: &Path) -> Marker {
+        match self {
+            Opened::Local(_) => Marker::Xattr(backing.to_path_buf()),
+            Opened::Sqlite(db) => Marker::Database(db.clone()),
+            Opened::SqliteToOpen(_) => unreachable!("serve opens the database first"),
+        }
+    }
+}
+
+/// The crash marker (see `state.rs`): which intent log a crash left the store needing.
+enum Marker {
+    Xattr(PathBuf),
+    Database(Arc<backend::sqlite::SqliteBackend>),
+}
+
+impl Marker {
+    fn get(&self) -> Result<Option<PathBuf>, String> {
+        match self {
+            Marker::Xattr(backing) => state::log_marker(backing),
+            Marker::Database(db) => {
+                db.log_marker().map_err(|e| format!("reading the crash marker of {}: {e}", db.path().display()))
+            }
+        }
+    }
+
+    fn set(&self, log: &Path) -> Result<(), String> {
+        match self {
+            Marker::Xattr(backing) => state::set_log_marker(backing, log),
+            Marker::Database(db) => db
+                .set_log_marker(Some(log))
+                .map_err(|e| format!("recording the intent log in {}: {e}", db.path().display())),
+        }
+    }
+
+    fn clear(&self) -> Result<(), String> {
+        match self {
+            Marker::Xattr(backing) => state::clear_log_marker(backing),
+            Marker::Database(db) => db
+                .set_log_marker(None)
+                .map_err(|e| format!("clearing the crash marker of {}: {e}", db.path().display())),
+        }
+    }
+
+    /// Refuses a mount that would leave a crash's log unreplayed (`state::check_log_marker`).
+    fn check(&self, log: Option<&Path>) -> Result<(), String> {
+        let db = match self {
+            Marker::Xattr(backing) => return state::check_log_marker(backing, log),
+            Marker::Database(db) => db,
+        };
+        let Some(needed) = self.get()? else { return Ok(()) };
+        if log.is_some_and(|log| state::same_file(log, &needed)) && needed.exists() {
+            return Ok(());
+        }
+        let state = needed.parent().map(|dir| dir.display().to_string()).unwrap_or_default();
+        Err(format!(
+            "{} was not unmounted cleanly with its intent log at {}, which this mount would not replay: mount it \
+             with that log (-o log=on,state={state}). If that log is lost for good, its fsynced bytes are too; \
+             `sqlite3 {} \"DELETE FROM meta WHERE key = 'log_marker'\"` lets the database mount without it",
+            db.path().display(),
+            needed.display(),
+            db.path().display()
+        ))
+    }
+}
+
 /// After a termination signal's unmount, the longest the daemon waits for the session to end
 /// before it aborts the FUSE connection.
 const ABORT_AFTER: Duration = Duration::from_secs(10);
@@ -73,7 +158,9 @@ struct Prepared {
     mount_point: PathBuf,
     runtime: RuntimeDir,
     metrics: Arc<metrics::Metrics>,
-    backend: backend::local::LocalBackend,
+    backend: Opened,
+    /// The mount source as the kernel's mount table shows it.
+    source: String,
     state: StateDir,
     metrics_listener: Option<std::net::TcpListener>,
     /// What this start made, for a start that fails to undo.
@@ -94,10 +181,10 @@ struct MadeAtStart {
 }
 
 impl MadeAtStart {
-    fn undo(&self, backing: &Path, runtime: &RuntimeDir) {
+    fn undo(&self, marker: &Marker, runtime: &RuntimeDir) {
         runtime.remove_runtime_files();
         if self.marker {
-            if let Err(e) = state::clear_log_marker(backing) {
+            if let Err(e) = marker.clear() {
                 log::warn!("undoing a failed start: {e}");
             }
         }
@@ -152,7 +239,19 @@ pub fn run_mount(request: MountRequest) -> ExitCode {
 /// Everything that can fail before the daemon detaches, with a message for the user.
 fn prepare(request: &MountRequest) -> Result<Prepared, String> {
     let opts = &request.options;
-    let backing = mounts::check_backing_dir(&request.backing_dir, opts.read_only)?;
+    let source = MountSource::parse(&request.backing_dir);
+    let backing = match &source {
+        MountSource::Local(dir) => mounts::check_backing_dir(dir, opts.read_only)?,
+        MountSource::Sqlite(path) => {
+            if opts.backend != BackendKind::Local {
+                return Err("backend=null: a SQLite source keeps its data in the database".into());
+            }
+            if opts.read_only {
+                return Err("ro: a SQLite source mounts read-write only, for now".into());
+            }
+            backend::source::check_database_path(path)?
+        }
+    };
     let mount_point = mounts::check_mount_point(&request.mount_point, &backing)?;
     let metrics_listener = match opts.metrics_address {
         Some(address) => {
@@ -163,10 +262,18 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
     let runtime = RuntimeDir::of(&backing);
     runtime.create().map_err(|e| format!("cannot create the runtime directory {}: {e}", runtime.path().display()))?;
     let metrics = Arc::new(metrics::Metrics::default());
-    let backend = open_backend(&backing, opts.unit_bytes, &metrics)?;
+    let (backend, source) = match source {
+        MountSource::Local(_) => (Opened::Local(open_backend(&backing, opts.unit_bytes, &metrics)?), None),
+        MountSource::Sqlite(_) => {
+            let db = backend::sqlite::SqliteBackend::open(&backing, opts.unit_bytes, metrics.clone())?;
+            (Opened::Sqlite(Arc::new(db)), Some(format!("{}{}", backend::source::SQLITE_PREFIX, backing.display())))
+        }
+    };
+    let source = source.unwrap_or_else(|| backing.display().to_string());
+    let marker = backend.marker(&backing);
     let mut state = StateDir::find(&backing, opts.state_dir.as_deref())?;
     // A crash's log that this mount would not replay stops it here, before it serves a byte.
-    state::check_log_marker(&backing, log_path(opts, &state).as_deref())?;
+    marker.check(log_path(opts, &state).as_deref())?;
     let state_existed = state.path().exists();
     state.make(opts.read_only, opts.log != LogPlace::Off)?;
     let made = MadeAtStart {
@@ -174,16 +281,21 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
         ..MadeAtStart::default()
     };
     // Files made ahead are made only for the log's held files.
-    if opts.log != LogPlace::Off && !opts.read_only {
+    if let (Opened::Local(backend), true) = (&backend, opts.log != LogPlace::Off && !opts.read_only) {
         let list = state.made_ahead_list_path();
         if let Err(e) = backend.keep_made_ahead_list(&list) {
-            made.undo(&backing, &runtime);
+            made.undo(&marker, &runtime);
             return Err(format!("cannot keep the list of files made ahead at {}: {e}", list.display()));
         }
     }
+    drop(marker);
+    let backend = match backend {
+        Opened::Sqlite(db) => Opened::SqliteToOpen(db.path().to_path_buf()),
+        other => other,
+    };
     // The last daemon's report was read by its `coalescefs umount`, or is out of date now.
     let _ = std::fs::remove_file(runtime.unmount_report_path());
-    Ok(Prepared { backing, mount_point, runtime, metrics, backend, state, metrics_listener, made })
+    Ok(Prepared { backing, mount_point, runtime, metrics, backend, source, state, metrics_listener, made })
 }
 
 /// The intent log's file, when the log is on.
@@ -221,11 +333,16 @@ fn engine_config(opts: &MountOptions, capabilities: &Capabilities, state: &State
 /// The namespace and unit store the engine gets: the local directory's, its names with the
 /// null store's data, and either wrapped for fault injection when the daemon runs with it.
 fn backends(
-    local: backend::local::LocalBackend,
+    opened: Opened,
     opts: &MountOptions,
     metrics: &Arc<metrics::Metrics>,
     faults: Option<&Arc<Faults>>,
 ) -> (Arc<dyn Namespace>, Arc<dyn UnitStore>) {
+    let local = match opened {
+        Opened::Local(local) => local,
+        Opened::Sqlite(db) => return wrap_for_faults(db.clone(), db, faults),
+        Opened::SqliteToOpen(_) => unreachable!("serve opens the database first"),
+    };
     let (ns, store): (Arc<dyn Namespace>, Arc<dyn UnitStore>) = match opts.backend {
         BackendKind::Local => {
             let local = Arc::new(local);
@@ -236,6 +353,14 @@ fn backends(
             (local.clone(), Arc::new(backend::null::NullStore::new(local, metrics.clone())))
         }
     };
+    wrap_for_faults(ns, store, faults)
+}
+
+fn wrap_for_faults(
+    ns: Arc<dyn Namespace>,
+    store: Arc<dyn UnitStore>,
+    faults: Option<&Arc<Faults>>,
+) -> (Arc<dyn Namespace>, Arc<dyn UnitStore>) {
     match faults {
         Some(faults) => {
             let wrapped = Arc::new(backend::faults::FaultyBackend::new(ns, store, faults.clone()));
@@ -251,12 +376,13 @@ fn backends(
 fn log_setup(
     opts: &MountOptions,
     backing: &Path,
+    marker: &Marker,
     state: &StateDir,
     faults: Option<&Arc<Faults>>,
 ) -> Result<Option<engine::LogSetup>, String> {
     let Some(path) = log_path(opts, state) else { return Ok(None) };
     if !opts.read_only {
-        state::set_log_marker(backing, &path)?;
+        marker.set(&path)?;
     }
     let (device, created) =
         engine::intent_log::open_file_device(&path, Some(opts.log_size_bytes), state.path(), opts.log_raw)
@@ -284,6 +410,7 @@ fn options_in_effect(
     mount_point: &Path,
     state: &StateDir,
     max_write: u64,
+    sqlite: bool,
 ) -> Vec<(String, String)> {
     let page_cache = match opts.writeback_cache {
         engine::PageCache::Auto => "auto",
@@ -296,6 +423,7 @@ fn options_in_effect(
         engine::LogCloses::Never => "never",
     };
     let backend = match opts.backend {
+        _ if sqlite => "sqlite",
         BackendKind::Local => "local",
         BackendKind::Null => "null",
     };
@@ -333,7 +461,22 @@ fn options_in_effect(
 
 /// The daemon proper (also in the foreground): runs until unmounted, then tears down.
 fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> ExitCode {
-    let Prepared { backing, mount_point, runtime, metrics, backend, state, metrics_listener, mut made } = prepared;
+    let Prepared { backing, mount_point, runtime, metrics, backend, source, state, metrics_listener, mut made } =
+        prepared;
+    let backend = match backend {
+        Opened::SqliteToOpen(path) => {
+            match backend::sqlite::SqliteBackend::open(&path, opts.unit_bytes, metrics.clone()) {
+                Ok(db) => Opened::Sqlite(Arc::new(db)),
+                Err(e) => {
+                    made.undo(&Marker::Xattr(backing.clone()), &runtime);
+                    return ready.error(&e);
+                }
+            }
+        }
+        other => other,
+    };
+    let marker = backend.marker(&backing);
+    let sqlite = matches!(backend, Opened::Sqlite(_));
     block_termination_signals();
     // Modes arrive already masked by the kernel; the daemon's own umask must not mask twice.
     unsafe { libc::umask(0) };
@@ -347,7 +490,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     );
     // A discovered unit larger than half the buffer would leave writers nothing to work with.
     if opts.buffer_bytes < 2 * capabilities.unit_bytes {
-        made.undo(&backing, &runtime);
+        made.undo(&marker, &runtime);
         return ready.error(&format!(
             "buffer={} must hold at least two units of {} bytes (give a larger buffer= or a smaller unit=)",
             opts.buffer_bytes, capabilities.unit_bytes
@@ -356,7 +499,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     let faults = match Faults::from_env() {
         Ok(faults) => faults.map(Arc::new),
         Err(e) => {
-            made.undo(&backing, &runtime);
+            made.undo(&marker, &runtime);
             return ready.error(&format!("COALESCEFS_FAULTS: {e}"));
         }
     };
@@ -365,10 +508,10 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     }
     let config = engine_config(opts, &capabilities, &state);
     if !opts.read_only {
-        made.marker = matches!(state::log_marker(&backing), Ok(None));
+        made.marker = matches!(marker.get(), Ok(None));
         made.log_file = log_path(opts, &state).filter(|log| !log.exists());
     }
-    let log = match log_setup(opts, &backing, &state, faults.as_ref()) {
+    let log = match log_setup(opts, &backing, &marker, &state, faults.as_ref()) {
         Ok(log) => {
             if log.is_some() {
                 metrics.log_size_bytes.store(opts.log_size_bytes, std::sync::atomic::Ordering::Relaxed);
@@ -376,7 +519,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
             log
         }
         Err(e) => {
-            made.undo(&backing, &runtime);
+            made.undo(&marker, &runtime);
             return ready.error(&format!("cannot start on {}: {e}", backing.display()));
         }
     };
@@ -388,12 +531,20 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
             if !made.marker {
                 made.log_file = None;
             }
-            made.undo(&backing, &runtime);
+            made.undo(&marker, &runtime);
             return ready.error(&format!("cannot start on {}: {e}", backing.display()));
         }
     };
     let max_write = opts.max_write_bytes.unwrap_or(capabilities.unit_bytes).min(fuse::MAX_WRITE_BYTES_LIMIT);
-    metrics.set_mount_options(options_in_effect(opts, &capabilities, &backing, &mount_point, &state, max_write));
+    metrics.set_mount_options(options_in_effect(
+        opts,
+        &capabilities,
+        &backing,
+        &mount_point,
+        &state,
+        max_write,
+        sqlite,
+    ));
     let mount_id = Arc::new(std::sync::OnceLock::new());
     let ask_for_ring = match (opts.transport, transport::uring_unavailable()) {
         (TransportChoice::Dev, _) => false,
@@ -417,12 +568,12 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         negotiation.clone(),
     );
     let notifier = adapter.notifier_slot();
-    let session = match start_session(adapter, &backing, &mount_point, opts) {
+    let session = match start_session(adapter, &source, &mount_point, opts) {
         Ok(session) => session,
         Err(message) => {
             let done = engine.shut_down();
             if done.unwritten.is_empty() && !engine.log_holds_records() {
-                made.undo(&backing, &runtime);
+                made.undo(&marker, &runtime);
             } else {
                 runtime.remove_runtime_files();
             }
@@ -439,7 +590,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
             let _ = mounts::unmount(&mount_point, true);
             let done = engine.shut_down();
             if done.unwritten.is_empty() && !engine.log_holds_records() {
-                made.undo(&backing, &runtime);
+                made.undo(&marker, &runtime);
             } else {
                 runtime.remove_runtime_files();
             }
@@ -480,7 +631,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
             log::warn!("no thread for the metrics endpoint ({e}): it will not answer");
         }
     }
-    log::info!("mounted {} at {}", backing.display(), mount_point.display());
+    log::info!("mounted {source} at {}", mount_point.display());
     // Signals are taken over before the parent returns: a SIGINT right after `coalescefs mount`
     // must unmount, not kill the daemon and leave a dead mount behind.
     let session_ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -502,8 +653,13 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     // The kernel's DESTROY usually ran this already; after an aborted connection it did not.
     let done = engine.shut_down();
     if log_path(opts, &state).is_some() && !opts.read_only && done.unwritten.is_empty() && !engine.log_holds_records() {
-        if let Err(e) = state::clear_log_marker(&backing) {
+        if let Err(e) = marker.clear() {
             log::warn!("{e}: the next mount will ask for the same intent log");
+        }
+    }
+    if let Marker::Database(db) = &marker {
+        if let Err(e) = db.close_wal() {
+            log::warn!("the WAL of {} was not emptied at unmount: {e}", db.path().display());
         }
     }
     runtime.remove_runtime_files();
@@ -551,11 +707,11 @@ fn ring_transport(
 
 fn start_session(
     adapter: fuse::FuseAdapter,
-    backing: &Path,
+    source: &str,
     mount_point: &Path,
     opts: &MountOptions,
 ) -> Result<fuser::Session<fuse::FuseAdapter>, String> {
-    let source = opts.fsname.clone().unwrap_or_else(|| backing.display().to_string());
+    let source = opts.fsname.clone().unwrap_or_else(|| source.to_string());
     let acl = if opts.allow_other {
         fuser::SessionACL::All
     } else if opts.allow_root {

@@ -150,7 +150,8 @@ Example:\n  coalescefs forget /srv/data")]
 
 #[derive(clap::Args)]
 struct MountArgs {
-    /// The directory whose files the mount serves
+    /// The directory whose files the mount serves, or sqlite:PATH for a tree kept in one SQLite
+    /// database file (made if absent)
     backing_dir: PathBuf,
     /// An empty directory to mount it on
     mountpoint: PathBuf,
@@ -294,6 +295,17 @@ fn run_umount(target: &Path, lazy: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `recover` and `forget` open backing directories only, for now: a `sqlite:` source gets a
+/// message saying so, not "backing directory sqlite:... does not exist".
+fn refuse_sqlite_source(source: &Path, command: &str, instead: &str) -> Result<(), String> {
+    match coalescefs::backend::source::MountSource::parse(source) {
+        coalescefs::backend::source::MountSource::Sqlite(path) => {
+            Err(format!("{command} of a SQLite database ({}) is not supported yet; {instead}", path.display()))
+        }
+        coalescefs::backend::source::MountSource::Local(_) => Ok(()),
+    }
+}
+
 /// The mount's backing directory, from /proc/self/mountinfo, or a message why there is none.
 fn backing_of_mount(target: &Path) -> Result<(PathBuf, PathBuf), String> {
     let mount_point = mounts::absolute(target);
@@ -306,10 +318,15 @@ fn backing_of_mount(target: &Path) -> Result<(PathBuf, PathBuf), String> {
     if info.fs_type != mounts::FS_TYPE {
         return Err(format!("{} is a {} mount, not coalescefs", mount_point.display(), info.fs_type));
     }
-    Ok((mount_point, PathBuf::from(info.source)))
+    // The runtime directory is keyed by the backing directory or the database file.
+    let backing = coalescefs::backend::source::MountSource::parse(Path::new(&info.source)).path().to_path_buf();
+    Ok((mount_point, backing))
 }
 
 fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<PathBuf>) -> ExitCode {
+    if let Err(message) = refuse_sqlite_source(backing, "recover", "mount it: the mount replays its intent log") {
+        return fail(message);
+    }
     let backing = match mounts::check_backing_dir(backing, false) {
         Ok(path) => path,
         Err(message) => return fail(message),
@@ -423,6 +440,9 @@ fn run_forget_orphans(remove: bool, discard: bool) -> ExitCode {
 }
 
 fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool) -> ExitCode {
+    if let Err(message) = refuse_sqlite_source(backing, "forget", "mount it and unmount it cleanly instead") {
+        return fail(message);
+    }
     let backing = match mounts::check_backing_dir(backing, true) {
         Ok(path) => path,
         Err(message) => return fail(message),

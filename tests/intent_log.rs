@@ -996,7 +996,10 @@ fn a_file_made_again_goes_with_the_rename_that_replaced_it_though_that_file_is_g
     sync_dir(&m);
     kill_daemon(&mut m);
     m.mount();
-    assert!(m.daemon_log().contains("replayed the intent log"), "the log held nothing to replay: the test tested nothing");
+    assert!(
+        m.daemon_log().contains("replayed the intent log"),
+        "the log held nothing to replay: the test tested nothing"
+    );
     let names: Vec<_> = fs::read_dir(m.path("d")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(names.is_empty(), "the directory holds {names:?} after replay; everything in it was unlinked");
 }
@@ -1027,7 +1030,10 @@ fn a_file_renamed_away_and_back_then_fsynced_keeps_its_name_through_a_crash() {
     assert_eq!(m.counter("log_fsyncs_total"), 1, "the fsync of d/b went to the backend");
     kill_daemon(&mut m);
     m.mount();
-    assert!(m.daemon_log().contains("replayed the intent log"), "the log held nothing to replay: the test tested nothing");
+    assert!(
+        m.daemon_log().contains("replayed the intent log"),
+        "the log held nothing to replay: the test tested nothing"
+    );
     let names: Vec<_> = fs::read_dir(m.path("d")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, ["b"], "after replay");
     assert!(fs::read(m.path("d/b")).unwrap() == big, "d/b holds what its fsync acknowledged");
@@ -1059,7 +1065,10 @@ fn a_rename_back_the_log_never_saw_is_not_undone_by_replaying_the_first() {
     fs::rename(m.path("d/f1"), m.path("d/f0")).unwrap();
     kill_daemon(&mut m);
     m.mount();
-    assert!(m.daemon_log().contains("replayed the intent log"), "the log held nothing to replay: the test tested nothing");
+    assert!(
+        m.daemon_log().contains("replayed the intent log"),
+        "the log held nothing to replay: the test tested nothing"
+    );
     let mut names: Vec<_> = fs::read_dir(m.path("d")).unwrap().map(|e| e.unwrap().file_name()).collect();
     names.sort();
     if names == ["f0"] {
@@ -1398,7 +1407,10 @@ fn coalescefs_sync_checkpoints_and_leaves_nothing_to_replay() {
     assert!(fs::read(m.path("small")).unwrap() == pattern(3000, 9), "contents differ");
     assert!(fs::read(m.path("moved")).unwrap() == pattern(200_000, 10), "contents differ");
     let daemon_log = m.daemon_log();
-    assert!(!daemon_log.contains("replayed the intent log"), "the log held records after the checkpoint:\n{daemon_log}");
+    assert!(
+        !daemon_log.contains("replayed the intent log"),
+        "the log held records after the checkpoint:\n{daemon_log}"
+    );
     let out = coalescefs(&["sync", "/"]);
     assert!(!out.status.success() && stderr_of(&out).contains("/"), "sync of a non-mount fails with a message");
 }

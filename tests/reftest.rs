@@ -138,6 +138,27 @@ fn check(m: &TestMount, model: &Model, step: usize, op: &Op) {
     }
 }
 
+/// One case: `ops` on a fresh mount (`mount` makes it with the given options), checked after
+/// every step; then, unmounted, `finally` checks what the store holds.
+fn run_case(ops: &[Op], mount: impl Fn(&[&str]) -> TestMount, finally: impl Fn(&mut TestMount, &Model)) {
+    // Small units, so that files span many of them; a long flush_age, so that only the
+    // operations themselves move data out of the buffer.
+    // REFTEST_OPTIONS adds mount options (scripts/test runs it again with writeback_cache).
+    let extra = std::env::var("REFTEST_OPTIONS").unwrap_or_default();
+    let mut options = vec!["unit=64K", "flush_age=3600s"];
+    options.extend(extra.split(',').filter(|o| !o.is_empty()));
+    let mut m = mount(&options);
+    let mut model = Model::new();
+    let mut handles = Handles::new();
+    for (step, op) in ops.iter().enumerate() {
+        apply(&mut m, &mut model, &mut handles, op);
+        check(&m, &model, step, op);
+    }
+    handles.clear();
+    m.unmount();
+    finally(&mut m, &model);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: std::env::var("REFTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(64),
@@ -147,24 +168,25 @@ proptest! {
 
     #[test]
     fn mount_matches_the_model_after_every_step(ops in proptest::collection::vec(op_strategy(), 1..40)) {
-        // Small units, so that files span many of them; a long flush_age, so that only the
-        // operations themselves move data out of the buffer.
-        // REFTEST_OPTIONS adds mount options (scripts/test runs it again with writeback_cache).
-        let extra = std::env::var("REFTEST_OPTIONS").unwrap_or_default();
-        let mut options = vec!["unit=64K", "flush_age=3600s"];
-        options.extend(extra.split(',').filter(|o| !o.is_empty()));
-        let mut m = TestMount::with_options(&options);
-        let mut model = Model::new();
-        let mut handles = Handles::new();
-        for (step, op) in ops.iter().enumerate() {
-            apply(&mut m, &mut model, &mut handles, op);
-            check(&m, &model, step, op);
-        }
         // Finally the backing directory itself holds exactly the model.
-        handles.clear();
-        m.unmount();
-        for (name, content) in &model {
-            prop_assert_eq!(&fs::read(m.backing_path(name)).unwrap(), content);
-        }
+        run_case(&ops, TestMount::with_options, |m, model| {
+            for (name, content) in model {
+                assert_eq!(&fs::read(m.backing_path(name)).unwrap(), content, "the backing file {name}");
+            }
+        });
+    }
+
+    /// The same over the SQLite backend (the conformance run): finally a fresh mount of the
+    /// database shows exactly the model, and the database checks clean.
+    #[test]
+    fn a_sqlite_mount_matches_the_model_after_every_step(ops in proptest::collection::vec(op_strategy(), 1..40)) {
+        run_case(&ops, TestMount::over_sqlite, |m, model| {
+            let db = rusqlite::Connection::open(m.database.as_ref().unwrap()).unwrap();
+            let integrity: String = db.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
+            assert_eq!(integrity, "ok");
+            drop(db);
+            m.mount();
+            check(m, model, usize::MAX, &Op::Remount);
+        });
     }
 }

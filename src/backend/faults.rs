@@ -315,7 +315,7 @@ impl Namespace for FaultyBackend {
     fn log_key(&self, id: ObjectId) -> SysResult<Vec<u8>> {
         self.ns.log_key(id)
     }
-    fn identify(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)> {
+    fn identify(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<(Vec<u8>, ObjectId)>> {
         self.ns.identify(parent, name)
     }
     fn describe(&self, id: ObjectId) -> Option<String> {
@@ -324,7 +324,7 @@ impl Namespace for FaultyBackend {
     fn find(&self, key: &[u8]) -> SysResult<Option<ObjectId>> {
         self.ns.find(key)
     }
-    fn key_at(&self, parent: ObjectId, name: &OsStr) -> Option<Vec<u8>> {
+    fn key_at(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<Vec<u8>>> {
         self.ns.key_at(parent, name)
     }
 }

@@ -351,6 +351,8 @@ impl MemoryBackend {
             copy_ranges: false,
             allocate: false,
             keys_can_go_stale: true,
+            sync_orders_names: true,
+            keeps_chosen_ids: true,
         };
         MemoryBackend { state: Arc::new(Mutex::new(state)), capabilities, gate: Arc::default() }
     }
@@ -728,10 +730,10 @@ impl Namespace for MemoryBackend {
         Ok(key(id, lock(&self.state).object(id)?.birth))
     }
 
-    fn identify(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)> {
+    fn identify(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<(Vec<u8>, ObjectId)>> {
         let s = lock(&self.state);
-        let id = *s.dir(parent).ok()?.entries.get(name)?;
-        Some((key(id, s.object(id).ok()?.birth), id))
+        let Some(&id) = s.dir(parent)?.entries.get(name) else { return Ok(None) };
+        Ok(Some((key(id, s.object(id)?.birth), id)))
     }
 
     fn describe(&self, id: ObjectId) -> Option<String> {
@@ -750,8 +752,8 @@ impl Namespace for MemoryBackend {
         }
     }
 
-    fn key_at(&self, parent: ObjectId, name: &OsStr) -> Option<Vec<u8>> {
-        self.identify(parent, name).map(|(key, _)| key)
+    fn key_at(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<Vec<u8>>> {
+        Ok(self.identify(parent, name)?.map(|(key, _)| key))
     }
 }
 

@@ -15,11 +15,46 @@
 //! | `null` | the local one | nothing stored, sizes kept: the FUSE and engine ceiling |
 //! | `memory` | in memory | in memory, whole units only, durable at sync; for in-process tests, with crashes |
 //! | `faults` | wraps any | wraps any: fails or stalls calls as a test's plan says |
+//! | `sqlite` | tables of one database file | one row per file and unit, whole units only; a transaction per sync |
+//!
+//! # The contract
+//!
+//! The rules every backend keeps, which the engine (the intent log, replay, checkpoints) relies
+//! on. Where one can vary between stores it is a field of `Capabilities`, and `Engine::new`
+//! refuses a backend that lacks one the intent log needs, saying which.
+//!
+//! 1. **A sync orders name changes** (`Capabilities::sync_orders_names`). A name change
+//!    (make, link, remove, rename, setattr) that has returned is made durable by the next
+//!    `FileData::sync`, `Namespace::sync_dir` or `UnitStore::sync_all`, together with every
+//!    name change before it and never one after it without the ones before (ext4's journal
+//!    does this; a SQLite commit does). Replay and fsync's checks (`engine::replay`,
+//!    `engine::writeback::durability`, the NamesSynced record) read the store as a prefix of
+//!    the changes made to it.
+//! 2. **Engine-chosen ids are kept** (`Capabilities::keeps_chosen_ids`). `make_with_id` makes
+//!    the file under exactly the id it is given, which stays the file's id while the namespace
+//!    lives; answering another id is a bug the checkpointer stops on. With the intent log on
+//!    (the default), every new file is made this way at a checkpoint.
+//! 3. **Reserved ids and keys.** Ids from `engine::pending::PENDING_ID_BASE` up are the
+//!    engine's: a backend gives none of them out itself (only through `make_with_id`). Log keys
+//!    of 20 bytes starting with `b"CFSn"` are the engine's too (`engine::pending::is_pending_key`):
+//!    no `log_key` may return one.
+//! 4. **Keys are forever.** A key (`log_key`) names one object: it finds that object after a
+//!    restart whatever its name is then, and never another object, even after the first is
+//!    gone and its id given out again. It may find nothing after a power cut where
+//!    `Capabilities::keys_can_go_stale`.
+//! 5. **Errors are errors.** `identify`, `key_at` and `find` answer `Ok(None)` only when the
+//!    name (or key) holds nothing; an I/O error is an `Err`, never read as "the name is free"
+//!    (replay would make a second file at a taken name, or skip an unlink).
+//! 6. **Whole units where partial writes are refused.** With `partial_writes` false the engine
+//!    hands `write_unit` every byte of the unit below the file's size; a store may refuse a
+//!    partial unit as a bug.
 
 pub mod faults;
 pub mod local;
 pub mod memory;
 pub mod null;
+pub mod source;
+pub mod sqlite;
 
 use std::ffi::OsStr;
 use std::sync::Arc;
@@ -70,10 +105,33 @@ pub struct Capabilities {
     /// A log key can stop naming its object after a power cut (a file handle of a file whose
     /// creation the backing file system had not committed): the log then records names.
     pub keys_can_go_stale: bool,
+    /// A sync makes every earlier name change durable, in the order they were made (contract
+    /// rule 1). The intent log needs it: `Engine::new` refuses a log over a store without it.
+    pub sync_orders_names: bool,
+    /// `Namespace::make_with_id` makes a file under the id it is given (contract rule 2). The
+    /// intent log needs it (its new files are made so at checkpoints): `Engine::new` refuses a
+    /// log over a store without it.
+    pub keeps_chosen_ids: bool,
+}
+
+impl Capabilities {
+    /// What the intent log needs and this store lacks, said for the person mounting; None
+    /// when it has all of it.
+    pub fn lacks_for_log(&self) -> Option<String> {
+        let mut lacking = Vec::new();
+        if !self.sync_orders_names {
+            lacking.push("a sync that orders name changes");
+        }
+        if !self.keeps_chosen_ids {
+            lacking.push("files made under engine-chosen ids (make_with_id)");
+        }
+        (!lacking.is_empty()).then(|| lacking.join(" and "))
+    }
 }
 
 /// What the engine asks of the names and attributes of a backend. Every call addresses objects
 /// by `ObjectId`; an id the namespace has given out stays valid until the engine forgets it.
+/// The rules of the module's contract (above) hold for every call.
 pub trait Namespace: Send + Sync {
     /// Looks `name` up in the directory `parent`; counts one lookup of the object (the kernel
     /// will forget it later, `forget`).
@@ -100,7 +158,8 @@ pub trait Namespace: Send + Sync {
     /// own range (`engine::pending`) and served the file under while only its memory and the
     /// intent log held it; counts one lookup of it. The file keeps that id while the namespace
     /// lives, forgotten and looked up again too (the kernel showed it as the inode number).
-    /// ENOSYS where the namespace cannot.
+    /// ENOSYS where the namespace cannot (`Capabilities::keeps_chosen_ids` false); never
+    /// another id.
     fn make_with_id(
         &self,
         _id: ObjectId,
@@ -172,8 +231,9 @@ pub trait Namespace: Send + Sync {
     fn log_key(&self, id: ObjectId) -> SysResult<Vec<u8>>;
 
     /// What `name` in `parent` is now, without counting a lookup: its key and id. For the log
-    /// records of a change about to remove or replace it.
-    fn identify(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)>;
+    /// records of a change about to remove or replace it. `Ok(None)` only when nothing has the
+    /// name; a failure to look is an error.
+    fn identify(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<(Vec<u8>, ObjectId)>>;
 
     /// How the object is named in the daemon's log (a path), if it can say.
     fn describe(&self, id: ObjectId) -> Option<String>;
@@ -183,8 +243,9 @@ pub trait Namespace: Send + Sync {
     /// The object logged as `key`, if it still exists; counts one lookup (replay forgets it).
     fn find(&self, key: &[u8]) -> SysResult<Option<ObjectId>>;
 
-    /// The key of what `name` in the directory `parent` is now, if anything.
-    fn key_at(&self, parent: ObjectId, name: &OsStr) -> Option<Vec<u8>>;
+    /// The key of what `name` in the directory `parent` is now: `Ok(None)` only when nothing
+    /// has the name (replay then takes it as free); a failure to look is an error.
+    fn key_at(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<Vec<u8>>>;
 }
 
 /// A directory being read: `read(offset, max)` returns up to `max` entries from `offset` (0:
@@ -282,6 +343,7 @@ pub trait UnitStore: Send + Sync {
     /// Opens the data of the regular file `id`.
     fn open(&self, id: ObjectId, mode: OpenMode) -> SysResult<Arc<dyn FileData>>;
 
-    /// Makes everything written to the store durable (a checkpoint's one sync).
+    /// Makes everything written to the store durable (a checkpoint's one sync), the
+    /// namespace's changes included, in order (contract rule 1).
     fn sync_all(&self) -> SysResult<()>;
 }

@@ -179,6 +179,14 @@ impl Engine {
         metrics: Arc<Metrics>,
         log: Option<LogSetup>,
     ) -> Result<Engine, String> {
+        // The intent log's rules of the backend contract (`backend`, "The contract").
+        if log.is_some() {
+            if let Some(lacking) = store.capabilities().lacks_for_log() {
+                return Err(format!(
+                    "this backend lacks what the intent log needs: {lacking}; mount it with -o log=off"
+                ));
+            }
+        }
         // The log answers an fsync of a file with nothing buffered from what this daemon knows:
         // the file is in sync. A daemon killed before this one may have left the backend changes
         // of its own unsynced (a close's bytes, names made at once), and a power cut would take

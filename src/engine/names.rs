@@ -210,9 +210,9 @@ impl Engine {
 
     /// For the intent log: what `name` in `parent` is now (its key and id), if anything,
     /// before a change removes or replaces it.
-    fn named_object(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)> {
+    fn named_object(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<(Vec<u8>, ObjectId)>> {
         if !self.writeback.logging() {
-            return None;
+            return Ok(None);
         }
         self.ns.identify(parent, name)
     }
@@ -258,11 +258,11 @@ impl Engine {
         name: &OsStr,
         directory: bool,
     ) -> SysResult<Option<(Record, ObjectId)>> {
-        let removed = self.named_object(parent, name);
+        let removed = self.named_object(parent, name)?;
         if let Some((_, id)) = removed.as_ref().filter(|_| !directory) {
             self.writeback.settle_made(*id, true)?;
         }
-        let lingering = if directory { None } else { self.lingering_at(parent, name) };
+        let lingering = if directory { None } else { self.lingering_at(parent, name)? };
         self.ns.remove(parent, name, directory)?;
         self.forget_if_gone(lingering);
         let (Some((key, id)), Ok(parent_key)) = (removed, self.ns.log_key(parent)) else { return Ok(None) };
@@ -276,11 +276,11 @@ impl Engine {
     /// its last name goes (`forget_if_gone`), that data can never be read, and writing it
     /// would find the backend's file gone (ESTALE, at every retry and every checkpoint).
     /// Looked up only when there is such a file.
-    fn lingering_at(&self, parent: ObjectId, name: &OsStr) -> Option<ObjectId> {
+    fn lingering_at(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<ObjectId>> {
         if !self.writeback.has_lingering_files() {
-            return None;
+            return Ok(None);
         }
-        self.ns.identify(parent, name).map(|(_, id)| id).filter(|&id| self.writeback.is_lingering(id))
+        Ok(self.ns.identify(parent, name)?.map(|(_, id)| id).filter(|&id| self.writeback.is_lingering(id)))
     }
 
     /// After the backend removed or replaced a name of `lingering` (`lingering_at`): if that was
@@ -306,7 +306,7 @@ impl Engine {
             // What the target name holds, where a held source may go there; else only whether
             // it is a held file (which must be made on the backend first).
             let target = match source {
-                Some(_) => self.ns.identify(new_parent, new_name).map(|(_, id)| id),
+                Some(_) => self.ns.identify(new_parent, new_name)?.map(|(_, id)| id),
                 None => held.id_named(new_parent, new_name),
             };
             if let Some(source) = source {
@@ -346,12 +346,13 @@ impl Engine {
             }
         }
         let _gate = self.pending.as_ref().map(|held| held.names_gate.read().unwrap_or_else(|p| p.into_inner()));
-        let moved = self.named_object(parent, name);
-        let replaced = self.named_object(new_parent, new_name);
+        let moved = self.named_object(parent, name)?;
+        let replaced = self.named_object(new_parent, new_name)?;
         for (_, id) in moved.iter().chain(&replaced) {
             self.writeback.settle_made(*id, true)?;
         }
-        let lingering = if flags & libc::RENAME_EXCHANGE == 0 { self.lingering_at(new_parent, new_name) } else { None };
+        let lingering =
+            if flags & libc::RENAME_EXCHANGE == 0 { self.lingering_at(new_parent, new_name)? } else { None };
         self.ns.rename(parent, name, new_parent, new_name, flags)?;
         self.forget_if_gone(lingering);
         let Some((key, id)) = moved else { return Ok(()) };
@@ -433,7 +434,7 @@ impl Engine {
                 // checkpoint: a crash must not find the name gone with neither file there.
                 self.writeback.settle_made(target, true)?;
                 let (Some((key, _)), Ok(parent_key)) =
-                    (self.named_object(new_parent, new_name), self.ns.log_key(new_parent))
+                    (self.named_object(new_parent, new_name)?, self.ns.log_key(new_parent))
                 else {
                     return Err(Errno(libc::EIO));
                 };

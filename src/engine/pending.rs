@@ -462,7 +462,7 @@ impl Pending {
         };
         let mut removed = Vec::new();
         for (dir, name, key) in due {
-            if let Some((_, id)) = self.ns.identify(dir, &name).filter(|(now, _)| *now == key) {
+            if let Some((_, id)) = self.ns.identify(dir, &name)?.filter(|(now, _)| *now == key) {
                 self.ns.remove(dir, &name, false)?;
                 removed.push(id);
             }
@@ -1157,7 +1157,7 @@ impl Namespace for PendingNamespace {
             return Err(Errno(libc::ENOENT));
         }
         if directory && (p.any_named() || p.any_hidden()) {
-            if let Some((_, dir)) = p.ns.identify(parent, name) {
+            if let Some((_, dir)) = p.ns.identify(parent, name)? {
                 if p.has_names_in(dir) {
                     return Err(Errno(libc::ENOTEMPTY));
                 }
@@ -1195,7 +1195,7 @@ impl Namespace for PendingNamespace {
         p.remove_hidden(Some(new_parent), Some(new_name))?;
         if p.any_named() || p.any_hidden() {
             // A directory renamed over an empty one: empty on the backend may not be empty here.
-            if let Some((_, target)) = p.ns.identify(new_parent, new_name) {
+            if let Some((_, target)) = p.ns.identify(new_parent, new_name)? {
                 if p.has_names_in(target) && flags & libc::RENAME_EXCHANGE == 0 {
                     return Err(Errno(libc::ENOTEMPTY));
                 }
@@ -1264,10 +1264,10 @@ impl Namespace for PendingNamespace {
         }
     }
 
-    fn identify(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)> {
+    fn identify(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<(Vec<u8>, ObjectId)>> {
         match self.0.with_held_at(parent, name, |file, _| (file.key.clone(), file.id)) {
-            Some(found) => Some(found),
-            None if self.0.is_hidden(parent, name) => None,
+            Some(found) => Ok(Some(found)),
+            None if self.0.is_hidden(parent, name) => Ok(None),
             None => self.0.ns.identify(parent, name),
         }
     }
@@ -1288,10 +1288,10 @@ impl Namespace for PendingNamespace {
         self.0.ns.find(key)
     }
 
-    fn key_at(&self, parent: ObjectId, name: &OsStr) -> Option<Vec<u8>> {
+    fn key_at(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<Vec<u8>>> {
         match self.0.with_held_at(parent, name, |file, _| file.key.clone()) {
-            Some(key) => Some(key),
-            None if self.0.is_hidden(parent, name) => None,
+            Some(key) => Ok(Some(key)),
+            None if self.0.is_hidden(parent, name) => Ok(None),
             None => self.0.ns.key_at(parent, name),
         }
     }

@@ -180,8 +180,9 @@ impl Replay<'_> {
     }
 
     /// Whether `name` in `dir` is the object logged as `key`.
-    fn names(&self, dir: ObjectId, name: &[u8], key: &[u8]) -> bool {
-        self.current_key(key).is_some_and(|current| self.ns.key_at(dir, name_of(name)).is_some_and(|k| k == current))
+    fn names(&self, dir: ObjectId, name: &[u8], key: &[u8]) -> SysResult<bool> {
+        let Some(current) = self.current_key(key) else { return Ok(false) };
+        Ok(self.ns.key_at(dir, name_of(name))?.is_some_and(|k| k == current))
     }
 
     /// Before replay changes `dir`: its mtime, which `release` gives it back (a directory's
@@ -213,7 +214,7 @@ impl Replay<'_> {
             self.not_restored.push(format!("{shown}: its directory is gone"));
             return Ok(false);
         };
-        if self.ns.key_at(dir, name_of(name)).is_some() {
+        if self.ns.key_at(dir, name_of(name))?.is_some() {
             self.not_restored.push(format!("{shown}: the name holds a later file"));
             return Ok(false);
         }
@@ -258,7 +259,7 @@ impl Replay<'_> {
             },
             record => match put_by(record) {
                 Some((object, parent, name)) => match self.directory(parent)? {
-                    Some(dir) => self.names(dir, name, object),
+                    Some(dir) => self.names(dir, name, object)?,
                     None => false,
                 },
                 None => false,
@@ -276,7 +277,7 @@ impl Replay<'_> {
         }
         let Some((object, parent, name)) = removed_by(record) else { return Ok(false) };
         Ok(match self.directory(parent)? {
-            Some(dir) => self.names(dir, name, object),
+            Some(dir) => self.names(dir, name, object)?,
             None => false,
         })
     }
@@ -327,7 +328,7 @@ impl Replay<'_> {
             Record::Create { file, parent, name, mode, uid, gid } => self.create(file, parent, name, *mode, *uid, *gid),
             Record::Unlink { file, parent, name, directory } => {
                 let Some(dir) = self.directory(parent)? else { return Ok(false) };
-                if !self.names(dir, name, file) {
+                if !self.names(dir, name, file)? {
                     return Ok(false);
                 }
                 self.keep_time_of(dir);
@@ -336,7 +337,7 @@ impl Replay<'_> {
             // The caller applies it only when no later record names the file (see `replay`).
             Record::Hidden { file, parent, name } => {
                 let Some(dir) = self.directory(parent)? else { return Ok(false) };
-                if !self.names(dir, name, file) {
+                if !self.names(dir, name, file)? {
                     return Ok(false);
                 }
                 self.keep_time_of(dir);
@@ -349,14 +350,14 @@ impl Replay<'_> {
             Record::Rename { file, from_parent, from_name, to_parent, to_name, replaced } => {
                 let Some(to) = self.directory(to_parent)? else { return Ok(false) };
                 let from = match self.directory(from_parent)? {
-                    Some(from) if self.names(from, from_name, file) => from,
+                    Some(from) if self.names(from, from_name, file)? => from,
                     _ if self.last_removal.get(file.as_slice()).is_some_and(|&later| later > at) => {
                         return self.remove_what_it_replaced(at, replaced, to, to_parent, to_name);
                     }
                     _ => return Ok(false),
                 };
-                let target_free = self.ns.key_at(to, name_of(to_name)).is_none();
-                if !target_free && (replaced.is_empty() || !self.names(to, to_name, replaced)) {
+                let target_free = self.ns.key_at(to, name_of(to_name))?.is_none();
+                if !target_free && (replaced.is_empty() || !self.names(to, to_name, replaced)?) {
                     return Ok(false); // the target holds a later object than the one replaced
                 }
                 self.keep_time_of(from);
@@ -383,7 +384,7 @@ impl Replay<'_> {
         to_parent: &[u8],
         to_name: &[u8],
     ) -> SysResult<bool> {
-        if replaced.is_empty() || !self.names(to, to_name, replaced) {
+        if replaced.is_empty() || !self.names(to, to_name, replaced)? {
             return Ok(false);
         }
         let put_back_later = || {
@@ -413,7 +414,7 @@ impl Replay<'_> {
             return Ok(true); // an interrupted replay made or took it already
         }
         let Some(dir) = self.directory(parent)? else { return Ok(false) };
-        let Some(holder) = self.ns.key_at(dir, name_of(name)) else { return Ok(false) };
+        let Some(holder) = self.ns.key_at(dir, name_of(name))? else { return Ok(false) };
         if self.made_by_replay.contains(&holder) || self.object(&holder, Kind::File)?.is_none() {
             return Ok(false);
         }

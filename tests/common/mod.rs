@@ -67,6 +67,8 @@ pub struct TestMount {
     /// The backing directory is the mount's own (not given by the test): its state directory
     /// goes when the mount does. A test that gives one keeps a `StateCleanup` of its own.
     owns_backing: bool,
+    /// Mounted from `sqlite:` this database file (in the backing directory) instead.
+    pub database: Option<PathBuf>,
 }
 
 /// Removes the default state directory of a backing directory (its intent log, 64 MiB) and
@@ -165,9 +167,39 @@ impl TestMount {
             without_file_handles,
             mounted: false,
             owns_backing,
+            database: None,
         };
         m.mount();
         m
+    }
+
+    /// A mount of a SQLite database (`sqlite:PATH`), made in the mount's own directory.
+    pub fn over_sqlite(options: &[&str]) -> TestMount {
+        let dir = tempfile::Builder::new().prefix("coalescefs-test-").tempdir().expect("tempdir");
+        let backing = dir.path().join("backing");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&backing).unwrap();
+        std::fs::create_dir(&mnt).unwrap();
+        let mut m = TestMount {
+            database: Some(backing.join("tree.db")),
+            _dir: dir,
+            backing,
+            mnt,
+            options: options.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
+            fd_limit: None,
+            without_file_handles: false,
+            mounted: false,
+            owns_backing: true,
+        };
+        m.mount();
+        m
+    }
+
+    /// What the runtime and state directories are keyed by: the backing directory, or the
+    /// database file.
+    fn source_path(&self) -> &Path {
+        self.database.as_deref().unwrap_or(&self.backing)
     }
 
     /// `build`, with a daemon that cannot use file handles (see `without_file_handles`); None
@@ -181,7 +213,11 @@ impl TestMount {
 
     pub fn mount(&mut self) {
         assert!(!self.mounted);
-        let mut args = vec!["mount".to_string(), path_str(&self.backing), path_str(&self.mnt)];
+        let source = match &self.database {
+            Some(db) => format!("sqlite:{}", path_str(db)),
+            None => path_str(&self.backing),
+        };
+        let mut args = vec!["mount".to_string(), source, path_str(&self.mnt)];
         if !self.options.is_empty() {
             args.push("-o".into());
             args.push(self.options.join(","));
@@ -256,12 +292,12 @@ impl TestMount {
 
     /// The daemon's runtime directory (log, pid, control socket; see src/runtime.rs).
     pub fn runtime_dir(&self) -> PathBuf {
-        runtime_dir(&self.backing)
+        runtime_dir(self.source_path())
     }
 
     /// The daemon's state directory (the intent log's file; see src/state.rs), by default.
     pub fn state_dir(&self) -> PathBuf {
-        state_dir(&self.backing)
+        state_dir(self.source_path())
     }
 
     /// The intent log's file with `log=on`.

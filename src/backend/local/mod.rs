@@ -81,6 +81,8 @@ impl LocalBackend {
             copy_ranges: true,
             allocate: true,
             keys_can_go_stale: true,
+            sync_orders_names: true,
+            keeps_chosen_ids: true,
         };
         Ok(LocalBackend {
             dir,
@@ -450,11 +452,14 @@ impl Namespace for LocalBackend {
         Ok(object.log_key.get_or_init(|| key).clone())
     }
 
-    fn identify(&self, parent: ObjectId, name: &OsStr) -> Option<(Vec<u8>, ObjectId)> {
+    fn identify(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<(Vec<u8>, ObjectId)>> {
         // Asked before every unlink and rename with the log on: no descriptor opened for it.
-        let parent = self.node(parent).ok()?;
-        let (st, key) = self.dir.identity_at(&parent.node, &name_cstring(name).ok()?).ok()?;
-        Some((key, self.objects.id_for_listing(key_of(&st))))
+        let parent = self.node(parent)?;
+        match self.dir.identity_at(&parent.node, &name_cstring(name)?) {
+            Ok((st, key)) => Ok(Some((key, self.objects.id_for_listing(key_of(&st))))),
+            Err(Errno(libc::ENOENT)) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     fn describe(&self, id: ObjectId) -> Option<String> {
@@ -470,10 +475,14 @@ impl Namespace for LocalBackend {
         }
     }
 
-    fn key_at(&self, parent: ObjectId, name: &OsStr) -> Option<Vec<u8>> {
-        let parent = self.node(parent).ok()?;
-        let name: CString = name_cstring(name).ok()?;
-        self.dir.handle_at(&parent.node, &name).ok()
+    fn key_at(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<Vec<u8>>> {
+        let parent = self.node(parent)?;
+        let name: CString = name_cstring(name)?;
+        match self.dir.handle_at(&parent.node, &name) {
+            Ok(key) => Ok(Some(key)),
+            Err(Errno(libc::ENOENT)) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -1,0 +1,112 @@
+//! The database file: opening it (with a clear error for what is not ours to write), its
+//! schema, and the `meta` table's values. Owns no file-system semantics (`super` does).
+//!
+//! Schema version 1 (`PRAGMA user_version`), readable with the `sqlite3` CLI:
+//!
+//! - `meta(key, value)`: `generation` (bumped and committed at every open: keys made by one
+//!   open never match another's), `log_marker` (the intent log a crash left to replay).
+//! - `inodes(id, birth, kind, mode, uid, gid, rdev, size, nlink, atime_s, atime_ns, mtime_s,
+//!   mtime_ns, ctime_s, ctime_ns, target)`: `mode` is the whole `st_mode`, `kind` its format
+//!   in words, `target` a symlink's. Ids are u64 stored as i64 (the engine's reserved range
+//!   reads negative).
+//! - `dentries(parent, name, child)`: one row per name.
+//! - `xattrs(id, name, value)`.
+//! - `units(file, unit, data)`: unit `unit` of file `file`, bytes [unit * U, unit * U + len);
+//!   a missing row is a hole.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+
+pub const SCHEMA_VERSION: i64 = 1;
+
+const CREATE: &str = "
+CREATE TABLE meta(key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE inodes(
+    id INTEGER PRIMARY KEY, birth INTEGER NOT NULL, kind TEXT NOT NULL, mode INTEGER NOT NULL,
+    uid INTEGER NOT NULL, gid INTEGER NOT NULL, rdev INTEGER NOT NULL, size INTEGER NOT NULL,
+    nlink INTEGER NOT NULL,
+    atime_s INTEGER NOT NULL, atime_ns INTEGER NOT NULL, mtime_s INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL, ctime_s INTEGER NOT NULL, ctime_ns INTEGER NOT NULL,
+    target BLOB);
+CREATE TABLE dentries(parent INTEGER NOT NULL, name BLOB NOT NULL, child INTEGER NOT NULL,
+    PRIMARY KEY(parent, name)) WITHOUT ROWID;
+CREATE INDEX dentries_by_child ON dentries(child);
+CREATE TABLE xattrs(id INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,
+    PRIMARY KEY(id, name)) WITHOUT ROWID;
+CREATE TABLE units(file INTEGER NOT NULL, unit INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY(file, unit)) WITHOUT ROWID;
+";
+
+/// Opens (or makes, with its directory present) the database at `path` for writing: WAL,
+/// synchronous=FULL, the schema checked or made, the generation bumped and committed.
+/// Returns the connection and the generation.
+pub fn open(path: &Path) -> Result<(Connection, u64), String> {
+    let shown = path.display();
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => {
+            return Err(format!("SQLite database {shown}: its directory {} does not exist", dir.display()));
+        }
+        _ => {}
+    }
+    if path.is_dir() {
+        return Err(format!("SQLite database {shown}: is a directory"));
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let db = Connection::open_with_flags(path, flags).map_err(|e| format!("SQLite database {shown}: {e}"))?;
+    let fail = |what: &str, e: rusqlite::Error| match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => format!("{shown} is not a SQLite database ({what}: {e})"),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+            format!("SQLite database {shown} is locked by another program ({what}: {e})")
+        }
+        Some(rusqlite::ErrorCode::ReadOnly) => format!("SQLite database {shown} is read-only ({what}: {e})"),
+        _ => format!("SQLite database {shown}: {what}: {e}"),
+    };
+    // Reading the header first: a file that is not a database fails here, before any write.
+    let version: i64 =
+        db.query_row("PRAGMA user_version", [], |row| row.get(0)).map_err(|e| fail("reading its version", e))?;
+    let tables: i64 = db
+        .query_row("SELECT count(*) FROM sqlite_master", [], |row| row.get(0))
+        .map_err(|e| fail("reading its schema", e))?;
+    if tables > 0 && version != SCHEMA_VERSION {
+        return Err(format!(
+            "SQLite database {shown} has schema version {version} (user_version), this coalescefs reads {SCHEMA_VERSION}: \
+             it is another program's database or another version's, and is left as it is"
+        ));
+    }
+    if tables == 0 {
+        // Before the first table: the page size is fixed then.
+        db.execute_batch("PRAGMA page_size = 4096").map_err(|e| fail("setting its page size", e))?;
+    }
+    let mode: String =
+        db.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).map_err(|e| fail("setting WAL mode", e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(format!("SQLite database {shown}: cannot use WAL mode (journal_mode is {mode})"));
+    }
+    db.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF; PRAGMA cache_size = -16384")
+        .map_err(|e| fail("setting its pragmas", e))?;
+    db.execute_batch("BEGIN IMMEDIATE").map_err(|e| fail("starting a transaction", e))?;
+    let made = (|| -> rusqlite::Result<u64> {
+        if tables == 0 {
+            db.execute_batch(CREATE)?;
+            db.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
+        }
+        let generation: i64 = db
+            .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |row| row.get(0))
+            .optional()?
+            .unwrap_or(0)
+            + 1;
+        db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('generation', ?1)", [generation])?;
+        Ok(generation as u64)
+    })();
+    match made {
+        Ok(generation) => {
+            db.execute_batch("COMMIT").map_err(|e| fail("committing its generation", e))?;
+            Ok((db, generation))
+        }
+        Err(e) => {
+            let _ = db.execute_batch("ROLLBACK");
+            Err(fail("making its schema", e))
+        }
+    }
+}

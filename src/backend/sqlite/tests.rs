@@ -1,0 +1,217 @@
+//! The SQLite backend in-process, against a real database file in a temporary directory.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+
+use super::SqliteBackend;
+use crate::backend::{FileData, Namespace, OpenMode, UnitStore, UnitWrite};
+use crate::engine::buffer::RangeSet;
+use crate::engine::types::{Kind, NewObject, Owner, XattrReply, ROOT_ID};
+use crate::metrics::Metrics;
+
+const UNIT: u64 = 4096;
+const OWNER: Owner = Owner { uid: 1000, gid: 1000 };
+
+fn open(dir: &tempfile::TempDir) -> SqliteBackend {
+    SqliteBackend::open(&dir.path().join("tree.db"), Some(UNIT), Arc::new(Metrics::default())).expect("open")
+}
+
+fn write_whole(data: &dyn FileData, bytes: &[u8]) {
+    let size = bytes.len() as u64;
+    for unit in 0..size.div_ceil(UNIT) {
+        let start = (unit * UNIT) as usize;
+        let mut buf = vec![0u8; UNIT as usize];
+        let end = (start + UNIT as usize).min(bytes.len());
+        buf[..end - start].copy_from_slice(&bytes[start..end]);
+        let mut ranges = RangeSet::default();
+        ranges.insert(0..(end - start) as u64);
+        data.write_unit(&UnitWrite { unit, unit_bytes: UNIT, buf: &buf, ranges: &ranges, size }).expect("write");
+    }
+}
+
+fn read_all(data: &dyn FileData) -> Vec<u8> {
+    let mut buf = vec![0u8; data.size().unwrap() as usize + 100];
+    let n = data.read_at(&mut buf, 0).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 4096) as u8).collect()
+}
+
+#[test]
+fn a_synced_tree_is_there_after_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = pattern(3 * UNIT as usize + 100);
+    let (file_key, file_id) = {
+        let b = open(&dir);
+        let sub = b.make(ROOT_ID, OsStr::new("sub"), NewObject::Directory { perm: 0o750 }, OWNER).unwrap();
+        let file = b.make(sub.id, OsStr::new("f"), NewObject::File { perm: 0o640 }, OWNER).unwrap();
+        b.make(sub.id, OsStr::new("l"), NewObject::Symlink { target: b"f" }, OWNER).unwrap();
+        b.set_xattr(file.id, OsStr::new("user.k"), b"v", 0).unwrap();
+        b.link(file.id, ROOT_ID, OsStr::new("hard")).unwrap();
+        let data = b.open(file.id, OpenMode { write: true, no_atime: false }).unwrap();
+        write_whole(&*data, &bytes);
+        b.sync_all().unwrap();
+        (b.log_key(file.id).unwrap(), file.id)
+    };
+    let b = open(&dir);
+    assert_eq!(b.integrity_check().unwrap(), "ok");
+    let sub = b.lookup(ROOT_ID, OsStr::new("sub")).unwrap();
+    assert_eq!((sub.kind, sub.perm, sub.nlink), (Kind::Directory, 0o750, 2));
+    let file = b.lookup(sub.id, OsStr::new("f")).unwrap();
+    assert_eq!((file.id, file.perm, file.nlink, file.uid, file.size), (file_id, 0o640, 2, 1000, bytes.len() as u64));
+    assert_eq!(b.find(&file_key).unwrap(), Some(file_id), "a key finds its file after a reopen");
+    let link = b.lookup(sub.id, OsStr::new("l")).unwrap();
+    assert_eq!(b.readlink(link.id).unwrap(), b"f");
+    assert_eq!(b.get_xattr(file.id, OsStr::new("user.k"), 10).unwrap(), XattrReply::Data(b"v".to_vec()));
+    let data = b.open(file.id, OpenMode::default()).unwrap();
+    assert_eq!(read_all(&*data), bytes);
+    let mut names = Vec::new();
+    let mut reader = b.open_dir(ROOT_ID).unwrap();
+    for e in reader.read(0, 100).unwrap() {
+        names.push(e.name.to_string_lossy().into_owned());
+    }
+    assert_eq!(names, [".", "..", "hard", "sub"]);
+}
+
+#[test]
+fn a_crash_keeps_what_the_last_sync_committed_and_no_key_finds_another_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let lost_key = {
+        let b = open(&dir);
+        b.make(ROOT_ID, OsStr::new("kept"), NewObject::File { perm: 0o644 }, OWNER).unwrap();
+        b.sync_dir(ROOT_ID).unwrap();
+        let lost = b.make(ROOT_ID, OsStr::new("lost"), NewObject::File { perm: 0o644 }, OWNER).unwrap();
+        b.rename(ROOT_ID, OsStr::new("kept"), ROOT_ID, OsStr::new("renamed"), 0).unwrap();
+        let key = b.log_key(lost.id).unwrap();
+        b.crash();
+        key
+    };
+    let b = open(&dir);
+    assert!(b.lookup(ROOT_ID, OsStr::new("kept")).is_ok(), "the synced name is there");
+    assert_eq!(b.lookup(ROOT_ID, OsStr::new("renamed")).unwrap_err().0, libc::ENOENT, "the unsynced rename is not");
+    assert_eq!(b.key_at(ROOT_ID, OsStr::new("lost")).unwrap(), None);
+    // The next object may get the lost one's id; its key still finds nothing.
+    b.make(ROOT_ID, OsStr::new("new"), NewObject::File { perm: 0o644 }, OWNER).unwrap();
+    assert_eq!(b.find(&lost_key).unwrap(), None);
+}
+
+#[test]
+fn engine_chosen_ids_are_kept_and_a_taken_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = crate::engine::pending::PENDING_ID_BASE + 5;
+    {
+        let b = open(&dir);
+        let attr = b.make_with_id(id, ROOT_ID, OsStr::new("held"), 0o600, OWNER).unwrap();
+        assert_eq!(attr.id, id);
+        assert_eq!(b.make_with_id(id, ROOT_ID, OsStr::new("again"), 0o600, OWNER).unwrap_err().0, libc::EEXIST);
+        assert_eq!(
+            b.lookup(ROOT_ID, OsStr::new("again")).unwrap_err().0,
+            libc::ENOENT,
+            "a failed call changes nothing"
+        );
+        b.sync_all().unwrap();
+    }
+    let b = open(&dir);
+    assert_eq!(b.lookup(ROOT_ID, OsStr::new("held")).unwrap().id, id);
+    // Ids the backend gives out itself stay below the engine's range.
+    let own = b.make(ROOT_ID, OsStr::new("own"), NewObject::File { perm: 0o600 }, OWNER).unwrap();
+    assert!(own.id < crate::engine::pending::PENDING_ID_BASE && own.id > ROOT_ID);
+}
+
+#[test]
+fn truncation_cuts_units_and_holes_read_as_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(&dir);
+    let file = b.make(ROOT_ID, OsStr::new("f"), NewObject::File { perm: 0o644 }, OWNER).unwrap();
+    let data = b.open(file.id, OpenMode { write: true, no_atime: false }).unwrap();
+    let bytes = pattern(2 * UNIT as usize);
+    write_whole(&*data, &bytes);
+    data.set_size(UNIT + 10).unwrap();
+    data.set_size(3 * UNIT).unwrap();
+    let mut expected = bytes[..UNIT as usize + 10].to_vec();
+    expected.resize(3 * UNIT as usize, 0);
+    assert_eq!(read_all(&*data), expected);
+    data.set_size(0).unwrap();
+    assert!(!data.holds_data());
+}
+
+#[test]
+fn an_unlinked_open_file_lives_until_closed_and_then_its_rows_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(&dir);
+    let file = b.make(ROOT_ID, OsStr::new("f"), NewObject::File { perm: 0o644 }, OWNER).unwrap();
+    let data = b.open(file.id, OpenMode { write: true, no_atime: false }).unwrap();
+    write_whole(&*data, b"hello");
+    b.remove(ROOT_ID, OsStr::new("f"), false).unwrap();
+    b.forget(file.id, 1);
+    assert_eq!(read_all(&*data), b"hello", "open: still readable");
+    drop(data);
+    assert_eq!(b.getattr(file.id).unwrap_err().0, libc::ESTALE);
+    let units: i64 = super::lock(&b.inner).db.query_row("SELECT count(*) FROM units", [], |r| r.get(0)).unwrap();
+    assert_eq!(units, 0);
+}
+
+#[test]
+fn rename_refuses_a_directory_into_itself_and_a_non_empty_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(&dir);
+    let a = b.make(ROOT_ID, OsStr::new("a"), NewObject::Directory { perm: 0o755 }, OWNER).unwrap();
+    let inner = b.make(a.id, OsStr::new("in"), NewObject::Directory { perm: 0o755 }, OWNER).unwrap();
+    assert_eq!(b.rename(ROOT_ID, OsStr::new("a"), inner.id, OsStr::new("x"), 0).unwrap_err().0, libc::EINVAL);
+    b.make(ROOT_ID, OsStr::new("b"), NewObject::Directory { perm: 0o755 }, OWNER).unwrap();
+    assert_eq!(b.rename(ROOT_ID, OsStr::new("b"), ROOT_ID, OsStr::new("a"), 0).unwrap_err().0, libc::ENOTEMPTY);
+    b.rename(a.id, OsStr::new("in"), ROOT_ID, OsStr::new("moved"), 0).unwrap();
+    assert_eq!(b.getattr(a.id).unwrap().nlink, 2);
+    assert_eq!(b.getattr(ROOT_ID).unwrap().nlink, 5);
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_is_never_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no/such/dir/x.db");
+    let e = SqliteBackend::open(&missing, None, Arc::new(Metrics::default())).err().expect("refused");
+    assert!(e.contains("does not exist"), "{e}");
+
+    let not_db = dir.path().join("text.db");
+    let junk = b"this is not a database, it is a text file that is long enough to have a header..........".repeat(10);
+    std::fs::write(&not_db, &junk).unwrap();
+    let e = SqliteBackend::open(&not_db, None, Arc::new(Metrics::default())).err().expect("refused");
+    assert!(e.contains("is not a SQLite database"), "{e}");
+    assert_eq!(std::fs::read(&not_db).unwrap(), junk, "left as it was");
+
+    let other = dir.path().join("other.db");
+    rusqlite::Connection::open(&other).unwrap().execute_batch("CREATE TABLE t(x); PRAGMA user_version = 7").unwrap();
+    let e = SqliteBackend::open(&other, None, Arc::new(Metrics::default())).err().expect("refused");
+    assert!(e.contains("schema version 7"), "{e}");
+}
+
+#[test]
+fn the_crash_marker_lives_in_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let b = open(&dir);
+        assert_eq!(b.log_marker().unwrap(), None);
+        b.set_log_marker(Some(std::path::Path::new("/state/intent.log"))).unwrap();
+        b.crash();
+    }
+    let b = open(&dir);
+    assert_eq!(b.log_marker().unwrap().as_deref(), Some(std::path::Path::new("/state/intent.log")));
+    b.set_log_marker(None).unwrap();
+    assert_eq!(b.log_marker().unwrap(), None);
+}
+
+#[test]
+fn an_access_acl_the_mode_says_all_of_sets_the_mode_and_is_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(&dir);
+    let d = b.make(ROOT_ID, OsStr::new("d"), NewObject::Directory { perm: 0o700 }, OWNER).unwrap();
+    // What `cp -a` sets for a directory of mode 0755: owner rwx, group r-x, other r-x.
+    let acl = b"\x02\0\0\0\x01\0\x07\0\xff\xff\xff\xff\x04\0\x05\0\xff\xff\xff\xff\x20\0\x05\0\xff\xff\xff\xff";
+    b.set_xattr(d.id, OsStr::new("system.posix_acl_access"), acl, 0).unwrap();
+    assert_eq!(b.getattr(d.id).unwrap().perm, 0o755);
+    assert_eq!(b.list_xattr(d.id, 0).unwrap(), XattrReply::Size(0));
+    assert_eq!(b.set_xattr(d.id, OsStr::new("system.posix_acl_access"), b"junk", 0).unwrap_err().0, libc::EINVAL);
+}
