@@ -21,7 +21,7 @@ use common::*;
 /// The longest the writer may wait for its error, and any other request for its answer.
 const ANSWER_WITHIN: Duration = Duration::from_secs(15);
 const BUFFER_MIB: u64 = 8;
-/// The README's bound on the daemon's memory: the buffer plus a fixed overhead.
+/// The bound on the daemon's memory stated in docs/design.md: the buffer plus a fixed overhead.
 const OVERHEAD_MIB: u64 = 48;
 
 #[derive(Clone, Copy, Debug, PartialEq)]

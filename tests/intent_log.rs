@@ -822,7 +822,7 @@ fn a_rename_over_a_backend_file_unlinks_it_at_the_checkpoint_and_never_leaves_ne
 /// killed right after it, with nothing committed since, keeps it: tmp + rename over a backend
 /// file, and a rename to a free name. A rename only queued for the next commit would come back
 /// as the temporary name beside the old file. (This write is what tmp + rename costs beyond a
-/// new file, one log block: README's small-file table.)
+/// new file, one log block: bench/README.md's small-file table.)
 #[test]
 fn a_rename_of_a_held_file_that_returned_survives_a_killed_daemon() {
     if !in_a_process_of_its_own("a_rename_of_a_held_file_that_returned_survives_a_killed_daemon") {
