@@ -51,6 +51,7 @@ pub struct StateDir {
 
 /// Where the state of `backing` goes when no `state=` is given (and no legacy folder exists).
 pub fn default_path(backing: &Path) -> PathBuf {
+    // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
     let base = if unsafe { libc::geteuid() } == 0 {
         PathBuf::from("/var/lib/coalescefs")
     } else {
@@ -193,6 +194,8 @@ fn make_and_lock(path: &Path, inside_backing: bool, read_only: bool) -> Result<O
         .custom_flags(libc::O_NOFOLLOW)
         .open(path.join(LOCK_FILE_NAME))
         .map_err(|e| format!("cannot open the lock file in the state directory {shown}: {e}"))?;
+    // SAFETY: `flock` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(format!(
             "state directory {shown} is in use by another coalescefs (a mount of another backing directory?)"
@@ -205,6 +208,8 @@ fn make_and_lock(path: &Path, inside_backing: bool, read_only: bool) -> Result<O
 /// refused whichever state directory it was given.
 fn lock_backing(backing: &Path) -> Result<File, String> {
     let dir = File::open(backing).map_err(|e| format!("backing directory {}: {e}", backing.display()))?;
+    // SAFETY: `flock` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let holder =
             crate::runtime::RuntimeDir::of(backing).read_pid().map(|pid| format!(" (pid {pid})")).unwrap_or_default();
@@ -226,6 +231,8 @@ pub fn log_marker(backing: &Path) -> Result<Option<PathBuf>, String> {
     let path = sys::path_cstring(backing).map_err(|e| format!("{}: {e}", backing.display()))?;
     let name = std::ffi::CString::new(LOG_MARKER_XATTR).expect("constant has no NUL");
     let mut buf = vec![0u8; 4096];
+    // SAFETY: `lgetxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live, exclusively borrowed slice passed with its own length, so the kernel writes within it.
     let n = unsafe { libc::lgetxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     if n < 0 {
         return match Errno::last() {
@@ -281,6 +288,8 @@ pub fn set_log_marker(backing: &Path, log: &Path) -> Result<(), String> {
     let path = sys::path_cstring(backing).map_err(|e| format!("{}: {e}", backing.display()))?;
     let name = std::ffi::CString::new(LOG_MARKER_XATTR).expect("constant has no NUL");
     let value = log.as_os_str().as_bytes();
+    // SAFETY: `lsetxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live slice passed with its own length, which the kernel only reads.
     let ret = unsafe { libc::lsetxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
     if ret != 0 {
         return match Errno::last() {
@@ -303,6 +312,8 @@ pub fn set_log_marker(backing: &Path, log: &Path) -> Result<(), String> {
 pub fn clear_log_marker(backing: &Path) -> Result<(), String> {
     let path = sys::path_cstring(backing).map_err(|e| format!("{}: {e}", backing.display()))?;
     let name = std::ffi::CString::new(LOG_MARKER_XATTR).expect("constant has no NUL");
+    // SAFETY: `lremovexattr` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     if unsafe { libc::lremovexattr(path.as_ptr(), name.as_ptr()) } != 0 {
         return match Errno::last() {
             Errno(libc::ENODATA) | Errno(libc::ENOTSUP) => Ok(()),

@@ -192,6 +192,7 @@ fn a_killed_daemon_leaves_a_mount_that_umount_clears() {
     let mnt = path_str(&m.mnt);
     fs::write(m.path("f"), b"kept").unwrap();
     let pid = daemon_pid(&m.backing);
+    // SAFETY: `kill` takes only a pid and a signal number; it touches none of our memory.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     wait_until("the daemon to die", || process_gone(pid));
     // A dead daemon's mount answers ENOTCONN, or ECONNABORTED once the kernel has aborted
@@ -219,6 +220,7 @@ fn sigterm_and_sigint_unmount_cleanly() {
         let mut m = TestMount::new();
         let mnt = path_str(&m.mnt);
         let pid = daemon_pid(&m.backing);
+        // SAFETY: `kill` takes only a pid and a signal number; it touches none of our memory.
         unsafe { libc::kill(pid, signal) };
         wait_until("the daemon to exit", || process_gone(pid));
         assert!(!is_mounted(&mnt), "signal {signal} left the mount behind");

@@ -352,6 +352,7 @@ fn sigterm_ends_the_daemon_even_when_the_mount_stays_busy() {
     assert_eq!(line.trim(), "open");
     let pid = m.daemon_pid();
     let started = Instant::now();
+    // SAFETY: `kill` takes only a pid and a signal number; it touches none of our memory.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     while !process_gone(pid) {
         assert!(

@@ -16,6 +16,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 fn kill_daemon(m: &mut TestMount) {
     let pid = m.daemon_pid();
+    // SAFETY: `kill` takes only a pid and a signal number; it touches none of our memory.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let deadline = Instant::now() + Duration::from_secs(20);
     while !process_gone(pid) {
@@ -136,6 +137,8 @@ fn a_close_after_an_unsynced_flush_bars_the_older_logged_bytes() {
     f.write_all_at(&pattern(100, 2), 0).unwrap();
     f.sync_all().unwrap();
     f.write_all_at(&pattern(100, 3), 0).unwrap();
+    // SAFETY: `lseek` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     let at = unsafe { libc::lseek(std::os::fd::AsRawFd::as_raw_fd(&f), 0, libc::SEEK_DATA) };
     assert_eq!(at, 0);
     drop(f);
@@ -167,6 +170,8 @@ fn an_in_place_rewrite_is_logged_at_close_and_its_truncate_waits_for_the_checkpo
                                                      // Times set before the close (tar, cp -p) wait with the bytes, and go in the same batch.
     let times =
         [libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 5 }, libc::timespec { tv_sec: 1_200_000_000, tv_nsec: 7 }];
+    // SAFETY: `futimens` reads a live array of two `timespec`s, as it expects, and any C string
+    // passed is NUL-terminated.
     assert_eq!(unsafe { libc::futimens(std::os::fd::AsRawFd::as_raw_fd(&g), times.as_ptr()) }, 0);
     drop(g);
     assert_eq!(m.counter("log_batches_total"), batches + 2, "each rewrite's close is one log batch");
@@ -520,6 +525,8 @@ fn a_directory_keeps_the_times_set_after_its_new_files() {
     let mut m = TestMount::with_options(&["log_closes=always", "checkpoint_interval=3600s", "writeback_cache=off"]);
     let set = |p: &std::path::Path| {
         let times = [libc::timespec { tv_sec: 1_600_000_000, tv_nsec: 123 }; 2];
+        // SAFETY: `utimensat` reads a live array of two `timespec`s, as it expects, and any C
+        // string passed is NUL-terminated.
         assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, cstr(p).as_ptr(), times.as_ptr(), 0) }, 0);
     };
     let mtime = |p: &std::path::Path| {
@@ -682,6 +689,8 @@ fn a_new_file_made_huge_lives_on_the_backend_not_in_memory() {
     let before = rss_mib();
     let c = cstr(&m.path("sparse"));
     fs::write(m.path("sparse"), b"start").unwrap();
+    // SAFETY: `truncate` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     assert_eq!(unsafe { libc::truncate(c.as_ptr(), 4 << 30) }, 0, "{}", std::io::Error::last_os_error());
     let far = OpenOptions::new().create(true).truncate(false).write(true).open(m.path("far")).unwrap();
     far.write_all_at(b"end", 3 << 30).unwrap();
@@ -1245,6 +1254,8 @@ fn a_held_file_keeps_its_times_and_mode_after_a_crash() {
     {
         let f = OpenOptions::new().write(true).create_new(true).open(m.path("d/tarred")).unwrap();
         f.write_all_at(&pattern(3000, 1), 0).unwrap();
+        // SAFETY: `futimens` reads a live array of two `timespec`s, as it expects, and any C string
+        // passed is NUL-terminated.
         assert_eq!(unsafe { libc::futimens(f.as_raw_fd(), times.as_ptr()) }, 0);
     }
     write_and_fsync(&m.path("d/chmodded"), &pattern(1000, 2));
@@ -1560,6 +1571,8 @@ fn dirty_pages(path: &std::path::Path) -> Option<u64> {
     let range = Range { off: 0, len: 0 };
     let mut stat = CacheStat::default();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    // SAFETY: cachestat (Linux 6.5) reads one `Range` and writes one `CacheStat`, both live locals
+    // laid out as the kernel's structs; an older kernel answers ENOSYS.
     let ret = unsafe { libc::syscall(SYS_CACHESTAT, fd, &range, &mut stat, 0) };
     (ret == 0).then_some(stat.dirty + stat.writeback)
 }
@@ -1813,6 +1826,7 @@ fn recover_refuses_a_state_directory_another_mount_uses() {
 /// writes stopped.
 #[test]
 fn the_log_file_on_ext4_is_written_on_its_device_and_its_inode_never_changes() {
+    // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipped: needs root (the file's block device)");
         return;
@@ -2131,6 +2145,7 @@ struct OnASmallFileSystem {
 
 impl OnASmallFileSystem {
     fn mount() -> Option<OnASmallFileSystem> {
+        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("skipped: needs root (a loop-mounted file system)");
             return None;
@@ -2179,6 +2194,8 @@ fn a_nearly_full_backing_file_system_gets_the_files_made_ahead_back() {
     let total = 128u64 << 20;
     filler.set_len(free - total / 20).unwrap();
     let allocated =
+        // SAFETY: `fallocate` takes only integers (a descriptor and plain values) and touches none
+        // of our memory; a bad descriptor is an error return.
         unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&filler), 0, 0, (free - total / 20) as i64) };
     assert_eq!(allocated, 0, "{}", std::io::Error::last_os_error());
     drop(filler);
@@ -2203,6 +2220,8 @@ fn a_file_made_ahead_belongs_to_its_maker_and_takes_a_set_group_id_directory_s_g
     wait_for_files_made_ahead(&m);
     fs::create_dir(m.path("shared")).unwrap();
     let shared = cstr(&m.path("shared"));
+    // SAFETY: `chown` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     assert_eq!(unsafe { libc::chown(shared.as_ptr(), 0, 4242) }, 0);
     set_mode(&m.path("shared"), 0o2777);
     std::thread::sleep(Duration::from_millis(50));

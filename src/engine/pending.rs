@@ -243,6 +243,8 @@ struct Unreleased {
 /// round trip per file tar extracts.
 fn now() -> Timestamp {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `clock_gettime` writes one value of the type its out-pointer has, into a live local
+    // borrowed exclusively for the call; any C string passed is NUL-terminated.
     if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } != 0 {
         return Timestamp::now();
     }

@@ -225,6 +225,8 @@ impl FileData for LocalFileData {
 
     fn set_size(&self, size: u64) -> SysResult<()> {
         let _not_trimmed = self.not_trimmed();
+        // SAFETY: `ftruncate` takes only integers (a descriptor and plain values) and touches none
+        // of our memory; a bad descriptor is an error return.
         check(unsafe { libc::ftruncate(self.file.as_raw_fd(), size as libc::off_t) }).map(drop)
     }
 
@@ -234,8 +236,12 @@ impl FileData for LocalFileData {
 
     fn sync(&self, data_only: bool) -> SysResult<()> {
         let ret = if data_only {
+            // SAFETY: `fdatasync` takes only integers (a descriptor and plain values) and touches
+            // none of our memory; a bad descriptor is an error return.
             unsafe { libc::fdatasync(self.file.as_raw_fd()) }
         } else {
+            // SAFETY: `fsync` takes only integers (a descriptor and plain values) and touches none
+            // of our memory; a bad descriptor is an error return.
             unsafe { libc::fsync(self.file.as_raw_fd()) }
         };
         check(ret).map(drop)
@@ -252,6 +258,8 @@ impl FileData for LocalFileData {
     }
 
     fn seek(&self, offset: i64, whence: i32) -> SysResult<i64> {
+        // SAFETY: `lseek` takes only integers (a descriptor and plain values) and touches none of
+        // our memory; a bad descriptor is an error return.
         let ret = unsafe { libc::lseek(self.file.as_raw_fd(), offset, whence) };
         if ret == -1 {
             Err(Errno::last())
@@ -270,6 +278,8 @@ impl FileData for LocalFileData {
         let mut source_off = source_offset as libc::loff_t;
         let mut target_off = target_offset as libc::loff_t;
         retry_eintr(|| {
+            // SAFETY: `copy_file_range` updates the two offsets, live locals borrowed exclusively
+            // for the call; the rest are descriptors and a length.
             check_size(unsafe {
                 libc::copy_file_range(
                     self.file.as_raw_fd(),

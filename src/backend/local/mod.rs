@@ -87,6 +87,7 @@ impl LocalBackend {
             objects: Arc::new(ObjectTable::new(root, key_of(&root_stat))),
             capabilities,
             metrics,
+            // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
             is_root_daemon: unsafe { libc::geteuid() } == 0,
             prepared: Some(PreparedFiles::default()),
             no_fallocate: Arc::new(AtomicBool::new(false)),
@@ -313,6 +314,8 @@ impl Namespace for LocalBackend {
             return self.make_with_id(id, parent, name, perm, owner);
         };
         self.metrics.files_made_ahead_ready.store(left as u64, Relaxed);
+        // SAFETY: `fchmod` takes only integers (a descriptor and plain values) and touches none of
+        // our memory; a bad descriptor is an error return.
         check(unsafe { libc::fchmod(unnamed.file.as_raw_fd(), (perm & 0o7777) as libc::mode_t) })?;
         let (node, made) = self.dir.name_unnamed(&unnamed.file, &parent_object.node, &c_name)?;
         let st = self.give_to(&parent_object.node, &node, made, owner)?;
@@ -511,6 +514,7 @@ mod tests {
             return;
         }
         let id = 1 << 62;
+        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
         let owner = Owner { uid: unsafe { libc::geteuid() }, gid: unsafe { libc::getegid() } };
         backend.make_with_id_prepared(id, ROOT_ID, OsStr::new("f"), 0o644, owner).unwrap();
         assert_eq!(backend.prepared_files_ready(), 0, "the one made ahead was taken");
@@ -545,6 +549,7 @@ mod tests {
     #[test]
     fn the_next_backend_gives_back_what_files_made_ahead_hold_past_their_ends() {
         use std::os::unix::fs::MetadataExt;
+        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("skipped: opening files by handle needs CAP_DAC_READ_SEARCH (root)");
             return;
@@ -569,6 +574,8 @@ mod tests {
         named(&backend, 1 << 62, "f");
         // Allocated past its end by someone else: not the backend's to give back.
         let other = std::fs::File::create(dir.path().join("other")).unwrap();
+        // SAFETY: `fallocate` takes only integers (a descriptor and plain values) and touches none
+        // of our memory; a bad descriptor is an error return.
         assert_eq!(unsafe { libc::fallocate(other.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, 1 << 20) }, 0);
         let f = dir.path().join("f");
         let before = std::fs::metadata(&f).unwrap();
@@ -620,6 +627,7 @@ mod tests {
             other => panic!("a refill whose list cannot be written: {other:?}"),
         }
         assert_eq!(backend.prepared_files_ready(), 0);
+        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
         let owner = Owner { uid: unsafe { libc::geteuid() }, gid: unsafe { libc::getegid() } };
         backend.make_with_id_prepared(1 << 62, ROOT_ID, OsStr::new("f"), 0o644, owner).unwrap();
         use std::os::unix::fs::MetadataExt;
