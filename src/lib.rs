@@ -17,6 +17,7 @@ pub mod logging;
 pub mod metrics;
 pub mod mounts;
 pub mod options;
+pub mod parse;
 pub mod runtime;
 pub mod state;
 pub mod sys;

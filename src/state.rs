@@ -32,9 +32,9 @@ pub const LEGACY_NAME: &str = ".coalescefs";
 /// The extended attribute of the backing root that names the log a crash left to replay.
 pub const LOG_MARKER_XATTR: &str = "user.coalescefs.log";
 
-/// The intent log's file in the state directory (and, for a log on a block device, the name its
-/// replay map is made beside).
-pub const LOG_FILE_NAME: &str = "intent.log";
+/// The intent log's file in the state directory; the engine owns the name (it also names the
+/// replay map of a log on a block device after it).
+pub use crate::engine::intent_log::LOG_FILE_NAME;
 /// The local backend's list of its files made ahead (`backend::local::prepared`).
 const MADE_AHEAD_LIST_NAME: &str = "made-ahead";
 /// Locked by the daemon that uses the state directory.

@@ -112,7 +112,7 @@ fn parse_rule(text: &str) -> Result<Rule, String> {
     let action = match action.trim() {
         "abort" => Action::Abort,
         a => match a.strip_prefix("stall:") {
-            Some(d) => Action::Stall(crate::options::parse_duration(d)?),
+            Some(d) => Action::Stall(crate::parse::parse_duration(d)?),
             None => Action::Fail(errno_named(a).ok_or_else(|| format!("'{a}': not an errno this knows"))?),
         },
     };

@@ -35,6 +35,10 @@ use format::{
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+/// The intent log's file in a state directory (`state.rs` makes the directory); a log on a
+/// block device keeps its replay map beside where this file would be.
+pub const LOG_FILE_NAME: &str = "intent.log";
+
 /// Namespace records queued past this are written as a batch of their own.
 const MAX_QUEUED_RECORDS: usize = 4096;
 
@@ -118,15 +122,12 @@ fn open_block_device(
 ) -> Result<(device::FileLogDevice, bool), LogError> {
     let shown = path.display();
     let look = 2 * MAX_LOG_BLOCK_BYTES;
-    let (mut device, device_bytes, contents) = device::FileLogDevice::open_block_device(
-        path,
-        device::replay_map_path(&state_dir.join(crate::state::LOG_FILE_NAME)),
-        look,
-    )
-    .map_err(|e| match e {
-        Errno(libc::EBUSY) => LogError::Mismatch(format!("{shown} is in use (mounted, or held by a program)")),
-        e => LogError::Io("open", e),
-    })?;
+    let (mut device, device_bytes, contents) =
+        device::FileLogDevice::open_block_device(path, device::replay_map_path(&state_dir.join(LOG_FILE_NAME)), look)
+            .map_err(|e| match e {
+            Errno(libc::EBUSY) => LogError::Mismatch(format!("{shown} is in use (mounted, or held by a program)")),
+            e => LogError::Io("open", e),
+        })?;
     let (log_bytes, created) = match contents {
         device::BlockDeviceContents::Bytes(start) => match Superblock::find(&start) {
             Some(sb) => ((sb.area_blocks + SUPERBLOCK_COPIES) * sb.block_bytes as u64, false),
