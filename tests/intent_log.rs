@@ -827,6 +827,44 @@ fn a_rename_over_a_backend_file_unlinks_it_at_the_checkpoint_and_never_leaves_ne
     assert!(f == pattern(2000, 2) || f == pattern(1500, 3), "f holds neither the old nor the new bytes");
 }
 
+/// The panic policy: a panic in a worker thread (here a flusher, by fault injection) ends the
+/// daemon at once, as kill -9 would, with the panic's message in its log; it does not go on
+/// serving with one thread gone and its locks poisoned. The next mount replays what the log
+/// held: an fsync the log answered comes back although the backend never received its bytes.
+#[test]
+fn a_panic_in_a_flusher_ends_the_daemon_and_the_next_mount_replays_the_log() {
+    if !in_a_process_of_its_own("a_panic_in_a_flusher_ends_the_daemon_and_the_next_mount_replays_the_log") {
+        return;
+    }
+    let options = ["log=on", "unit=64K", "flush_age=3600s", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::build(&options, &[("COALESCEFS_FAULTS", "")], None);
+    let mut expected = pattern(256 << 10, 1);
+    fs::write(m.path("f"), &expected).unwrap();
+    m.sync_to_backend();
+    // A small fsync of a file the backend holds: answered by the log, the backend untouched.
+    let f = OpenOptions::new().read(true).write(true).open(m.path("f")).unwrap();
+    let piece = pattern(700, 50);
+    f.write_all_at(&piece, 1000).unwrap();
+    f.sync_all().unwrap();
+    expected[1000..1700].copy_from_slice(&piece);
+    assert!(m.counter("log_fsyncs_total") >= 1, "the fsync went to the log");
+    // A whole unit goes to the flushers at once; the flusher that writes it panics.
+    let pid = m.daemon_pid();
+    m.inject("write=panic");
+    f.write_all_at(&pattern(64 << 10, 90), 128 << 10).unwrap();
+    wait_for(|| process_gone(pid), "the daemon to end at the panic");
+    let log = m.daemon_log();
+    assert!(log.contains("panicked") && log.contains("fault injection: a panic at a Write call"), "{log}");
+    assert_eq!(&fs::read(m.backing_path("f")).unwrap()[1000..1700], &pattern(256 << 10, 1)[1000..1700]);
+    drop(f);
+    let out = coalescefs(&["umount", "--lazy", &path_str(&m.mnt)]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    m.assume_unmounted();
+    m.mount();
+    let after = fs::read(m.path("f")).unwrap();
+    assert_eq!(&after[..128 << 10], &expected[..128 << 10], "the logged fsync came back from the log");
+}
+
 /// A rename of a file the log alone holds is written to the log before it returns, so a daemon
 /// killed right after it, with nothing committed since, keeps it: tmp + rename over a backend
 /// file, and a rename to a free name. A rename only queued for the next commit would come back

@@ -1,6 +1,6 @@
 //! Fault injection at the backend boundary, for tests: a plan of rules that make the
 //! backend's writes, syncs, reads or creates fail with an errno (EIO, ENOSPC, EDQUOT, ...),
-//! stall, or abort the process, a number of times or until cleared, optionally only for files
+//! stall, abort the process or panic, a number of times or until cleared, optionally only for files
 //! whose path contains a given text. `FaultyBackend` wraps any namespace and unit store with
 //! the plan, `FaultyLogDevice` any log device: production code never asks the plan itself.
 //!
@@ -9,7 +9,8 @@
 //! so a test can fail the backend, watch the mount, and let it recover, on a real mount.
 //!
 //! Rule syntax (also of the environment variable, rules separated by `;`):
-//! `OP=ERRNO[*COUNT][/SKIP][@PATH_TEXT]`, `OP=stall:DURATION...` or `OP=abort...`, where OP is
+//! `OP=ERRNO[*COUNT][/SKIP][@PATH_TEXT]`, `OP=stall:DURATION...`, `OP=abort...` (the process dies
+//! as kill -9 would) or `OP=panic...` (the calling thread panics), where OP is
 //! write, sync, read, create, mutate (any change to the store: a write, a size, a name; for
 //! killing a replay part way), logwrite or logsync, ERRNO a name (EIO, ENOSPC, EDQUOT, EROFS),
 //! COUNT how many calls fail (default: until cleared) and SKIP how many matching calls pass
@@ -54,6 +55,8 @@ enum Action {
     Stall(Duration),
     /// Dies at once, as kill -9 would.
     Abort,
+    /// Panics in the calling thread (a flusher, a FUSE worker): the panic policy's test.
+    Panic,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -111,6 +114,7 @@ fn parse_rule(text: &str) -> Result<Rule, String> {
     };
     let action = match action.trim() {
         "abort" => Action::Abort,
+        "panic" => Action::Panic,
         a => match a.strip_prefix("stall:") {
             Some(d) => Action::Stall(crate::parse::parse_duration(d)?),
             None => Action::Fail(errno_named(a).ok_or_else(|| format!("'{a}': not an errno this knows"))?),
@@ -143,7 +147,7 @@ impl Faults {
 
     fn add(&self, text: &str) -> Result<(), String> {
         let rule = parse_rule(text)?;
-        self.rules.lock().unwrap_or_else(|p| p.into_inner()).push(rule);
+        self.rules.lock().unwrap().push(rule);
         Ok(())
     }
 
@@ -152,8 +156,8 @@ impl Faults {
         match request.split_once(' ') {
             Some(("inject", rule)) => self.add(rule.trim()),
             None if request == "clear" => {
-                self.rules.lock().unwrap_or_else(|p| p.into_inner()).clear();
-                *self.generation.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+                self.rules.lock().unwrap().clear();
+                *self.generation.lock().unwrap() += 1;
                 self.cleared.notify_all();
                 Ok(())
             }
@@ -164,7 +168,7 @@ impl Faults {
     /// Called by the backend before `op` on the file at `path` (None: not a file's call).
     pub fn check(&self, op: FaultOp, path: Option<&Path>) -> SysResult<()> {
         let action = {
-            let mut rules = self.rules.lock().unwrap_or_else(|p| p.into_inner());
+            let mut rules = self.rules.lock().unwrap();
             let matching = rules.iter_mut().find(|r| {
                 r.op == op
                     && r.remaining != Some(0)
@@ -188,15 +192,16 @@ impl Faults {
                 log::error!("fault injection: aborting at a {op:?} call");
                 std::process::abort();
             }
+            Action::Panic => panic!("fault injection: a panic at a {op:?} call"),
             Action::Stall(duration) => {
                 let deadline = Instant::now() + duration;
-                let mut generation = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+                let mut generation = self.generation.lock().unwrap();
                 let started = *generation;
                 while *generation == started && Instant::now() < deadline {
                     generation = self
                         .cleared
                         .wait_timeout(generation, deadline.saturating_duration_since(Instant::now()))
-                        .unwrap_or_else(|p| p.into_inner())
+                        .unwrap()
                         .0;
                 }
                 Ok(())

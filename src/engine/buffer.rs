@@ -152,6 +152,9 @@ mod chunks {
         free_slots: Vec<usize>,
     }
 
+    /// Process-wide: its lock recovers from poisoning (the only engine lock that does), because
+    /// in-process tests (proptest shrinking a failed case) go on after a panic, and a static
+    /// outlives the engine that panicked. The daemon never sees it poisoned: a panic aborts it.
     static SIZE_CLASSES: Mutex<BTreeMap<usize, SizeClass>> = Mutex::new(BTreeMap::new());
 
     pub(super) fn take(slot_len: usize) -> *mut u8 {

@@ -87,7 +87,7 @@ impl LocalFileData {
     }
 
     pub(super) fn not_trimmed(&self) -> Option<RwLockReadGuard<'_, ()>> {
-        self.trim_guard.as_ref().map(|g| g.read().unwrap_or_else(|p| p.into_inner()))
+        self.trim_guard.as_ref().map(|g| g.read().unwrap())
     }
 
     pub fn file(&self) -> &File {

@@ -253,7 +253,7 @@ impl Namespace for LocalBackend {
         let object = self.node(id)?;
         // Not across a trim of blocks made ahead, which puts the mtime it found back.
         let guard = self.prepared.as_ref().and_then(|p| p.guard_of(object.key));
-        let _not_trimmed = guard.as_ref().map(|g| g.read().unwrap_or_else(|p| p.into_inner()));
+        let _not_trimmed = guard.as_ref().map(|g| g.read().unwrap());
         if changes.uid.is_some() || changes.gid.is_some() {
             self.dir.chown(&object.node, changes.uid, changes.gid)?;
         }

@@ -448,7 +448,7 @@ impl FileLogDevice {
         if self.through_page_cache.is_none() {
             return;
         }
-        let mut last = self.last_block.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = self.last_block.lock().unwrap();
         let Some(bytes) = bytes else {
             *last = None;
             return;
@@ -483,7 +483,7 @@ impl FileLogDevice {
         // `free_after` ends at the ring's area, and the area inside the file: no size check
         // (an fstat) per batch is needed.
         debug_assert!(self.size_bytes().is_ok_and(|size| padded_end <= size), "padding past the log's end");
-        let last = self.last_block.lock().unwrap_or_else(|p| p.into_inner());
+        let last = self.last_block.lock().unwrap();
         let before: &[u8] = if start == offset {
             &[]
         } else {
@@ -527,7 +527,7 @@ impl LogDevice for FileLogDevice {
         let result = if self.direct {
             let aligned = AlignedScratch::copy_of(bytes, self.block_bytes.max(4096));
             let aligned = aligned.as_slice(bytes.len());
-            match &*self.raw.read().unwrap_or_else(|p| p.into_inner()) {
+            match &*self.raw.read().unwrap() {
                 Some(raw) => raw.write(offset, aligned),
                 None => sys::pwrite_all(self.file.as_raw_fd(), aligned, offset),
             }
@@ -589,7 +589,7 @@ impl LogDevice for FileLogDevice {
     }
 
     fn describe(&self) -> String {
-        match &*self.raw.read().unwrap_or_else(|p| p.into_inner()) {
+        match &*self.raw.read().unwrap() {
             Some(raw) => format!("{} (its blocks on {})", self.path.display(), raw.describe()),
             None => self.path.display().to_string(),
         }
@@ -632,7 +632,7 @@ impl LogDevice for FileLogDevice {
 
     fn release(&self) {
         // Dropped: the immutable flag goes (`RawBlocks::drop`).
-        self.raw.write().unwrap_or_else(|p| p.into_inner()).take();
+        self.raw.write().unwrap().take();
     }
 }
 
@@ -682,7 +682,7 @@ impl MemoryLogDevice {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, MemoryLogState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unwrap()
     }
 
     /// What the device holds after a crash: every synced byte, and of the writes since the
