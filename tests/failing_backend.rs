@@ -390,7 +390,10 @@ fn an_fsync_after_the_kernel_forgot_the_file_still_syncs_what_the_backend_holds_
     fsync_after_the_kernel_forgot_the_file(TestMount::build(&options, &env, None));
     match TestMount::without_file_handles(&options, &env) {
         Some(m) => fsync_after_the_kernel_forgot_the_file(m),
-        None => eprintln!("skipped without file handles: dropping the capability needs root"),
+        None => skip(
+            "an_fsync_after_the_kernel_forgot_the_file_still_syncs_what_the_backend_holds_unsynced",
+            "the half without file handles: dropping the capability needs root",
+        ),
     }
 }
 
@@ -398,7 +401,10 @@ fn fsync_after_the_kernel_forgot_the_file(m: TestMount) {
     let data = pattern(300_000, 9);
     fs::write(m.path("f"), &data).unwrap();
     if drop_kernel_caches().is_none() {
-        eprintln!("skipped: dropping the kernel's caches needs root");
+        skip(
+            "an_fsync_after_the_kernel_forgot_the_file_still_syncs_what_the_backend_holds_unsynced",
+            "dropping the kernel's caches needs root",
+        );
         return;
     }
     m.inject("sync=EIO");

@@ -709,10 +709,15 @@ fn a_new_file_made_huge_lives_on_the_backend_not_in_memory() {
 #[test]
 fn a_log_file_on_xfs_is_written_without_changing_its_inode() {
     if std::process::Command::new("mkfs.xfs").arg("-V").output().is_err() {
-        eprintln!("skipped: no mkfs.xfs (scripts/deps --test installs xfsprogs)");
+        skip(
+            "a_log_file_on_xfs_is_written_without_changing_its_inode",
+            "no mkfs.xfs (scripts/deps --test installs xfsprogs)",
+        );
         return;
     }
-    let Some(device) = LoopDevice::new(320) else { return };
+    let Some(device) = LoopDevice::new(320) else {
+        return skip("a_log_file_on_xfs_is_written_without_changing_its_inode", "no loop device");
+    };
     let xfs = tempfile::tempdir().unwrap();
     assert!(std::process::Command::new("mkfs.xfs").args(["-q", "-f", &device.path]).status().unwrap().success());
     assert!(std::process::Command::new("mount").arg(&device.path).arg(xfs.path()).status().unwrap().success());
@@ -754,7 +759,9 @@ fn a_log_file_on_xfs_is_written_without_changing_its_inode() {
 /// file system) is refused, and so is one that is mounted.
 #[test]
 fn a_log_on_a_block_device_takes_the_commits_and_replays_them() {
-    let Some(device) = LoopDevice::new(32) else { return };
+    let Some(device) = LoopDevice::new(32) else {
+        return skip("a_log_on_a_block_device_takes_the_commits_and_replays_them", "no loop device");
+    };
     let log = format!("log={}", device.path);
     let options =
         ["log_closes=always", log.as_str(), "log_size=16M", "checkpoint_interval=3600s", "writeback_cache=off"];
@@ -1639,7 +1646,10 @@ fn closes_in_a_burst_go_through_the_page_cache_which_sync_writes_and_a_killed_da
     // Most of them; a machine busy enough to stretch a close past 2 ms makes it fewer.
     assert!(through_page_cache >= 20, "{through_page_cache} of 200 closes through the page cache");
     let Some(dirty) = dirty_pages(&m.log_path()) else {
-        eprintln!("skipped: no cachestat(2) in this kernel to see the log file's dirty pages");
+        skip(
+            "closes_in_a_burst_go_through_the_page_cache_which_sync_writes_and_a_killed_daemon_keeps",
+            "no cachestat(2) in this kernel to see the log file's dirty pages",
+        );
         return;
     };
     assert!(dirty > 0, "the closes' batches are not in the page cache");
@@ -1866,7 +1876,10 @@ fn recover_refuses_a_state_directory_another_mount_uses() {
 fn the_log_file_on_ext4_is_written_on_its_device_and_its_inode_never_changes() {
     // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root (the file's block device)");
+        skip(
+            "the_log_file_on_ext4_is_written_on_its_device_and_its_inode_never_changes",
+            "needs root (the file's block device)",
+        );
         return;
     }
     let small = SmallFileSystem::new(256);
@@ -2048,7 +2061,10 @@ fn a_file_closed_empty_then_grown_past_the_log_is_synced_with_its_bytes_at_its_c
     assert_eq!(m.counter("log_batches_total") - batches, 1, "log batches of the last close");
     assert_eq!(m.counter("log_flushes_total") - flushes, 1, "log flushes of the last close");
     let Some(dirty) = dirty_pages(&m.backing_path("out")) else {
-        eprintln!("skipped: no cachestat(2) in this kernel to see the backing file's dirty pages");
+        skip(
+            "a_file_closed_empty_then_grown_past_the_log_is_synced_with_its_bytes_at_its_close",
+            "no cachestat(2) in this kernel to see the backing file's dirty pages",
+        );
         return;
     };
     assert_eq!(dirty, 0, "the close synced the file's bytes with its creation");
@@ -2182,10 +2198,11 @@ struct OnASmallFileSystem {
 }
 
 impl OnASmallFileSystem {
-    fn mount() -> Option<OnASmallFileSystem> {
+    /// None (and `test` counted as skipped) where a loop-mounted file system cannot be made.
+    fn mount(test: &str) -> Option<OnASmallFileSystem> {
         // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root (a loop-mounted file system)");
+            skip(test, "needs root (a loop-mounted file system)");
             return None;
         }
         let small = SmallFileSystem::new(128);
@@ -2203,7 +2220,11 @@ impl OnASmallFileSystem {
 /// disk, whose checkpoints failed for want of that space, `rm` of it gave nothing back).
 #[test]
 fn a_file_made_ahead_and_removed_before_its_trim_gives_its_space_back_at_once() {
-    let Some(on_small) = OnASmallFileSystem::mount() else { return };
+    let Some(on_small) =
+        OnASmallFileSystem::mount("a_file_made_ahead_and_removed_before_its_trim_gives_its_space_back_at_once")
+    else {
+        return;
+    };
     let (m, backing) = (&on_small.m, &on_small.backing);
     std::thread::sleep(Duration::from_millis(50)); // a lone close: the file is held
     let mut f = File::create(m.path("big")).unwrap();
@@ -2223,7 +2244,10 @@ fn a_file_made_ahead_and_removed_before_its_trim_gives_its_space_back_at_once() 
 /// checkpoint, and keeps them from then on while it has under a tenth free.
 #[test]
 fn a_nearly_full_backing_file_system_gets_the_files_made_ahead_back() {
-    let Some(on_small) = OnASmallFileSystem::mount() else { return };
+    let Some(on_small) = OnASmallFileSystem::mount("a_nearly_full_backing_file_system_gets_the_files_made_ahead_back")
+    else {
+        return;
+    };
     let (m, backing, small) = (&on_small.m, &on_small.backing, &on_small.small);
     assert_eq!(m.counter("files_made_ahead_ready"), 16);
     // Filled from outside the mount to under a tenth free, files made ahead and all.

@@ -676,7 +676,7 @@ fn st_blksize_is_the_unit() {
 fn a_unit_above_the_kernel_request_ceiling_is_named_with_the_sysctl_to_raise() {
     let limit: u64 = fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit").unwrap().trim().parse().unwrap();
     if limit * 4096 >= 16 << 20 {
-        eprintln!("skipped: fs.fuse.max_pages_limit is {limit}, so the kernel grants the largest request the mount asks for (16 MiB)");
+        skip("a_unit_above_the_kernel_request_ceiling_is_named_with_the_sysctl_to_raise", &format!("fs.fuse.max_pages_limit is {limit}, so the kernel grants the largest request the mount asks for (16 MiB)"));
         return;
     }
     let unit = (limit * 4096 * 2).next_power_of_two().min(64 << 20);
@@ -730,7 +730,10 @@ fn times_set_between_the_last_write_and_close_survive_the_flush() {
             drop(f);
         }
         if drop_kernel_caches().is_none() {
-            eprintln!("skipped: dropping the kernel's caches needs root");
+            skip(
+                "times_set_between_the_last_write_and_close_survive_the_flush",
+                "dropping the kernel's caches needs root",
+            );
             return;
         }
         // Seen in the mount before, and after, the checkpoint that makes the small file (held
@@ -792,7 +795,10 @@ fn the_mtime_a_file_shows_survives_the_flush_and_the_kernel_forgetting_it() {
             shown.push((md.mtime(), md.mtime_nsec()));
         }
         if drop_kernel_caches().is_none() {
-            eprintln!("skipped: dropping the kernel's caches needs root");
+            skip(
+                "the_mtime_a_file_shows_survives_the_flush_and_the_kernel_forgetting_it",
+                "dropping the kernel's caches needs root",
+            );
             return;
         }
         m.sync_to_backend();
@@ -876,7 +882,10 @@ fn held_files_are_made_at_the_checkpoint_after_the_kernel_forgot_their_directory
         let inode = |rel: &str| fs::symlink_metadata(m.path(rel)).unwrap().ino();
         let served_as = [inode("d/f0"), inode("d/f1")];
         if drop_kernel_caches().is_none() {
-            eprintln!("skipped: dropping the kernel's caches needs root");
+            skip(
+                "held_files_are_made_at_the_checkpoint_after_the_kernel_forgot_their_directory",
+                "dropping the kernel's caches needs root",
+            );
             return;
         }
         fs::rename(m.path("d/e/moved"), m.path("d/moved")).unwrap();

@@ -72,9 +72,18 @@ struct Rule {
 
 pub struct Faults {
     rules: Mutex<Vec<Rule>>,
-    /// Signalled when the rules are cleared: a stalled call then returns at once.
-    cleared: Condvar,
-    generation: Mutex<u64>,
+    /// Signalled when the rules are cleared (a stalled call then returns at once), and when a
+    /// call begins to stall (`wait_for_stalls`).
+    changed: Condvar,
+    stalls: Mutex<Stalls>,
+}
+
+#[derive(Default)]
+struct Stalls {
+    /// Moves on at every clear: a stall that began before it ends.
+    generation: u64,
+    /// Calls stalled now.
+    stalled: usize,
 }
 
 fn errno_named(name: &str) -> Option<Errno> {
@@ -132,7 +141,15 @@ impl Default for Faults {
 impl Faults {
     /// A plan with no rules yet.
     pub fn new() -> Faults {
-        Faults { rules: Mutex::new(Vec::new()), cleared: Condvar::new(), generation: Mutex::new(0) }
+        Faults { rules: Mutex::new(Vec::new()), changed: Condvar::new(), stalls: Mutex::default() }
+    }
+
+    /// Waits until `calls` calls are stalled (each has begun its stall, so a `clear` from now on
+    /// ends it); false after `timeout`.
+    pub fn wait_for_stalls(&self, calls: usize, timeout: Duration) -> bool {
+        let stalls = self.stalls.lock().unwrap();
+        let (stalls, _) = self.changed.wait_timeout_while(stalls, timeout, |s| s.stalled < calls).unwrap();
+        stalls.stalled >= calls
     }
 
     /// The plan the daemon starts with: Some when `COALESCEFS_FAULTS` is set.
@@ -157,8 +174,8 @@ impl Faults {
             Some(("inject", rule)) => self.add(rule.trim()),
             None if request == "clear" => {
                 self.rules.lock().unwrap().clear();
-                *self.generation.lock().unwrap() += 1;
-                self.cleared.notify_all();
+                self.stalls.lock().unwrap().generation += 1;
+                self.changed.notify_all();
                 Ok(())
             }
             _ => Err(format!("'{request}': expected 'inject RULE' or 'clear'")),
@@ -195,15 +212,18 @@ impl Faults {
             Action::Panic => panic!("fault injection: a panic at a {op:?} call"),
             Action::Stall(duration) => {
                 let deadline = Instant::now() + duration;
-                let mut generation = self.generation.lock().unwrap();
-                let started = *generation;
-                while *generation == started && Instant::now() < deadline {
-                    generation = self
-                        .cleared
-                        .wait_timeout(generation, deadline.saturating_duration_since(Instant::now()))
+                let mut stalls = self.stalls.lock().unwrap();
+                let started = stalls.generation;
+                stalls.stalled += 1;
+                self.changed.notify_all();
+                while stalls.generation == started && Instant::now() < deadline {
+                    stalls = self
+                        .changed
+                        .wait_timeout(stalls, deadline.saturating_duration_since(Instant::now()))
                         .unwrap()
                         .0;
                 }
+                stalls.stalled -= 1;
                 Ok(())
             }
         }
@@ -460,7 +480,7 @@ mod tests {
 
     #[test]
     fn rules_parse_count_down_and_match_paths() {
-        let f = Faults { rules: Mutex::new(Vec::new()), cleared: Condvar::new(), generation: Mutex::new(0) };
+        let f = Faults::new();
         f.control("inject write=ENOSPC*2@big").unwrap();
         assert_eq!(f.check(FaultOp::Write, Some(Path::new("/b/small"))), Ok(()));
         assert_eq!(f.check(FaultOp::Write, Some(Path::new("/b/big"))), Err(Errno(libc::ENOSPC)));
@@ -477,11 +497,7 @@ mod tests {
 
     #[test]
     fn a_stall_ends_when_cleared() {
-        let f = std::sync::Arc::new(Faults {
-            rules: Mutex::new(Vec::new()),
-            cleared: Condvar::new(),
-            generation: Mutex::new(0),
-        });
+        let f = std::sync::Arc::new(Faults::new());
         f.control("inject read=stall:60s").unwrap();
         let stalled = {
             let f = f.clone();
@@ -491,8 +507,10 @@ mod tests {
                 t.elapsed()
             })
         };
-        std::thread::sleep(Duration::from_millis(100));
+        // Cleared only once the call stalls: cleared before, it would not stall at all, and the
+        // test would pass without testing anything.
+        assert!(f.wait_for_stalls(1, Duration::from_secs(10)), "the read never stalled");
         f.control("clear").unwrap();
-        assert!(stalled.join().unwrap() < Duration::from_secs(10));
+        assert!(stalled.join().unwrap() < Duration::from_secs(10), "the clear ended the stall");
     }
 }

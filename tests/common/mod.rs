@@ -5,6 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod skip;
+#[allow(unused_imports)] // not every test binary has a test that can skip
+pub use skip::skip;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_coalescefs");
 
 pub fn coalescefs(args: &[&str]) -> Output {
