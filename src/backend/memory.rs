@@ -444,16 +444,6 @@ impl MemoryBackend {
         (s.tree.objects.get(&id)?.kind == Kind::File).then(|| s.data.get(&id).cloned().unwrap_or_default())
     }
 
-    /// Every name under the directory at `path`, sorted.
-    pub fn list_path(&self, path: &[&OsStr]) -> Option<Vec<OsString>> {
-        let s = lock(&self.state);
-        let mut id = ROOT_ID;
-        for name in path {
-            id = *s.tree.objects.get(&id)?.entries.get(*name)?;
-        }
-        Some(s.tree.objects.get(&id)?.entries.keys().cloned().collect())
-    }
-
     /// How many whole-unit writes the store took (for tests of the engine's planning).
     pub fn unit_writes(&self) -> u64 {
         lock(&self.state).unit_writes

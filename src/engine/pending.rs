@@ -335,10 +335,6 @@ impl Pending {
         Some(f(&file, &mut body))
     }
 
-    pub fn files_held(&self) -> usize {
-        self.table().by_id.len()
-    }
-
     pub fn bytes_held(&self) -> u64 {
         self.bytes_held.load(Relaxed)
     }

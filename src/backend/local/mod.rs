@@ -120,11 +120,6 @@ impl LocalBackend {
         self.dir.root_path()
     }
 
-    /// How many objects the namespace holds now (the kernel's cached inodes and the engine's).
-    pub fn objects_held(&self) -> usize {
-        self.objects.len()
-    }
-
     fn node(&self, id: ObjectId) -> SysResult<Arc<objects::Object>> {
         // An id the kernel uses but we forgot would be a protocol bug; ESTALE is what a network
         // file system answers for a handle it no longer knows.

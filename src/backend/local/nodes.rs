@@ -693,13 +693,6 @@ impl BackingDir {
         Ok((self.adopt(fd, &st), st))
     }
 
-    /// A directory found by its handle from `file_handle`, to address entries in it.
-    pub fn directory_by_handle(&self, key: &[u8]) -> SysResult<Node> {
-        let dir = self.with_descriptor(|| self.open_handle(key, libc::O_PATH | libc::O_DIRECTORY))?;
-        let st = sys::fstat_fd(&dir)?;
-        Ok(self.adopt(dir, &st))
-    }
-
     /// Makes everything written to the backing file system durable, in one call.
     pub fn sync_file_system(&self) -> SysResult<()> {
         // SAFETY: `syncfs` takes only integers (a descriptor and plain values) and touches none of
@@ -783,9 +776,4 @@ impl BackingDir {
         // other arguments are integers.
         check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
     }
-}
-
-/// Reads a symlink target given as a path into the C string symlinkat wants.
-pub fn symlink_target(target: &Path) -> SysResult<CString> {
-    CString::new(target.as_os_str().as_bytes().to_vec()).map_err(|_| Errno(libc::EINVAL))
 }
