@@ -29,6 +29,8 @@ fn uring_write_many_at(ring: &mut io_uring::IoUring, fd: i32, pieces: &[(&[u8], 
                 .offset(*offset)
                 .build()
                 .user_data((start + i) as u64);
+            // SAFETY: the entry names `bytes`, a piece of the caller's slice that outlives this
+            // function, which waits below for every entry it pushed to complete.
             unsafe { ring.submission().push(&entry).expect("the ring holds a batch") };
         }
         ring.submit_and_wait(batch.len()).expect("io_uring_enter");
@@ -46,7 +48,12 @@ fn uring_write_many_at(ring: &mut io_uring::IoUring, fd: i32, pieces: &[(&[u8], 
 
 fn aligned(len: usize) -> &'static mut [u8] {
     let layout = std::alloc::Layout::from_size_align(len, 4096).expect("layout");
+    // SAFETY: `layout` has a non-zero size (the caller asks for whole pieces); the result is
+    // checked for null below.
     let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    assert!(!ptr.is_null(), "out of memory for {len} bytes");
+    // SAFETY: `ptr` is a live, zeroed allocation of `len` bytes that is leaked, never freed, so the
+    // `'static` slice stays valid.
     let buf = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
     for (i, b) in buf.iter_mut().enumerate() {
         *b = (i * 13 + 1) as u8;

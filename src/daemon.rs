@@ -38,6 +38,8 @@ pub fn fail(message: impl std::fmt::Display) -> ExitCode {
 /// the files applications open, the write buffer's backend files and the log keep the rest.
 fn node_fd_budget() -> usize {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one `rlimit` into `limit` and setrlimit reads one from `raised`,
+    // both live locals; neither touches other memory.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
             return 256;
@@ -219,10 +221,14 @@ pub fn run_mount(request: MountRequest) -> ExitCode {
     if !request.foreground {
         let (read_end, write_end) = pipe();
         // No thread exists yet, so fork is safe.
+        // SAFETY: no thread exists yet (the caller runs before any is started), so the child's
+        // single thread inherits no lock held by another thread; the child only calls setsid,
+        // detaches stdio and goes on as the daemon.
         match unsafe { libc::fork() } {
             -1 => return fail(format!("fork failed: {}", sys::Errno::last())),
             0 => {
                 drop(read_end);
+                // SAFETY: `setsid` takes no arguments and touches none of our memory.
                 unsafe { libc::setsid() };
                 detach_stdio(&prepared.runtime.log_path());
                 ready = ReadyReport(Some(std::fs::File::from(write_end)));
@@ -479,6 +485,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     let sqlite = matches!(backend, Opened::Sqlite(_));
     block_termination_signals();
     // Modes arrive already masked by the kernel; the daemon's own umask must not mask twice.
+    // SAFETY: `umask` takes one integer, cannot fail and touches none of our memory.
     unsafe { libc::umask(0) };
 
     let capabilities = backend.capabilities().clone();
@@ -723,6 +730,7 @@ fn start_session(
     config.acl = acl;
     config.n_threads = Some(opts.threads);
     config.clone_fd = true;
+    // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
     if unsafe { libc::geteuid() } == 0 {
         let fd = mounts::mount_direct(&source, mount_point, opts)?;
         return fuser::Session::from_fd(adapter, fd, acl, config).map_err(|e| {
@@ -796,6 +804,7 @@ fn wait_for_daemon(read_end: OwnedFd, daemon: libc::pid_t, log_path: &Path) -> E
         // A daemon that failed still holds the backing directory's lock until it has exited:
         // a `coalescefs recover` run right after this failure would find it taken.
         let mut status = 0;
+        // SAFETY: waitpid writes one `int` into `status`, a live local; `daemon` is our own child.
         while unsafe { libc::waitpid(daemon, &mut status, 0) } == -1 && sys::Errno::last().0 == libc::EINTR {}
     }
     match report.strip_prefix("ok") {
@@ -835,14 +844,18 @@ impl ReadyReport {
 
 fn pipe() -> (OwnedFd, OwnedFd) {
     let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`, a live array of two `int`s, as it expects.
     let ret = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
     assert_eq!(ret, 0, "pipe2 failed: {}", sys::Errno::last());
+    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nothing else yet.
     unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
 }
 
 /// Sends the daemon's stdio away from the terminal: stdin and stdout to /dev/null, stderr (a
 /// panic's last words) and the log to the runtime directory's log file.
 fn detach_stdio(log_path: &Path) {
+    // SAFETY: open reads a NUL-terminated literal; dup2 and close take only descriptors: `null`
+    // was just opened here and is owned by nothing else, and 0, 1 and 2 are replaced, not freed.
     unsafe {
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         if null >= 0 {
@@ -853,10 +866,15 @@ fn detach_stdio(log_path: &Path) {
         }
     }
     if let Ok(path) = sys::path_cstring(log_path) {
+        // SAFETY: `open` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         let log = unsafe {
             libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC, 0o600)
         };
         if log >= 0 {
+            // SAFETY: dup2 and close take only descriptors: `log` was just opened here and is owned
+            // by nothing else, so closing it after duplicating it onto stderr closes nothing
+            // another owner holds.
             unsafe {
                 libc::dup2(log, 2);
                 libc::close(log);
@@ -869,6 +887,8 @@ fn detach_stdio(log_path: &Path) {
 }
 
 fn termination_signals() -> libc::sigset_t {
+    // SAFETY: `sigset_t` is plain integers, for which all-zero is a valid value, and
+    // sigemptyset/sigaddset only write the live local `set`.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -883,6 +903,8 @@ fn termination_signals() -> libc::sigset_t {
 /// called before the first thread exists, so that no flusher can be picked to die by one.
 fn block_termination_signals() {
     let set = termination_signals();
+    // SAFETY: pthread_sigmask reads one `sigset_t` from `set`, a live local; the old mask is not
+    // asked for (null).
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 }
 
@@ -895,6 +917,8 @@ fn unmount_on_signal(mount_point: PathBuf, connection: Option<u32>, session_ende
         .name("signals".into())
         .spawn(move || loop {
             let mut signal = 0;
+            // SAFETY: sigwait reads `set` and writes one `int` into `signal`, both live locals of
+            // this thread.
             if unsafe { libc::sigwait(&set, &mut signal) } != 0 {
                 continue;
             }

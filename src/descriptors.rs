@@ -102,6 +102,7 @@ mod tests {
         let path = dir.join("f");
         let writer = std::fs::File::create(&path).unwrap();
         let (mount, ino) = mount_and_ino_of(writer.as_raw_fd());
+        // SAFETY: `gettid` takes no arguments, cannot fail and touches none of our memory.
         let tid = unsafe { libc::gettid() } as u32;
         // Other tests of this binary open files meanwhile: no bound on how many are read.
         let holds = |pid, mount| holds_a_writer_among(pid, mount, ino, usize::MAX);

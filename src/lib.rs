@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod mounts;
 pub mod options;
 pub mod orphans;
+pub mod parse;
 pub mod runtime;
 pub mod state;
 pub mod sys;

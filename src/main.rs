@@ -180,8 +180,24 @@ fn usage_error(err: UsageError) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// The panic policy: a panic anywhere (a failed invariant in a FUSE worker or a flusher) ends
+/// the process at once, as kill -9 would, after the panic's message reaches stderr (the daemon's
+/// log). A daemon that kept serving after one thread declared its state wrong could write that
+/// state to the backend; a dead one leaves the backend and the intent log as a crash does, and
+/// the next mount replays the log (`a_panic_in_a_flusher_ends_the_daemon_and_the_next_mount_replays`).
+/// Cargo.toml's `panic = "abort"` says the same for release builds; this hook makes it hold in
+/// every build of the binary (test builds unwind), so no lock is ever seen poisoned.
+fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::abort();
+    }));
+}
+
 fn main() -> ExitCode {
     logging::init();
+    abort_on_panic();
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // mount.fuse3 (and mount -t fuse.coalescefs) run `coalescefs SOURCE MOUNTPOINT -o OPTIONS`.
     if let Some(first) = args.get(1).and_then(|a| a.to_str()) {

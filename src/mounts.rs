@@ -94,6 +94,8 @@ pub fn check_backing_dir(path: &Path, read_only: bool) -> Result<PathBuf, String
     let canonical = std::fs::canonicalize(path).map_err(|e| format!("backing directory {shown}: {e}"))?;
     if !read_only {
         let c = sys::path_cstring(&canonical).map_err(|e| format!("backing directory {shown}: {e}"))?;
+        // SAFETY: `access` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
             let err = Errno::last();
             return Err(format!(
@@ -151,6 +153,7 @@ pub fn abort_connection(connection: u32) -> std::io::Result<()> {
     let control = Path::new("/sys/fs/fuse/connections");
     let abort = control.join(connection.to_string()).join("abort");
     if !abort.exists() {
+        // SAFETY: mount reads NUL-terminated literals; its data argument may be null.
         let ret = unsafe {
             libc::mount(
                 c"fusectl".as_ptr(),
@@ -201,6 +204,8 @@ pub fn remount(mount_point: &Path, options: &crate::options::MountOptions) -> Re
     // moment ago can still be on its way out of the kernel, so wait a little before giving up.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     loop {
+        // SAFETY: mount reads the NUL-terminated `target`; a remount takes no source, type or data,
+        // so those are null as the call allows.
         let ret = unsafe { libc::mount(std::ptr::null(), target.as_ptr(), std::ptr::null(), flags, std::ptr::null()) };
         if ret == 0 {
             return Ok(());
@@ -254,7 +259,9 @@ pub fn mount_direct(
         "fd={},rootmode={:o},user_id={},group_id={},default_permissions",
         dev_fuse.as_raw_fd(),
         root_mode,
+        // SAFETY: `getuid` takes no arguments, cannot fail and touches none of our memory.
         unsafe { libc::getuid() },
+        // SAFETY: `getgid` takes no arguments, cannot fail and touches none of our memory.
         unsafe { libc::getgid() }
     );
     if options.allow_other || options.allow_root {
@@ -266,12 +273,16 @@ pub fn mount_direct(
     let fs_type = CString::new(FS_TYPE).expect("constant");
     let data_c = CString::new(data).expect("no NUL in formatted options");
     let ret =
+        // SAFETY: mount reads NUL-terminated C strings that outlive the call (the data is a C
+        // string too, as FUSE's mount options are).
         unsafe { libc::mount(source_c.as_ptr(), target.as_ptr(), fs_type.as_ptr(), flags, data_c.as_ptr().cast()) };
     if ret != 0 {
         return Err(format!("mount of {} failed: {}", mount_point.display(), Errno::last()));
     }
     let fd = dev_fuse.as_raw_fd();
     std::mem::forget(dev_fuse);
+    // SAFETY: `fd` is /dev/fuse's descriptor, open, and its owner `dev_fuse` was forgotten just
+    // above without closing it, so the new OwnedFd is its only owner.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
@@ -279,8 +290,11 @@ pub fn mount_direct(
 /// and the mount can only answer ENOTCONN.
 pub fn unmount(mount_point: &Path, lazy: bool) -> Result<(), Errno> {
     let target = sys::path_cstring(mount_point)?;
+    // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
     if unsafe { libc::geteuid() } == 0 {
         let flags = if lazy { libc::MNT_DETACH } else { 0 };
+        // SAFETY: `umount2` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         sys::check(unsafe { libc::umount2(target.as_ptr(), flags) }).map(drop)
     } else {
         let mut cmd = std::process::Command::new("fusermount3");

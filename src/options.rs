@@ -113,21 +113,10 @@ pub const BUFFER_BYTES_DEFAULT: u64 = 256 << 20;
 /// someone who edits the backing directory underneath anyway sees the old state.
 pub const CACHE_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(60);
 
+pub use crate::parse::parse_duration;
+
 fn default_flushers() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(2, 8)
-}
-
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    let text = text.trim();
-    let (number, scale_ms) = if let Some(n) = text.strip_suffix("ms") {
-        (n, 1)
-    } else if let Some(n) = text.strip_suffix('s') {
-        (n, 1000)
-    } else {
-        (text, 1000)
-    };
-    let n: u64 = number.parse().map_err(|_| format!("'{text}' is not a duration (examples: 5s, 500ms)"))?;
-    Ok(std::time::Duration::from_millis(n * scale_ms))
 }
 
 impl Default for MountOptions {

@@ -72,11 +72,13 @@ pub fn base_dir() -> PathBuf {
 }
 
 fn base() -> PathBuf {
+    // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
     if unsafe { libc::geteuid() } == 0 {
         return PathBuf::from("/run/coalescefs");
     }
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("coalescefs"),
+        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
         _ => PathBuf::from(format!("/tmp/coalescefs-{}", unsafe { libc::geteuid() })),
     }
 }

@@ -32,9 +32,9 @@ pub const LEGACY_NAME: &str = ".coalescefs";
 /// The extended attribute of the backing root that names the log a crash left to replay.
 pub const LOG_MARKER_XATTR: &str = "user.coalescefs.log";
 
-/// The intent log's file in the state directory (and, for a log on a block device, the name its
-/// replay map is made beside).
-pub const LOG_FILE_NAME: &str = "intent.log";
+/// The intent log's file in the state directory; the engine owns the name (it also names the
+/// replay map of a log on a block device after it).
+pub use crate::engine::intent_log::LOG_FILE_NAME;
 /// The local backend's list of its files made ahead (`backend::local::prepared`).
 const MADE_AHEAD_LIST_NAME: &str = "made-ahead";
 /// Locked by the daemon that uses the state directory.
@@ -56,6 +56,7 @@ pub fn default_path(backing: &Path) -> PathBuf {
 
 /// Where the default state directories are, one per backing directory.
 pub fn default_base() -> PathBuf {
+    // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
     if unsafe { libc::geteuid() } == 0 {
         PathBuf::from("/var/lib/coalescefs")
     } else {
@@ -197,6 +198,8 @@ fn make_and_lock(path: &Path, inside_backing: bool, read_only: bool) -> Result<O
         .custom_flags(libc::O_NOFOLLOW)
         .open(path.join(LOCK_FILE_NAME))
         .map_err(|e| format!("cannot open the lock file in the state directory {shown}: {e}"))?;
+    // SAFETY: `flock` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(format!(
             "state directory {shown} is in use by another coalescefs (a mount of another backing directory?)"
@@ -209,6 +212,8 @@ fn make_and_lock(path: &Path, inside_backing: bool, read_only: bool) -> Result<O
 /// refused whichever state directory it was given.
 fn lock_backing(backing: &Path) -> Result<File, String> {
     let dir = File::open(backing).map_err(|e| format!("backing directory {}: {e}", backing.display()))?;
+    // SAFETY: `flock` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let holder =
             crate::runtime::RuntimeDir::of(backing).read_pid().map(|pid| format!(" (pid {pid})")).unwrap_or_default();
@@ -230,6 +235,8 @@ pub fn log_marker(backing: &Path) -> Result<Option<PathBuf>, String> {
     let path = sys::path_cstring(backing).map_err(|e| format!("{}: {e}", backing.display()))?;
     let name = std::ffi::CString::new(LOG_MARKER_XATTR).expect("constant has no NUL");
     let mut buf = vec![0u8; 4096];
+    // SAFETY: `lgetxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live, exclusively borrowed slice passed with its own length, so the kernel writes within it.
     let n = unsafe { libc::lgetxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     if n < 0 {
         return match Errno::last() {
@@ -285,6 +292,8 @@ pub fn set_log_marker(backing: &Path, log: &Path) -> Result<(), String> {
     let path = sys::path_cstring(backing).map_err(|e| format!("{}: {e}", backing.display()))?;
     let name = std::ffi::CString::new(LOG_MARKER_XATTR).expect("constant has no NUL");
     let value = log.as_os_str().as_bytes();
+    // SAFETY: `lsetxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live slice passed with its own length, which the kernel only reads.
     let ret = unsafe { libc::lsetxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
     if ret != 0 {
         return match Errno::last() {
@@ -307,6 +316,8 @@ pub fn set_log_marker(backing: &Path, log: &Path) -> Result<(), String> {
 pub fn clear_log_marker(backing: &Path) -> Result<(), String> {
     let path = sys::path_cstring(backing).map_err(|e| format!("{}: {e}", backing.display()))?;
     let name = std::ffi::CString::new(LOG_MARKER_XATTR).expect("constant has no NUL");
+    // SAFETY: `lremovexattr` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     if unsafe { libc::lremovexattr(path.as_ptr(), name.as_ptr()) } != 0 {
         return match Errno::last() {
             Errno(libc::ENODATA) | Errno(libc::ENOTSUP) => Ok(()),

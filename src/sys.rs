@@ -1,7 +1,10 @@
-//! Thin, checked wrappers over the libc calls the backend and engine use.
+//! Thin, checked wrappers over the libc calls that several modules share.
 //!
-//! Owns: turning `-1`/errno into `Errno`, and the few unsafe blocks that hand pointers to the
-//! kernel. Must not: hold policy. Every function here is one system call (or a fixed retry of one).
+//! Owns: turning `-1`/errno into `Errno`, and the shared calls that hand pointers to the kernel.
+//! A call made in one place only stays there, beside the code that knows why it is sound; every
+//! unsafe block in the crate says so in a `// SAFETY:` comment (`clippy::undocumented_unsafe_blocks`
+//! is denied in Cargo.toml). Must not: hold policy. Every function here is one system call (or a
+//! fixed retry of one).
 
 use std::ffi::{CStr, CString, OsStr};
 use std::fmt;
@@ -82,12 +85,20 @@ pub fn path_cstring(path: &std::path::Path) -> SysResult<CString> {
 pub const EMPTY: &CStr = c"";
 
 pub fn openat(dir: RawFd, name: &CStr, flags: i32, mode: u32) -> SysResult<OwnedFd> {
+    // SAFETY: `openat` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     let fd = retry_eintr(|| check(unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC, mode) }))?;
+    // SAFETY: the descriptor was just returned by a successful call that opened it, and nothing
+    // else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 pub fn fstatat(dir: RawFd, name: &CStr, flags: i32) -> SysResult<libc::stat> {
+    // SAFETY: the libc struct is plain integers (and arrays of them), for which all-zero bytes are
+    // a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fstatat` writes one value of the type its out-pointer has, into a live local
+    // borrowed exclusively for the call; any C string passed is NUL-terminated.
     check(unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, flags) })?;
     Ok(st)
 }
@@ -100,6 +111,8 @@ pub fn fstat_fd(fd: &impl AsRawFd) -> SysResult<libc::stat> {
 /// fallocate(2) on `fd`, retried where the kernel interrupted it.
 pub fn fallocate(fd: &impl AsRawFd, mode: i32, offset: u64, length: u64) -> SysResult<()> {
     retry_eintr(|| {
+        // SAFETY: `fallocate` takes only integers (a descriptor and plain values) and touches none
+        // of our memory; a bad descriptor is an error return.
         check(unsafe { libc::fallocate(fd.as_raw_fd(), mode, offset as libc::off_t, length as libc::off_t) })
     })
     .map(drop)
@@ -147,6 +160,8 @@ pub fn proc_fd_path(fd: &impl AsRawFd) -> CString {
 }
 
 pub fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> SysResult<usize> {
+    // SAFETY: `pread`: the C strings are NUL-terminated and outlive the call; the buffer is a live,
+    // exclusively borrowed slice passed with its own length, so the kernel writes within it.
     retry_eintr(|| check_size(unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), offset as libc::off_t) }))
 }
 
@@ -168,6 +183,8 @@ pub fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> SysResult<()> {
     let mut done = 0;
     while done < buf.len() {
         let n = retry_eintr(|| {
+            // SAFETY: `pwrite`: the C strings are NUL-terminated and outlive the call; the buffer
+            // is a live slice passed with its own length, which the kernel only reads.
             check_size(unsafe {
                 libc::pwrite(fd, buf[done..].as_ptr().cast(), buf.len() - done, (offset + done as u64) as libc::off_t)
             })
@@ -187,6 +204,8 @@ pub fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> SysResult<()> {
 /// once the backend's is shown.
 pub fn coarse_now() -> std::time::SystemTime {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `clock_gettime` writes one value of the type its out-pointer has, into a live local
+    // borrowed exclusively for the call; any C string passed is NUL-terminated.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
     assert_eq!(rc, 0, "CLOCK_REALTIME_COARSE is always there on Linux");
     std::time::UNIX_EPOCH + std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)

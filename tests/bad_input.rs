@@ -196,6 +196,7 @@ fn a_killed_daemon_leaves_a_mount_that_umount_clears() {
     let mnt = path_str(&m.mnt);
     fs::write(m.path("f"), b"kept").unwrap();
     let pid = daemon_pid(&m.backing);
+    // SAFETY: `kill` takes only a pid and a signal number; it touches none of our memory.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     wait_until("the daemon to die", || process_gone(pid));
     // A dead daemon's mount answers ENOTCONN, or ECONNABORTED once the kernel has aborted
@@ -223,6 +224,7 @@ fn sigterm_and_sigint_unmount_cleanly() {
         let mut m = TestMount::new();
         let mnt = path_str(&m.mnt);
         let pid = daemon_pid(&m.backing);
+        // SAFETY: `kill` takes only a pid and a signal number; it touches none of our memory.
         unsafe { libc::kill(pid, signal) };
         wait_until("the daemon to exit", || process_gone(pid));
         assert!(!is_mounted(&mnt), "signal {signal} left the mount behind");
@@ -273,8 +275,9 @@ fn helper_form_used_by_mount_fuse3() {
 /// state directory, no socket or pid file; and the next mount, with the log off, starts.
 #[test]
 fn a_start_that_fails_undoes_everything_it_made() {
+    // SAFETY: geteuid takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: the state and runtime directories checked are root's");
+        skip("a_start_that_fails_undoes_everything_it_made", "the state and runtime directories checked are root's");
         return;
     }
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -319,6 +322,7 @@ fn what_the_commands_say_is_what_happened() {
     std::io::Write::write_all(&mut f, b"fsynced").unwrap();
     f.sync_all().unwrap();
     let pid = daemon_pid(std::path::Path::new(&b));
+    // SAFETY: kill takes no pointers; the pid is the daemon's, alive until it dies of this.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     wait_until("the daemon to die", || process_gone(pid));
     drop(f);

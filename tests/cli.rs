@@ -111,6 +111,9 @@ fn the_man_page_and_completions_come_from_the_same_definitions() {
         assert!(page.status.success(), "{}", stderr_of(&page));
         assert!(stdout_of(&page).contains("coalescefs mount"), "{}", stdout_of(&page));
     } else {
-        eprintln!("skipped the rendering: man(1) is not installed");
+        skip(
+            "the_man_page_and_completions_come_from_the_same_definitions",
+            "the man page's rendering: man(1) is not installed",
+        );
     }
 }

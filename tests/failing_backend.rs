@@ -21,7 +21,7 @@ use common::*;
 /// The longest the writer may wait for its error, and any other request for its answer.
 const ANSWER_WITHIN: Duration = Duration::from_secs(15);
 const BUFFER_MIB: u64 = 8;
-/// The README's bound on the daemon's memory: the buffer plus a fixed overhead.
+/// The bound on the daemon's memory stated in docs/design.md: the buffer plus a fixed overhead.
 const OVERHEAD_MIB: u64 = 48;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -352,6 +352,7 @@ fn sigterm_ends_the_daemon_even_when_the_mount_stays_busy() {
     assert_eq!(line.trim(), "open");
     let pid = m.daemon_pid();
     let started = Instant::now();
+    // SAFETY: `kill` takes only a pid and a signal number; it touches none of our memory.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     while !process_gone(pid) {
         assert!(
@@ -389,7 +390,10 @@ fn an_fsync_after_the_kernel_forgot_the_file_still_syncs_what_the_backend_holds_
     fsync_after_the_kernel_forgot_the_file(TestMount::build(&options, &env, None));
     match TestMount::without_file_handles(&options, &env) {
         Some(m) => fsync_after_the_kernel_forgot_the_file(m),
-        None => eprintln!("skipped without file handles: dropping the capability needs root"),
+        None => skip(
+            "an_fsync_after_the_kernel_forgot_the_file_still_syncs_what_the_backend_holds_unsynced",
+            "the half without file handles: dropping the capability needs root",
+        ),
     }
 }
 
@@ -397,7 +401,10 @@ fn fsync_after_the_kernel_forgot_the_file(m: TestMount) {
     let data = pattern(300_000, 9);
     fs::write(m.path("f"), &data).unwrap();
     if drop_kernel_caches().is_none() {
-        eprintln!("skipped: dropping the kernel's caches needs root");
+        skip(
+            "an_fsync_after_the_kernel_forgot_the_file_still_syncs_what_the_backend_holds_unsynced",
+            "dropping the kernel's caches needs root",
+        );
         return;
     }
     m.inject("sync=EIO");

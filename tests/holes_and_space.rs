@@ -24,6 +24,7 @@ const WRITE_PATHS: &[&[&str]] = &[
 ];
 
 fn seek(f: &File, offset: i64, whence: i32) -> Result<i64, i32> {
+    // SAFETY: lseek takes no pointers; `f` is open for the call.
     let at = unsafe { libc::lseek(f.as_raw_fd(), offset, whence) };
     if at < 0 {
         Err(errno())
@@ -79,6 +80,8 @@ fn check_seeks_see_unsent_writes(m: &TestMount, options: &[&str], name: &str) {
 
     // A store into a shared mapping of a hole: a dirty page in every cache mode.
     let map_at = 2 << 20;
+    // SAFETY: one page of `f` (open read-write, 8 MiB long) mapped shared, checked against
+    // MAP_FAILED before the store at offset 10 inside it, unmapped before `f` closes.
     unsafe {
         let page = libc::mmap(
             std::ptr::null_mut(),
@@ -218,8 +221,9 @@ fn a_sparse_file_takes_no_space_for_its_holes() {
 /// written whole, where it would otherwise have met ENOSPC.
 #[test]
 fn a_full_disk_takes_back_the_blocks_held_for_files_made_ahead() {
+    // SAFETY: geteuid takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: a small ext4 on a loop device needs root");
+        skip("a_full_disk_takes_back_the_blocks_held_for_files_made_ahead", "a small ext4 on a loop device needs root");
         return;
     }
     let small = SmallFileSystem::new(128);

@@ -16,6 +16,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 fn kill_daemon(m: &mut TestMount) {
     let pid = m.daemon_pid();
+    // SAFETY: `kill` takes only a pid and a signal number; it touches none of our memory.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let deadline = Instant::now() + Duration::from_secs(20);
     while !process_gone(pid) {
@@ -136,6 +137,8 @@ fn a_close_after_an_unsynced_flush_bars_the_older_logged_bytes() {
     f.write_all_at(&pattern(100, 2), 0).unwrap();
     f.sync_all().unwrap();
     f.write_all_at(&pattern(100, 3), 0).unwrap();
+    // SAFETY: `lseek` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     let at = unsafe { libc::lseek(std::os::fd::AsRawFd::as_raw_fd(&f), 0, libc::SEEK_DATA) };
     assert_eq!(at, 0);
     drop(f);
@@ -167,6 +170,8 @@ fn an_in_place_rewrite_is_logged_at_close_and_its_truncate_waits_for_the_checkpo
                                                      // Times set before the close (tar, cp -p) wait with the bytes, and go in the same batch.
     let times =
         [libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 5 }, libc::timespec { tv_sec: 1_200_000_000, tv_nsec: 7 }];
+    // SAFETY: `futimens` reads a live array of two `timespec`s, as it expects, and any C string
+    // passed is NUL-terminated.
     assert_eq!(unsafe { libc::futimens(std::os::fd::AsRawFd::as_raw_fd(&g), times.as_ptr()) }, 0);
     drop(g);
     assert_eq!(m.counter("log_batches_total"), batches + 2, "each rewrite's close is one log batch");
@@ -520,6 +525,8 @@ fn a_directory_keeps_the_times_set_after_its_new_files() {
     let mut m = TestMount::with_options(&["log_closes=always", "checkpoint_interval=3600s", "writeback_cache=off"]);
     let set = |p: &std::path::Path| {
         let times = [libc::timespec { tv_sec: 1_600_000_000, tv_nsec: 123 }; 2];
+        // SAFETY: `utimensat` reads a live array of two `timespec`s, as it expects, and any C
+        // string passed is NUL-terminated.
         assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, cstr(p).as_ptr(), times.as_ptr(), 0) }, 0);
     };
     let mtime = |p: &std::path::Path| {
@@ -682,6 +689,8 @@ fn a_new_file_made_huge_lives_on_the_backend_not_in_memory() {
     let before = rss_mib();
     let c = cstr(&m.path("sparse"));
     fs::write(m.path("sparse"), b"start").unwrap();
+    // SAFETY: `truncate` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     assert_eq!(unsafe { libc::truncate(c.as_ptr(), 4 << 30) }, 0, "{}", std::io::Error::last_os_error());
     let far = OpenOptions::new().create(true).truncate(false).write(true).open(m.path("far")).unwrap();
     far.write_all_at(b"end", 3 << 30).unwrap();
@@ -700,10 +709,15 @@ fn a_new_file_made_huge_lives_on_the_backend_not_in_memory() {
 #[test]
 fn a_log_file_on_xfs_is_written_without_changing_its_inode() {
     if std::process::Command::new("mkfs.xfs").arg("-V").output().is_err() {
-        eprintln!("skipped: no mkfs.xfs (scripts/deps --test installs xfsprogs)");
+        skip(
+            "a_log_file_on_xfs_is_written_without_changing_its_inode",
+            "no mkfs.xfs (scripts/deps --test installs xfsprogs)",
+        );
         return;
     }
-    let Some(device) = LoopDevice::new(320) else { return };
+    let Some(device) = LoopDevice::new(320) else {
+        return skip("a_log_file_on_xfs_is_written_without_changing_its_inode", "no loop device");
+    };
     let xfs = tempfile::tempdir().unwrap();
     assert!(std::process::Command::new("mkfs.xfs").args(["-q", "-f", &device.path]).status().unwrap().success());
     assert!(std::process::Command::new("mount").arg(&device.path).arg(xfs.path()).status().unwrap().success());
@@ -745,7 +759,9 @@ fn a_log_file_on_xfs_is_written_without_changing_its_inode() {
 /// file system) is refused, and so is one that is mounted.
 #[test]
 fn a_log_on_a_block_device_takes_the_commits_and_replays_them() {
-    let Some(device) = LoopDevice::new(32) else { return };
+    let Some(device) = LoopDevice::new(32) else {
+        return skip("a_log_on_a_block_device_takes_the_commits_and_replays_them", "no loop device");
+    };
     let log = format!("log={}", device.path);
     let options =
         ["log_closes=always", log.as_str(), "log_size=16M", "checkpoint_interval=3600s", "writeback_cache=off"];
@@ -818,11 +834,49 @@ fn a_rename_over_a_backend_file_unlinks_it_at_the_checkpoint_and_never_leaves_ne
     assert!(f == pattern(2000, 2) || f == pattern(1500, 3), "f holds neither the old nor the new bytes");
 }
 
+/// The panic policy: a panic in a worker thread (here a flusher, by fault injection) ends the
+/// daemon at once, as kill -9 would, with the panic's message in its log; it does not go on
+/// serving with one thread gone and its locks poisoned. The next mount replays what the log
+/// held: an fsync the log answered comes back although the backend never received its bytes.
+#[test]
+fn a_panic_in_a_flusher_ends_the_daemon_and_the_next_mount_replays_the_log() {
+    if !in_a_process_of_its_own("a_panic_in_a_flusher_ends_the_daemon_and_the_next_mount_replays_the_log") {
+        return;
+    }
+    let options = ["log=on", "unit=64K", "flush_age=3600s", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::build(&options, &[("COALESCEFS_FAULTS", "")], None);
+    let mut expected = pattern(256 << 10, 1);
+    fs::write(m.path("f"), &expected).unwrap();
+    m.sync_to_backend();
+    // A small fsync of a file the backend holds: answered by the log, the backend untouched.
+    let f = OpenOptions::new().read(true).write(true).open(m.path("f")).unwrap();
+    let piece = pattern(700, 50);
+    f.write_all_at(&piece, 1000).unwrap();
+    f.sync_all().unwrap();
+    expected[1000..1700].copy_from_slice(&piece);
+    assert!(m.counter("log_fsyncs_total") >= 1, "the fsync went to the log");
+    // A whole unit goes to the flushers at once; the flusher that writes it panics.
+    let pid = m.daemon_pid();
+    m.inject("write=panic");
+    f.write_all_at(&pattern(64 << 10, 90), 128 << 10).unwrap();
+    wait_for(|| process_gone(pid), "the daemon to end at the panic");
+    let log = m.daemon_log();
+    assert!(log.contains("panicked") && log.contains("fault injection: a panic at a Write call"), "{log}");
+    assert_eq!(&fs::read(m.backing_path("f")).unwrap()[1000..1700], &pattern(256 << 10, 1)[1000..1700]);
+    drop(f);
+    let out = coalescefs(&["umount", "--lazy", &path_str(&m.mnt)]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    m.assume_unmounted();
+    m.mount();
+    let after = fs::read(m.path("f")).unwrap();
+    assert_eq!(&after[..128 << 10], &expected[..128 << 10], "the logged fsync came back from the log");
+}
+
 /// A rename of a file the log alone holds is written to the log before it returns, so a daemon
 /// killed right after it, with nothing committed since, keeps it: tmp + rename over a backend
 /// file, and a rename to a free name. A rename only queued for the next commit would come back
 /// as the temporary name beside the old file. (This write is what tmp + rename costs beyond a
-/// new file, one log block: README's small-file table.)
+/// new file, one log block: bench/README.md's small-file table.)
 #[test]
 fn a_rename_of_a_held_file_that_returned_survives_a_killed_daemon() {
     if !in_a_process_of_its_own("a_rename_of_a_held_file_that_returned_survives_a_killed_daemon") {
@@ -1254,6 +1308,8 @@ fn a_held_file_keeps_its_times_and_mode_after_a_crash() {
     {
         let f = OpenOptions::new().write(true).create_new(true).open(m.path("d/tarred")).unwrap();
         f.write_all_at(&pattern(3000, 1), 0).unwrap();
+        // SAFETY: `futimens` reads a live array of two `timespec`s, as it expects, and any C string
+        // passed is NUL-terminated.
         assert_eq!(unsafe { libc::futimens(f.as_raw_fd(), times.as_ptr()) }, 0);
     }
     write_and_fsync(&m.path("d/chmodded"), &pattern(1000, 2));
@@ -1572,6 +1628,8 @@ fn dirty_pages(path: &std::path::Path) -> Option<u64> {
     let range = Range { off: 0, len: 0 };
     let mut stat = CacheStat::default();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    // SAFETY: cachestat (Linux 6.5) reads one `Range` and writes one `CacheStat`, both live locals
+    // laid out as the kernel's structs; an older kernel answers ENOSYS.
     let ret = unsafe { libc::syscall(SYS_CACHESTAT, fd, &range, &mut stat, 0) };
     (ret == 0).then_some(stat.dirty + stat.writeback)
 }
@@ -1600,7 +1658,10 @@ fn closes_in_a_burst_go_through_the_page_cache_which_sync_writes_and_a_killed_da
     // Most of them; a machine busy enough to stretch a close past 2 ms makes it fewer.
     assert!(through_page_cache >= 20, "{through_page_cache} of 200 closes through the page cache");
     let Some(dirty) = dirty_pages(&m.log_path()) else {
-        eprintln!("skipped: no cachestat(2) in this kernel to see the log file's dirty pages");
+        skip(
+            "closes_in_a_burst_go_through_the_page_cache_which_sync_writes_and_a_killed_daemon_keeps",
+            "no cachestat(2) in this kernel to see the log file's dirty pages",
+        );
         return;
     };
     assert!(dirty > 0, "the closes' batches are not in the page cache");
@@ -1897,8 +1958,12 @@ fn recover_refuses_a_state_directory_another_mount_uses() {
 /// writes stopped.
 #[test]
 fn the_log_file_on_ext4_is_written_on_its_device_and_its_inode_never_changes() {
+    // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root (the file's block device)");
+        skip(
+            "the_log_file_on_ext4_is_written_on_its_device_and_its_inode_never_changes",
+            "needs root (the file's block device)",
+        );
         return;
     }
     let small = SmallFileSystem::new(256);
@@ -2080,7 +2145,10 @@ fn a_file_closed_empty_then_grown_past_the_log_is_synced_with_its_bytes_at_its_c
     assert_eq!(m.counter("log_batches_total") - batches, 1, "log batches of the last close");
     assert_eq!(m.counter("log_flushes_total") - flushes, 1, "log flushes of the last close");
     let Some(dirty) = dirty_pages(&m.backing_path("out")) else {
-        eprintln!("skipped: no cachestat(2) in this kernel to see the backing file's dirty pages");
+        skip(
+            "a_file_closed_empty_then_grown_past_the_log_is_synced_with_its_bytes_at_its_close",
+            "no cachestat(2) in this kernel to see the backing file's dirty pages",
+        );
         return;
     };
     assert_eq!(dirty, 0, "the close synced the file's bytes with its creation");
@@ -2214,9 +2282,11 @@ struct OnASmallFileSystem {
 }
 
 impl OnASmallFileSystem {
-    fn mount() -> Option<OnASmallFileSystem> {
+    /// None (and `test` counted as skipped) where a loop-mounted file system cannot be made.
+    fn mount(test: &str) -> Option<OnASmallFileSystem> {
+        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root (a loop-mounted file system)");
+            skip(test, "needs root (a loop-mounted file system)");
             return None;
         }
         let small = SmallFileSystem::new(128);
@@ -2234,7 +2304,11 @@ impl OnASmallFileSystem {
 /// disk, whose checkpoints failed for want of that space, `rm` of it gave nothing back).
 #[test]
 fn a_file_made_ahead_and_removed_before_its_trim_gives_its_space_back_at_once() {
-    let Some(on_small) = OnASmallFileSystem::mount() else { return };
+    let Some(on_small) =
+        OnASmallFileSystem::mount("a_file_made_ahead_and_removed_before_its_trim_gives_its_space_back_at_once")
+    else {
+        return;
+    };
     let (m, backing) = (&on_small.m, &on_small.backing);
     std::thread::sleep(Duration::from_millis(50)); // a lone close: the file is held
     let mut f = File::create(m.path("big")).unwrap();
@@ -2254,7 +2328,10 @@ fn a_file_made_ahead_and_removed_before_its_trim_gives_its_space_back_at_once() 
 /// checkpoint, and keeps them from then on while it has under a tenth free.
 #[test]
 fn a_nearly_full_backing_file_system_gets_the_files_made_ahead_back() {
-    let Some(on_small) = OnASmallFileSystem::mount() else { return };
+    let Some(on_small) = OnASmallFileSystem::mount("a_nearly_full_backing_file_system_gets_the_files_made_ahead_back")
+    else {
+        return;
+    };
     let (m, backing, small) = (&on_small.m, &on_small.backing, &on_small.small);
     assert_eq!(m.counter("files_made_ahead_ready"), 16);
     // Filled from outside the mount to under a tenth free, files made ahead and all.
@@ -2263,6 +2340,8 @@ fn a_nearly_full_backing_file_system_gets_the_files_made_ahead_back() {
     let total = 128u64 << 20;
     filler.set_len(free - total / 20).unwrap();
     let allocated =
+        // SAFETY: `fallocate` takes only integers (a descriptor and plain values) and touches none
+        // of our memory; a bad descriptor is an error return.
         unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&filler), 0, 0, (free - total / 20) as i64) };
     assert_eq!(allocated, 0, "{}", std::io::Error::last_os_error());
     drop(filler);
@@ -2287,6 +2366,8 @@ fn a_file_made_ahead_belongs_to_its_maker_and_takes_a_set_group_id_directory_s_g
     wait_for_files_made_ahead(&m);
     fs::create_dir(m.path("shared")).unwrap();
     let shared = cstr(&m.path("shared"));
+    // SAFETY: `chown` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     assert_eq!(unsafe { libc::chown(shared.as_ptr(), 0, 4242) }, 0);
     set_mode(&m.path("shared"), 0o2777);
     std::thread::sleep(Duration::from_millis(50));

@@ -44,11 +44,17 @@ fn the_state_lives_outside_the_backing_directory() {
     assert!(!xattr_names(&root).iter().any(|n| n.starts_with("user.coalescefs")), "{:?}", xattr_names(&root));
     assert_eq!(xattr_of(&root, "user.coalescefs.log"), Err(libc::ENODATA));
     let c = cstr(&root);
+    // SAFETY: `setxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live slice passed with its own length, which the kernel only reads.
     let set = unsafe { libc::setxattr(c.as_ptr(), c"user.coalescefs.log".as_ptr(), b"x".as_ptr().cast(), 1, 0) };
     assert_eq!((set, errno()), (-1, libc::EPERM));
+    // SAFETY: `removexattr` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     let removed = unsafe { libc::removexattr(c.as_ptr(), c"user.coalescefs.log".as_ptr()) };
     assert_eq!((removed, errno()), (-1, libc::EPERM));
     // Other attributes of the root are the application's, listed as ever.
+    // SAFETY: `setxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live slice passed with its own length, which the kernel only reads.
     let set = unsafe { libc::setxattr(c.as_ptr(), c"user.mine".as_ptr(), b"1".as_ptr().cast(), 1, 0) };
     assert_eq!(set, 0);
     assert_eq!(xattr_names(&root), ["user.mine"]);
@@ -101,6 +107,8 @@ fn chmod_chown_truncate_and_utimens() {
     drop(f);
     // truncate(2) by path, without an open file
     let c = cstr(&p);
+    // SAFETY: `truncate` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     assert_eq!(unsafe { libc::truncate(c.as_ptr(), 2) }, 0);
     assert_eq!(fs::read(&p).unwrap(), b"he");
 
@@ -108,6 +116,8 @@ fn chmod_chown_truncate_and_utimens() {
         libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 123_456_789 },
         libc::timespec { tv_sec: 1_500_000_000, tv_nsec: 987_654_321 },
     ];
+    // SAFETY: `utimensat` reads a live array of two `timespec`s, as it expects, and any C string
+    // passed is NUL-terminated.
     assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) }, 0);
     let md = fs::metadata(&p).unwrap();
     assert_eq!((md.atime(), md.atime_nsec()), (1_000_000_000, 123_456_789));
@@ -161,6 +171,8 @@ fn a_missing_name_is_looked_up_once_and_made_through_the_mount_all_the_same() {
     fs::write(m.path("d/tmp"), b"moved").unwrap();
     fs::rename(m.path("d/tmp"), m.path("d/moved")).unwrap();
     let node = cstr(&m.path("d/node"));
+    // SAFETY: `mknod` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     assert_eq!(unsafe { libc::mknod(node.as_ptr(), libc::S_IFIFO | 0o644, 0) }, 0);
     assert!(fs::metadata(m.path("d/dir")).unwrap().is_dir());
     assert_eq!(fs::read_link(m.path("d/link")).unwrap(), std::path::Path::new("gone"));
@@ -193,6 +205,8 @@ fn mknod_makes_a_working_fifo() {
     let m = TestMount::new();
     let p = m.path("fifo");
     let c = cstr(&p);
+    // SAFETY: `mkfifo` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
     assert!(fs::metadata(&p).unwrap().file_type().is_fifo());
     assert!(fs::symlink_metadata(m.backing_path("fifo")).unwrap().file_type().is_fifo());
@@ -217,6 +231,8 @@ fn unlink_keeps_open_files_readable() {
 
 fn renameat2(from: &std::path::Path, to: &std::path::Path, flags: u32) -> i32 {
     let (a, b) = (cstr(from), cstr(to));
+    // SAFETY: `renameat2` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     let ret = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) };
     if ret == 0 {
         0
@@ -285,6 +301,8 @@ fn symlinks_and_readlink() {
     assert_eq!(fs::read_link(m.backing_path("rel")).unwrap().to_str(), Some("target"));
     // lchown changes the link, not its target
     let c = cstr(&m.path("rel"));
+    // SAFETY: `lchown` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     assert_eq!(unsafe { libc::lchown(c.as_ptr(), 65534, 65534) }, 0);
     assert_eq!(fs::symlink_metadata(m.path("rel")).unwrap().uid(), 65534);
     assert_eq!(fs::metadata(m.path("target")).unwrap().uid(), 0);
@@ -321,6 +339,8 @@ fn file_capabilities_read_back_as_set_and_a_new_file_has_none() {
     caps[4..8].copy_from_slice(&(1u32 << 13).to_le_bytes());
     let set = |path: &std::path::Path| {
         let name = std::ffi::CString::new("security.capability").unwrap();
+        // SAFETY: `setxattr`: the C strings are NUL-terminated and outlive the call; the buffer is
+        // a live slice passed with its own length, which the kernel only reads.
         let r = unsafe { libc::setxattr(cstr(path).as_ptr(), name.as_ptr(), caps.as_ptr().cast(), caps.len(), 0) };
         assert_eq!(r, 0, "setxattr security.capability: {}", std::io::Error::last_os_error());
     };
@@ -336,6 +356,8 @@ fn file_capabilities_read_back_as_set_and_a_new_file_has_none() {
     assert_eq!(xattr_of(&m.path("new"), "security.capability"), Ok(caps.to_vec()), "set through the mount");
     assert_eq!(xattr_of(&m.backing_path("new"), "security.capability"), Ok(caps.to_vec()));
     let name = std::ffi::CString::new("security.capability").unwrap();
+    // SAFETY: `removexattr` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     assert_eq!(unsafe { libc::removexattr(cstr(&m.path("new")).as_ptr(), name.as_ptr()) }, 0);
     assert_eq!(xattr_of(&m.path("new"), "security.capability"), Err(libc::ENODATA), "removed through the mount");
     assert_eq!(xattr_of(&m.backing_path("new"), "security.capability"), Err(libc::ENODATA));
@@ -344,8 +366,14 @@ fn file_capabilities_read_back_as_set_and_a_new_file_has_none() {
 #[test]
 fn statfs_reports_the_backing_file_system() {
     let m = TestMount::new();
+    // SAFETY: the libc struct is plain integers (and arrays of them), for which all-zero bytes are
+    // a valid value.
     let (mut ours, mut theirs): (libc::statvfs, libc::statvfs) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    // SAFETY: `statvfs` writes one value of the type its out-pointer has, into a live local
+    // borrowed exclusively for the call; any C string passed is NUL-terminated.
     assert_eq!(unsafe { libc::statvfs(cstr(&m.mnt).as_ptr(), &mut ours) }, 0);
+    // SAFETY: `statvfs` writes one value of the type its out-pointer has, into a live local
+    // borrowed exclusively for the call; any C string passed is NUL-terminated.
     assert_eq!(unsafe { libc::statvfs(cstr(&m.backing).as_ptr(), &mut theirs) }, 0);
     assert_eq!(ours.f_blocks * ours.f_frsize, theirs.f_blocks * theirs.f_frsize);
     assert_eq!(ours.f_files, theirs.f_files);
@@ -358,6 +386,8 @@ fn extended_attributes() {
     let p = m.path("f");
     File::create(&p).unwrap();
     let c = cstr(&p);
+    // SAFETY: `setxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live slice passed with its own length, which the kernel only reads.
     let set = |name: &std::ffi::CStr, value: &[u8], flags: i32| unsafe {
         if libc::setxattr(c.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags) == 0 {
             0
@@ -369,15 +399,27 @@ fn extended_attributes() {
     assert_eq!(set(c"user.color", b"red", libc::XATTR_CREATE), libc::EEXIST);
     assert_eq!(set(c"user.shape", b"round", libc::XATTR_REPLACE), libc::ENODATA);
     let mut buf = [0u8; 64];
+    // SAFETY: `getxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live, exclusively borrowed slice passed with its own length, so the kernel writes within it.
     let n = unsafe { libc::getxattr(c.as_ptr(), c"user.color".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     assert_eq!(&buf[..n as usize], b"blue");
+    // SAFETY: `getxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live, exclusively borrowed slice passed with its own length, so the kernel writes within it.
     let size = unsafe { libc::getxattr(c.as_ptr(), c"user.color".as_ptr(), std::ptr::null_mut(), 0) };
     assert_eq!(size, 4);
+    // SAFETY: `getxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live, exclusively borrowed slice passed with its own length, so the kernel writes within it.
     let n = unsafe { libc::getxattr(c.as_ptr(), c"user.color".as_ptr(), buf.as_mut_ptr().cast(), 2) };
     assert_eq!((n, errno()), (-1, libc::ERANGE));
+    // SAFETY: `listxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live, exclusively borrowed slice passed with its own length, so the kernel writes within it.
     let n = unsafe { libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     assert_eq!(&buf[..n as usize], b"user.color\0");
+    // SAFETY: `removexattr` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     assert_eq!(unsafe { libc::removexattr(c.as_ptr(), c"user.color".as_ptr()) }, 0);
+    // SAFETY: `getxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live, exclusively borrowed slice passed with its own length, so the kernel writes within it.
     let n = unsafe { libc::getxattr(c.as_ptr(), c"user.color".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     assert_eq!((n, errno()), (-1, libc::ENODATA));
 }
@@ -387,12 +429,18 @@ fn fallocate_extends_keeps_size_and_punches_holes() {
     let m = TestMount::new();
     let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.path("f")).unwrap();
     let fd = f.as_raw_fd();
+    // SAFETY: `fallocate` takes only integers (a descriptor and plain values) and touches none of
+    // our memory; a bad descriptor is an error return.
     assert_eq!(unsafe { libc::fallocate(fd, 0, 0, 1 << 20) }, 0);
     assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    // SAFETY: `fallocate` takes only integers (a descriptor and plain values) and touches none of
+    // our memory; a bad descriptor is an error return.
     assert_eq!(unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20) }, 0);
     assert_eq!(f.metadata().unwrap().len(), 1 << 20, "KEEP_SIZE keeps the size");
     (&f).write_all_at_start(&[0xAB; 8192]);
     let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: `fallocate` takes only integers (a descriptor and plain values) and touches none of
+    // our memory; a bad descriptor is an error return.
     assert_eq!(unsafe { libc::fallocate(fd, punch, 0, 4096) }, 0);
     let mut back = vec![0u8; 8192];
     (&f).seek(SeekFrom::Start(0)).unwrap();
@@ -423,6 +471,8 @@ fn copy_file_range_copies_bytes() {
     let mut off_out: i64 = 0;
     let mut left = 200_000usize;
     while left > 0 {
+        // SAFETY: `copy_file_range` updates the two offsets, live locals borrowed exclusively for
+        // the call; the rest are descriptors and a length.
         let n = unsafe { libc::copy_file_range(src.as_raw_fd(), &mut off_in, dst.as_raw_fd(), &mut off_out, left, 0) };
         assert!(n > 0, "copy_file_range: {}", std::io::Error::last_os_error());
         left -= n as usize;
@@ -445,6 +495,8 @@ fn a_copy_into_a_new_file_keeps_copy_file_range_for_the_mount() {
     for (copy, name) in ["dst1", "dst2", "dst3"].iter().enumerate() {
         let dst = OpenOptions::new().write(true).create_new(true).open(m.path(name)).unwrap();
         let (mut off_in, mut off_out) = (0i64, 0i64);
+        // SAFETY: `copy_file_range` updates the two offsets, live locals borrowed exclusively for
+        // the call; the rest are descriptors and a length.
         let n = unsafe {
             libc::copy_file_range(src.as_raw_fd(), &mut off_in, dst.as_raw_fd(), &mut off_out, data.len(), 0)
         };
@@ -463,10 +515,16 @@ fn seek_data_and_seek_hole_find_the_written_ranges() {
     use std::os::unix::fs::FileExt;
     f.write_all_at(&[1u8; 1 << 20], 32 << 20).unwrap();
     f.sync_all().unwrap();
+    // SAFETY: `lseek` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     let data = unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_DATA) };
     assert_eq!(data, 32 << 20);
+    // SAFETY: `lseek` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     let hole = unsafe { libc::lseek(f.as_raw_fd(), 32 << 20, libc::SEEK_HOLE) };
     assert_eq!(hole, 33 << 20);
+    // SAFETY: `lseek` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     let past = unsafe { libc::lseek(f.as_raw_fd(), 64 << 20, libc::SEEK_DATA) };
     assert_eq!((past, errno()), (-1, libc::ENXIO));
 }
@@ -479,6 +537,8 @@ fn fsync_fdatasync_and_fsyncdir_succeed() {
     f.sync_all().unwrap();
     f.sync_data().unwrap();
     let dir = File::open(&m.mnt).unwrap();
+    // SAFETY: `fsync` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     assert_eq!(unsafe { libc::fsync(dir.as_raw_fd()) }, 0);
     assert_eq!(fs::read(m.path("f")).unwrap(), b"durable");
     // A new file lives in the intent log until a checkpoint makes it on the backend.
@@ -491,23 +551,32 @@ fn flock_and_posix_locks_exclude_other_holders() {
     let m = TestMount::new();
     let p = m.path("lockfile");
     let f = File::create(&p).unwrap();
+    // SAFETY: `flock` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
     let other = File::open(&p).unwrap();
+    // SAFETY: `flock` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, -1);
     assert_eq!(errno(), libc::EWOULDBLOCK);
     // Another process sees the lock too (util-linux flock(1)).
     let status = Command::new("flock").args(["-n", p.to_str().unwrap(), "true"]).status().unwrap();
     assert_eq!(status.code(), Some(1), "flock -n must fail while we hold the lock");
+    // SAFETY: `flock` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
     let status = Command::new("flock").args(["-n", p.to_str().unwrap(), "true"]).status().unwrap();
     assert!(status.success());
 
     // POSIX record locks: held here, seen by another process through F_GETLK.
     let rw = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    // SAFETY: the libc struct is plain integers (and arrays of them), for which all-zero bytes are
+    // a valid value.
     let mut lock: libc::flock = unsafe { std::mem::zeroed() };
     lock.l_type = libc::F_WRLCK as i16;
     lock.l_whence = libc::SEEK_SET as i16;
     lock.l_len = 100;
+    // SAFETY: F_SETLK reads one `flock` from `lock`, a live local.
     assert_eq!(unsafe { libc::fcntl(rw.as_raw_fd(), libc::F_SETLK, &lock) }, 0);
     let script = format!(
         "import fcntl,struct,os\nfd=os.open('{}',os.O_RDWR)\ntry:\n fcntl.lockf(fd,fcntl.LOCK_EX|fcntl.LOCK_NB,10,0)\n print('acquired')\nexcept OSError:\n print('blocked')",
@@ -607,7 +676,7 @@ fn st_blksize_is_the_unit() {
 fn a_unit_above_the_kernel_request_ceiling_is_named_with_the_sysctl_to_raise() {
     let limit: u64 = fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit").unwrap().trim().parse().unwrap();
     if limit * 4096 >= 16 << 20 {
-        eprintln!("skipped: fs.fuse.max_pages_limit is {limit}, so the kernel grants the largest request the mount asks for (16 MiB)");
+        skip("a_unit_above_the_kernel_request_ceiling_is_named_with_the_sysctl_to_raise", &format!("fs.fuse.max_pages_limit is {limit}, so the kernel grants the largest request the mount asks for (16 MiB)"));
         return;
     }
     let unit = (limit * 4096 * 2).next_power_of_two().min(64 << 20);
@@ -625,10 +694,15 @@ fn open_with_o_nofollow_opens_a_regular_file_and_still_refuses_a_symlink() {
     fs::write(m.path("f"), b"hi").unwrap();
     std::os::unix::fs::symlink("f", m.path("link")).unwrap();
     for flags in [libc::O_RDONLY, libc::O_WRONLY, libc::O_RDWR, libc::O_RDWR | libc::O_NOATIME] {
+        // SAFETY: `open` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         let fd = unsafe { libc::open(cstr(&m.path("f")).as_ptr(), flags | libc::O_NOFOLLOW) };
         assert!(fd >= 0, "open(O_NOFOLLOW | {flags:#o}) of a regular file: errno {}", errno());
+        // SAFETY: `fd` was opened just above by this loop and is closed once.
         unsafe { libc::close(fd) };
     }
+    // SAFETY: `open` reads only NUL-terminated C strings that outlive the call; the other arguments
+    // are integers.
     let fd = unsafe { libc::open(cstr(&m.path("link")).as_ptr(), libc::O_RDONLY | libc::O_NOFOLLOW) };
     assert_eq!((fd, errno()), (-1, libc::ELOOP), "O_NOFOLLOW of a symlink is the kernel's ELOOP");
 }
@@ -650,11 +724,16 @@ fn times_set_between_the_last_write_and_close_survive_the_flush() {
                 libc::timespec { tv_sec: 1_000_000_000, tv_nsec: 5 },
                 libc::timespec { tv_sec: 1_200_000_000, tv_nsec: 700 },
             ];
+            // SAFETY: `futimens` reads a live array of two `timespec`s, as it expects, and any C
+            // string passed is NUL-terminated.
             assert_eq!(unsafe { libc::futimens(f.as_raw_fd(), times.as_ptr()) }, 0);
             drop(f);
         }
         if drop_kernel_caches().is_none() {
-            eprintln!("skipped: dropping the kernel's caches needs root");
+            skip(
+                "times_set_between_the_last_write_and_close_survive_the_flush",
+                "dropping the kernel's caches needs root",
+            );
             return;
         }
         // Seen in the mount before, and after, the checkpoint that makes the small file (held
@@ -716,7 +795,10 @@ fn the_mtime_a_file_shows_survives_the_flush_and_the_kernel_forgetting_it() {
             shown.push((md.mtime(), md.mtime_nsec()));
         }
         if drop_kernel_caches().is_none() {
-            eprintln!("skipped: dropping the kernel's caches needs root");
+            skip(
+                "the_mtime_a_file_shows_survives_the_flush_and_the_kernel_forgetting_it",
+                "dropping the kernel's caches needs root",
+            );
             return;
         }
         m.sync_to_backend();
@@ -748,9 +830,12 @@ fn a_running_program_is_neither_opened_for_writing_nor_truncated() {
     let original = fs::read("/bin/sleep").unwrap();
     let mut child = Command::new(&program).arg("30").spawn().unwrap();
     for flags in [libc::O_WRONLY, libc::O_RDWR, libc::O_RDONLY | libc::O_TRUNC] {
+        // SAFETY: `open` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         let fd = unsafe { libc::open(cstr(&program).as_ptr(), flags) };
         let err = errno();
         if fd >= 0 {
+            // SAFETY: `fd` was opened just above, checked, and is closed once.
             unsafe { libc::close(fd) };
         }
         assert_eq!((fd, err), (-1, libc::ETXTBSY), "open flags {flags:#x}");
@@ -760,8 +845,11 @@ fn a_running_program_is_neither_opened_for_writing_nor_truncated() {
     child.kill().unwrap();
     child.wait().unwrap();
     // Not running any more: O_TRUNC truncates, through the kernel's setattr.
+    // SAFETY: `open` reads only NUL-terminated C strings that outlive the call; the other arguments
+    // are integers.
     let fd = unsafe { libc::open(cstr(&program).as_ptr(), libc::O_RDONLY | libc::O_TRUNC) };
     assert!(fd >= 0, "errno {}", errno());
+    // SAFETY: `fd` was opened just above, checked, and is closed once.
     unsafe { libc::close(fd) };
     assert_eq!(fs::metadata(&program).unwrap().len(), 0);
     // With the log, a truncate of a file the log can stand for reaches the backend at its next
@@ -794,7 +882,10 @@ fn held_files_are_made_at_the_checkpoint_after_the_kernel_forgot_their_directory
         let inode = |rel: &str| fs::symlink_metadata(m.path(rel)).unwrap().ino();
         let served_as = [inode("d/f0"), inode("d/f1")];
         if drop_kernel_caches().is_none() {
-            eprintln!("skipped: dropping the kernel's caches needs root");
+            skip(
+                "held_files_are_made_at_the_checkpoint_after_the_kernel_forgot_their_directory",
+                "dropping the kernel's caches needs root",
+            );
             return;
         }
         fs::rename(m.path("d/e/moved"), m.path("d/moved")).unwrap();
@@ -833,6 +924,8 @@ fn an_ioctl_the_mount_does_not_implement_is_enotty_without_a_log_line() {
     fs::write(m.path("f"), b"data").unwrap();
     let f = File::open(m.path("f")).unwrap();
     let mut termios = std::mem::MaybeUninit::<libc::termios>::uninit();
+    // SAFETY: the ioctl reads or writes one value of the type its request is defined with, a live
+    // value borrowed for the call.
     let answer = unsafe { libc::ioctl(f.as_raw_fd(), libc::TCGETS, termios.as_mut_ptr()) };
     assert_eq!((answer, errno()), (-1, libc::ENOTTY), "TCGETS of a regular file on the mount");
     let out = Command::new("python3")
@@ -870,6 +963,8 @@ fn xattr_off_ends_the_kernels_capability_questions_before_writes() {
     let asked = getxattrs(&m).unwrap_or(0) - before;
     assert!(asked >= 20, "the default: {asked} getxattr requests for the first writes of 21 files");
     let c = cstr(&m.path("f"));
+    // SAFETY: `setxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live slice passed with its own length, which the kernel only reads.
     let set = unsafe { libc::setxattr(c.as_ptr(), c"user.kept".as_ptr(), b"1".as_ptr().cast(), 1, 0) };
     assert_eq!(set, 0, "xattrs work by default: errno {}", errno());
     m.unmount();
@@ -880,6 +975,8 @@ fn xattr_off_ends_the_kernels_capability_questions_before_writes() {
     assert!(getxattrs(&m).unwrap_or(0) <= 1, "xattr=off: the kernel stopped asking after the first answer");
     assert_eq!(fs::read(m.path("f")).unwrap(), vec![7u8; 5000]);
     assert_eq!(xattr_of(&m.path("f"), "user.kept"), Err(libc::EOPNOTSUPP));
+    // SAFETY: `setxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live slice passed with its own length, which the kernel only reads.
     let set = unsafe { libc::setxattr(c.as_ptr(), c"user.other".as_ptr(), b"1".as_ptr().cast(), 1, 0) };
     assert_eq!((set, errno()), (-1, libc::EOPNOTSUPP));
     m.unmount();

@@ -71,13 +71,19 @@ fn a_large_directory_lists_each_entry_once_in_batches() {
         File::create(m.path(&format!("d/{name}"))).unwrap();
     }
     let mut seen = Vec::new();
+    // SAFETY: `opendir` reads only NUL-terminated C strings that outlive the call; the other
+    // arguments are integers.
     let dir = unsafe { libc::opendir(cstr(&m.path("d")).as_ptr()) };
     assert!(!dir.is_null());
     loop {
+        // SAFETY: `dir` is the non-null `DIR` opendir returned above, used by this thread alone and
+        // closed after the loop.
         let ent = unsafe { libc::readdir64(dir) };
         if ent.is_null() {
             break;
         }
+        // SAFETY: `ent` is non-null and stays valid until the next readdir64 on `dir`; its `d_name`
+        // is NUL-terminated, and the name is copied out at once.
         let name = unsafe { std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()) }.to_string_lossy().into_owned();
         seen.push(name);
         if seen.len() == 1000 {
@@ -86,6 +92,7 @@ fn a_large_directory_lists_each_entry_once_in_batches() {
             File::create(m.path("d/zz-added")).unwrap();
         }
     }
+    // SAFETY: `dir` came from opendir above, and is closed once, here.
     unsafe { libc::closedir(dir) };
     let unique: BTreeSet<&String> = seen.iter().collect();
     assert_eq!(unique.len(), seen.len(), "no entry listed twice");

@@ -32,15 +32,16 @@ struct UringEnabled {
 impl UringEnabled {
     /// None, with the reason printed, where the test cannot run.
     fn new(test: &str) -> Option<UringEnabled> {
+        // SAFETY: geteuid takes no arguments and cannot fail.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("{test}: skipped: enable_uring can only be set as root");
+            skip(test, "enable_uring can only be set as root");
             return None;
         }
         let held = ENABLE_URING_HELD.lock().unwrap_or_else(|e| e.into_inner());
         let previous = match fs::read_to_string(ENABLE_URING) {
             Ok(value) => value.trim().to_string(),
             Err(e) => {
-                eprintln!("{test}: skipped: {ENABLE_URING}: {e} (a kernel without CONFIG_FUSE_IO_URING)");
+                skip(test, &format!("{ENABLE_URING}: {e} (a kernel without CONFIG_FUSE_IO_URING)"));
                 return None;
             }
         };
@@ -147,8 +148,12 @@ fn file_io_is_answered_over_the_rings() {
 
 #[test]
 fn transport_uring_is_refused_clearly_where_the_kernel_does_not_offer_it() {
+    // SAFETY: geteuid takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 || fs::metadata(ENABLE_URING).is_err() {
-        eprintln!("skipped: not root, or no {ENABLE_URING}");
+        skip(
+            "transport_uring_is_refused_clearly_where_the_kernel_does_not_offer_it",
+            &format!("not root, or no {ENABLE_URING}"),
+        );
         return;
     }
     let _held = ENABLE_URING_HELD.lock().unwrap_or_else(|e| e.into_inner());
@@ -206,6 +211,7 @@ fn a_daemon_killed_while_its_rings_hold_requests_leaves_a_mount_that_umount_clea
     }
     assert!(done_rx.recv_timeout(Duration::from_millis(700)).is_err(), "the fsyncs should be held by the stalled log");
     let pid = m.daemon_pid();
+    // SAFETY: kill takes no pointers; the pid is the daemon's, alive until it dies of this.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let deadline = Instant::now() + Duration::from_secs(20);
     while !process_gone(pid) {

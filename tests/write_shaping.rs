@@ -94,10 +94,15 @@ fn readers_see_buffered_data_before_the_backend_has_it() {
     assert_eq!(fs::metadata(m.backing_path("f")).unwrap().len(), 0);
     // Through mmap too.
     let r = File::open(m.path("f")).unwrap();
+    // SAFETY: a new shared read-only mapping at an address the kernel chooses; it replaces no
+    // memory of ours.
     let map = unsafe { libc::mmap(std::ptr::null_mut(), 15_000, libc::PROT_READ, libc::MAP_SHARED, r.as_raw_fd(), 0) };
     assert_ne!(map, libc::MAP_FAILED);
+    // SAFETY: `map` is a successful mapping of 15,000 readable bytes of a file that long, unmapped
+    // only after `mapped`'s last use.
     let mapped = unsafe { std::slice::from_raw_parts(map as *const u8, 15_000) };
     assert_eq!(&mapped[5_000..], &data[..]);
+    // SAFETY: `map` is the mapping made above, of that length, and `mapped` is not used after this.
     unsafe { libc::munmap(map, 15_000) };
     drop(writer); // close flushes
     assert_eq!(fs::read(m.backing_path("f")).unwrap(), read);
@@ -134,11 +139,15 @@ fn truncate_and_fallocate_of_buffered_ranges() {
     // Punch a hole through buffered data written after the flush above.
     f.write_all_at(&pattern(50_000, 7), 10_000).unwrap();
     let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: `fallocate` takes only integers (a descriptor and plain values) and touches none of
+    // our memory; a bad descriptor is an error return.
     assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), punch, 20_000, 8192) }, 0);
     let read = fs::read(m.path("f")).unwrap();
     assert!(read[20_000..28_192].iter().all(|&b| b == 0), "buffered data overwrote the hole");
     assert_eq!(&read[10_000..20_000], &pattern(50_000, 7)[..10_000]);
     // Extend with fallocate: the size follows.
+    // SAFETY: `fallocate` takes only integers (a descriptor and plain values) and touches none of
+    // our memory; a bad descriptor is an error return.
     assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 140_000, 60_000) }, 0);
     assert_eq!(fs::metadata(m.path("f")).unwrap().len(), 200_000);
     drop(f);
@@ -179,6 +188,8 @@ fn a_backend_eio_under_the_kernel_writeback_cache_drops_nothing_either() {
     let write_back = |from: usize, to: usize| {
         f.write_all_at(&data[from..to], from as u64).unwrap();
         let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        // SAFETY: `sync_file_range` takes only integers (a descriptor and plain values) and touches
+        // none of our memory; a bad descriptor is an error return.
         assert_eq!(unsafe { libc::sync_file_range(f.as_raw_fd(), from as i64, (to - from) as i64, flags) }, 0);
     };
     write_back(0, 65_536); // a whole unit: flushed at once, and the flush fails
@@ -205,6 +216,8 @@ fn a_backend_eio_reaches_close_and_fsync_while_the_retries_fail() {
     f.write_all_at(&data, 0).unwrap(); // a whole unit: flushed at once, and the flush fails
     wait_for(|| m.counter("flush_errors_total") >= 1, "the injected flush failure");
     let other = f.try_clone().unwrap(); // the same open file, as after fork
+                                        // SAFETY: `f` is given up by `into_raw_fd`, so this close is its descriptor's only one (`other`
+                                        // is a separate descriptor).
     let closed = unsafe { libc::close(std::os::fd::IntoRawFd::into_raw_fd(f)) };
     assert_eq!(
         (closed, io::Error::last_os_error().raw_os_error()),
@@ -481,6 +494,7 @@ fn fsynced_data_survives_kill_9_of_the_daemon_and_nothing_else_is_garbage() {
     let volatile = pattern(5_000, 99); // buffered, never fsynced
     f.write_all_at(&volatile, 100_000).unwrap();
     let pid = m.daemon_pid();
+    // SAFETY: `kill` takes only a pid and a signal number; it touches none of our memory.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !process_gone(pid) {
@@ -535,6 +549,7 @@ fn auto_writeback_cache_gathers_new_files_and_never_reads_around_old_ones() {
         "and the kernel read nothing to complete a page"
     );
 
+    // SAFETY: a new shared mapping at an address the kernel chooses; it replaces no memory of ours.
     let map = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -546,11 +561,15 @@ fn auto_writeback_cache_gathers_new_files_and_never_reads_around_old_ones() {
         )
     };
     assert_ne!(map, libc::MAP_FAILED, "an uncached handle can be mapped shared: {}", std::io::Error::last_os_error());
+    // SAFETY: `map` is a successful read-write mapping of 1 MiB of a file that long, unmapped only
+    // after `mapped`'s last use; nothing else in this process refers to it.
     let mapped = unsafe { std::slice::from_raw_parts_mut(map.cast::<u8>(), 1 << 20) };
     assert_eq!(&mapped[..], &expected[..], "the mapping sees the uncached writes");
     mapped[300_000..300_100].fill(0x11);
     expected[300_000..300_100].fill(0x11);
+    // SAFETY: msync takes the mapping made above, with its length, and touches no memory of ours.
     assert_eq!(unsafe { libc::msync(map, 1 << 20, libc::MS_SYNC) }, 0);
+    // SAFETY: `map` is the mapping made above, of that length, and `mapped` is not used after this.
     unsafe { libc::munmap(map, 1 << 20) };
     old.write_all_at(&[0x22; 512], 300_050).unwrap();
     expected[300_050..300_562].fill(0x22);
@@ -586,6 +605,8 @@ fn readers_racing_flushes_of_the_same_units_see_no_error_and_no_stale_bytes() {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     f.read_at(&mut buf, at).unwrap();
                     // Drop the backend's cached pages too, so that reads keep filling them.
+                    // SAFETY: `posix_fadvise` takes only integers (a descriptor and plain values)
+                    // and touches none of our memory; a bad descriptor is an error return.
                     unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
                     at = (at + (64 << 10)) % (512 << 10);
                 }

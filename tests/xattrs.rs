@@ -16,6 +16,7 @@ fn make_one_of_each(dir: &Path) {
     std::os::unix::fs::symlink("file", dir.join("symlink")).unwrap();
     std::os::unix::fs::symlink("gone", dir.join("dangling")).unwrap();
     let fifo = cstr(&dir.join("fifo"));
+    // SAFETY: `fifo` is a NUL-terminated path that outlives the call.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0, "mkfifo: errno {}", errno());
 }
 
@@ -29,11 +30,16 @@ fn answers(path: &Path, name: &str) -> Vec<Result<Vec<u8>, i32>> {
     let status = |r: libc::c_int| if r == 0 { Ok(vec![]) } else { Err(errno()) };
     let value: &[u8] = if name.starts_with("system.") { b"" } else { b"value" };
     let listed = || Ok(vec![xattr_names(path).iter().any(|listed| listed == name) as u8]);
+    let missing = xattr_of(path, name);
+    // SAFETY: `p` and `n` are NUL-terminated and `value` is `value.len()` bytes, all alive for
+    // the call.
+    let set = status(unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) });
     vec![
-        xattr_of(path, name),
-        status(unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) }),
+        missing,
+        set,
         xattr_of(path, name),
         listed(),
+        // SAFETY: `p` and `n` are NUL-terminated, alive for the call.
         status(unsafe { libc::lremovexattr(p.as_ptr(), n.as_ptr()) }),
         xattr_of(path, name),
     ]
@@ -41,8 +47,12 @@ fn answers(path: &Path, name: &str) -> Vec<Result<Vec<u8>, i32>> {
 
 #[test]
 fn every_xattr_call_on_every_file_type_answers_what_the_backing_file_system_answers() {
+    // SAFETY: geteuid takes no arguments and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: trusted.* and security.* need CAP_SYS_ADMIN to answer as they do for root");
+        skip(
+            "every_xattr_call_on_every_file_type_answers_what_the_backing_file_system_answers",
+            "trusted.* and security.* need CAP_SYS_ADMIN to answer as they do for root",
+        );
         return;
     }
     let m = TestMount::new();
@@ -60,6 +70,7 @@ fn every_xattr_call_on_every_file_type_answers_what_the_backing_file_system_answ
     // And what was set through the mount is on the backing file itself, not on what it names.
     let link = m.path("symlink");
     let (p, n) = (cstr(&link), CString::new("trusted.t").unwrap());
+    // SAFETY: `p` and `n` are NUL-terminated, the value one byte, all alive for the call.
     assert_eq!(unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), b"v".as_ptr().cast(), 1, 0) }, 0);
     assert_eq!(xattr_of(&m.backing_path("symlink"), "trusted.t"), Ok(b"v".to_vec()));
     assert_eq!(xattr_of(&m.backing_path("file"), "trusted.t"), Err(libc::ENODATA), "the symlink was followed");

@@ -1,5 +1,5 @@
 """The report of bench/run: the median of the repetitions, REPORT.md's tables and text, the plots
-(PNG and SVG) and the summary that goes into README.md's performance section.
+(PNG and SVG) and the summary that goes into bench/README.md.
 """
 import datetime, os, platform, sys
 
@@ -18,7 +18,7 @@ def write_report(results, out_dir, readme):
         f.write(report)
     print(report)
     if readme:
-        update_readme(results, os.path.relpath(os.path.join(out_dir, "REPORT.md"), REPO))
+        update_readme(results, os.path.relpath(os.path.join(out_dir, "REPORT.md"), os.path.join(REPO, "bench")))
 
 
 def machine(args):
@@ -45,13 +45,13 @@ def machine(args):
 
 
 def update_readme(results, report_path):
-    """Replaces what lies between the README's bench-summary markers: the performance section
-    is the report's own summary, never numbers typed by hand."""
-    readme = os.path.join(REPO, "README.md")
+    """Replaces what lies between bench/README.md's bench-summary markers: the summary is the
+    report's own, never numbers typed by hand. report_path is relative to bench/."""
+    readme = os.path.join(REPO, "bench", "README.md")
     text = open(readme).read()
     start, end = "<!-- bench-summary:start -->", "<!-- bench-summary:end -->"
     if start not in text or end not in text:
-        sys.exit(f"bench/run: README.md has no {start} ... {end} section")
+        sys.exit(f"bench/run: bench/README.md has no {start} ... {end} section")
     m = results["machine"]
     body = [start, "", f"From [{report_path}]({report_path}) (`{m['command']} --readme`, commit {m['commit']}, "
             f"{m['date'][:10]}, median of {m['repetitions']}):", ""] + summary(results) + ["", end]
@@ -489,7 +489,7 @@ def render(results, plots):
         peak = max((b for _, b in r.get("rss", [])), default=0)
         lines += ["## The memory bound: 4 writers, 4 KiB writes, `-o buffer=64M,writeback_cache=off`", "",
                   f"{r['app_bytes'] >> 20} MiB written in {r['seconds']:.1f} s; daemon peak resident memory "
-                  f"{peak / (1 << 20):.1f} MiB (bound 64 MiB plus the fixed overhead stated in the README).", "",
+                  f"{peak / (1 << 20):.1f} MiB (bound 64 MiB plus the fixed overhead stated in docs/design.md).", "",
                   plot_link(plots, "memory"), ""]
     if "transport" in c:
         lines += ["## Issue 45: one FUSE request's round trip, /dev/fuse against io_uring", ""] + transport_table(c) + [""]

@@ -1,6 +1,6 @@
 //! Fault injection at the backend boundary, for tests: a plan of rules that make the
 //! backend's writes, syncs, reads or creates fail with an errno (EIO, ENOSPC, EDQUOT, ...),
-//! stall, or abort the process, a number of times or until cleared, optionally only for files
+//! stall, abort the process or panic, a number of times or until cleared, optionally only for files
 //! whose path contains a given text. `FaultyBackend` wraps any namespace and unit store with
 //! the plan, `FaultyLogDevice` any log device: production code never asks the plan itself.
 //!
@@ -9,7 +9,8 @@
 //! so a test can fail the backend, watch the mount, and let it recover, on a real mount.
 //!
 //! Rule syntax (also of the environment variable, rules separated by `;`):
-//! `OP=ERRNO[*COUNT][/SKIP][@PATH_TEXT]`, `OP=stall:DURATION...` or `OP=abort...`, where OP is
+//! `OP=ERRNO[*COUNT][/SKIP][@PATH_TEXT]`, `OP=stall:DURATION...`, `OP=abort...` (the process dies
+//! as kill -9 would) or `OP=panic...` (the calling thread panics), where OP is
 //! write, sync, read, create, mutate (any change to the store: a write, a size, a name; for
 //! killing a replay part way), logwrite or logsync, ERRNO a name (EIO, ENOSPC, EDQUOT, EROFS),
 //! COUNT how many calls fail (default: until cleared) and SKIP how many matching calls pass
@@ -54,6 +55,8 @@ enum Action {
     Stall(Duration),
     /// Dies at once, as kill -9 would.
     Abort,
+    /// Panics in the calling thread (a flusher, a FUSE worker): the panic policy's test.
+    Panic,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -69,9 +72,18 @@ struct Rule {
 
 pub struct Faults {
     rules: Mutex<Vec<Rule>>,
-    /// Signalled when the rules are cleared: a stalled call then returns at once.
-    cleared: Condvar,
-    generation: Mutex<u64>,
+    /// Signalled when the rules are cleared (a stalled call then returns at once), and when a
+    /// call begins to stall (`wait_for_stalls`).
+    changed: Condvar,
+    stalls: Mutex<Stalls>,
+}
+
+#[derive(Default)]
+struct Stalls {
+    /// Moves on at every clear: a stall that began before it ends.
+    generation: u64,
+    /// Calls stalled now.
+    stalled: usize,
 }
 
 fn errno_named(name: &str) -> Option<Errno> {
@@ -111,8 +123,9 @@ fn parse_rule(text: &str) -> Result<Rule, String> {
     };
     let action = match action.trim() {
         "abort" => Action::Abort,
+        "panic" => Action::Panic,
         a => match a.strip_prefix("stall:") {
-            Some(d) => Action::Stall(crate::options::parse_duration(d)?),
+            Some(d) => Action::Stall(crate::parse::parse_duration(d)?),
             None => Action::Fail(errno_named(a).ok_or_else(|| format!("'{a}': not an errno this knows"))?),
         },
     };
@@ -128,7 +141,15 @@ impl Default for Faults {
 impl Faults {
     /// A plan with no rules yet.
     pub fn new() -> Faults {
-        Faults { rules: Mutex::new(Vec::new()), cleared: Condvar::new(), generation: Mutex::new(0) }
+        Faults { rules: Mutex::new(Vec::new()), changed: Condvar::new(), stalls: Mutex::default() }
+    }
+
+    /// Waits until `calls` calls are stalled (each has begun its stall, so a `clear` from now on
+    /// ends it); false after `timeout`.
+    pub fn wait_for_stalls(&self, calls: usize, timeout: Duration) -> bool {
+        let stalls = self.stalls.lock().unwrap();
+        let (stalls, _) = self.changed.wait_timeout_while(stalls, timeout, |s| s.stalled < calls).unwrap();
+        stalls.stalled >= calls
     }
 
     /// The plan the daemon starts with: Some when `COALESCEFS_FAULTS` is set.
@@ -143,7 +164,7 @@ impl Faults {
 
     fn add(&self, text: &str) -> Result<(), String> {
         let rule = parse_rule(text)?;
-        self.rules.lock().unwrap_or_else(|p| p.into_inner()).push(rule);
+        self.rules.lock().unwrap().push(rule);
         Ok(())
     }
 
@@ -152,9 +173,9 @@ impl Faults {
         match request.split_once(' ') {
             Some(("inject", rule)) => self.add(rule.trim()),
             None if request == "clear" => {
-                self.rules.lock().unwrap_or_else(|p| p.into_inner()).clear();
-                *self.generation.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-                self.cleared.notify_all();
+                self.rules.lock().unwrap().clear();
+                self.stalls.lock().unwrap().generation += 1;
+                self.changed.notify_all();
                 Ok(())
             }
             _ => Err(format!("'{request}': expected 'inject RULE' or 'clear'")),
@@ -164,7 +185,7 @@ impl Faults {
     /// Called by the backend before `op` on the file at `path` (None: not a file's call).
     pub fn check(&self, op: FaultOp, path: Option<&Path>) -> SysResult<()> {
         let action = {
-            let mut rules = self.rules.lock().unwrap_or_else(|p| p.into_inner());
+            let mut rules = self.rules.lock().unwrap();
             let matching = rules.iter_mut().find(|r| {
                 r.op == op
                     && r.remaining != Some(0)
@@ -188,17 +209,21 @@ impl Faults {
                 log::error!("fault injection: aborting at a {op:?} call");
                 std::process::abort();
             }
+            Action::Panic => panic!("fault injection: a panic at a {op:?} call"),
             Action::Stall(duration) => {
                 let deadline = Instant::now() + duration;
-                let mut generation = self.generation.lock().unwrap_or_else(|p| p.into_inner());
-                let started = *generation;
-                while *generation == started && Instant::now() < deadline {
-                    generation = self
-                        .cleared
-                        .wait_timeout(generation, deadline.saturating_duration_since(Instant::now()))
-                        .unwrap_or_else(|p| p.into_inner())
+                let mut stalls = self.stalls.lock().unwrap();
+                let started = stalls.generation;
+                stalls.stalled += 1;
+                self.changed.notify_all();
+                while stalls.generation == started && Instant::now() < deadline {
+                    stalls = self
+                        .changed
+                        .wait_timeout(stalls, deadline.saturating_duration_since(Instant::now()))
+                        .unwrap()
                         .0;
                 }
+                stalls.stalled -= 1;
                 Ok(())
             }
         }
@@ -455,7 +480,7 @@ mod tests {
 
     #[test]
     fn rules_parse_count_down_and_match_paths() {
-        let f = Faults { rules: Mutex::new(Vec::new()), cleared: Condvar::new(), generation: Mutex::new(0) };
+        let f = Faults::new();
         f.control("inject write=ENOSPC*2@big").unwrap();
         assert_eq!(f.check(FaultOp::Write, Some(Path::new("/b/small"))), Ok(()));
         assert_eq!(f.check(FaultOp::Write, Some(Path::new("/b/big"))), Err(Errno(libc::ENOSPC)));
@@ -472,11 +497,7 @@ mod tests {
 
     #[test]
     fn a_stall_ends_when_cleared() {
-        let f = std::sync::Arc::new(Faults {
-            rules: Mutex::new(Vec::new()),
-            cleared: Condvar::new(),
-            generation: Mutex::new(0),
-        });
+        let f = std::sync::Arc::new(Faults::new());
         f.control("inject read=stall:60s").unwrap();
         let stalled = {
             let f = f.clone();
@@ -486,8 +507,10 @@ mod tests {
                 t.elapsed()
             })
         };
-        std::thread::sleep(Duration::from_millis(100));
+        // Cleared only once the call stalls: cleared before, it would not stall at all, and the
+        // test would pass without testing anything.
+        assert!(f.wait_for_stalls(1, Duration::from_secs(10)), "the read never stalled");
         f.control("clear").unwrap();
-        assert!(stalled.join().unwrap() < Duration::from_secs(10));
+        assert!(stalled.join().unwrap() < Duration::from_secs(10), "the clear ended the stall");
     }
 }

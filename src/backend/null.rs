@@ -54,7 +54,7 @@ impl FileData for NullFileData {
                 end = unit.start() + b;
             }
         }
-        let _one_at_a_time = EXTENDING.lock().unwrap_or_else(|p| p.into_inner());
+        let _one_at_a_time = EXTENDING.lock().unwrap();
         if self.lengths.size()? < end {
             self.lengths.set_size(end)?;
         }

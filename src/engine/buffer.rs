@@ -51,8 +51,12 @@ pub struct AlignedBuf {
     touched: usize,
 }
 
-// The buffer is plain memory owned by one value; moving it between threads is safe.
+// SAFETY: the buffer owns its slot alone (no other value points into it, see `chunks`), and its raw
+// pointer is only dereferenced through `&self`/`&mut self`, so it may move to another thread like
+// the `Vec<u8>` it stands for.
 unsafe impl Send for AlignedBuf {}
+// SAFETY: shared references only read the slot (`as_slice`); writes need `&mut self`, so sharing it
+// between threads is as sound as sharing a `&[u8]`.
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
@@ -69,6 +73,9 @@ impl AlignedBuf {
         if self.capacity == 0 {
             return &[];
         }
+        // SAFETY: `ptr` is a slot of `capacity` bytes taken from `chunks::take`, owned by this
+        // buffer alone and initialised (zeroed when taken, then written), and the slice borrows
+        // `self`.
         unsafe { std::slice::from_raw_parts(self.ptr, self.capacity) }
     }
 
@@ -76,6 +83,8 @@ impl AlignedBuf {
     pub fn zero_from(&mut self, at: usize) {
         assert!(at <= self.len, "{at} outside a unit of {}", self.len);
         if at < self.touched {
+            // SAFETY: `at < touched <= capacity`, so the range [at, touched) lies within this
+            // buffer's own slot; `&mut self` excludes any other borrow of it.
             unsafe { std::ptr::write_bytes(self.ptr.add(at), 0, self.touched - at) };
             self.touched = at;
         }
@@ -88,6 +97,8 @@ impl AlignedBuf {
             self.grow_to_hold(range.end);
         }
         self.touched = self.touched.max(range.end);
+        // SAFETY: `grow_to_hold` made `range.end <= capacity`, so the range lies within this
+        // buffer's own initialised slot, and the slice's lifetime is tied to `&mut self`.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start) }
     }
 
@@ -104,6 +115,9 @@ impl AlignedBuf {
         );
         let ptr = chunks::take(capacity);
         if self.capacity > 0 {
+            // SAFETY: `ptr` is a fresh slot of `capacity >= touched` bytes, distinct from our own,
+            // whose first `touched` bytes are ours to read; the two slots never overlap (each is
+            // handed out once).
             unsafe { std::ptr::copy_nonoverlapping(self.ptr, ptr, self.touched) };
             chunks::give_back(self.ptr, self.capacity, self.touched);
         }
@@ -138,6 +152,9 @@ mod chunks {
         free_slots: Vec<usize>,
     }
 
+    /// Process-wide: its lock recovers from poisoning (the only engine lock that does), because
+    /// in-process tests (proptest shrinking a failed case) go on after a panic, and a static
+    /// outlives the engine that panicked. The daemon never sees it poisoned: a panic aborts it.
     static SIZE_CLASSES: Mutex<BTreeMap<usize, SizeClass>> = Mutex::new(BTreeMap::new());
 
     pub(super) fn take(slot_len: usize) -> *mut u8 {
@@ -166,6 +183,9 @@ mod chunks {
     pub(super) fn give_back(ptr: *mut u8, slot_len: usize, touched: usize) {
         debug_assert!(touched <= slot_len);
         // The next unit to take this slot must find it zeroed. The unit is no one's now.
+        // SAFETY: the caller gives back a slot of `slot_len >= touched` bytes it owned and will not
+        // touch again, so zeroing its first `touched` bytes writes only memory now held by no one
+        // else.
         unsafe { std::ptr::write_bytes(ptr, 0, touched) };
         let slot = ptr as usize;
         let mut classes = SIZE_CLASSES.lock().unwrap_or_else(|e| e.into_inner());
@@ -180,6 +200,8 @@ mod chunks {
         }
         class.free_slots.retain(|&s| !(base..base + len).contains(&s));
         class.chunks.retain(|c| c.base != base);
+        // SAFETY: the chunk [base, base + len) was mapped by `map_huge_aligned`, is removed from
+        // the size class above (no slot of it is free or in use), and is unmapped once.
         unsafe { libc::munmap(base as *mut libc::c_void, len) };
     }
 
@@ -198,6 +220,8 @@ mod chunks {
     /// `len` bytes of anonymous memory at a huge-page boundary, advised to use huge pages.
     fn map_huge_aligned(len: usize) -> usize {
         let mapped_len = len + HUGE_PAGE_BYTES;
+        // SAFETY: an anonymous private mapping with a null hint creates new memory and touches none
+        // that exists; the result is checked against MAP_FAILED below.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -211,6 +235,9 @@ mod chunks {
         assert!(ptr != libc::MAP_FAILED, "out of memory for a {len}-byte chunk of unit buffers");
         let start = ptr as usize;
         let base = start.next_multiple_of(HUGE_PAGE_BYTES);
+        // SAFETY: the ranges unmapped are the parts of the fresh mapping [start, start +
+        // mapped_len) outside [base, base + len), which nothing else refers to; madvise on [base,
+        // base + len) is advice only.
         unsafe {
             if base > start {
                 libc::munmap(ptr, base - start);

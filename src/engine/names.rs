@@ -227,7 +227,7 @@ impl Engine {
 
     fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
         self.checked_name(parent, name, false)?;
-        let gate = self.pending.as_ref().map(|held| held.names_gate.read().unwrap_or_else(|p| p.into_inner()));
+        let gate = self.pending.as_ref().map(|held| held.names_gate.read().unwrap());
         let held = self.pending.as_ref().filter(|_| !directory).and_then(|held| held.id_named(parent, name));
         if let Some(held) = held {
             match self.unlink_held(held, parent, name) {
@@ -345,7 +345,7 @@ impl Engine {
                 self.make_real(id)?;
             }
         }
-        let _gate = self.pending.as_ref().map(|held| held.names_gate.read().unwrap_or_else(|p| p.into_inner()));
+        let _gate = self.pending.as_ref().map(|held| held.names_gate.read().unwrap());
         let moved = self.named_object(parent, name)?;
         let replaced = self.named_object(new_parent, new_name)?;
         for (_, id) in moved.iter().chain(&replaced) {
@@ -425,7 +425,7 @@ impl Engine {
         new_name: &OsStr,
     ) -> SysResult<Vec<Record>> {
         let held = self.pending.as_ref().expect("held files exist with the log");
-        let _gate = held.names_gate.read().unwrap_or_else(|p| p.into_inner());
+        let _gate = held.names_gate.read().unwrap();
         let mut records = Vec::new();
         match target {
             Some(target) if held.is_held(target) => records.extend(self.unlink_held(target, new_parent, new_name)?),

@@ -5,6 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod skip;
+#[allow(unused_imports)] // not every test binary has a test that can skip
+pub use skip::skip;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_coalescefs");
 
 pub fn coalescefs(args: &[&str]) -> Output {
@@ -38,7 +42,11 @@ pub fn in_a_process_of_its_own(name: &str) -> bool {
 /// The bytes an unprivileged writer may still take on the file system `path` is on.
 pub fn available_bytes(path: &Path) -> u64 {
     let c = cstr(path);
+    // SAFETY: the libc struct is plain integers (and arrays of them), for which all-zero bytes are
+    // a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `statvfs` writes one value of the type its out-pointer has, into a live local
+    // borrowed exclusively for the call; any C string passed is NUL-terminated.
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
     st.f_bavail * st.f_frsize
 }
@@ -100,6 +108,8 @@ pub const FS_IMMUTABLE_FL: libc::c_int = 0x10;
 pub fn inode_flags(path: &Path) -> libc::c_int {
     let file = std::fs::File::open(path).unwrap();
     let mut flags: libc::c_int = 0;
+    // SAFETY: the ioctl reads or writes one value of the type its request is defined with, a live
+    // value borrowed for the call.
     assert_eq!(unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&file), FS_IOC_GETFLAGS, &mut flags) }, 0);
     flags
 }
@@ -205,6 +215,7 @@ impl TestMount {
     /// `build`, with a daemon that cannot use file handles (see `without_file_handles`); None
     /// where this process cannot drop the capability (not root).
     pub fn without_file_handles(options: &[&str], env: &[(&str, &str)]) -> Option<TestMount> {
+        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
         if unsafe { libc::geteuid() } != 0 {
             return None;
         }
@@ -228,6 +239,8 @@ impl TestMount {
             use std::os::unix::process::CommandExt;
             let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
             // Between fork and exec only async-signal-safe calls: setrlimit is one.
+            // SAFETY: the closure runs between fork and exec, where only async-signal-safe calls
+            // are allowed: setrlimit is one, and it reads `rlimit`, a copy moved into the closure.
             unsafe {
                 command.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) {
                     0 => Ok(()),
@@ -239,6 +252,8 @@ impl TestMount {
             use std::os::unix::process::CommandExt;
             // Out of the bounding set, root's exec does not give it back.
             const CAP_DAC_READ_SEARCH: libc::c_ulong = 2; // linux/capability.h
+                                                          // SAFETY: the closure runs between fork and exec, where only async-signal-safe calls
+                                                          // are allowed: prctl is one, and it takes only integers.
             unsafe {
                 command.pre_exec(|| match libc::prctl(libc::PR_CAPBSET_DROP, CAP_DAC_READ_SEARCH, 0, 0, 0) {
                     0 => Ok(()),
@@ -392,9 +407,11 @@ impl TestMount {
     /// the other tests running beside it on a small machine do not stretch its gaps. Only as
     /// root (a lower nice value needs CAP_SYS_NICE); elsewhere nothing changes.
     pub fn run_ahead_of_other_tests(&self) {
+        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
         if unsafe { libc::geteuid() } != 0 {
             return;
         }
+        // SAFETY: `setpriority` takes only integers and touches none of our memory.
         let nice = |tid: i32| unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -15) };
         assert_eq!(nice(0), 0, "{}", std::io::Error::last_os_error());
         // Per thread: a process's threads each have their own nice value.
@@ -458,6 +475,7 @@ fn escaped_name(backing: &Path) -> String {
             other => name.push_str(&format!("\\x{other:02x}")),
         }
     }
+    // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
     assert_eq!(unsafe { libc::geteuid() }, 0, "the runtime and state directories of a non-root daemon are elsewhere");
     if name.is_empty() {
         "-".to_string()
@@ -484,6 +502,8 @@ pub fn cstr(p: &Path) -> std::ffi::CString {
 pub fn xattr_of(path: &Path, name: &str) -> Result<Vec<u8>, i32> {
     let name = std::ffi::CString::new(name).unwrap();
     let mut buf = vec![0u8; 4096];
+    // SAFETY: `lgetxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live, exclusively borrowed slice passed with its own length, so the kernel writes within it.
     let n = unsafe { libc::lgetxattr(cstr(path).as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     if n < 0 {
         return Err(errno());
@@ -495,6 +515,8 @@ pub fn xattr_of(path: &Path, name: &str) -> Result<Vec<u8>, i32> {
 /// The names of `path`'s extended attributes.
 pub fn xattr_names(path: &Path) -> Vec<String> {
     let mut buf = vec![0u8; 65536];
+    // SAFETY: `llistxattr`: the C strings are NUL-terminated and outlive the call; the buffer is a
+    // live, exclusively borrowed slice passed with its own length, so the kernel writes within it.
     let n = unsafe { libc::llistxattr(cstr(path).as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     assert!(n >= 0, "listxattr {}: errno {}", path.display(), errno());
     buf[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()).map(|n| String::from_utf8_lossy(n).into()).collect()
@@ -609,6 +631,7 @@ impl Drop for LoopDevice {
 /// Drops the kernel's caches, so that the next stat asks the daemon instead of the kernel's
 /// cached attributes. None where this process may not (not root): the caller skips.
 pub fn drop_kernel_caches() -> Option<()> {
+    // SAFETY: `sync` takes no arguments, cannot fail and touches none of our memory.
     unsafe { libc::sync() };
     let _dropping = KERNEL_CACHES.write().unwrap_or_else(|p| p.into_inner());
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").ok()

@@ -65,6 +65,9 @@ impl Drop for ThreadContext {
     fn drop(&mut self) {
         let ctx = self.0.get();
         if ctx != 0 && ctx != u64::MAX {
+            // SAFETY: `ctx` is this thread's own context from a successful io_setup, destroyed
+            // once, when the thread ends; no request of it is in flight (write_many_at waits for
+            // all of its events before returning).
             unsafe { libc::syscall(libc::SYS_io_destroy, ctx) };
         }
     }
@@ -78,6 +81,7 @@ fn context() -> Option<u64> {
     CONTEXT.with(|ThreadContext(cell)| {
         if cell.get() == 0 {
             let mut ctx: u64 = 0;
+            // SAFETY: io_setup writes one context id into `ctx`, a live local.
             let ret = unsafe { libc::syscall(libc::SYS_io_setup, MAX_IN_FLIGHT as libc::c_long, &mut ctx) };
             if ret != 0 {
                 log::warn!("io_setup failed ({}); O_DIRECT pieces go one at a time", Errno::last());
@@ -114,6 +118,10 @@ pub fn write_many_at(fd: RawFd, pieces: &[(&[u8], u64)]) -> Vec<SysResult<()>> {
         let mut submitted = 0;
         while submitted < pointers.len() {
             let rest = &mut pointers[submitted..];
+            // SAFETY: `rest` points at live `Iocb`s in `iocbs`, each naming a live piece of
+            // `pieces` (buffer and length); both outlive every request submitted here, because this
+            // function waits below for the completion of every request it submitted before it
+            // returns or drops them.
             let ret = unsafe { libc::syscall(libc::SYS_io_submit, ctx, rest.len() as libc::c_long, rest.as_mut_ptr()) };
             if ret < 0 {
                 let err = Errno::last();
@@ -136,6 +144,8 @@ pub fn write_many_at(fd: RawFd, pieces: &[(&[u8], u64)]) -> Vec<SysResult<()>> {
         let mut outstanding = pointers.iter().filter(|p| !p.is_null()).count();
         let mut events = vec![IoEvent::default(); MAX_IN_FLIGHT];
         while outstanding > 0 {
+            // SAFETY: io_getevents writes at most `events.len()` events into `events`, a live
+            // buffer of that many; the timeout pointer is null (wait).
             let ret = unsafe {
                 libc::syscall(
                     libc::SYS_io_getevents,

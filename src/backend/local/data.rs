@@ -103,7 +103,7 @@ impl LocalFileData {
     }
 
     pub(super) fn not_trimmed(&self) -> Option<RwLockReadGuard<'_, ()>> {
-        self.trim_guard.as_ref().map(|g| g.read().unwrap_or_else(|p| p.into_inner()))
+        self.trim_guard.as_ref().map(|g| g.read().unwrap())
     }
 
     pub fn file(&self) -> &File {
@@ -263,6 +263,8 @@ impl FileData for LocalFileData {
 
     fn set_size(&self, size: u64) -> SysResult<()> {
         let _not_trimmed = self.not_trimmed();
+        // SAFETY: `ftruncate` takes only integers (a descriptor and plain values) and touches none
+        // of our memory; a bad descriptor is an error return.
         check(unsafe { libc::ftruncate(self.file.as_raw_fd(), size as libc::off_t) }).map(drop)
     }
 
@@ -272,8 +274,12 @@ impl FileData for LocalFileData {
 
     fn sync(&self, data_only: bool) -> SysResult<()> {
         let ret = if data_only {
+            // SAFETY: `fdatasync` takes only integers (a descriptor and plain values) and touches
+            // none of our memory; a bad descriptor is an error return.
             unsafe { libc::fdatasync(self.file.as_raw_fd()) }
         } else {
+            // SAFETY: `fsync` takes only integers (a descriptor and plain values) and touches none
+            // of our memory; a bad descriptor is an error return.
             unsafe { libc::fsync(self.file.as_raw_fd()) }
         };
         check(ret).map(drop)
@@ -290,6 +296,8 @@ impl FileData for LocalFileData {
     }
 
     fn seek(&self, offset: i64, whence: i32) -> SysResult<i64> {
+        // SAFETY: `lseek` takes only integers (a descriptor and plain values) and touches none of
+        // our memory; a bad descriptor is an error return.
         let ret = unsafe { libc::lseek(self.file.as_raw_fd(), offset, whence) };
         if ret == -1 {
             Err(Errno::last())
@@ -308,6 +316,8 @@ impl FileData for LocalFileData {
         let mut source_off = source_offset as libc::loff_t;
         let mut target_off = target_offset as libc::loff_t;
         retry_eintr(|| {
+            // SAFETY: `copy_file_range` updates the two offsets, live locals borrowed exclusively
+            // for the call; the rest are descriptors and a length.
             check_size(unsafe {
                 libc::copy_file_range(
                     self.file.as_raw_fd(),

@@ -89,6 +89,7 @@ impl LocalBackend {
             objects: Arc::new(ObjectTable::new(root, key_of(&root_stat))),
             capabilities,
             metrics,
+            // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
             is_root_daemon: unsafe { libc::geteuid() } == 0,
             prepared: Some(Arc::default()),
             no_fallocate: Arc::new(AtomicBool::new(false)),
@@ -119,11 +120,6 @@ impl LocalBackend {
 
     pub fn root_path(&self) -> &Path {
         self.dir.root_path()
-    }
-
-    /// How many objects the namespace holds now (the kernel's cached inodes and the engine's).
-    pub fn objects_held(&self) -> usize {
-        self.objects.len()
     }
 
     fn node(&self, id: ObjectId) -> SysResult<Arc<objects::Object>> {
@@ -266,7 +262,7 @@ impl Namespace for LocalBackend {
         let object = self.node(id)?;
         // Not across a trim of blocks made ahead, which puts the mtime it found back.
         let guard = self.prepared.as_ref().and_then(|p| p.guard_of(object.key));
-        let _not_trimmed = guard.as_ref().map(|g| g.read().unwrap_or_else(|p| p.into_inner()));
+        let _not_trimmed = guard.as_ref().map(|g| g.read().unwrap());
         if changes.uid.is_some() || changes.gid.is_some() {
             self.dir.chown(&object.node, changes.uid, changes.gid)?;
         }
@@ -327,6 +323,8 @@ impl Namespace for LocalBackend {
             return self.make_with_id(id, parent, name, perm, owner);
         };
         self.metrics.files_made_ahead_ready.store(left as u64, Relaxed);
+        // SAFETY: `fchmod` takes only integers (a descriptor and plain values) and touches none of
+        // our memory; a bad descriptor is an error return.
         check(unsafe { libc::fchmod(unnamed.file.as_raw_fd(), (perm & 0o7777) as libc::mode_t) })?;
         let (node, made) = self.dir.name_unnamed(&unnamed.file, &parent_object.node, &c_name)?;
         let st = self.give_to(&parent_object.node, &node, made, owner)?;
@@ -533,6 +531,7 @@ mod tests {
             return;
         }
         let id = 1 << 62;
+        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
         let owner = Owner { uid: unsafe { libc::geteuid() }, gid: unsafe { libc::getegid() } };
         backend.make_with_id_prepared(id, ROOT_ID, OsStr::new("f"), 0o644, owner).unwrap();
         assert_eq!(backend.prepared_files_ready(), 0, "the one made ahead was taken");
@@ -567,6 +566,7 @@ mod tests {
     #[test]
     fn the_next_backend_gives_back_what_files_made_ahead_hold_past_their_ends() {
         use std::os::unix::fs::MetadataExt;
+        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("skipped: opening files by handle needs CAP_DAC_READ_SEARCH (root)");
             return;
@@ -591,6 +591,8 @@ mod tests {
         named(&backend, 1 << 62, "f");
         // Allocated past its end by someone else: not the backend's to give back.
         let other = std::fs::File::create(dir.path().join("other")).unwrap();
+        // SAFETY: `fallocate` takes only integers (a descriptor and plain values) and touches none
+        // of our memory; a bad descriptor is an error return.
         assert_eq!(unsafe { libc::fallocate(other.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, 1 << 20) }, 0);
         let f = dir.path().join("f");
         let before = std::fs::metadata(&f).unwrap();
@@ -642,6 +644,7 @@ mod tests {
             other => panic!("a refill whose list cannot be written: {other:?}"),
         }
         assert_eq!(backend.prepared_files_ready(), 0);
+        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
         let owner = Owner { uid: unsafe { libc::geteuid() }, gid: unsafe { libc::getegid() } };
         backend.make_with_id_prepared(1 << 62, ROOT_ID, OsStr::new("f"), 0o644, owner).unwrap();
         use std::os::unix::fs::MetadataExt;

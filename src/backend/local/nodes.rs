@@ -178,10 +178,15 @@ pub struct DirStream {
 }
 
 // The stream is owned by one open directory handle and used under its lock.
+// SAFETY: `DIR` is a heap object of libc's with no thread affinity; the stream owns its pointer
+// alone (closed once, in Drop) and is used by one thread at a time, under its directory handle's
+// lock.
 unsafe impl Send for DirStream {}
 
 impl Drop for DirStream {
     fn drop(&mut self) {
+        // SAFETY: `dir` came from a successful fdopendir, is owned by this stream alone, and is
+        // closed once, here.
         unsafe { libc::closedir(self.dir.as_ptr()) };
     }
 }
@@ -209,13 +214,21 @@ impl DirStream {
         }
         // With nothing buffered the directory must continue exactly at `offset`.
         if self.buffered.is_empty() && self.position != Some(offset) {
+            // SAFETY: `dir` is this stream's open `DIR`, used by one thread at a time (`&mut
+            // self`); seekdir takes an offset telldir or d_off gave.
             unsafe { libc::seekdir(self.dir.as_ptr(), offset as libc::c_long) };
             self.position = Some(offset);
         }
         while self.buffered.len() < max {
+            // SAFETY: `__errno_location` returns this thread's errno, always a valid `int` to
+            // write.
             unsafe { *libc::__errno_location() = 0 };
+            // SAFETY: `dir` is this stream's open `DIR`, used by one thread at a time (`&mut
+            // self`).
             let ent = unsafe { libc::readdir64(self.dir.as_ptr()) };
             if ent.is_null() {
+                // SAFETY: `__errno_location` returns this thread's errno, always a valid `int` to
+                // read.
                 let err = unsafe { *libc::__errno_location() };
                 if err != 0 {
                     self.buffered.clear();
@@ -224,7 +237,12 @@ impl DirStream {
                 }
                 break;
             }
+            // SAFETY: readdir64 returned a non-null entry that stays valid until the next readdir64
+            // or closedir on `dir`, both of which need `&mut self`, which this loop holds until the
+            // entry is copied.
             let ent = unsafe { &*ent };
+            // SAFETY: the kernel's `d_name` is NUL-terminated within the entry, which stays valid
+            // while it is read here.
             let name = unsafe { CStr::from_ptr(ent.d_name.as_ptr()) };
             let next_offset = ent.d_off as u64;
             self.position = Some(next_offset);
@@ -239,35 +257,60 @@ impl DirStream {
     }
 }
 
+/// The most bytes of a file handle kept (MAX_HANDLE_SZ in the kernel).
+const MAX_HANDLE_BYTES: usize = 128;
+
+/// A `struct file_handle` with room for its bytes after the header, aligned as the kernel's
+/// type is (a byte vector cast to it relied on the allocator's alignment).
+#[repr(C)]
+struct HandleBuf {
+    header: libc::file_handle,
+    bytes: [u8; MAX_HANDLE_BYTES],
+}
+
+// The kernel writes the handle's bytes at the header's flexible array `f_handle`, which is
+// where `bytes` starts.
+const _: () = assert!(std::mem::offset_of!(HandleBuf, bytes) == std::mem::size_of::<libc::file_handle>());
+
+impl HandleBuf {
+    fn new(handle_bytes: usize, handle_type: i32) -> HandleBuf {
+        assert!(handle_bytes <= MAX_HANDLE_BYTES);
+        let header = libc::file_handle { handle_bytes: handle_bytes as u32, handle_type, f_handle: [] };
+        HandleBuf { header, bytes: [0; MAX_HANDLE_BYTES] }
+    }
+
+    /// The header, with its provenance over the whole buffer, for the kernel to read or fill.
+    fn as_mut_ptr(&mut self) -> *mut libc::file_handle {
+        (self as *mut HandleBuf).cast()
+    }
+}
+
 /// name_to_handle_at, encoded as the handle type (4 bytes, little-endian) and its bytes.
 fn handle_of(dir: RawFd, name: &CStr, flags: i32) -> SysResult<Vec<u8>> {
-    const MAX_HANDLE_BYTES: usize = 128;
-    let mut raw = vec![0u8; std::mem::size_of::<libc::file_handle>() + MAX_HANDLE_BYTES];
-    let handle = raw.as_mut_ptr() as *mut libc::file_handle;
-    unsafe { (*handle).handle_bytes = MAX_HANDLE_BYTES as u32 };
+    let mut handle = HandleBuf::new(MAX_HANDLE_BYTES, 0);
     let mut mount_id = 0;
-    check(unsafe { libc::name_to_handle_at(dir, name.as_ptr(), handle, &mut mount_id, flags) })?;
-    let (len, kind) = unsafe { ((*handle).handle_bytes as usize, (*handle).handle_type) };
-    let header = std::mem::size_of::<libc::file_handle>();
-    let mut key = kind.to_le_bytes().to_vec();
-    key.extend_from_slice(&raw[header..header + len]);
+    // SAFETY: `name` is NUL-terminated and outlives the call; `handle` is an aligned
+    // `file_handle` followed by the `handle_bytes` bytes it announces, all the kernel writes;
+    // `mount_id` is a live `int`.
+    check(unsafe { libc::name_to_handle_at(dir, name.as_ptr(), handle.as_mut_ptr(), &mut mount_id, flags) })?;
+    let len = (handle.header.handle_bytes as usize).min(MAX_HANDLE_BYTES);
+    let mut key = handle.header.handle_type.to_le_bytes().to_vec();
+    key.extend_from_slice(&handle.bytes[..len]);
     Ok(key)
 }
 
 /// open_by_handle_at of a handle from `handle_of`, on the file system `mount_fd` is on.
 fn open_handle_at(mount_fd: &OwnedFd, key: &[u8], flags: i32) -> SysResult<OwnedFd> {
-    let header = std::mem::size_of::<libc::file_handle>();
-    if key.len() < 4 || key.len() - 4 > 128 {
+    if key.len() < 4 || key.len() - 4 > MAX_HANDLE_BYTES {
         return Err(Errno(libc::EINVAL));
     }
-    let mut raw = vec![0u8; header + key.len() - 4];
-    let handle = raw.as_mut_ptr() as *mut libc::file_handle;
-    raw[header..].copy_from_slice(&key[4..]);
-    unsafe {
-        (*handle).handle_bytes = (key.len() - 4) as u32;
-        (*handle).handle_type = i32::from_le_bytes(key[..4].try_into().expect("four bytes"));
-    }
-    let fd = check(unsafe { libc::open_by_handle_at(mount_fd.as_raw_fd(), handle, flags | libc::O_CLOEXEC) })?;
+    let mut handle = HandleBuf::new(key.len() - 4, i32::from_le_bytes(key[..4].try_into().expect("four bytes")));
+    handle.bytes[..key.len() - 4].copy_from_slice(&key[4..]);
+    // SAFETY: `handle` is an aligned `file_handle` followed by the `handle_bytes` bytes it
+    // announces, which the kernel only reads.
+    let fd =
+        check(unsafe { libc::open_by_handle_at(mount_fd.as_raw_fd(), handle.as_mut_ptr(), flags | libc::O_CLOEXEC) })?;
+    // SAFETY: `fd` was just returned by a successful open_by_handle_at and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
@@ -344,7 +387,9 @@ impl BackingDir {
 
     /// A second handle on the root, for the engine's inode table.
     pub fn root_node(&self) -> SysResult<Node> {
+        // SAFETY: `fcntl(F_DUPFD_CLOEXEC)` takes only integers and touches none of our memory.
         let fd = check(unsafe { libc::fcntl(self.fd(&self.root)?.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
+        // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor, owned by nothing else.
         Ok(self.pinned_node(unsafe { OwnedFd::from_raw_fd(fd) }, false))
     }
 
@@ -425,6 +470,8 @@ impl BackingDir {
             return Err(Errno(libc::EOPNOTSUPP));
         }
         let path = sys::proc_fd_path(&fd);
+        // SAFETY: `chmod` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         check(unsafe { libc::chmod(path.as_ptr(), mode as libc::mode_t) }).map(drop)
     }
 
@@ -432,6 +479,8 @@ impl BackingDir {
         let uid = uid.unwrap_or(u32::MAX);
         let gid = gid.unwrap_or(u32::MAX);
         let fd = self.fd(node)?;
+        // SAFETY: `fchownat` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         check(unsafe {
             libc::fchownat(fd.as_raw_fd(), EMPTY.as_ptr(), uid, gid, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
         })
@@ -442,6 +491,8 @@ impl BackingDir {
         let spec = [timespec_of(times.atime), timespec_of(times.mtime)];
         let fd = self.fd(node)?;
         if node.is_symlink {
+            // SAFETY: `utimensat` reads a live array of two `timespec`s, as it expects, and any C
+            // string passed is NUL-terminated.
             check(unsafe {
                 libc::utimensat(
                     fd.as_raw_fd(),
@@ -453,6 +504,8 @@ impl BackingDir {
             .map(drop)
         } else {
             let path = sys::proc_fd_path(&fd);
+            // SAFETY: `utimensat` reads a live array of two `timespec`s, as it expects, and any C
+            // string passed is NUL-terminated.
             check(unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), spec.as_ptr(), 0) }).map(drop)
         }
     }
@@ -482,16 +535,22 @@ impl BackingDir {
     }
 
     pub fn mknod(&self, parent: &Node, name: &CStr, mode: u32, rdev: u64) -> SysResult<(Node, libc::stat)> {
+        // SAFETY: `mknodat` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         check(unsafe { libc::mknodat(self.fd(parent)?.as_raw_fd(), name.as_ptr(), mode, rdev) })?;
         self.lookup(parent, name)
     }
 
     pub fn mkdir(&self, parent: &Node, name: &CStr, mode: u32) -> SysResult<(Node, libc::stat)> {
+        // SAFETY: `mkdirat` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         check(unsafe { libc::mkdirat(self.fd(parent)?.as_raw_fd(), name.as_ptr(), mode) })?;
         self.lookup(parent, name)
     }
 
     pub fn symlink(&self, parent: &Node, name: &CStr, target: &CStr) -> SysResult<(Node, libc::stat)> {
+        // SAFETY: `symlinkat` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         check(unsafe { libc::symlinkat(target.as_ptr(), self.fd(parent)?.as_raw_fd(), name.as_ptr()) })?;
         self.lookup(parent, name)
     }
@@ -502,6 +561,8 @@ impl BackingDir {
         let fd = self.fd(node)?;
         let path = sys::proc_fd_path(&fd);
         let dir = self.fd(new_parent)?;
+        // SAFETY: `linkat` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         check(unsafe {
             libc::linkat(libc::AT_FDCWD, path.as_ptr(), dir.as_raw_fd(), new_name.as_ptr(), libc::AT_SYMLINK_FOLLOW)
         })?;
@@ -520,6 +581,8 @@ impl BackingDir {
     pub fn name_unnamed(&self, file: &File, parent: &Node, name: &CStr) -> SysResult<(Node, libc::stat)> {
         let path = sys::proc_fd_path(file);
         let dir = self.fd(parent)?;
+        // SAFETY: `linkat` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         check(unsafe {
             libc::linkat(libc::AT_FDCWD, path.as_ptr(), dir.as_raw_fd(), name.as_ptr(), libc::AT_SYMLINK_FOLLOW)
         })?;
@@ -529,6 +592,9 @@ impl BackingDir {
     pub fn readlink(&self, node: &Node) -> SysResult<Vec<u8>> {
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
         let fd = self.fd(node)?;
+        // SAFETY: `readlinkat`: the C strings are NUL-terminated and outlive the call; the buffer
+        // is a live, exclusively borrowed slice passed with its own length, so the kernel writes
+        // within it.
         let n = check_size(unsafe {
             libc::readlinkat(fd.as_raw_fd(), EMPTY.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
         })?;
@@ -537,15 +603,21 @@ impl BackingDir {
     }
 
     pub fn unlink(&self, parent: &Node, name: &CStr) -> SysResult<()> {
+        // SAFETY: `unlinkat` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         check(unsafe { libc::unlinkat(self.fd(parent)?.as_raw_fd(), name.as_ptr(), 0) }).map(drop)
     }
 
     pub fn rmdir(&self, parent: &Node, name: &CStr) -> SysResult<()> {
+        // SAFETY: `unlinkat` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         check(unsafe { libc::unlinkat(self.fd(parent)?.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) }).map(drop)
     }
 
     pub fn rename(&self, parent: &Node, name: &CStr, new_parent: &Node, new_name: &CStr, flags: u32) -> SysResult<()> {
         let (from, to) = (self.fd(parent)?, self.fd(new_parent)?);
+        // SAFETY: `renameat2` reads only NUL-terminated C strings that outlive the call; the other
+        // arguments are integers.
         check(unsafe { libc::renameat2(from.as_raw_fd(), name.as_ptr(), to.as_raw_fd(), new_name.as_ptr(), flags) })
             .map(drop)
     }
@@ -554,6 +626,8 @@ impl BackingDir {
     pub fn open_dir_stream(&self, node: &Node) -> SysResult<DirStream> {
         let fd = self
             .with_descriptor(|| sys::openat(self.fd(node)?.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0))?;
+        // SAFETY: fdopendir takes an integer descriptor; on success the `DIR` owns it and `fd` is
+        // forgotten below, not closed; on failure `fd` still owns it and closes it.
         let dir = unsafe { libc::fdopendir(fd.as_raw_fd()) };
         let dir = std::ptr::NonNull::new(dir).ok_or_else(Errno::last)?;
         // fdopendir owns the descriptor from here on; closedir closes it.
@@ -619,15 +693,10 @@ impl BackingDir {
         Ok((self.adopt(fd, &st), st))
     }
 
-    /// A directory found by its handle from `file_handle`, to address entries in it.
-    pub fn directory_by_handle(&self, key: &[u8]) -> SysResult<Node> {
-        let dir = self.with_descriptor(|| self.open_handle(key, libc::O_PATH | libc::O_DIRECTORY))?;
-        let st = sys::fstat_fd(&dir)?;
-        Ok(self.adopt(dir, &st))
-    }
-
     /// Makes everything written to the backing file system durable, in one call.
     pub fn sync_file_system(&self) -> SysResult<()> {
+        // SAFETY: `syncfs` takes only integers (a descriptor and plain values) and touches none of
+        // our memory; a bad descriptor is an error return.
         check(unsafe { libc::syncfs(self.mount_fd.as_raw_fd()) }).map(drop)
     }
 
@@ -636,7 +705,11 @@ impl BackingDir {
     }
 
     pub fn statfs(&self, node: &Node) -> SysResult<libc::statvfs> {
+        // SAFETY: the libc struct is plain integers (and arrays of them), for which all-zero bytes
+        // are a valid value.
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `fstatvfs` writes one value of the type its out-pointer has, into a live local
+        // borrowed exclusively for the call; any C string passed is NUL-terminated.
         check(unsafe { libc::fstatvfs(self.fd(node)?.as_raw_fd(), &mut st) })?;
         Ok(st)
     }
@@ -654,6 +727,8 @@ impl BackingDir {
 
     pub fn set_xattr(&self, node: &Node, name: &CStr, value: &[u8], flags: i32) -> SysResult<()> {
         let (_fd, path) = self.xattr_path(node)?;
+        // SAFETY: `setxattr`: the C strings are NUL-terminated and outlive the call; the buffer is
+        // a live slice passed with its own length, which the kernel only reads.
         check(unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), flags) })
             .map(drop)
     }
@@ -663,6 +738,9 @@ impl BackingDir {
         let (_fd, path) = self.xattr_path(node)?;
         let mut buf = vec![0u8; size];
         let n =
+            // SAFETY: `getxattr`: the C strings are NUL-terminated and outlive the call; the buffer
+            // is a live, exclusively borrowed slice passed with its own length, so the kernel
+            // writes within it.
             check_size(unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
         Ok(if size == 0 {
             XattrReply::Size(n)
@@ -675,6 +753,9 @@ impl BackingDir {
     pub fn list_xattr(&self, node: &Node, size: usize) -> SysResult<XattrReply> {
         let (_fd, path) = self.xattr_path(node)?;
         let mut buf = vec![0u8; size];
+        // SAFETY: `listxattr`: the C strings are NUL-terminated and outlive the call; the buffer is
+        // a live, exclusively borrowed slice passed with its own length, so the kernel writes
+        // within it.
         let n = check_size(unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
         Ok(if size == 0 {
             XattrReply::Size(n)
@@ -686,11 +767,8 @@ impl BackingDir {
 
     pub fn remove_xattr(&self, node: &Node, name: &CStr) -> SysResult<()> {
         let (_fd, path) = self.xattr_path(node)?;
+        // SAFETY: `removexattr` reads only NUL-terminated C strings that outlive the call; the
+        // other arguments are integers.
         check(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }).map(drop)
     }
-}
-
-/// Reads a symlink target given as a path into the C string symlinkat wants.
-pub fn symlink_target(target: &Path) -> SysResult<CString> {
-    CString::new(target.as_os_str().as_bytes().to_vec()).map_err(|_| Errno(libc::EINVAL))
 }

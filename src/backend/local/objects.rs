@@ -102,7 +102,7 @@ impl ObjectTable {
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.table.lock().unwrap()
     }
 
     pub fn get(&self, id: ObjectId) -> Option<Arc<Object>> {

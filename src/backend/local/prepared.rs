@@ -348,6 +348,8 @@ fn trim_file(file: &File, to: Option<u64>) -> SysResult<bool> {
         sys::fallocate(file, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, from, to - from)?;
     }
     if holds_past_end {
+        // SAFETY: `ftruncate` takes only integers (a descriptor and plain values) and touches
+        // none of our memory; a bad descriptor is an error return.
         sys::retry_eintr(|| check(unsafe { libc::ftruncate(file.as_raw_fd(), before.st_size) }))?;
     }
     let after = sys::fstat_fd(file)?;
@@ -356,6 +358,8 @@ fn trim_file(file: &File, to: Option<u64>) -> SysResult<bool> {
             libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
             libc::timespec { tv_sec: before.st_mtime, tv_nsec: before.st_mtime_nsec },
         ];
+        // SAFETY: `futimens` reads a live array of two `timespec`s, as it expects, and any C string
+        // passed is NUL-terminated.
         check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
     }
     Ok(true)
@@ -436,6 +440,8 @@ fn write_list(list: &mut List, handles: &[Handle]) -> SysResult<()> {
     block.resize(block.len().next_multiple_of(4096), 0);
     let slot = (list.next_seq % 2) as usize * LIST_SLOT_BYTES;
     sys::pwrite_all(list.file.as_raw_fd(), &block, slot as u64)?;
+    // SAFETY: `fdatasync` takes only integers (a descriptor and plain values) and touches none of
+    // our memory; a bad descriptor is an error return.
     sys::retry_eintr(|| check(unsafe { libc::fdatasync(list.file.as_raw_fd()) }))?;
     list.next_seq += 1;
     Ok(())

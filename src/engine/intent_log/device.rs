@@ -127,6 +127,8 @@ pub(super) struct AlignedScratch {
 impl AlignedScratch {
     pub(super) fn zeroed(len: usize, align: usize) -> AlignedScratch {
         let layout = std::alloc::Layout::from_size_align(len.max(align), align).expect("a valid layout");
+        // SAFETY: `layout` has a non-zero size (at least `align`, which `Layout::from_size_align`
+        // checked is a power of two); the result is checked for null below.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         assert!(!ptr.is_null(), "out of memory for a {len}-byte log write");
         AlignedScratch { ptr, layout, len }
@@ -140,20 +142,27 @@ impl AlignedScratch {
 
     fn as_slice(&self, len: usize) -> &[u8] {
         assert!(len <= self.layout.size(), "{len} bytes of a {}-byte buffer", self.layout.size());
+        // SAFETY: `ptr` holds `layout.size()` zero-initialised bytes owned by this value, `len` is
+        // within them (asserted above), and the slice borrows `self`.
         unsafe { std::slice::from_raw_parts(self.ptr, len) }
     }
 
     pub(super) fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` holds `layout.size() >= len` zero-initialised bytes owned by this value,
+        // and the slice borrows `self`.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
     pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` holds `layout.size() >= len` initialised bytes owned by this value alone,
+        // and the slice borrows `self` exclusively.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
 impl Drop for AlignedScratch {
     fn drop(&mut self) {
+        // SAFETY: `ptr` was allocated in `zeroed` with this same `layout` and is freed once, here.
         unsafe { std::alloc::dealloc(self.ptr, self.layout) };
     }
 }
@@ -254,8 +263,12 @@ impl FileLogDevice {
             .open(path)
             .map_err(Errno::from)?;
         let mut size: u64 = 0;
+        // SAFETY: the ioctl reads or writes one value of the type its request is defined with, a
+        // live value borrowed for the call.
         check(unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size) })?;
         let mut sector: libc::c_int = 0;
+        // SAFETY: the ioctl reads or writes one value of the type its request is defined with, a
+        // live value borrowed for the call.
         check(unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut sector) })?;
         let block_bytes = sector as usize;
         assert!(block_bytes.is_power_of_two() && (512..=4096).contains(&block_bytes), "a sector of {block_bytes}");
@@ -323,8 +336,12 @@ const BLKSSZGET: libc::c_ulong = 0x1268;
 /// The file's direct-I/O offset alignment (statx STATX_DIOALIGN: the device's logical block
 /// where the file system takes direct I/O at that granularity), between 512 B and 4 KiB.
 fn direct_io_alignment(file: &File) -> Option<usize> {
+    // SAFETY: the libc struct is plain integers (and arrays of them), for which all-zero bytes are
+    // a valid value.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     let ret =
+        // SAFETY: `statx` writes one value of the type its out-pointer has, into a live local
+        // borrowed exclusively for the call; any C string passed is NUL-terminated.
         unsafe { libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
     if ret != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
         return None;
@@ -355,7 +372,11 @@ const XFS_IOC_OPEN_BY_HANDLE: libc::c_ulong = 0xC000_586B | ((size_of::<XfsHandl
 /// no inode and costs the backing file system no journal commit at the next `sync`. None on
 /// any other file system, without CAP_SYS_ADMIN, or on any refusal: the plain file serves.
 fn open_without_time_updates(file: &File, dir: &Path, flags: i32) -> Option<File> {
+    // SAFETY: the libc struct is plain integers (and arrays of them), for which all-zero bytes are
+    // a valid value.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `fstatfs` writes one value of the type its out-pointer has, into a live local
+    // borrowed exclusively for the call; any C string passed is NUL-terminated.
     if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 || fs.f_type as libc::c_long != XFS_SUPER_MAGIC {
         return None;
     }
@@ -372,6 +393,8 @@ fn open_without_time_updates(file: &File, dir: &Path, flags: i32) -> Option<File
         ohandle: handle.as_mut_ptr().cast(),
         ohandlen: &mut handle_len,
     };
+    // SAFETY: XFS reads `request` (xfs_fsop_handlereq_t's layout) and writes at most
+    // `handle_len` (64) bytes into `handle` and the length into `handle_len`, all live locals.
     if unsafe { libc::ioctl(dir.as_raw_fd(), XFS_IOC_FD_TO_HANDLE, &mut request) } != 0 {
         log::debug!("the log file's XFS handle: {}", Errno::last());
         return None;
@@ -391,11 +414,14 @@ fn open_without_time_updates(file: &File, dir: &Path, flags: i32) -> Option<File
         ohandle: std::ptr::null_mut(),
         ohandlen: std::ptr::null_mut(),
     };
+    // SAFETY: XFS reads `request` and `handle_len <= handle.len()` bytes of `handle`, live
+    // locals; it writes nothing of ours.
     let opened = unsafe { libc::ioctl(dir.as_raw_fd(), XFS_IOC_OPEN_BY_HANDLE, &mut request) };
     if opened < 0 {
         log::info!("the log file opened by its XFS handle: {}; its writes update its mtime", Errno::last());
         return None;
     }
+    // SAFETY: XFS_IOC_OPEN_BY_HANDLE returned a new open descriptor, owned by nothing else.
     let reopened = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(opened) };
     let identity = |f: &File| sys::fstat_fd(f).ok().map(|st| (st.st_dev, st.st_ino));
     if identity(&reopened).is_none() || identity(&reopened) != identity(file) {
@@ -422,7 +448,7 @@ impl FileLogDevice {
         if self.through_page_cache.is_none() {
             return;
         }
-        let mut last = self.last_block.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = self.last_block.lock().unwrap();
         let Some(bytes) = bytes else {
             *last = None;
             return;
@@ -457,7 +483,7 @@ impl FileLogDevice {
         // `free_after` ends at the ring's area, and the area inside the file: no size check
         // (an fstat) per batch is needed.
         debug_assert!(self.size_bytes().is_ok_and(|size| padded_end <= size), "padding past the log's end");
-        let last = self.last_block.lock().unwrap_or_else(|p| p.into_inner());
+        let last = self.last_block.lock().unwrap();
         let before: &[u8] = if start == offset {
             &[]
         } else {
@@ -477,6 +503,8 @@ impl FileLogDevice {
 fn sync_parent(path: &Path) -> SysResult<()> {
     let dir = path.parent().unwrap_or(Path::new("/"));
     let dir = File::open(dir).map_err(Errno::from)?;
+    // SAFETY: `fsync` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     check(unsafe { libc::fsync(dir.as_raw_fd()) }).map(drop)
 }
 
@@ -499,7 +527,7 @@ impl LogDevice for FileLogDevice {
         let result = if self.direct {
             let aligned = AlignedScratch::copy_of(bytes, self.block_bytes.max(4096));
             let aligned = aligned.as_slice(bytes.len());
-            match &*self.raw.read().unwrap_or_else(|p| p.into_inner()) {
+            match &*self.raw.read().unwrap() {
                 Some(raw) => raw.write(offset, aligned),
                 None => sys::pwrite_all(self.file.as_raw_fd(), aligned, offset),
             }
@@ -529,6 +557,8 @@ impl LogDevice for FileLogDevice {
     /// Data only: the file's size and allocation never change after creation (and when its
     /// blocks are written on the device, its inode does not either: a device flush alone).
     fn sync(&self) -> SysResult<()> {
+        // SAFETY: `fdatasync` takes only integers (a descriptor and plain values) and touches none
+        // of our memory; a bad descriptor is an error return.
         check(unsafe { libc::fdatasync(self.file.as_raw_fd()) }).map(drop)
     }
 
@@ -559,7 +589,7 @@ impl LogDevice for FileLogDevice {
     }
 
     fn describe(&self) -> String {
-        match &*self.raw.read().unwrap_or_else(|p| p.into_inner()) {
+        match &*self.raw.read().unwrap() {
             Some(raw) => format!("{} (its blocks on {})", self.path.display(), raw.describe()),
             None => self.path.display().to_string(),
         }
@@ -587,6 +617,8 @@ impl LogDevice for FileLogDevice {
             sync_parent(&path)?;
         }
         file.write_all(bytes).map_err(Errno::from)?;
+        // SAFETY: `fdatasync` takes only integers (a descriptor and plain values) and touches none
+        // of our memory; a bad descriptor is an error return.
         check(unsafe { libc::fdatasync(file.as_raw_fd()) }).map(drop)
     }
 
@@ -600,7 +632,7 @@ impl LogDevice for FileLogDevice {
 
     fn release(&self) {
         // Dropped: the immutable flag goes (`RawBlocks::drop`).
-        self.raw.write().unwrap_or_else(|p| p.into_inner()).take();
+        self.raw.write().unwrap().take();
     }
 }
 
@@ -614,6 +646,8 @@ fn fill_with_zeros(file: &File, size_bytes: u64, block_bytes: usize) -> SysResul
         sys::pwrite_all(file.as_raw_fd(), &chunk[..n], at)?;
         at += n as u64;
     }
+    // SAFETY: `fsync` takes only integers (a descriptor and plain values) and touches none of our
+    // memory; a bad descriptor is an error return.
     check(unsafe { libc::fsync(file.as_raw_fd()) }).map(drop)
 }
 
@@ -648,7 +682,7 @@ impl MemoryLogDevice {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, MemoryLogState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unwrap()
     }
 
     /// What the device holds after a crash: every synced byte, and of the writes since the

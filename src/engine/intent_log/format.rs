@@ -414,7 +414,9 @@ impl Record {
     /// Parses the records of a payload whose checksum has been verified: anything malformed
     /// now was written malformed, and is reported, never skipped.
     fn decode_all(mut payload: &[u8], count: u32) -> Result<Vec<Record>, String> {
-        let mut records = Vec::with_capacity(count as usize);
+        // `count` comes from the disk: every record takes at least its header, so the payload
+        // bounds what to reserve (a damaged count then fails below, having reserved little).
+        let mut records = Vec::with_capacity((count as usize).min(payload.len() / RECORD_HEADER_BYTES));
         for i in 0..count {
             if payload.len() < RECORD_HEADER_BYTES {
                 return Err(format!("record {i} of {count} is cut short"));

@@ -35,6 +35,10 @@ use format::{
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+/// The intent log's file in a state directory (`state.rs` makes the directory); a log on a
+/// block device keeps its replay map beside where this file would be.
+pub const LOG_FILE_NAME: &str = "intent.log";
+
 /// Namespace records queued past this are written as a batch of their own.
 const MAX_QUEUED_RECORDS: usize = 4096;
 
@@ -118,15 +122,12 @@ fn open_block_device(
 ) -> Result<(device::FileLogDevice, bool), LogError> {
     let shown = path.display();
     let look = 2 * MAX_LOG_BLOCK_BYTES;
-    let (mut device, device_bytes, contents) = device::FileLogDevice::open_block_device(
-        path,
-        device::replay_map_path(&state_dir.join(crate::state::LOG_FILE_NAME)),
-        look,
-    )
-    .map_err(|e| match e {
-        Errno(libc::EBUSY) => LogError::Mismatch(format!("{shown} is in use (mounted, or held by a program)")),
-        e => LogError::Io("open", e),
-    })?;
+    let (mut device, device_bytes, contents) =
+        device::FileLogDevice::open_block_device(path, device::replay_map_path(&state_dir.join(LOG_FILE_NAME)), look)
+            .map_err(|e| match e {
+            Errno(libc::EBUSY) => LogError::Mismatch(format!("{shown} is in use (mounted, or held by a program)")),
+            e => LogError::Io("open", e),
+        })?;
     let (log_bytes, created) = match contents {
         device::BlockDeviceContents::Bytes(start) => match Superblock::find(&start) {
             Some(sb) => ((sb.area_blocks + SUPERBLOCK_COPIES) * sb.block_bytes as u64, false),
@@ -365,7 +366,9 @@ impl Queue {
     }
 }
 
-struct Pending {
+/// The group commit's state: records queued for the next batch, and the tickets of the callers
+/// waiting for one. (Named apart from `engine::pending::Pending`, the files held in the log.)
+struct GroupCommit {
     records: Queue,
     /// Tickets handed to callers, and the highest one whose batch is done (written, and
     /// flushed if any of its callers asked for that).
@@ -396,12 +399,14 @@ pub struct IntentLog {
     flushed_by_backend: bool,
     metrics: Arc<Metrics>,
     ring: Mutex<Ring>,
-    pending: Mutex<Pending>,
+    group: Mutex<GroupCommit>,
     committed: Condvar,
 }
 
+/// Poisoning is a panic's trace, and a panic ends the daemon (the panic policy, src/main.rs):
+/// no lock is seen poisoned there; a test that panics in-process fails anyway.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.lock().unwrap()
 }
 
 impl IntentLog {
@@ -514,7 +519,7 @@ impl IntentLog {
             flushed_by_backend: false,
             metrics,
             ring: Mutex::new(ring),
-            pending: Mutex::new(Pending {
+            group: Mutex::new(GroupCommit {
                 records: Queue::default(),
                 next_ticket: 1,
                 durable_ticket: 0,
@@ -587,31 +592,31 @@ impl IntentLog {
         // What a close acknowledges survives a power cut after `sync(1)`: where sync does not
         // reach the log (a block device), its batches are flushed at once.
         let flushed = flushed || !self.device.flushed_by_sync();
-        let mut pending = lock(&self.pending);
-        pending.records.extend(records);
-        let ticket = pending.next_ticket;
-        pending.next_ticket += 1;
+        let mut group = lock(&self.group);
+        group.records.extend(records);
+        let ticket = group.next_ticket;
+        group.next_ticket += 1;
         if flushed {
-            pending.flush_wanted_ticket = ticket;
+            group.flush_wanted_ticket = ticket;
         }
-        while pending.durable_ticket < ticket {
-            if pending.leader_active {
-                pending = self.committed.wait(pending).unwrap_or_else(|p| p.into_inner());
+        while group.durable_ticket < ticket {
+            if group.leader_active {
+                group = self.committed.wait(group).unwrap();
                 continue;
             }
-            pending.leader_active = true;
-            let records = pending.records.take();
-            let (first, last) = (pending.durable_ticket + 1, pending.next_ticket - 1);
-            let flush = pending.flush_wanted_ticket >= first;
-            drop(pending);
+            group.leader_active = true;
+            let records = group.records.take();
+            let (first, last) = (group.durable_ticket + 1, group.next_ticket - 1);
+            let flush = group.flush_wanted_ticket >= first;
+            drop(group);
             // Nothing queued (a caller making sure earlier names are durable): no batch, and a
             // flush only if a batch before waits for one.
             let result = if records.is_empty() { self.flush_written(flush) } else { self.write_batch(&records, flush) };
-            pending = lock(&self.pending);
-            pending.leader_active = false;
-            pending.durable_ticket = last;
+            group = lock(&self.group);
+            group.leader_active = false;
+            group.durable_ticket = last;
             if let Ok(before_seq) = result {
-                pending.written.push_back(WrittenRound {
+                group.written.push_back(WrittenRound {
                     first_ticket: first,
                     last_ticket: last,
                     before_seq,
@@ -622,31 +627,31 @@ impl IntentLog {
                 // Names go back in front of what was queued since, in their order: a later
                 // batch must not hold a create without the unlinks and renames before it.
                 // The failed callers' data is theirs to write elsewhere.
-                let later = pending.records.take();
-                pending.records.extend(records.into_iter().filter(Record::is_namespace));
-                pending.records.extend(later);
-                pending.failed_total += 1;
-                pending.failed.push_back((first, last, e));
-                if pending.failed.len() > 64 {
-                    pending.failed.pop_front();
+                let later = group.records.take();
+                group.records.extend(records.into_iter().filter(Record::is_namespace));
+                group.records.extend(later);
+                group.failed_total += 1;
+                group.failed.push_back((first, last, e));
+                if group.failed.len() > 64 {
+                    group.failed.pop_front();
                 }
             }
             self.committed.notify_all();
         }
-        if let Some((_, _, why)) = pending.failed.iter().find(|(first, last, _)| (*first..=*last).contains(&ticket)) {
+        if let Some((_, _, why)) = group.failed.iter().find(|(first, last, _)| (*first..=*last).contains(&ticket)) {
             return Err(why.clone());
         }
         let Some(at) =
-            pending.written.iter().position(|round| (round.first_ticket..=round.last_ticket).contains(&ticket))
+            group.written.iter().position(|round| (round.first_ticket..=round.last_ticket).contains(&ticket))
         else {
             // Its round failed so many rounds ago that the failure was forgotten.
             return Err(LogError::Io("write", Errno(libc::EIO)));
         };
-        let round = &mut pending.written[at];
+        let round = &mut group.written[at];
         let before_seq = round.before_seq;
         round.unread -= 1;
-        while pending.written.front().is_some_and(|round| round.unread == 0) {
-            pending.written.pop_front();
+        while group.written.front().is_some_and(|round| round.unread == 0) {
+            group.written.pop_front();
         }
         Ok(before_seq)
     }
@@ -656,11 +661,11 @@ impl IntentLog {
     /// which is all replay needs to apply names in the order they happened.
     pub fn append(&self, records: Vec<Record>) {
         assert!(records.iter().all(Record::is_namespace), "only names ride along; data is committed");
-        let mut pending = lock(&self.pending);
-        pending.records.extend(records);
+        let mut group = lock(&self.group);
+        group.records.extend(records);
         // Renames with no fsync after them would otherwise queue without bound.
-        if pending.records.len() >= MAX_QUEUED_RECORDS && !pending.leader_active {
-            drop(pending);
+        if group.records.len() >= MAX_QUEUED_RECORDS && !group.leader_active {
+            drop(group);
             if let Err(e) = self.commit_written(Vec::new()) {
                 log::warn!("writing queued namespace records: {e}; they stay queued");
             }
@@ -672,19 +677,19 @@ impl IntentLog {
     /// removal need not be logged either, unless something later takes its name before a
     /// checkpoint (`Queue::taken_back_unlinks`). Returns whether it did.
     pub fn cancel_queued_create(&self, unlink: &Record) -> bool {
-        lock(&self.pending).records.cancel_create(unlink)
+        lock(&self.group).records.cancel_create(unlink)
     }
 
     /// How many Creates have been taken back so far: a checkpoint reads it before it commits
     /// the queue and syncs the backend, which then holds every unlink taken back before.
     pub fn take_backs_so_far(&self) -> u64 {
-        lock(&self.pending).records.take_backs
+        lock(&self.group).records.take_backs
     }
 
     /// After a checkpoint: the unlinks taken back before `take_backs` are durable on the
     /// backend, and no longer kept.
     pub fn forget_take_backs_before(&self, take_backs: u64) {
-        lock(&self.pending).records.forget_take_backs_before(take_backs);
+        lock(&self.group).records.forget_take_backs_before(take_backs);
     }
 
     /// After a sync of the directory `dir` on the backend that began once every batch before
@@ -721,7 +726,7 @@ impl IntentLog {
 
     /// Whether a name change of `file` other than its creation waits in the queue.
     pub fn has_queued_name_change_of(&self, file: &[u8]) -> bool {
-        lock(&self.pending).records.changes_names_of(file)
+        lock(&self.group).records.changes_names_of(file)
     }
 
     /// Flushes the batches written so far, if `flush` and any is unflushed; returns the
@@ -879,7 +884,7 @@ impl IntentLog {
 
     /// How many batches have failed since the log was opened.
     pub fn failed_batches(&self) -> u64 {
-        lock(&self.pending).failed_total
+        lock(&self.group).failed_total
     }
 
     /// The sequence number the next batch will get.

@@ -103,7 +103,11 @@ impl RawBlocks {
     /// Sets the log file `file` (at `path`, `size` bytes, written in `block_bytes` blocks) up
     /// for writes on its device, or says why not. `file` is open O_RDWR|O_DIRECT.
     pub fn set_up(file: &File, path: &Path, size: u64, block_bytes: usize) -> Result<RawBlocks, String> {
+        // SAFETY: the libc struct is plain integers (and arrays of them), for which all-zero bytes
+        // are a valid value.
         let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `fstatfs` writes one value of the type its out-pointer has, into a live local
+        // borrowed exclusively for the call; any C string passed is NUL-terminated.
         check(unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) }).map_err(|e| format!("statfs: {e}"))?;
         if fs.f_type as libc::c_long != EXT4_SUPER_MAGIC {
             return Err("not on ext4".into());
@@ -129,6 +133,8 @@ impl RawBlocks {
             .open(&device_path)
             .map_err(|e| format!("{} for writing: {e}", device_path.display()))?;
         let mut sector: libc::c_int = 0;
+        // SAFETY: the ioctl reads or writes one value of the type its request is defined with, a
+        // live value borrowed for the call.
         check(unsafe { libc::ioctl(device.as_raw_fd(), BLKSSZGET, &mut sector) })
             .map_err(|e| format!("{}: its sector size: {e}", device_path.display()))?;
         if sector <= 0 || block_bytes % sector as usize != 0 {
@@ -136,7 +142,11 @@ impl RawBlocks {
         }
         // No page of the file may be written back over the device's blocks later, nor read
         // instead of them.
+        // SAFETY: `fdatasync` takes only integers (a descriptor and plain values) and touches none
+        // of our memory; a bad descriptor is an error return.
         check(unsafe { libc::fdatasync(file.as_raw_fd()) }).map_err(|e| format!("fdatasync: {e}"))?;
+        // SAFETY: `posix_fadvise` takes only integers (a descriptor and plain values) and touches
+        // none of our memory; a bad descriptor is an error return.
         unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         let extents = file_extents(file, size, block_bytes)?;
         let plain = File::open(path).map_err(|e| format!("reopen: {e}"))?;
@@ -168,9 +178,13 @@ impl RawBlocks {
             let stamp = format!("coalescefs raw log probe {:?} {}", std::time::SystemTime::now(), std::process::id());
             marker.bytes_mut()[..stamp.len()].copy_from_slice(stamp.as_bytes());
             let written = sys::pwrite_all(file.as_raw_fd(), marker.bytes(), 0)
+                // SAFETY: `fdatasync` takes only integers (a descriptor and plain values) and
+                // touches none of our memory; a bad descriptor is an error return.
                 .and_then(|()| check(unsafe { libc::fdatasync(file.as_raw_fd()) }).map(drop));
             let read = written.and_then(|()| self.read_device(0, len));
             let restored = sys::pwrite_all(file.as_raw_fd(), through_file.bytes(), 0)
+                // SAFETY: `fdatasync` takes only integers (a descriptor and plain values) and
+                // touches none of our memory; a bad descriptor is an error return.
                 .and_then(|()| check(unsafe { libc::fdatasync(file.as_raw_fd()) }).map(drop));
             restored.map_err(|e| format!("putting its first block back: {e}"))?;
             let read = read.map_err(|e| format!("the probe: {e}"))?;
@@ -233,6 +247,8 @@ impl Drop for RawBlocks {
 
 fn inode_flags(file: &File) -> SysResult<libc::c_int> {
     let mut flags: libc::c_int = 0;
+    // SAFETY: the ioctl reads or writes one value of the type its request is defined with, a live
+    // value borrowed for the call.
     check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_GETFLAGS, &mut flags) })?;
     Ok(flags)
 }
@@ -241,6 +257,8 @@ fn set_immutable(file: &File, on: bool) -> SysResult<()> {
     let flags = inode_flags(file)?;
     let wanted = if on { flags | FS_IMMUTABLE_FL } else { flags & !FS_IMMUTABLE_FL };
     if wanted != flags {
+        // SAFETY: the ioctl reads or writes one value of the type its request is defined with, a
+        // live value borrowed for the call.
         check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_SETFLAGS, &wanted) })?;
     }
     Ok(())
@@ -318,11 +336,15 @@ fn device_node(major: u32, minor: u32) -> Result<PathBuf, String> {
 
 /// The file's extents, each written and aligned, covering it from 0 to `size` without gaps.
 fn file_extents(file: &File, size: u64, block_bytes: usize) -> Result<Vec<Extent>, String> {
+    // SAFETY: `Fiemap` is a `repr(C)` struct of integers and an array of integer structs, for
+    // which all-zero bytes are a valid value.
     let mut map: Box<Fiemap> = Box::new(unsafe { std::mem::zeroed() });
     map.start = 0;
     map.length = size;
     map.flags = FIEMAP_FLAG_SYNC;
     map.extent_count = MAX_EXTENTS as u32;
+    // SAFETY: FIEMAP reads the header of `map` and writes at most `extent_count` (MAX_EXTENTS)
+    // extents into its array of that many; `map` is a live box borrowed for the call.
     check(unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_FIEMAP, &mut *map) }).map_err(|e| format!("FIEMAP: {e}"))?;
     let count = map.mapped_extents as usize;
     if count == 0 || count > MAX_EXTENTS {

@@ -764,7 +764,7 @@ impl Writeback {
         // directory order; nothing renames or unlinks them before their records are released
         // (replay finds such a file by the name its records leave it with).
         let held = self.pending.as_ref().filter(|held| held.any_to_settle());
-        let _names_still = held.map(|held| held.names_gate.write().unwrap_or_else(|p| p.into_inner()));
+        let _names_still = held.map(|held| held.names_gate.write().unwrap());
         if let Some(held) = held {
             // Names held files took over backend files: their Unlink records are in the log
             // (committed with the renames, before the release point), so the backend may lose
@@ -883,8 +883,7 @@ impl Writeback {
     /// A timer thread's pause between its rounds: false, at once, when the writeback stops.
     pub(super) fn pause_unless_stopped(&self, pause: Duration) -> bool {
         let stopped = lock(&self.timers_stopped);
-        let (stopped, _) =
-            self.timers_wake.wait_timeout_while(stopped, pause, |stopped| !*stopped).unwrap_or_else(|p| p.into_inner());
+        let (stopped, _) = self.timers_wake.wait_timeout_while(stopped, pause, |stopped| !*stopped).unwrap();
         !*stopped
     }
 

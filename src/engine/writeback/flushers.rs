@@ -74,11 +74,7 @@ impl Writeback {
                 return Err(Errno(libc::EIO));
             }
             let step = self.config.io_timeout.saturating_sub(since.elapsed()).min(Duration::from_secs(1));
-            inner = file
-                .flush_ended
-                .wait_timeout(inner, step.max(Duration::from_millis(1)))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            inner = file.flush_ended.wait_timeout(inner, step.max(Duration::from_millis(1))).unwrap().0;
         }
         Ok(inner)
     }
@@ -145,11 +141,7 @@ impl Writeback {
                     if self.stopping.load(Relaxed) {
                         return;
                     }
-                    queue = self
-                        .queue_ready
-                        .wait_timeout(queue, Duration::from_millis(200))
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
+                    queue = self.queue_ready.wait_timeout(queue, Duration::from_millis(200)).unwrap().0;
                 }
             };
             self.flush_unit(&job.file, job.unit);
@@ -162,7 +154,7 @@ impl Writeback {
             return; // its end re-queues the newer dirty buffer, which stays `wanted`
         }
         while inner.backend_readers.contains_key(&unit) {
-            inner = file.flush_ended.wait(inner).unwrap_or_else(|p| p.into_inner());
+            inner = file.flush_ended.wait(inner).unwrap();
         }
         if inner.in_flight.contains_key(&unit) {
             return; // another flusher took it while this one waited

@@ -230,7 +230,7 @@ impl Writeback {
                 );
                 return Err(last_error.unwrap_or(Errno(libc::EIO)));
             }
-            used = self.budget.freed.wait_timeout(used, Duration::from_millis(50)).unwrap_or_else(|p| p.into_inner()).0;
+            used = self.budget.freed.wait_timeout(used, Duration::from_millis(50)).unwrap().0;
         }
         *used += unit;
         assert!(*used <= self.budget.limit_bytes, "buffer memory {} past its bound {}", *used, self.budget.limit_bytes);

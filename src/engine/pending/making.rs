@@ -1,0 +1,250 @@
+//! Held files made on the backend: one at once (it grew past what the log takes, or an
+//! operation the engine does not model on held files came), or all of them at a checkpoint;
+//! and the records a made file leaves in the log, settled before they could be replayed over it.
+
+use super::*;
+
+impl Pending {
+    /// Makes the held file `id` on the backend now, at its name, with its attributes and bytes,
+    /// under its id, if `when` says so of its body. Ok(None): not held, unlinked, or `when`
+    /// declined.
+    pub(super) fn make_if(&self, id: ObjectId, when: impl Fn(&Body) -> bool) -> SysResult<Option<Made>> {
+        self.make_with(id, when, None, false)
+    }
+
+    /// One held file made on the backend ahead of the checkpoint (`make_unlogged_now`,
+    /// `make_logged_now`), its directory's times kept as a checkpoint keeps them: `link` of a
+    /// file tar extracted earlier must not stamp that file's directory with the time of the link.
+    pub(super) fn make_early(
+        &self,
+        id: ObjectId,
+        when: impl Fn(&Body) -> bool,
+        durably: Option<&dyn Fn(Vec<Record>) -> SysResult<()>>,
+    ) -> SysResult<Option<Made>> {
+        let parent = self.with_held(id, |_, body| body.name.as_ref().map(|(parent, _)| *parent)).flatten();
+        match parent {
+            Some(parent) => self.keeping_times_of(&[parent], || self.make_with(id, when, durably, true)),
+            None => self.make_with(id, when, durably, true),
+        }
+    }
+
+    /// `make_if`; with `durably`, the file and its name are synced on the backend and then
+    /// `durably(records)` runs (the log's commit of `made_durably_records`), all before anything
+    /// else can reach the file. `alone`: made by itself, not in a checkpoint's batch, so from a
+    /// file the backend made ahead (`Namespace::make_with_id_prepared`) where it has one: a
+    /// checkpoint's creations share their costs anyway, one made alone pays them all.
+    pub(super) fn make_with(
+        &self,
+        id: ObjectId,
+        when: impl Fn(&Body) -> bool,
+        durably: Option<&dyn Fn(Vec<Record>) -> SysResult<()>>,
+        alone: bool,
+    ) -> SysResult<Option<Made>> {
+        let Some(file) = self.get(id) else { return Ok(None) };
+        let mut body = file.body();
+        if body.real.is_some() || !when(&body) {
+            return Ok(None);
+        }
+        // Unlinked: nothing can name it on the backend, and its bytes go with its last handle.
+        let Some((parent, name)) = body.name.clone() else { return Ok(None) };
+        let owner = Owner { uid: body.attr.uid, gid: body.attr.gid };
+        // A backend file it was renamed over may still hold the name, hidden: it goes first.
+        self.remove_hidden(Some(parent), Some(&name))?;
+        let made = if alone {
+            self.ns.make_with_id_prepared(id, parent, &name, body.attr.perm, owner)?
+        } else {
+            self.ns.make_with_id(id, parent, &name, body.attr.perm, owner)?
+        };
+        assert_eq!(made.id, id, "the backend keeps the id it is given");
+        let written = (|| {
+            let data = self.store.open(id, OpenMode { write: true, no_atime: false })?;
+            if !body.bytes.is_empty() {
+                crate::engine::writeback::write_range(&*self.store, &*data, 0, &body.bytes, &self.metrics)?;
+            }
+            let times =
+                TimesToSet { atime: Some(TimeToSet::At(body.attr.atime)), mtime: Some(TimeToSet::At(body.attr.mtime)) };
+            self.ns.setattr(id, &SetAttr { times, ..SetAttr::default() })?;
+            if let Some(commit) = durably {
+                data.sync(false)?;
+                self.ns.sync_dir(parent)?;
+                commit(self.made_durably_records(&file.key, parent, &name, &made)?)?;
+            }
+            Ok(data)
+        })();
+        let data = match written {
+            Ok(data) => data,
+            Err(e) => {
+                // Taken back: the file stays held, whole, and the backend keeps no half of it.
+                let _ = self.ns.remove(parent, &name, false);
+                self.ns.forget(id, 1);
+                return Err(e);
+            }
+        };
+        // The lookups held so far pass to the backend (which counted one for the make).
+        match body.lookups {
+            0 => self.ns.forget(id, 1),
+            n => {
+                for _ in 1..n {
+                    self.ns.hold(id)?;
+                }
+            }
+        }
+        if let (None, Some(created_before_seq)) = (durably, body.created_before_seq) {
+            // Made by a checkpoint or for a flush (nothing else makes a logged file without a
+            // barrier), marked before its body is let go: whoever finds it made finds it marked.
+            let unreleased = Unreleased {
+                key: file.key.clone(),
+                parent,
+                name: name.clone(),
+                attr: made.clone(),
+                created_before_seq,
+            };
+            lock(&self.made_unbarred).insert(id, unreleased);
+        }
+        body.real = Some(data);
+        self.bytes_held.fetch_sub(body.bytes.len() as u64, Relaxed);
+        body.bytes = Vec::new();
+        let mut table = self.table();
+        table.by_id.remove(&id);
+        table.unname(parent, &name);
+        self.repin(&mut table, parent);
+        drop(table);
+        self.metrics.pending_files_made.fetch_add(1, Relaxed);
+        Ok(Some(Made { parent, name, attr: made }))
+    }
+
+    /// What the log is told of a held file made on the backend durably: a Barrier under its
+    /// held key (replay leaves its earlier records alone: the backend holds all of it), and its
+    /// creation under its backend key, as for any file created since the checkpoint. Without
+    /// that Create, replay could not follow the file's later renames and unlinks once the
+    /// backend lost it (the power-cut test found a file renamed over and then unlinked made
+    /// again: the Create of the file it replaced was replayed, its replacement's rename not).
+    pub(super) fn made_durably_records(
+        &self,
+        key: &[u8],
+        parent: ObjectId,
+        name: &OsStr,
+        made: &Attr,
+    ) -> SysResult<Vec<Record>> {
+        Ok(vec![
+            Record::Barrier { file: key.to_vec() },
+            Record::Create {
+                file: self.ns.log_key(made.id)?,
+                parent: self.ns.log_key(parent)?,
+                name: name.as_encoded_bytes().to_vec(),
+                mode: made.mode(),
+                uid: made.uid,
+                gid: made.gid,
+            },
+        ])
+    }
+
+    /// Makes a held file the log has not seen on the backend now (for an operation the
+    /// engine does not model on held files, or a file grown past the log's bound).
+    pub fn make_unlogged_now(&self, id: ObjectId) -> SysResult<Option<Made>> {
+        self.make_early(id, |body| body.created_before_seq.is_none(), None)
+    }
+
+    /// Makes a held file the log knows on the backend now, durably (the file synced, then its
+    /// directory), then runs `commit` with the records that say so (`made_durably_records`).
+    /// Costs what an fsync of a new backend file costs, and no checkpoint.
+    pub fn make_logged_now(
+        &self,
+        id: ObjectId,
+        commit: &dyn Fn(Vec<Record>) -> SysResult<()>,
+    ) -> SysResult<Option<Made>> {
+        self.make_early(id, |body| body.created_before_seq.is_some(), Some(commit))
+    }
+
+    /// A checkpoint's pass: every named held file whose Create record precedes `released_before`
+    /// (or that has none) made on the backend, in directory order. Files first logged since stay
+    /// held: their Create outlives this checkpoint.
+    pub fn make_all(&self, released_before: u64) -> SysResult<usize> {
+        let mut files: Vec<(ObjectId, ObjectId)> =
+            self.table().by_name.iter().flat_map(|(parent, names)| names.values().map(|id| (*parent, *id))).collect();
+        // Directory by directory, each in name order (stable: names come sorted).
+        files.sort_by_key(|(parent, _)| *parent);
+        let mut made = 0;
+        for (_, id) in files {
+            let due = |body: &Body| body.created_before_seq.is_none_or(|seq| seq <= released_before);
+            if self.make_if(id, due)?.is_some() {
+                made += 1;
+            }
+        }
+        Ok(made)
+    }
+
+    /// A checkpoint has released every batch before `released_before`: the files whose Create
+    /// those held are released with them (the checkpoint synced the backend first).
+    pub fn checkpoint_released(&self, released_before: u64) {
+        lock(&self.made_unbarred).retain(|_, file| file.created_before_seq > released_before);
+    }
+
+    /// Makes a held file the log knows on the backend for a flush of its bytes (it grew past
+    /// what the log takes), without syncing it or writing its barrier: those wait for its
+    /// close or fsync, rename or unlink (`settle_made`), which then syncs its creation and the
+    /// bytes written meanwhile in one journal commit. Made durably at once (`make_logged_now`)
+    /// the file cost a commit of its own before its bytes reached the backend, and another at
+    /// the next `sync` for their blocks: a shell's `cmd > file` and dd close the new file once
+    /// empty (the log takes that close), then write it, 24 KiB more than native ext4 on a 4Kn
+    /// device for a 64 KiB file. Until it is settled only unacknowledged writes are in it.
+    pub fn make_logged_for_flush(&self, id: ObjectId) -> SysResult<Option<Made>> {
+        self.make_early(id, |body| body.created_before_seq.is_some(), None)
+    }
+
+    /// Whether `id` was made on the backend with its held records still in the log, unbarred.
+    pub fn is_unbarred(&self, id: ObjectId) -> bool {
+        lock(&self.made_unbarred).contains_key(&id)
+    }
+
+    /// Before an fsync or close of a file that is not held: if a checkpoint made it and is
+    /// still running, waits until it has released the file's records (it holds `names_gate`
+    /// until then); if it failed, or a flush made it, settles the file (`settle_unreleased`).
+    /// Returns whether this call settled it. The caller asked `is_unbarred` first.
+    pub fn settle_if_made_unbarred(
+        &self,
+        id: ObjectId,
+        commit: &dyn Fn(Vec<Record>) -> SysResult<()>,
+    ) -> SysResult<bool> {
+        drop(self.names_gate.read().unwrap());
+        self.settle_unreleased(id, commit)
+    }
+
+    /// A file a failed checkpoint or a flush made, whose held records are still in the log:
+    /// synced on the backend with its directory, then `commit` of the records that say it was made durably
+    /// (as `make_logged_now`), so that replay leaves its held records alone and follows what
+    /// comes next. The caller holds `names_gate` for reading, or no checkpoint is running.
+    /// Returns whether this call settled it (synced it and committed its records).
+    pub fn settle_unreleased(&self, id: ObjectId, commit: &dyn Fn(Vec<Record>) -> SysResult<()>) -> SysResult<bool> {
+        // The entry stays through the syncs, and the map is not held across them (every close
+        // and fsync asks it): a second caller meanwhile settles the file too, and neither goes
+        // on before a commit of the records, its own.
+        let Some(file) = lock(&self.made_unbarred).get(&id).cloned() else { return Ok(false) };
+        self.store.open(id, OpenMode { write: true, no_atime: false })?.sync(false)?;
+        self.ns.sync_dir(file.parent)?;
+        commit(self.made_durably_records(&file.key, file.parent, &file.name, &file.attr)?)?;
+        let mut made = lock(&self.made_unbarred);
+        if made.get(&id).is_some_and(|now| now.key == file.key && now.created_before_seq == file.created_before_seq) {
+            made.remove(&id);
+        }
+        Ok(true)
+    }
+
+    /// The held files named in the directory `dir`.
+    pub fn named_in(&self, dir: ObjectId) -> Vec<ObjectId> {
+        let table = self.table();
+        table.by_name.get(&dir).map_or_else(Vec::new, |names| names.values().copied().collect())
+    }
+
+    /// Whether a checkpoint would make anything (see `make_all`).
+    pub fn any_named(&self) -> bool {
+        !self.table().by_name.is_empty()
+    }
+
+    /// Whether a checkpoint has anything of held files to settle: files to make, hidden names
+    /// to unlink, directory times to set.
+    pub fn any_to_settle(&self) -> bool {
+        let table = self.table();
+        !table.by_name.is_empty() || !table.hidden.is_empty() || !table.dir_changed.is_empty()
+    }
+}
