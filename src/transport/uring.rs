@@ -2,7 +2,7 @@
 //! as completions of ring commands in entries the daemon registered, and each reply goes back in
 //! the same entry with one COMMIT_AND_FETCH, which also re-arms it. The kernel queues a request
 //! on the queue of the CPU its caller runs on; one thread per queue, pinned to that CPU, answers
-//! it there, without the cross-CPU wake-up /dev/fuse costs (docs: ../shared/notes/fuse-io-uring.md).
+//! it there, without the cross-CPU wake-up /dev/fuse costs (docs/fuse-io-uring.md: the protocol, measurements and crates).
 //!
 //! The protocol as libfuse 3.18's `lib/fuse_uring.c` and the kernel's `fs/fuse/dev_uring.c`
 //! speak it: INIT (over /dev/fuse) granted `FUSE_OVER_IO_URING`; one ring per queue, of
