@@ -236,7 +236,13 @@ mod tests {
     #[test]
     fn holes_within_a_file_written_meanwhile_answers_ranges_inside_the_range() {
         let dir = tempfile::tempdir().unwrap();
-        let file = std::fs::File::options().read(true).write(true).create(true).open(dir.path().join("f")).unwrap();
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("f"))
+            .unwrap();
         file.set_len(4 << 20).unwrap();
         let writer = file.try_clone().unwrap();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
