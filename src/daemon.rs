@@ -183,6 +183,18 @@ struct MadeAtStart {
 }
 
 impl MadeAtStart {
+    /// `undo` for a start that failed once its engine ran (it may have replayed a crash's log):
+    /// the engine is shut down first, and what it could not make durable keeps the log, its
+    /// marker and the state directory for the next mount.
+    fn undo_after(&self, engine: &engine::Engine, marker: &Marker, runtime: &RuntimeDir) {
+        let done = engine.shut_down();
+        if done.unwritten.is_empty() && !engine.log_holds_records() {
+            self.undo(marker, runtime);
+        } else {
+            runtime.remove_runtime_files();
+        }
+    }
+
     fn undo(&self, marker: &Marker, runtime: &RuntimeDir) {
         runtime.remove_runtime_files();
         if self.marker {
@@ -578,12 +590,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     let session = match start_session(adapter, &source, &mount_point, opts) {
         Ok(session) => session,
         Err(message) => {
-            let done = engine.shut_down();
-            if done.unwritten.is_empty() && !engine.log_holds_records() {
-                made.undo(&marker, &runtime);
-            } else {
-                runtime.remove_runtime_files();
-            }
+            made.undo_after(&engine, &marker, &runtime);
             return ready.error(&message);
         }
     };
@@ -595,12 +602,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         Ok(rings) => rings,
         Err(message) => {
             let _ = mounts::unmount(&mount_point, true);
-            let done = engine.shut_down();
-            if done.unwritten.is_empty() && !engine.log_holds_records() {
-                made.undo(&marker, &runtime);
-            } else {
-                runtime.remove_runtime_files();
-            }
+            made.undo_after(&engine, &marker, &runtime);
             return ready.error(&message);
         }
     };

@@ -150,9 +150,11 @@ impl PreparedFiles {
     /// (`to`: what was allocated ahead). 0 for a file with no reservation left. `open` opens
     /// the file for the holes, asked only where the file is reserved and reaches `to`.
     pub fn unused_reservation(&self, key: BackingKey, st: &libc::stat, open: impl FnOnce() -> SysResult<File>) -> u64 {
-        let Some(to) = self.guard_of(key).and_then(|_| lock(&self.reserved).get(&key).map(|r| r.to)) else {
+        // As `guard_of`: almost always nothing is reserved, which this answers without the lock.
+        if !self.any_reserved.load(Acquire) {
             return 0;
-        };
+        }
+        let Some(to) = lock(&self.reserved).get(&key).map(|r| r.to) else { return 0 };
         let (size, block) = (st.st_size as u64, st.st_blksize.max(512) as u64);
         let past_end = to.saturating_sub(size.next_multiple_of(block));
         let inside = if size >= block {
