@@ -669,8 +669,10 @@ impl Filesystem for FuseAdapter {
             }
             answer(&engine, reply);
         });
+        // One thread per such lseek, as many as applications ask at once. Where none can be
+        // made the reply goes unsent with the closure, which fuser answers EIO on drop.
         if let Err(e) = spawned {
-            log::warn!("no thread for an lseek that must wait for the kernel's dirty pages: {e}");
+            log::warn!("no thread for an lseek that must wait for the kernel's dirty pages: {e}; answered EIO");
         }
     }
 

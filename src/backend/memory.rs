@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::backend::tree_keys::{check_name as valid_name, key, parse_key};
 use crate::backend::{Capabilities, DirReader, FileData, Namespace, OpenMode, UnitSource, UnitStore, UnitWrite};
 use crate::engine::types::{
     Attr, DirEntry, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, TimeToSet, Timestamp, XattrReply, ROOT_ID,
@@ -121,24 +122,6 @@ impl WriteGate {
 /// no lock is seen poisoned there; a test that panics in-process fails anyway.
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap()
-}
-
-fn key(id: ObjectId, birth: u64) -> Vec<u8> {
-    let mut key = id.to_le_bytes().to_vec();
-    key.extend_from_slice(&birth.to_le_bytes());
-    key
-}
-
-fn parse_key(key: &[u8]) -> Option<(ObjectId, u64)> {
-    Some((u64::from_le_bytes(key.get(..8)?.try_into().ok()?), u64::from_le_bytes(key.get(8..16)?.try_into().ok()?)))
-}
-
-fn valid_name(name: &OsStr) -> SysResult<()> {
-    let bytes = name.as_encoded_bytes();
-    if bytes.is_empty() || bytes.contains(&b'/') || name == "." || name == ".." {
-        return Err(Errno(libc::EINVAL));
-    }
-    Ok(())
 }
 
 impl State {

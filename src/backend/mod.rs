@@ -55,6 +55,7 @@ pub mod memory;
 pub mod null;
 pub mod source;
 pub mod sqlite;
+pub mod tree_keys;
 
 use std::ffi::OsStr;
 use std::sync::Arc;

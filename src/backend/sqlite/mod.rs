@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::backend::tree_keys::{key, parse_key};
 use crate::backend::{Capabilities, DirReader, FileData, Namespace, OpenMode, UnitSource, UnitStore, UnitWrite};
 use crate::engine::types::{
     Attr, DirEntry, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, TimeToSet, Timestamp, XattrReply, ROOT_ID,
@@ -122,22 +123,10 @@ fn kind_name(kind: Kind) -> &'static str {
     }
 }
 
-fn key(id: ObjectId, birth: u64) -> Vec<u8> {
-    let mut key = id.to_le_bytes().to_vec();
-    key.extend_from_slice(&birth.to_le_bytes());
-    key
-}
-
-fn parse_key(key: &[u8]) -> Option<(ObjectId, u64)> {
-    Some((u64::from_le_bytes(key.get(..8)?.try_into().ok()?), u64::from_le_bytes(key.get(8..16)?.try_into().ok()?)))
-}
-
+/// `tree_keys::check_name`, and no name longer than a directory entry on Linux holds.
 fn valid_name(name: &OsStr) -> SysResult<()> {
-    let bytes = name.as_bytes();
-    if bytes.is_empty() || bytes.contains(&b'/') || name == "." || name == ".." {
-        return Err(Errno(libc::EINVAL));
-    }
-    if bytes.len() > 255 {
+    crate::backend::tree_keys::check_name(name)?;
+    if name.as_bytes().len() > 255 {
         return Err(Errno(libc::ENAMETOOLONG));
     }
     Ok(())
