@@ -322,9 +322,7 @@ fn what_the_commands_say_is_what_happened() {
     std::io::Write::write_all(&mut f, b"fsynced").unwrap();
     f.sync_all().unwrap();
     let pid = daemon_pid(std::path::Path::new(&b));
-    // SAFETY: kill takes no pointers; the pid is the daemon's, alive until it dies of this.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-    wait_until("the daemon to die", || process_gone(pid));
+    kill_and_wait(pid);
     drop(f);
     assert!(coalescefs(&["umount", &m]).status.success());
     let out = coalescefs(&["mount", &b, &m]);

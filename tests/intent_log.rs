@@ -6,7 +6,7 @@ mod common;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -15,14 +15,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 }
 
 fn kill_daemon(m: &mut TestMount) {
-    let pid = m.daemon_pid();
-    // SAFETY: `kill` takes only a pid and a signal number; it touches none of our memory.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !process_gone(pid) {
-        assert!(Instant::now() < deadline, "the daemon did not die");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    kill_and_wait(m.daemon_pid());
     // Lazily: the test may still hold files open on the dead mount (closing them first would
     // flush their buffers to the backend, which is what these tests must not have happened).
     let out = coalescefs(&["umount", "--lazy", &path_str(&m.mnt)]);

@@ -11,9 +11,8 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use common::{coalescefs, path_str, process_gone, runtime_dir, stderr_of, xattr_names, xattr_of, BIN};
+use common::{coalescefs, kill_and_wait, path_str, runtime_dir, stderr_of, xattr_names, xattr_of, BIN};
 
 /// A database in a temporary directory, its state directory beside it, mounted at `mnt`.
 struct SqliteMount {
@@ -65,13 +64,7 @@ impl SqliteMount {
 
     fn kill_daemon(&mut self) {
         let pid: i32 = fs::read_to_string(self.runtime_dir().join("pid")).unwrap().trim().parse().unwrap();
-        // SAFETY: a signal to the daemon's pid, read from its own pid file.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !process_gone(pid) {
-            assert!(Instant::now() < deadline, "the daemon did not die");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        kill_and_wait(pid);
         let out = coalescefs(&["umount", "--lazy", &path_str(&self.mnt)]);
         assert!(out.status.success(), "{}", stderr_of(&out));
         self.mounted = false;

@@ -13,7 +13,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -210,14 +210,7 @@ fn a_daemon_killed_while_its_rings_hold_requests_leaves_a_mount_that_umount_clea
         });
     }
     assert!(done_rx.recv_timeout(Duration::from_millis(700)).is_err(), "the fsyncs should be held by the stalled log");
-    let pid = m.daemon_pid();
-    // SAFETY: kill takes no pointers; the pid is the daemon's, alive until it dies of this.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !process_gone(pid) {
-        assert!(Instant::now() < deadline, "the killed daemon did not go");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    kill_and_wait(m.daemon_pid());
     // The held requests fail rather than hang.
     for _ in 0..2 {
         let result = done_rx.recv_timeout(Duration::from_secs(20)).expect("a held fsync never returned");

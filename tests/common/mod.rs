@@ -538,6 +538,18 @@ pub fn run_as(uid: u32, gid: u32, program: &str, args: &[&str]) -> Output {
         .expect("run setpriv")
 }
 
+/// Kills the process `pid` with SIGKILL (as a crash would end a daemon) and waits until it has
+/// finished, at most 20 s.
+pub fn kill_and_wait(pid: i32) {
+    // SAFETY: kill takes no pointers; `pid` is the caller's daemon, alive until this ends it.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !process_gone(pid) {
+        assert!(std::time::Instant::now() < deadline, "the daemon did not die");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Whether a process has finished: gone, or a zombie its parent has not reaped yet.
 pub fn process_gone(pid: i32) -> bool {
     // A zombie leader is not enough: its other threads may still be finishing a system call,
