@@ -481,8 +481,7 @@ fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool) -> Exit
     let mut logs = vec![state.log_path()];
     logs.extend(marker.clone().filter(|marked| !state::same_file(marked, &state.log_path())));
     for log_path in logs.iter().filter(|path| path.exists()) {
-        let held = engine::intent_log::open_file_device(log_path, None, state.path(), RawLog::Off)
-            .and_then(|(device, _)| engine::intent_log::batches_to_replay(Box::new(device)));
+        let held = engine::intent_log::batches_to_replay_in_file(log_path, state.path());
         let refusal = match held {
             Ok(0) => None,
             Ok(n) => Some(format!(

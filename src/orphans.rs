@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::engine::intent_log::{self, raw::RawLog};
+use crate::engine::intent_log;
 use crate::{runtime, state};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,8 +82,7 @@ pub fn remove(orphan: &Orphan, discard: bool) -> Result<(), String> {
             };
             let log = dir.join(state::LOG_FILE_NAME);
             if log.exists() && !discard {
-                let held = intent_log::open_file_device(&log, None, dir, RawLog::Off)
-                    .and_then(|(device, _)| intent_log::batches_to_replay(Box::new(device)));
+                let held = intent_log::batches_to_replay_in_file(&log, dir);
                 match held {
                     Ok(0) => {}
                     Ok(n) => {

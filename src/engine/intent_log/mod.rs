@@ -74,6 +74,13 @@ impl std::fmt::Display for LogError {
     }
 }
 
+/// `batches_to_replay` of the log file at `path`, its state directory `state_dir` (where its
+/// replay map is), opened as `coalescefs forget` opens it: through the file.
+pub fn batches_to_replay_in_file(path: &std::path::Path, state_dir: &std::path::Path) -> Result<usize, LogError> {
+    let (device, _) = open_file_device(path, None, state_dir, raw::RawLog::Off)?;
+    batches_to_replay(Box::new(device))
+}
+
 /// How many batches the log on `device` holds that a mount would replay (after its checkpoint,
 /// or a recovery's replay map left part way), for `coalescefs forget`. Changes nothing but what
 /// a mount's opening would (a checkpoint past batches a power cut left unflushed).
