@@ -152,7 +152,12 @@ impl LocalBackend {
     fn attr_in_use(&self, object: &objects::Object, st: &libc::stat) -> Attr {
         let mut attr = self.attr_of(object.id, st);
         if let Some(prepared) = &self.prepared {
-            let unused = prepared.unused_reservation(object.key, st, || self.dir.open(&object.node, libc::O_RDONLY));
+            let unused = prepared.unused_reservation(
+                object,
+                st,
+                || self.dir.file_handle(&object.node),
+                || self.dir.open(&object.node, libc::O_RDONLY),
+            );
             attr.blocks -= unused / 512;
         }
         attr
@@ -557,6 +562,42 @@ mod tests {
         let reopened = backend.open(id, OpenMode { write: true, no_atime: false }).unwrap();
         let reopened = reopened.as_any().downcast_ref::<LocalFileData>().unwrap();
         assert!(reopened.not_trimmed().is_none(), "trimmed, it needs no guard for later writes");
+    }
+
+    /// A file named from one made ahead keeps its entry until the next trim; removed before
+    /// it, its inode number is the backing file system's to give again. What takes it (here a
+    /// directory) shows its own blocks, none of them taken for the old file's reservation.
+    #[test]
+    fn an_inode_number_given_again_is_not_counted_as_the_reservation_of_a_file_removed() {
+        use crate::engine::types::NewObject;
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let backend = LocalBackend::open(dir.path(), 64, None, Arc::new(Metrics::default())).unwrap();
+        if backend.prepare_files(1, 1 << 20).unwrap() == 0 {
+            eprintln!("skipped: no O_TMPFILE or no room on the file system under {}", dir.path().display());
+            return;
+        }
+        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
+        let owner = Owner { uid: unsafe { libc::geteuid() }, gid: unsafe { libc::getegid() } };
+        backend.make_with_id_prepared(1 << 62, ROOT_ID, OsStr::new("f"), 0o644, owner).unwrap();
+        let removed_ino = std::fs::metadata(dir.path().join("f")).unwrap().ino();
+        backend.remove(ROOT_ID, OsStr::new("f"), false).unwrap();
+        backend.forget(1 << 62, 1); // the kernel's: the node's descriptor goes, and the inode
+        for n in 0..64 {
+            let name = format!("d{n}");
+            let attr = backend.make(ROOT_ID, OsStr::new(&name), NewObject::Directory { perm: 0o755 }, owner).unwrap();
+            let native = std::fs::metadata(dir.path().join(&name)).unwrap();
+            if native.ino() == removed_ino {
+                assert_eq!(attr.blocks, native.blocks(), "made: the directory's own blocks");
+                let again = backend.getattr(attr.id).unwrap();
+                assert_eq!(again.blocks, native.blocks(), "getattr: the directory's own blocks");
+                return;
+            }
+        }
+        eprintln!(
+            "skipped: the file system under {} gave the inode number to none of 64 directories",
+            dir.path().display()
+        );
     }
 
     /// A daemon that stops before the checkpoint that trims a file it named from one made ahead

@@ -149,12 +149,33 @@ impl PreparedFiles {
     /// allocated blocks past its end, and those of `[0, to)` inside its size that read as holes
     /// (`to`: what was allocated ahead). 0 for a file with no reservation left. `open` opens
     /// the file for the holes, asked only where the file is reserved and reaches `to`.
-    pub fn unused_reservation(&self, key: BackingKey, st: &libc::stat, open: impl FnOnce() -> SysResult<File>) -> u64 {
+    /// `handle_of`: the object's persistent handle, asked only where the object the entry was
+    /// made for is gone from memory.
+    pub fn unused_reservation(
+        &self,
+        object: &Object,
+        st: &libc::stat,
+        handle_of: impl FnOnce() -> SysResult<Handle>,
+        open: impl FnOnce() -> SysResult<File>,
+    ) -> u64 {
         // As `guard_of`: almost always nothing is reserved, which this answers without the lock.
-        if !self.any_reserved.load(Acquire) {
+        if !self.any_reserved.load(Acquire) || st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return 0;
         }
-        let Some(to) = lock(&self.reserved).get(&key).map(|r| r.to) else { return 0 };
+        let Some(entry) = lock(&self.reserved).get(&object.key).cloned() else { return 0 };
+        // The entry stays until the next trim, and the inode number is the backing file
+        // system's to give again: a file removed since and a directory made in its inode showed
+        // the directory's blocks as the reservation's (pjdfstest rename::preserve_metadata_dir).
+        let is_this_file = match entry.object.upgrade() {
+            Some(named) => std::ptr::eq(Arc::as_ptr(&named), object),
+            // Forgotten by the kernel and looked up again, or another file: the handle holds
+            // the inode's generation.
+            None => entry.handle.as_ref().is_some_and(|kept| handle_of().is_ok_and(|now| &now == kept)),
+        };
+        if !is_this_file {
+            return 0;
+        }
+        let to = entry.to;
         let (size, block) = (st.st_size as u64, st.st_blksize.max(512) as u64);
         let past_end = to.saturating_sub(size.next_multiple_of(block));
         let inside = if size >= block {
