@@ -53,6 +53,7 @@ pub mod faults;
 pub mod local;
 pub mod memory;
 pub mod null;
+pub mod s3;
 pub mod source;
 pub mod sqlite;
 pub mod tree_keys;
