@@ -1,0 +1,478 @@
+use super::*;
+use format::{encode_batch, LOG_BLOCK_BYTES};
+use std::os::unix::fs::OpenOptionsExt;
+
+fn metrics() -> Arc<Metrics> {
+    Arc::new(Metrics::default())
+}
+
+/// The log file at `path`, as the daemon opens it.
+fn open(path: &Path, size: u64, metrics: Arc<Metrics>) -> Result<(IntentLog, Vec<Batch>), LogError> {
+    open_with(path, size, metrics, raw::RawLog::Auto)
+}
+
+fn open_with(
+    path: &Path,
+    size: u64,
+    metrics: Arc<Metrics>,
+    raw_log: raw::RawLog,
+) -> Result<(IntentLog, Vec<Batch>), LogError> {
+    let (device, created) = open_file_device(path, Some(size), path.parent().unwrap(), raw_log)?;
+    IntentLog::open(Box::new(device), created, metrics)
+}
+
+/// A log file in a temporary directory, opened as the daemon opens it (`open`).
+struct TestLogFile {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    size: u64,
+    metrics: Arc<Metrics>,
+    raw_log: raw::RawLog,
+}
+
+impl TestLogFile {
+    /// A new log of `blocks` log blocks, and the log opened on it.
+    fn create(blocks: u64) -> (TestLogFile, IntentLog) {
+        Self::create_with(blocks, raw::RawLog::Auto)
+    }
+
+    /// `create`, the file written through (its page-cache path exists only then).
+    fn create_through_the_file(blocks: u64) -> (TestLogFile, IntentLog) {
+        Self::create_with(blocks, raw::RawLog::Off)
+    }
+
+    fn create_with(blocks: u64, raw_log: raw::RawLog) -> (TestLogFile, IntentLog) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let size = blocks * LOG_BLOCK_BYTES as u64;
+        let file = TestLogFile { _dir: dir, path, size, metrics: metrics(), raw_log };
+        let (log, replay) = file.reopen().unwrap();
+        assert!(replay.is_empty(), "a new log has nothing to replay");
+        (file, log)
+    }
+
+    /// The log opened again, as a restarted daemon opens it.
+    fn reopen(&self) -> Result<(IntentLog, Vec<Batch>), LogError> {
+        open_with(&self.path, self.size, self.metrics.clone(), self.raw_log)
+    }
+}
+
+fn data(file: u64, offset: u64, len: usize, fill: u8) -> Record {
+    Record::Data { file: file.to_le_bytes().to_vec(), offset, bytes: vec![fill; len] }
+}
+
+#[test]
+fn commits_survive_reopening_and_a_checkpoint_releases_them() {
+    let (file, log) = TestLogFile::create(64);
+    log.commit(vec![data(1, 0, 100, 1)]).unwrap();
+    log.commit(vec![data(2, 4096, 5000, 2), Record::Size { file: 2u64.to_le_bytes().to_vec(), size: 9096 }]).unwrap();
+    let kept_from = log.next_seq();
+    log.commit(vec![data(1, 100, 10, 3)]).unwrap();
+    drop(log);
+    let (log, replay) = file.reopen().unwrap();
+    assert_eq!(replay.len(), 3, "everything committed is read back: {replay:?}");
+    assert_eq!(replay[1].records[1], Record::Size { file: 2u64.to_le_bytes().to_vec(), size: 9096 });
+    log.checkpoint(kept_from).unwrap();
+    drop(log);
+    let (_log, replay) = file.reopen().unwrap();
+    assert_eq!(replay.len(), 1);
+    assert_eq!(replay[0].records, vec![data(1, 100, 10, 3)]);
+}
+
+/// Batches nobody waits for go through the page cache, widened to whole file-system blocks
+/// with zeros after them (`FileLogDevice`): never over the oldest batches a nearly full ring
+/// keeps right after its head.
+#[test]
+fn batches_through_the_page_cache_never_pad_over_the_oldest_ones_kept() {
+    let (file, log) = TestLogFile::create_through_the_file(18);
+    let mut committed: Vec<(u64, Vec<Record>)> = Vec::new();
+    let mut kept_from = None;
+    for i in 0..100_000u64 {
+        let records = vec![data(i, 0, 10, i as u8)];
+        match log.commit_written_before_seq(records.clone()) {
+            Ok(end) => committed.push((end - 1, records)),
+            Err(LogError::Full { .. }) if kept_from.is_none() => {
+                // The ring wraps with the three newest batches kept just ahead of its head.
+                let from = log.next_seq() - 3;
+                log.checkpoint(from).unwrap();
+                kept_from = Some(from);
+            }
+            Err(LogError::Full { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let kept_from = kept_from.expect("the ring filled");
+    assert!(file.metrics.log_batches_page_cache.load(Relaxed) > 0, "batches went through the page cache");
+    drop(log); // as a killed daemon leaves it: the page cache outlives it
+    let (_, replay) = file.reopen().unwrap();
+    let want: Vec<(u64, Vec<Record>)> = committed.into_iter().filter(|(seq, _)| *seq >= kept_from).collect();
+    let got: Vec<(u64, Vec<Record>)> = replay.into_iter().map(|b| (b.seq, b.records)).collect();
+    assert_eq!(got.len(), want.len(), "every batch kept is read back");
+    assert_eq!(got, want);
+}
+
+#[test]
+fn the_ring_wraps_and_refuses_to_overrun_its_checkpoint() {
+    let (file, log) = TestLogFile::create(18); // 16 blocks of area
+    for i in 0..40u64 {
+        match log.commit(vec![data(i, 0, 6000, i as u8)]) {
+            Ok(()) => {}
+            Err(LogError::Full { .. }) => {
+                // Release all but the last batch; the commit then fits.
+                log.checkpoint(log.next_seq() - 1).unwrap();
+                log.commit(vec![data(i, 0, 6000, i as u8)]).unwrap();
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    drop(log);
+    let (_, replay) = file.reopen().unwrap();
+    let last = replay.last().expect("batches since the checkpoint");
+    assert_eq!(last.records, vec![data(39, 0, 6000, 39)], "the newest commit is read back after many wraps");
+    assert!(replay.windows(2).all(|w| w[0].seq < w[1].seq));
+}
+
+#[test]
+fn concurrent_commits_share_batches_and_all_come_back() {
+    use crate::backend::faults::{Faults, FaultyLogDevice};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    let size = 4096 * LOG_BLOCK_BYTES as u64;
+    // Every sync takes 5 ms, as on a disk: while one batch syncs, the other seven threads'
+    // commits arrive, and must go out together in the next batch, not one sync each.
+    let faults = Arc::new(Faults::new());
+    faults.control("inject logsync=stall:5ms").unwrap();
+    let (device, created) = open_file_device(&path, Some(size), dir.path(), raw::RawLog::Auto).unwrap();
+    let (log, _) =
+        IntentLog::open(Box::new(FaultyLogDevice::new(Box::new(device), faults)), created, metrics()).unwrap();
+    let log = Arc::new(log);
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for i in 0..50u64 {
+                    log.commit(vec![data(t, i * 512, 512, (t * 50 + i) as u8)]).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let batches_written = log.next_seq() - 1;
+    drop(log);
+    let (_, replay) = open(&path, size, metrics()).unwrap();
+    let mut seen: Vec<(u64, u64)> = replay
+        .iter()
+        .flat_map(|b| &b.records)
+        .map(|r| match r {
+            Record::Data { file, offset, .. } => (u64::from_le_bytes(file[..].try_into().unwrap()), *offset),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    seen.sort();
+    let expected: Vec<(u64, u64)> = (0..8).flat_map(|t| (0..50).map(move |i| (t, i * 512))).collect();
+    assert_eq!(seen, expected, "every commit is in the log exactly once");
+    assert!(
+        batches_written <= 200,
+        "{batches_written} batches for 400 commits: commits waiting on a sync were not grouped"
+    );
+    eprintln!("400 commits from 8 threads in {batches_written} batches");
+}
+
+#[test]
+fn damage_before_the_tail_stops_the_open_with_the_offset() {
+    let (file, log) = TestLogFile::create(64);
+    for i in 0..3 {
+        log.commit(vec![data(1, i * 100, 100, 7)]).unwrap();
+    }
+    let block = log.block_bytes();
+    drop(log);
+    // Flip one bit in the first batch (block 2 of the file).
+    let mut bytes = std::fs::read(&file.path).unwrap();
+    bytes[2 * block + 60] ^= 0x10;
+    std::fs::write(&file.path, &bytes).unwrap();
+    match file.reopen() {
+        Err(LogError::Corrupt(c)) => assert_eq!(c.offset, 2 * block as u64),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a damaged log opened"),
+    }
+}
+
+#[test]
+fn a_failed_batch_that_landed_is_written_over_before_a_checkpoint_releases_past_it() {
+    use crate::backend::faults::{Faults, FaultyLogDevice};
+    // In memory, behind fault injection: `logsync` fails a batch after its bytes landed.
+    let device = Arc::new(device::MemoryLogDevice::new(64 * LOG_BLOCK_BYTES as u64, LOG_BLOCK_BYTES));
+    let faults = Arc::new(Faults::new());
+    let open = |created| {
+        IntentLog::open(Box::new(FaultyLogDevice::new(Box::new(device.clone()), faults.clone())), created, metrics())
+    };
+    let (log, _) = open(true).unwrap();
+    log.commit(vec![data(1, 0, 100, 1)]).unwrap();
+    faults.control("inject logsync=EIO*1").unwrap();
+    assert!(matches!(log.commit(vec![data(1, 0, 100, 2)]), Err(LogError::Io(..))));
+    drop(log);
+    // Nothing released it: the landed batch is read back like any other.
+    let (log, replay) = open(false).unwrap();
+    assert_eq!(
+        replay.iter().map(|b| b.records.clone()).collect::<Vec<_>>(),
+        vec![vec![data(1, 0, 100, 1)], vec![data(1, 0, 100, 2)]]
+    );
+    log.checkpoint(log.next_seq()).unwrap();
+    faults.control("inject logsync=EIO*1").unwrap();
+    assert!(log.commit(vec![data(1, 0, 100, 3)]).is_err());
+    // The caller made everything durable elsewhere, and releases the whole log.
+    log.checkpoint(log.next_seq()).unwrap();
+    drop(log);
+    let (_, replay) = open(false).unwrap();
+    assert!(replay.iter().all(|b| b.records.is_empty()), "the failed batch was read after the checkpoint: {replay:?}");
+}
+
+#[test]
+fn a_crash_keeps_every_synced_batch_and_never_a_torn_one() {
+    // A batch of several blocks written a block at a time, then a crash keeping any subset
+    // of those writes: the synced batch before it always comes back, and the new one only
+    // when every one of its blocks survived.
+    for block_bytes in [512, 4096] {
+        let batch = encode_batch(2, &[data(1, 0, if block_bytes == 512 { 1200 } else { 9000 }, 2)], block_bytes);
+        let blocks = batch.len() / block_bytes;
+        assert!(blocks >= 3);
+        for keep_mask in 0..1u32 << blocks {
+            let device = Arc::new(device::MemoryLogDevice::new(64 * 4096, block_bytes));
+            let (log, _) = IntentLog::open(Box::new(device.clone()), true, metrics()).unwrap();
+            assert_eq!(log.block_bytes(), block_bytes, "a new log takes the device's block");
+            log.commit(vec![data(1, 0, 100, 1)]).unwrap();
+            let next = log.next_seq();
+            assert_eq!(next, 2);
+            drop(log);
+            for (i, block) in batch.chunks(block_bytes).enumerate() {
+                device.write_at((SUPERBLOCK_COPIES + 1 + i as u64) * block_bytes as u64, block).unwrap();
+            }
+            device.crash(|i| keep_mask & (1 << i) != 0);
+            let (_, replay) = IntentLog::open(Box::new(device.clone()), false, metrics()).unwrap();
+            assert_eq!(replay[0].records, vec![data(1, 0, 100, 1)], "mask {keep_mask:b}");
+            let whole = keep_mask == (1 << blocks) - 1;
+            assert_eq!(replay.len(), if whole { 2 } else { 1 }, "mask {keep_mask:b}");
+            if whole {
+                assert_eq!(replay[1].records, vec![data(1, 0, if block_bytes == 512 { 1200 } else { 9000 }, 2)]);
+            }
+        }
+    }
+}
+
+#[test]
+fn unflushed_batches_a_power_cut_took_end_the_log_and_are_never_read_as_successors() {
+    // Batches written without a flush (closes) may reach the device in any order: a crash
+    // keeps any subset of them. The log then reads as a prefix of what was written, never
+    // as damage; and batches written after the reopening are never confused with the
+    // survivors past the tail, whatever their places.
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for round in 0..400 {
+        let block_bytes = if round % 2 == 0 { 512 } else { 4096 };
+        let device = Arc::new(device::MemoryLogDevice::new(48 * block_bytes as u64, block_bytes));
+        let (log, _) = IntentLog::open(Box::new(device.clone()), true, metrics()).unwrap();
+        // A flushed batch, then unflushed ones of assorted sizes, now and then one whose
+        // caller waits for a flush, which makes everything before it durable.
+        let mut flushed_through = 0;
+        let mut written = Vec::new();
+        for i in 0..(2 + next() % 6) {
+            let records = vec![data(i, 0, 1 + (next() % 3000) as usize, i as u8)];
+            if i == 0 || next() % 5 == 0 {
+                log.commit(records.clone()).unwrap();
+                flushed_through = written.len() + 1;
+            } else {
+                log.commit_written(records.clone()).unwrap();
+            }
+            written.push(records);
+        }
+        drop(log);
+        let mask = next();
+        device.crash(|i| mask & (1 << (i % 64)) != 0);
+        let (log, replay) = IntentLog::open(Box::new(device.clone()), false, metrics())
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let read: Vec<Vec<Record>> = replay.iter().map(|b| b.records.clone()).collect();
+        assert!(read.len() >= flushed_through, "round {round}: a flushed batch was lost");
+        assert_eq!(read[..], written[..read.len()], "round {round}: not a prefix of what was written");
+        // As replay does: everything read is applied, then released.
+        log.checkpoint(log.next_seq()).unwrap();
+        let after = vec![data(99, 0, 700, 99)];
+        log.commit_written(after.clone()).unwrap();
+        log.commit(vec![data(100, 0, 10, 100)]).unwrap();
+        drop(log);
+        let (_, replay) = IntentLog::open(Box::new(device.clone()), false, metrics()).unwrap();
+        let read: Vec<Vec<Record>> = replay.iter().map(|b| b.records.clone()).collect();
+        assert_eq!(read, vec![after, vec![data(100, 0, 10, 100)]], "round {round}");
+    }
+}
+
+#[test]
+fn a_missing_batch_that_was_flushed_before_a_later_one_is_damage() {
+    let device = Arc::new(device::MemoryLogDevice::new(64 * 512, 512));
+    let (log, _) = IntentLog::open(Box::new(device.clone()), true, metrics()).unwrap();
+    log.commit_written(vec![data(1, 0, 100, 1)]).unwrap();
+    log.commit(vec![data(2, 0, 100, 2)]).unwrap(); // flushes batch 1 too
+    log.commit_written(vec![data(3, 0, 100, 3)]).unwrap();
+    drop(log);
+    device.crash(|_| true);
+    // Batch 1 damaged after the flush: batch 3 was written after it was flushed.
+    let mut bytes = device.read_all().unwrap();
+    bytes[2 * 512 + 60] ^= 1;
+    device.write_at(0, &bytes).unwrap();
+    device.sync().unwrap();
+    match IntentLog::open(Box::new(device.clone()), false, metrics()) {
+        Err(LogError::Corrupt(c)) => assert_eq!(c.offset, 2 * 512),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a damaged log opened"),
+    }
+}
+
+#[test]
+fn a_queued_create_is_taken_back_only_while_nothing_else_queued_names_its_file() {
+    let create = |file: &[u8]| Record::Create {
+        file: file.to_vec(),
+        parent: b"dir".to_vec(),
+        name: file.to_vec(),
+        mode: 0o100644,
+        uid: 0,
+        gid: 0,
+    };
+    let rename = Record::Rename {
+        file: b"a".to_vec(),
+        from_parent: b"dir".to_vec(),
+        from_name: b"a".to_vec(),
+        to_parent: b"dir".to_vec(),
+        to_name: b"a2".to_vec(),
+        replaced: Vec::new(),
+    };
+    let unlink = |file: &[u8]| Record::Unlink {
+        file: file.to_vec(),
+        parent: b"dir".to_vec(),
+        name: file.to_vec(),
+        directory: false,
+    };
+    let mut queue = Queue::default();
+    queue.extend([create(b"a"), rename.clone(), create(b"b"), create(b"c")]);
+    assert!(!queue.cancel_create(&unlink(b"a")), "a rename of it is queued");
+    assert!(queue.changes_names_of(b"a"), "the rename is a change of its names");
+    assert!(!queue.changes_names_of(b"b"), "its creation alone is not");
+    assert!(queue.cancel_create(&unlink(b"b")));
+    assert!(!queue.cancel_create(&unlink(b"b")), "taken back once");
+    assert!(!queue.cancel_create(&unlink(b"dir")), "a directory's key is no queued Create");
+    assert_eq!(queue.len(), 3);
+    assert_eq!(queue.take(), vec![create(b"a"), rename, create(b"c")]);
+    assert_eq!(queue.len(), 0);
+    assert!(!queue.cancel_create(&unlink(b"c")), "taken by a batch");
+}
+
+#[test]
+fn an_unlink_taken_back_comes_back_before_whatever_takes_its_name_until_a_checkpoint() {
+    let create = |file: &[u8], name: &[u8]| Record::Create {
+        file: file.to_vec(),
+        parent: b"dir".to_vec(),
+        name: name.to_vec(),
+        mode: 0o100644,
+        uid: 0,
+        gid: 0,
+    };
+    let unlink = |file: &[u8], name: &[u8]| Record::Unlink {
+        file: file.to_vec(),
+        parent: b"dir".to_vec(),
+        name: name.to_vec(),
+        directory: false,
+    };
+    let mut queue = Queue::default();
+    queue.extend([create(b"a", b"f"), create(b"b", b"g")]);
+    assert!(queue.cancel_create(&unlink(b"a", b"f")));
+    assert_eq!(queue.take(), vec![create(b"b", b"g")], "a batch carries neither record");
+    queue.extend([create(b"c", b"f")]);
+    assert_eq!(queue.take(), vec![unlink(b"a", b"f"), create(b"c", b"f")], "over batches, before the new name");
+    queue.extend([create(b"d", b"f")]);
+    assert_eq!(queue.take(), vec![create(b"d", b"f")], "once");
+    // A checkpoint's sync makes what was taken back before it durable on the backend.
+    queue.extend([create(b"e", b"h")]);
+    assert!(queue.cancel_create(&unlink(b"e", b"h")));
+    let before_checkpoint = queue.take_backs;
+    queue.forget_take_backs_before(before_checkpoint);
+    queue.extend([create(b"f", b"h")]);
+    assert_eq!(queue.take(), vec![create(b"f", b"h")]);
+}
+
+#[test]
+fn a_log_larger_than_the_read_window_reads_back_whole() {
+    // Recovery reads the area a window at a time: batches across window edges, one larger
+    // than the window, and the ring wrapped, all come back.
+    let device = Arc::new(device::MemoryLogDevice::new(3 * READ_WINDOW_BYTES as u64, 4096));
+    let (log, _) = IntentLog::open(Box::new(device.clone()), true, metrics()).unwrap();
+    let mut written = Vec::new();
+    for i in 0..40u64 {
+        let len = if i == 20 { READ_WINDOW_BYTES + 5000 } else { 300_000 + i as usize * 777 };
+        let records = vec![data(i, 0, len, i as u8)];
+        if log.commit(records.clone()).is_err() {
+            log.checkpoint(log.next_seq()).unwrap();
+            written.clear();
+            log.commit(records.clone()).unwrap();
+        }
+        written.push(records);
+    }
+    drop(log);
+    let (_, replay) = IntentLog::open(Box::new(device.clone()), false, metrics()).unwrap();
+    let read: Vec<Vec<Record>> = replay.into_iter().map(|b| b.records).collect();
+    assert_eq!(read.len(), written.len());
+    assert!(read == written, "the log read back differs");
+}
+
+#[test]
+fn closes_in_a_burst_go_through_the_page_cache_and_read_back_with_direct_ones_between() {
+    let (file, log) = TestLogFile::create_through_the_file(256);
+    let mut written = Vec::new();
+    for i in 0..60u64 {
+        // Sizes that end batches inside pages; an fsync's direct, flushed batch now and then.
+        let records = vec![data(i, 0, 200 + (i as usize * 1531) % 9000, i as u8)];
+        if i % 7 == 6 {
+            log.commit(records.clone()).unwrap();
+        } else {
+            log.commit_written(records.clone()).unwrap();
+        }
+        written.push(records);
+    }
+    let through_page_cache = file.metrics.log_batches_page_cache.load(Relaxed);
+    if std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(&file.path).is_ok() {
+        // At most 51: the first batch had none before it, the fsyncs' are direct; a machine
+        // busy enough to stretch a close past `BURST_GAP` makes it fewer.
+        assert!((20..=51).contains(&through_page_cache), "{through_page_cache} of 60 through the page cache");
+    }
+    drop(log);
+    let (_, replay) = file.reopen().unwrap();
+    let read: Vec<Vec<Record>> = replay.into_iter().map(|b| b.records).collect();
+    assert!(read == written, "the log read back differs: {} of {} batches", read.len(), written.len());
+}
+
+#[test]
+fn a_lone_close_is_written_directly() {
+    let (file, log) = TestLogFile::create(64);
+    for i in 0..3u64 {
+        log.commit_written(vec![data(i, 0, 100, 1)]).unwrap();
+        std::thread::sleep(BURST_GAP * 2);
+    }
+    assert_eq!(file.metrics.log_batches_page_cache.load(Relaxed), 0);
+    assert_eq!(file.metrics.log_batches.load(Relaxed), 3);
+}
+
+#[test]
+fn a_log_of_another_size_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log");
+    open(&path, 64 * LOG_BLOCK_BYTES as u64, metrics()).unwrap();
+    match open(&path, 128 * LOG_BLOCK_BYTES as u64, metrics()) {
+        Err(LogError::Mismatch(why)) => assert!(why.contains("not the"), "{why}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("opened with the wrong size"),
+    }
+}

@@ -1,0 +1,329 @@
+//! The write buffer's state machine, in-process on the memory store: what happens to a
+//! unit when it fills, when it is written again while in flight, when the store refuses
+//! it, when memory runs out, and when the file is truncated.
+
+use super::*;
+use crate::backend::faults::{Faults, FaultyBackend};
+use crate::backend::memory::MemoryBackend;
+use crate::engine::types::{NewObject, Owner, ROOT_ID};
+use std::ffi::OsStr;
+
+const UNIT: u64 = 16 << 10;
+
+struct Rig {
+    store: Arc<MemoryBackend>,
+    faults: Arc<Faults>,
+    wb: Arc<Writeback>,
+    metrics: Arc<Metrics>,
+}
+
+fn rig(buffer_units: u64, io_timeout: Duration) -> Rig {
+    rig_with_log(buffer_units, io_timeout, None)
+}
+
+fn rig_with_log(buffer_units: u64, io_timeout: Duration, log: Option<IntentLog>) -> Rig {
+    rig_on(MemoryBackend::with_partial_writes(UNIT), buffer_units, io_timeout, log)
+}
+
+fn memory_log() -> IntentLog {
+    use crate::engine::intent_log::device::MemoryLogDevice;
+    use crate::engine::intent_log::format::LOG_BLOCK_BYTES;
+    let device = MemoryLogDevice::new(256 * LOG_BLOCK_BYTES as u64, LOG_BLOCK_BYTES);
+    IntentLog::open(Box::new(device), true, Arc::new(Metrics::default())).unwrap().0
+}
+
+fn rig_on(store: MemoryBackend, buffer_units: u64, io_timeout: Duration, log: Option<IntentLog>) -> Rig {
+    let store = Arc::new(store);
+    let faults = Arc::new(Faults::new());
+    let faulty = Arc::new(FaultyBackend::new(store.clone(), store.clone(), faults.clone()));
+    let metrics = Arc::new(Metrics::default());
+    let config = WritebackConfig {
+        unit_bytes: UNIT,
+        logical_block_bytes: 512,
+        buffer_bytes: buffer_units * UNIT,
+        flushers: 2,
+        flush_age: Duration::from_secs(3600),
+        log_threshold_bytes: 0,
+        log_threshold_new_bytes: 0,
+        log_closes: LogCloses::Auto,
+        checkpoint_interval: Duration::from_secs(3600),
+        io_timeout,
+    };
+    let wb = Writeback::new(faulty.clone(), faulty, config, metrics.clone(), log, None);
+    Rig { store, faults, wb, metrics }
+}
+
+impl Rig {
+    fn file(&self, name: &str) -> Arc<FileState> {
+        let attr = self
+            .store
+            .make(ROOT_ID, OsStr::new(name), NewObject::File { perm: 0o644 }, Owner { uid: 0, gid: 0 })
+            .unwrap();
+        self.wb.open_file(attr.id, || Ok(0)).unwrap()
+    }
+
+    fn stored(&self, name: &str) -> Vec<u8> {
+        self.store.read_path(&[OsStr::new(name)]).unwrap()
+    }
+
+    fn wait_until(&self, what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.faults.control("clear").unwrap();
+        self.wb.abandon();
+    }
+}
+
+/// The open's size read, then the last state's flush ending and the state going before
+/// the open takes the table: the size is read again (the crash harness lost bytes to a
+/// reopened file that read as empty, its size read mid-flush; see `open_file`).
+#[test]
+fn an_open_reads_the_stores_size_again_when_a_state_ended_after_it_read_it() {
+    let r = rig(8, Duration::from_secs(10));
+    let f = r.file("f");
+    assert!(!r.wb.release_file(&f), "nothing buffered: the state goes at its close");
+    let mut reads = Vec::new();
+    let reopened =
+        r.wb.open_file(f.id, || {
+            if reads.is_empty() {
+                // Read before a concurrent writer's flush landed its bytes; then that
+                // writer's state ends, idle.
+                let other = r.wb.open_file(f.id, || Ok(0)).unwrap();
+                r.wb.write(&other, 0, &[5; 5000], false).unwrap();
+                assert!(r.wb.release_file(&other), "closed with its bytes buffered, the state lingers");
+                r.wb.flush_file(&other, None, ErrorReport::Sync).unwrap();
+                r.wb.drop_if_idle(&other);
+                reads.push(0);
+            } else {
+                reads.push(r.stored("f").len() as u64);
+            }
+            Ok(*reads.last().unwrap())
+        })
+        .unwrap();
+    assert_eq!(reads, vec![0, 5000], "read again once the state had ended");
+    assert_eq!(r.wb.size(&reopened), 5000);
+    // With the state there, its own size counts and the store is not asked.
+    let mut more_reads = 0;
+    let second = r.wb.open_file(f.id, || {
+        more_reads += 1;
+        Ok(0)
+    });
+    assert!(Arc::ptr_eq(&second.unwrap(), &reopened));
+    assert_eq!((more_reads, r.wb.size(&reopened)), (0, 5000));
+}
+
+#[test]
+fn a_full_unit_goes_to_the_store_at_once_and_a_partial_one_waits() {
+    let r = rig(8, Duration::from_secs(10));
+    let f = r.file("f");
+    r.wb.write(&f, 0, &vec![1; UNIT as usize + 100], false).unwrap();
+    r.wait_until("the full unit's flush", || r.stored("f").len() == UNIT as usize);
+    assert_eq!(r.metrics.units_flushed_full.load(Relaxed), 1);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(r.stored("f").len(), UNIT as usize, "the partial unit waits for fsync, close, age or pressure");
+    r.wb.flush_file(&f, Some(true), ErrorReport::Sync).unwrap();
+    assert_eq!(r.stored("f"), vec![1; UNIT as usize + 100]);
+    assert_eq!(r.metrics.units_flushed_partial.load(Relaxed), 1);
+}
+
+#[test]
+fn a_unit_written_again_while_in_flight_is_flushed_again_after_it_with_the_newer_bytes() {
+    let r = rig(8, Duration::from_secs(10));
+    let f = r.file("f");
+    r.faults.control("inject write=stall:60s*1").unwrap();
+    r.wb.write(&f, 0, &vec![1; UNIT as usize], false).unwrap(); // full: in flight, stalled
+    r.wait_until("the unit in flight", || !lock(&f.inner).in_flight.is_empty());
+    r.wb.write(&f, 10, &[2; 10], false).unwrap();
+    {
+        let inner = lock(&f.inner);
+        assert_eq!(
+            (inner.in_flight.len(), inner.dirty.len()),
+            (1, 1),
+            "the newer bytes wait in a dirty unit of their own"
+        );
+    }
+    r.faults.control("clear").unwrap();
+    r.wb.flush_file(&f, Some(true), ErrorReport::Sync).unwrap();
+    let mut want = vec![1; UNIT as usize];
+    want[10..20].fill(2);
+    assert_eq!(r.stored("f"), want, "the newer bytes win, written after the older flush");
+}
+
+#[test]
+fn a_refused_flush_keeps_the_data_and_is_reported_only_while_the_retries_fail() {
+    let r = rig(8, Duration::from_secs(10));
+    let f = r.file("f");
+    r.faults.control("inject write=ENOSPC*2").unwrap();
+    r.wb.write(&f, 0, &[7; 100], false).unwrap();
+    assert_eq!(r.wb.flush_file(&f, None, ErrorReport::Close), Err(Errno(libc::ENOSPC)), "close hears of it");
+    assert_eq!(r.metrics.buffer_refused_bytes.load(Relaxed), UNIT, "the refused unit is counted as held");
+    {
+        let inner = lock(&f.inner);
+        assert!(inner.retry_at.is_some_and(|at| at > Instant::now()), "a retry waits out a backoff");
+        assert!(inner.dirty[&0].refused && inner.dirty[&0].ranges.bytes() == 100, "the data stays buffered");
+    }
+    r.wb.write(&f, 100, &[8; 10], false).expect("a write does not report a refused flush");
+    // fsync tries again at once, past the backoff: refused once more, it fails on its own
+    // account (close's report did not use it up)...
+    assert_eq!(r.wb.flush_file(&f, Some(true), ErrorReport::Sync), Err(Errno(libc::ENOSPC)));
+    // ... and once the store takes the bytes, the earlier refusals are healed, not reported.
+    r.wb.flush_file(&f, Some(true), ErrorReport::Sync).unwrap();
+    r.wb.flush_file(&f, None, ErrorReport::Close).unwrap();
+    let mut want = vec![7; 100];
+    want.extend([8; 10]);
+    assert_eq!(r.stored("f"), want);
+    assert_eq!(r.metrics.buffer_refused_bytes.load(Relaxed), 0);
+}
+
+#[test]
+fn discarded_refused_bytes_are_reported_to_close_and_fsync_once_each() {
+    let r = rig(1, Duration::from_secs(10));
+    let f = r.file("f");
+    r.faults.control("inject write=EIO").unwrap();
+    r.wb.write(&f, 0, &vec![1; UNIT as usize], false).unwrap(); // full: flushed, refused
+    r.wait_until("the refusal", || r.metrics.buffer_refused_bytes.load(Relaxed) == UNIT);
+    let g = r.file("g");
+    assert_eq!(r.wb.write(&g, 0, &[1; 10], false), Err(Errno(libc::EIO)), "f's writer not told: nothing may go");
+    assert_eq!(r.wb.write(&f, UNIT, &[1; 10], false), Err(Errno(libc::EIO)), "f's own write fails: now it is told");
+    r.faults.control("clear").unwrap();
+    r.wb.write(&g, 0, &[1; 10], false).expect("room made by discarding f's told refusal");
+    assert_eq!(r.metrics.buffer_discarded_bytes.load(Relaxed), UNIT);
+    assert_eq!(r.wb.flush_file(&f, None, ErrorReport::Close), Err(Errno(libc::EIO)), "close hears of the loss");
+    assert_eq!(r.wb.flush_file(&f, Some(true), ErrorReport::Sync), Err(Errno(libc::EIO)), "so does fsync");
+    r.wb.flush_file(&f, Some(true), ErrorReport::Sync).expect("once");
+}
+
+#[test]
+fn a_writer_fails_at_once_when_all_the_memory_is_refused_data() {
+    let r = rig(2, Duration::from_secs(10));
+    let f = r.file("f");
+    r.faults.control("inject write=EIO").unwrap();
+    r.wb.write(&f, 0, &vec![1; 2 * UNIT as usize], false).unwrap(); // two full units, both refused
+    r.wait_until("both refusals", || r.metrics.buffer_refused_bytes.load(Relaxed) == 2 * UNIT);
+    let g = r.file("g");
+    let started = Instant::now();
+    assert_eq!(r.wb.write(&g, 0, &[1; 10], false), Err(Errno(libc::EIO)), "nothing can come free: the store's error");
+    assert!(started.elapsed() < Duration::from_secs(2), "at once, not after io_timeout");
+    // Once f's writer has been told (its write or close), its refused data makes room.
+    assert_eq!(r.wb.flush_file(&f, None, ErrorReport::Close), Err(Errno(libc::EIO)));
+    r.faults.control("clear").unwrap();
+    r.wb.write(&g, 0, &[1; 10], false).expect("room made by discarding told refusals");
+    assert!(r.metrics.buffer_discarded_bytes.load(Relaxed) > 0);
+    assert!(*lock(&r.wb.budget.used_bytes) <= 2 * UNIT);
+}
+
+/// Found by CI, under a loaded disk: a full backend, and dd waited 27 s for its ENOSPC.
+#[test]
+fn a_retry_of_refused_data_under_way_does_not_make_a_writer_wait_for_it() {
+    let r = rig(2, Duration::from_secs(10));
+    let f = r.file("f");
+    r.faults.control("inject write=ENOSPC").unwrap();
+    r.wb.write(&f, 0, &vec![1; 2 * UNIT as usize], false).unwrap(); // two full units, both refused
+    r.wait_until("both refusals", || r.metrics.buffer_refused_bytes.load(Relaxed) == 2 * UNIT);
+    // The retries hang (a slow full disk): an fsync sends both, and waits for them.
+    r.faults.control("clear").unwrap();
+    r.faults.control("inject write=stall:60s").unwrap();
+    let retry = {
+        let (wb, f) = (r.wb.clone(), f.clone());
+        std::thread::spawn(move || wb.flush_file(&f, Some(true), ErrorReport::Sync))
+    };
+    r.wait_until("both retries under way", || lock(&f.inner).in_flight.len() == 2);
+    assert_eq!(r.metrics.buffer_refused_bytes.load(Relaxed), 2 * UNIT, "still refused while retried");
+    let g = r.file("g");
+    let started = Instant::now();
+    assert_eq!(r.wb.write(&g, 0, &[1; 10], false), Err(Errno(libc::ENOSPC)), "the store's last error");
+    assert!(started.elapsed() < Duration::from_secs(2), "at once, not after io_timeout");
+    r.faults.control("clear").unwrap();
+    retry.join().unwrap().expect("the retries succeed once the store takes them");
+    assert_eq!(r.metrics.buffer_refused_bytes.load(Relaxed), 0);
+    assert_eq!(r.stored("f"), vec![1; 2 * UNIT as usize]);
+}
+
+/// Under memory pressure, a file waiting out its retry backoff still sends the units it has
+/// never tried: refused in turn, they tell the writer at once; held back, they made it wait
+/// out the backoff (up to 30 s) or io_timeout.
+#[test]
+fn a_writer_short_of_memory_hears_of_a_full_store_without_waiting_out_the_backoff() {
+    let r = rig(8, Duration::from_secs(10));
+    let f = r.file("f");
+    r.faults.control("inject write=ENOSPC").unwrap();
+    r.wb.write(&f, 0, &vec![1; 7 * UNIT as usize], false).unwrap(); // seven full units, refused
+    r.wait_until("seven refusals", || r.metrics.buffer_refused_bytes.load(Relaxed) == 7 * UNIT);
+    let backoff = lock(&f.inner).retry_at.expect("a backoff").saturating_duration_since(Instant::now());
+    assert!(backoff > Duration::from_secs(3), "seven failures back off for {backoff:?}");
+    r.wb.write(&f, 7 * UNIT, &[2; 10], false).unwrap(); // partial, never tried: the buffer is full
+    let g = r.file("g");
+    let started = Instant::now();
+    assert_eq!(r.wb.write(&g, 0, &[1; 10], false), Err(Errno(libc::ENOSPC)));
+    assert!(started.elapsed() < Duration::from_secs(2), "at once, not after the backoff");
+    assert!(lock(&f.inner).dirty[&7].refused, "the untried unit was tried, and refused");
+}
+
+#[test]
+fn a_writer_waiting_on_a_stalled_store_fails_after_io_timeout() {
+    let r = rig(2, Duration::from_millis(300));
+    let f = r.file("f");
+    r.faults.control("inject write=stall:60s").unwrap();
+    r.wb.write(&f, 0, &vec![1; 2 * UNIT as usize], false).unwrap(); // two units in flight, stalled
+    let started = Instant::now();
+    assert_eq!(r.wb.write(&f, 2 * UNIT, &[1; 10], false), Err(Errno(libc::EIO)));
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(5), "waited {waited:?}");
+    assert_eq!(r.wb.flush_file(&f, None, ErrorReport::Close), Err(Errno(libc::EIO)), "a close waits boundedly too");
+}
+
+#[test]
+fn truncate_drops_buffered_bytes_past_the_new_size_and_frees_their_units() {
+    let r = rig(8, Duration::from_secs(10));
+    let f = r.file("f");
+    r.wb.write(&f, 0, &[1; 100], false).unwrap();
+    r.wb.write(&f, 3 * UNIT, &[2; 100], false).unwrap();
+    assert_eq!(*lock(&r.wb.budget.used_bytes), 2 * UNIT);
+    r.wb.set_size(&f, 50).unwrap();
+    assert_eq!(*lock(&r.wb.budget.used_bytes), UNIT, "the unit past the size is freed");
+    assert_eq!(r.wb.size(&f), 50);
+    r.wb.flush_file(&f, Some(true), ErrorReport::Sync).unwrap();
+    assert_eq!(r.stored("f"), vec![1; 50], "nothing past the size reaches the store");
+}
+
+#[test]
+fn a_crowded_durability_map_brings_the_checkpoint_forward() {
+    let r = rig_with_log(4, Duration::from_secs(10), Some(memory_log())); // checkpoints hourly, unless crowded
+    for ino in 0..DURABILITY_ENTRIES_BEFORE_CHECKPOINT as u64 {
+        r.wb.note_created(1_000_000 + ino, Some(ROOT_ID), None);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(lock(&r.wb.durability).len(), DURABILITY_ENTRIES_BEFORE_CHECKPOINT, "at the bound: no checkpoint yet");
+    r.wb.note_created(999_999, Some(ROOT_ID), None);
+    r.wait_until("an early checkpoint to empty the map", || lock(&r.wb.durability).is_empty());
+}
+
+/// The rig's log thresholds are 0: only the whole-unit rule can send an fsync to the log.
+#[test]
+fn a_store_of_whole_units_gets_small_fsyncs_through_the_log() {
+    for (store, through_log) in [(MemoryBackend::new(UNIT), true), (MemoryBackend::with_partial_writes(UNIT), false)] {
+        let r = rig_on(store, 4, Duration::from_secs(10), Some(memory_log()));
+        let f = r.file("f");
+        r.wb.write(&f, 0, &[4; UNIT as usize], false).unwrap();
+        r.wb.fsync(&f, false).unwrap(); // a whole unit: to the store
+        r.wb.checkpoint().unwrap(); // the file's flush synced: the log may stand for the store again
+        r.wb.write(&f, 100, &[5; 1000], false).unwrap();
+        r.wb.fsync(&f, false).unwrap();
+        assert_eq!(r.metrics.units_flushed_partial.load(Relaxed) == 0, through_log, "through the log: {through_log}");
+        assert_eq!(r.metrics.backend_read_bytes_for_writes.load(Relaxed), 0, "no unit was read to be written whole");
+        if through_log {
+            r.wb.write(&f, 4000, &[6; UNIT as usize / 2 + 1], false).unwrap();
+            r.wb.fsync(&f, false).unwrap();
+            assert_eq!(r.metrics.units_flushed_partial.load(Relaxed), 1, "more than half a unit goes to the store");
+            assert!(r.metrics.backend_read_bytes_for_writes.load(Relaxed) > 0, "whole: the rest read first");
+        }
+    }
+}
