@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
+mod checkpoint;
 mod durability;
 mod flushers;
 mod write_buffer;

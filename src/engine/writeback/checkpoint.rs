@@ -1,0 +1,310 @@
+//! The checkpoint, which writes everything buffered to the store, syncs it once and releases
+//! the intent log's records, and the ends of a mount: forgetting files, a whole sync, shut-down.
+//! What an fsync or close logs before a checkpoint is `durability`'s.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+impl Writeback {
+    /// Before a sync of the whole backend: the files made ahead for held files made alone are
+    /// refilled, and those used give back what they did not (`Namespace::prepare_files`). A
+    /// failure costs only the saving: held files are then made as any other.
+    fn prepare_files(&self) {
+        if self.pending.is_none() {
+            return;
+        }
+        let bytes = bytes_made_ahead(self.config.unit_bytes);
+        if let Err(e) = self.ns.prepare_files(FILES_MADE_AHEAD, bytes) {
+            log::warn!(
+                "making files ahead on the backend: {e}; new files are made one by one until the next checkpoint"
+            );
+        }
+    }
+
+    /// Writes everything buffered to the backend, syncs the backend file system once, and
+    /// releases the log records that held it. Order matters; see SEMANTICS.md.
+    pub fn checkpoint(&self) -> SysResult<()> {
+        let Some(log) = &self.log else { return Ok(()) };
+        let _one_at_a_time = lock(&self.checkpointing);
+        let take_backs = log.take_backs_so_far();
+        // The queued name records go into the log first, in a batch this checkpoint releases:
+        // each change was made on the backend before it was queued, so the sync below makes it
+        // durable there. Written after the release point, they would outlive the checkpoint (a
+        // clean unmount would leave a batch for the next mount, which called it unclean).
+        // Dropping them instead is not safe: a concurrent fsync may be acknowledged by a batch
+        // holding a new file's bytes before that sync has made the file's creation durable.
+        match log.commit(Vec::new()) {
+            // No room for them: the sync below makes them durable on the backend anyway.
+            Ok(()) | Err(LogError::Full { .. }) => {}
+            Err(e) => {
+                log::error!("committing queued name changes to the intent log: {e}");
+                return Err(Errno(libc::EIO));
+            }
+        }
+        let release_before = log.next_seq();
+        self.flush_every_file(ErrorReport::Checkpoint)?;
+        // Held files whose records this checkpoint releases are made on the backend, in
+        // directory order; nothing renames or unlinks them before their records are released
+        // (replay finds such a file by the name its records leave it with).
+        let held = self.pending.as_ref().filter(|held| held.any_to_settle());
+        let _names_still = held.map(|held| held.names_gate.write().unwrap());
+        if let Some(held) = held {
+            // Names held files took over backend files: their Unlink records are in the log
+            // (committed with the renames, before the release point), so the backend may lose
+            // them now, and the held files take them below.
+            let unlinked = held.keeping_directory_times(|| {
+                let unlinked = held.remove_hidden(None, None).inspect_err(|e| {
+                    log::error!("unlinking replaced files on the backend at a checkpoint: {e}; the log keeps them");
+                })?;
+                held.make_all(release_before).inspect_err(|e| {
+                    log::error!("making new files on the backend at a checkpoint: {e}; the log keeps them");
+                })?;
+                Ok(unlinked)
+            })?;
+            for id in unlinked {
+                if self.is_lingering(id) && self.has_no_name(id) {
+                    self.forget_file(id);
+                }
+            }
+        }
+        let flushed: Vec<(u64, u64)> =
+            lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
+        self.prepare_files();
+        self.sync_backend()?;
+        log.checkpoint(release_before).map_err(|e| {
+            log::error!("{e}");
+            Errno(libc::EIO)
+        })?;
+        log.forget_take_backs_before(take_backs);
+        if let Some(held) = &self.pending {
+            held.checkpoint_released(release_before);
+        }
+        let mut d = lock(&self.durability);
+        for (ino, changes) in flushed {
+            if let Some(entry) = d.get_mut(&ino) {
+                entry.created = false;
+                entry.named_in = None;
+                // Synced backend bytes may be newer than records of the file the log still
+                // holds: replay would put those older records over them. Such a file stays
+                // ineligible until an fsync syncs it and writes a barrier (the crash harness
+                // found the older bytes back after a log fsync that had nothing left to log).
+                if entry.logged_before_seq <= release_before {
+                    entry.logged_before_seq = 0;
+                    entry.synced_changes = entry.synced_changes.max(changes);
+                }
+            }
+        }
+        let mut forgets_due = Vec::new();
+        d.retain(|&ino, e| {
+            let keep = e.created || !e.backend_in_sync() || e.logged_before_seq > 0;
+            if !keep && e.forgets_held_back > 0 {
+                forgets_due.push((ino, e.forgets_held_back));
+            }
+            keep
+        });
+        drop(d);
+        for (ino, lookups) in forgets_due {
+            self.ns.forget(ino, lookups);
+        }
+        Ok(())
+    }
+
+    /// The kernel dropped `lookups` lookups of `ino`. A file with a durability entry that can
+    /// be looked up again keeps them until the entry goes: at zero lookups the namespace may
+    /// end the id, and the file, looked up again, come back under another one (where the
+    /// backend cannot keep an id the engine chose), whose fsync would find no entry and be
+    /// answered by the log over backend changes no sync had made durable. A file with no name
+    /// left lets them all go at once: nothing can look it up, and the backend frees its space
+    /// only when the last lookup goes (the full-disk tests wait for that).
+    pub fn forget(&self, ino: u64, lookups: u64) {
+        // One lock for the many files with no entry.
+        if !lock(&self.durability).contains_key(&ino) {
+            return self.ns.forget(ino, lookups);
+        }
+        // The name is asked for outside the map's lock: a held file's answer takes its body's
+        // lock, under which a log commit takes the map's.
+        let named = !self.has_no_name(ino);
+        let held_back = match lock(&self.durability).get_mut(&ino) {
+            Some(entry) if named => {
+                entry.forgets_held_back += lookups;
+                return;
+            }
+            Some(entry) => std::mem::take(&mut entry.forgets_held_back),
+            None => 0,
+        };
+        self.ns.forget(ino, lookups + held_back);
+    }
+
+    /// The files with write state now, taken out of the lock so each can be worked on alone.
+    pub(super) fn open_files(&self) -> Vec<Arc<FileState>> {
+        lock(&self.files).values().cloned().collect()
+    }
+
+    /// Every buffered unit of every file written to the backend (not synced), each file waited for.
+    pub(super) fn flush_every_file(&self, report: ErrorReport) -> SysResult<()> {
+        for file in self.open_files() {
+            self.flush_file(&file, None, report)?;
+        }
+        Ok(())
+    }
+
+    /// Every buffered unit written to the backend and the backend synced once: a checkpoint
+    /// where there is a log.
+    /// Whether the intent log holds batches a next mount would replay.
+    pub fn log_holds_records(&self) -> bool {
+        self.log.as_ref().is_some_and(|log| log.holds_batches())
+    }
+
+    pub fn sync_all(&self) -> SysResult<()> {
+        if self.log.is_some() {
+            return self.checkpoint();
+        }
+        self.flush_every_file(ErrorReport::Sync)?;
+        self.sync_backend()
+    }
+
+    /// A timer thread's pause between its rounds: false, at once, when the writeback stops.
+    pub(super) fn pause_unless_stopped(&self, pause: Duration) -> bool {
+        let stopped = lock(&self.timers_stopped);
+        let (stopped, _) = self.timers_wake.wait_timeout_while(stopped, pause, |stopped| !*stopped).unwrap();
+        !*stopped
+    }
+
+    fn stop_timers(&self) {
+        *lock(&self.timers_stopped) = true;
+        self.timers_wake.notify_all();
+    }
+
+    /// Checkpoints when the log is half full, or the durability map holds more than
+    /// `DURABILITY_ENTRIES_BEFORE_CHECKPOINT` files, and every `checkpoint_interval` while the log
+    /// holds anything or a file waits for a backend sync to become eligible for it.
+    pub(super) fn checkpoint_loop(&self) {
+        let log = self.log.as_ref().expect("the checkpointer runs with a log");
+        // The first ones: their creation shares the backend's next sync with whatever comes.
+        self.prepare_files();
+        let mut last = Instant::now();
+        while self.pause_unless_stopped(Duration::from_millis(100).min(self.config.checkpoint_interval)) {
+            let entries = lock(&self.durability).len();
+            let held_bytes = self.pending.as_ref().map_or(0, |held| held.bytes_held());
+            let waiting = log.holds_batches() || entries > 0;
+            let due = log.used_fraction() > 0.5
+                || entries > DURABILITY_ENTRIES_BEFORE_CHECKPOINT
+                || held_bytes > HELD_BYTES_BEFORE_CHECKPOINT
+                || (waiting && last.elapsed() >= self.config.checkpoint_interval);
+            if due {
+                if let Err(e) = self.checkpoint() {
+                    log::warn!("checkpoint failed ({e}); the log keeps its records and it is tried again");
+                }
+                last = Instant::now();
+            }
+        }
+    }
+
+    /// For in-process tests: every thread stopped as a killed daemon's would be, nothing more
+    /// written; the buffer and the log's queue are dropped with the engine. A flush under way
+    /// finishes first (it was issued before the "crash").
+    pub fn abandon(&self) {
+        self.stopping.store(true, Relaxed);
+        self.stop_timers();
+        lock(&self.queue).clear();
+        self.queue_ready.notify_all();
+        let threads: Vec<_> =
+            lock(&self.flusher_threads).drain(..).chain(lock(&self.timer_threads).drain(..)).collect();
+        for thread in threads {
+            let _ = thread.join();
+        }
+        *lock(&self.shut_down_report) = Some(ShutDown::default());
+    }
+
+    /// At unmount: every file's buffered data written and synced, each given `io_timeout`
+    /// without progress at most (so a backend that answers nothing cannot hold the daemon);
+    /// then the last checkpoint (without the log, a sync of the backend); then the threads
+    /// stopped. Returns what could not be written, per file, and whether the closing sync
+    /// failed; computed once (later calls return the same).
+    pub fn shut_down(&self) -> ShutDown {
+        let mut report = lock(&self.shut_down_report);
+        if let Some(done) = &*report {
+            return done.clone();
+        }
+        let mut unwritten = Vec::new();
+        let deadline = Instant::now() + self.config.io_timeout;
+        for file in self.open_files() {
+            // Past the deadline the backend has shown it takes nothing: no more waiting.
+            let result = if Instant::now() < deadline {
+                self.flush_file(&file, Some(true), ErrorReport::Sync)
+            } else {
+                Err(Errno(libc::EIO))
+            };
+            let Err(e) = result else { continue };
+            let inner = lock(&file.inner);
+            let in_log: u64 = inner.dirty.values().map(|u| u.ranges.bytes().min(u.logged.bytes())).sum();
+            let bytes: u64 = inner.dirty.values().map(|u| u.ranges.minus(&u.logged).bytes()).sum::<u64>()
+                + inner.in_flight.values().map(|u| u.ranges.bytes()).sum::<u64>();
+            if bytes + in_log == 0 {
+                continue;
+            }
+            let name = self.name_of(&file);
+            log::error!(
+                "{name}: {bytes} written bytes could not be written before unmount ({e}) and are lost{}",
+                if in_log > 0 {
+                    format!("; {in_log} fsynced bytes stay in the intent log for the next mount")
+                } else {
+                    String::new()
+                }
+            );
+            self.metrics.unmount_dropped_bytes.fetch_add(bytes, Relaxed);
+            unwritten.push(Unwritten { name, bytes, in_log, error: e });
+        }
+        // A clean unmount is a durability point, as a native file system's: what was written
+        // survives a power cut after `umount` returns (with the log, the checkpoint's sync).
+        let mut backend_unsynced = None;
+        if self.log.is_some() {
+            let mut checkpointed = self.checkpoint();
+            // New files the log took after that checkpoint began, or whose commit failed, are
+            // made on the backend too (nothing changes any more), and a second checkpoint
+            // releases their records: a clean unmount leaves nothing to replay.
+            if let Some(held) =
+                self.pending.as_ref().filter(|held| checkpointed.is_ok() && (held.any_named() || held.any_hidden()))
+            {
+                checkpointed = held
+                    .keeping_directory_times(|| held.remove_hidden(None, None).and_then(|_| held.make_all(u64::MAX)))
+                    .and_then(|_| self.checkpoint());
+            }
+            if let Err(e) = checkpointed {
+                log::error!("the last checkpoint failed ({e}); the next mount replays the intent log");
+                backend_unsynced = Some(e);
+            }
+        } else if let Err(e) = self.sync_backend() {
+            log::error!("syncing the backend at unmount failed ({e}): what was written may not survive a power cut");
+            backend_unsynced = Some(e);
+        }
+        self.stopping.store(true, Relaxed);
+        self.stop_timers();
+        self.queue_ready.notify_all();
+        // A flusher stuck in a backend call that never returns is left behind, not waited for.
+        let flushers: Vec<_> = lock(&self.flusher_threads).drain(..).collect();
+        let stop_deadline = Instant::now() + self.config.io_timeout;
+        for thread in flushers {
+            while !thread.is_finished() && Instant::now() < stop_deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            } else {
+                log::error!(
+                    "a flusher is still in a backend call after {} s; the daemon exits without it",
+                    self.config.io_timeout.as_secs()
+                );
+            }
+        }
+        if let Some(log) = &self.log {
+            log.release_device();
+        }
+        let done = ShutDown { unwritten, backend_unsynced };
+        *report = Some(done.clone());
+        done
+    }
+}
