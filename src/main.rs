@@ -39,6 +39,7 @@ Mount options (-o, comma-separated, repeatable):
   log_threshold=SIZE, log_threshold_new=SIZE  most bytes one fsync logs (existing / new file)
   log_closes=auto|always|never  closes of new or changed small files the log takes (default
                      auto: those not in a burst of closes; the others write to BACKING_DIR)
+  burst_gap=DURATION closes less than this apart are a burst (default 2ms)
   log_raw=auto|off   auto: as root on ext4, the log file's blocks are written on its device, so a
                      commit changes no inode (the file is immutable while mounted); off: through it
   xattr=on|off       extended attributes (default on); off: refused as unsupported, and the kernel

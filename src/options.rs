@@ -63,6 +63,8 @@ pub struct MountOptions {
     pub log_threshold_new_bytes: u64,
     /// `log_closes=auto|always|never`: which closes of new or changed files the intent log takes.
     pub log_closes: crate::engine::LogCloses,
+    /// `burst_gap=DURATION`: closes less than this apart are a burst (see `log_closes`).
+    pub burst_gap: std::time::Duration,
     /// `log_raw=auto|off`: whether a log file's blocks may be written on its block device
     /// (see `engine::intent_log::raw`).
     pub log_raw: crate::engine::intent_log::raw::RawLog,
@@ -146,6 +148,7 @@ impl Default for MountOptions {
             log_threshold_bytes: LOG_THRESHOLD_BYTES_DEFAULT,
             log_threshold_new_bytes: LOG_THRESHOLD_NEW_BYTES_DEFAULT,
             log_closes: crate::engine::LogCloses::Auto,
+            burst_gap: crate::engine::burst::BURST_GAP,
             log_raw: crate::engine::intent_log::raw::RawLog::Auto,
             xattrs: true,
             transport: crate::transport::TransportChoice::Auto,
@@ -334,6 +337,14 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
             }
             options.checkpoint_interval = d;
         }
+        "burst_gap" => {
+            let v = need_value(value)?;
+            let d = parse_duration(v).map_err(|e| UsageError(format!("burst_gap={v}: {e}")))?;
+            if d > std::time::Duration::from_secs(10) {
+                return Err(UsageError(format!("burst_gap={v}: at most 10s")));
+            }
+            options.burst_gap = d;
+        }
         "threads" => options.threads = thread_count(key, need_value(value)?)?,
         "io_timeout" => {
             let v = need_value(value)?;
@@ -516,6 +527,19 @@ mod tests {
         assert_eq!(req.options.log_closes, crate::engine::LogCloses::Never);
         let err = parse_mount_args(&args(&["a", "b", "-o", "log_closes=off"])).unwrap_err();
         assert_eq!(err.0, "log_closes=off: expected auto, always or never");
+    }
+
+    #[test]
+    fn burst_gap_takes_a_duration_up_to_ten_seconds() {
+        let defaults = parse_mount_args(&args(&["a", "b"])).unwrap().options;
+        assert_eq!(defaults.burst_gap, std::time::Duration::from_millis(2));
+        let req = parse_mount_args(&args(&["a", "b", "-o", "burst_gap=50ms"])).unwrap();
+        assert_eq!(req.options.burst_gap, std::time::Duration::from_millis(50));
+        assert!(parse_mount_args(&args(&["a", "b", "-o", "burst_gap=11s"])).unwrap_err().0.contains("at most 10s"));
+        assert!(parse_mount_args(&args(&["a", "b", "-o", "burst_gap=soon"]))
+            .unwrap_err()
+            .0
+            .starts_with("burst_gap=soon"));
     }
 
     #[test]

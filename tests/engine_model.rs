@@ -358,6 +358,7 @@ fn config_holding(log_closes: LogCloses) -> EngineConfig {
             log_threshold_bytes: 64 << 10,
             log_threshold_new_bytes: 24 << 10,
             log_closes,
+            burst_gap: coalescefs::engine::burst::BURST_GAP,
             checkpoint_interval: Duration::from_secs(3600),
             io_timeout: Duration::from_secs(10),
         },

@@ -14,7 +14,8 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-/// Events this close together are one burst.
+/// Events this close together are one burst, unless `-o burst_gap=` says otherwise: tar's
+/// closes come a few hundred microseconds apart, an editor's seconds.
 pub const BURST_GAP: Duration = Duration::from_millis(2);
 
 /// When an event of one kind last happened, noted and read without a lock by every thread.
@@ -22,48 +23,55 @@ pub struct LastEvent {
     since: Instant,
     /// Nanoseconds from `since` to the last event; `NEVER` before the first.
     at_nanos: AtomicU64,
+    /// Events less than this apart are one burst.
+    gap_nanos: u64,
 }
 
 const NEVER: u64 = u64::MAX;
 
 impl Default for LastEvent {
     fn default() -> Self {
-        LastEvent { since: Instant::now(), at_nanos: AtomicU64::new(NEVER) }
+        LastEvent::with_gap(BURST_GAP)
     }
 }
 
 impl LastEvent {
+    pub fn with_gap(gap: Duration) -> LastEvent {
+        let gap_nanos = u64::try_from(gap.as_nanos()).unwrap_or(NEVER - 1);
+        LastEvent { since: Instant::now(), at_nanos: AtomicU64::new(NEVER), gap_nanos }
+    }
+
     fn now_nanos(&self) -> u64 {
         u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(NEVER - 1)
     }
 
-    /// The event happened now; returns whether the one before it was less than `BURST_GAP` ago.
+    /// The event happened now; returns whether the one before it was less than the gap ago.
     pub fn note(&self) -> bool {
         self.note_at(self.now_nanos())
     }
 
-    /// Whether the last event was less than `BURST_GAP` ago.
+    /// Whether the last event was less than the gap ago.
     pub fn within_burst(&self) -> bool {
         self.within_burst_at(self.now_nanos())
     }
 
     fn note_at(&self, now: u64) -> bool {
         let before = self.at_nanos.swap(now, Relaxed);
-        before != NEVER && now.saturating_sub(before) < GAP_NANOS
+        before != NEVER && now.saturating_sub(before) < self.gap_nanos
     }
 
     fn within_burst_at(&self, now: u64) -> bool {
         let at = self.at_nanos.load(Relaxed);
         // Noted by another thread after `now` was read: that is no gap at all.
-        at != NEVER && now.saturating_sub(at) < GAP_NANOS
+        at != NEVER && now.saturating_sub(at) < self.gap_nanos
     }
 }
-
-const GAP_NANOS: u64 = BURST_GAP.as_nanos() as u64;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const GAP_NANOS: u64 = BURST_GAP.as_nanos() as u64;
 
     /// On the event's own clock: a test that reads the real one fails when the machine stalls
     /// it past the gap between two calls.

@@ -56,6 +56,8 @@ pub struct WritebackConfig {
     pub log_threshold_new_bytes: u64,
     /// With the intent log: which new files it holds until the checkpoint.
     pub log_closes: LogCloses,
+    /// Closes (and an fsync before a close) less than this apart are a burst (`burst`).
+    pub burst_gap: Duration,
     /// With the intent log: the longest between checkpoints while anything waits for one.
     pub checkpoint_interval: Duration,
     /// The longest a request waits for the backend without any progress (a flush that does
@@ -463,6 +465,7 @@ impl Writeback {
         assert!(config.buffer_bytes >= config.unit_bytes, "the buffer holds at least one unit");
         metrics.buffer_bytes_limit.store(config.buffer_bytes, Relaxed);
         metrics.unit_bytes.store(config.unit_bytes, Relaxed);
+        let burst_gap = config.burst_gap;
         let writeback = Arc::new(Writeback {
             ns,
             store,
@@ -485,8 +488,8 @@ impl Writeback {
             pending,
             durability: Mutex::new(HashMap::new()),
             checkpointing: Mutex::new(()),
-            last_close: LastEvent::default(),
-            last_fsync: LastEvent::default(),
+            last_close: LastEvent::with_gap(burst_gap),
+            last_fsync: LastEvent::with_gap(burst_gap),
             last_close_fsynced: std::sync::atomic::AtomicBool::new(false),
         });
         for i in 0..writeback.config.flushers {

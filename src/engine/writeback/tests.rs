@@ -46,6 +46,7 @@ fn rig_on(store: MemoryBackend, buffer_units: u64, io_timeout: Duration, log: Op
         log_threshold_bytes: 0,
         log_threshold_new_bytes: 0,
         log_closes: LogCloses::Auto,
+        burst_gap: crate::engine::burst::BURST_GAP,
         checkpoint_interval: Duration::from_secs(3600),
         io_timeout,
     };
