@@ -11,12 +11,17 @@ struct MergedDirReader {
     backend: Box<dyn DirReader>,
     pending: Arc<Pending>,
     dir: ObjectId,
-    /// The held names of the directory, taken before the backend's first entries are read: a
-    /// held file made on the backend meanwhile (a flusher or a checkpoint making it) is then in
-    /// both, and listed once, as held. Taken after them, it was in both or, made in between,
-    /// in neither (the reference test saw a name listed twice). In name order (the table's),
-    /// so that a backend entry is looked for by binary search.
-    held: Option<Vec<(OsString, ObjectId)>>,
+    /// The held names of the directory, taken before the backend's listing: a held file made
+    /// on the backend meanwhile (a flusher or a checkpoint making it) is then in both, and
+    /// listed once, as held. Taken after it, a file made in between is in neither: the
+    /// reference test saw a name listed twice when they were taken after the backend's first
+    /// entries were read, and, over a store that lists a directory when it is opened (SQLite,
+    /// memory), a name missing when they were taken at the first read. In name order (the
+    /// table's), so that a backend entry is looked for by binary search.
+    held: Vec<(OsString, ObjectId)>,
+    /// Nothing read yet of the listing taken at open: a read at offset 0 after others
+    /// (rewinddir) takes both again, as the directory is now.
+    unread: bool,
 }
 
 /// Whether `name` is among `held` (in name order, as `MergedDirReader` takes it).
@@ -24,21 +29,29 @@ fn is_held_name(held: &[(OsString, ObjectId)], name: &OsStr) -> bool {
     held.binary_search_by(|(held_name, _)| held_name.as_os_str().cmp(name)).is_ok()
 }
 
+impl MergedDirReader {
+    /// The held names of `dir`, then the backend's listing of it, in that order (see `held`).
+    fn open(pending: &Arc<Pending>, dir: ObjectId) -> SysResult<MergedDirReader> {
+        let held: Vec<(OsString, ObjectId)> = {
+            let table = pending.table();
+            table
+                .by_name
+                .get(&dir)
+                .map_or_else(Vec::new, |names| names.iter().map(|(name, id)| (name.clone(), *id)).collect())
+        };
+        debug_assert!(held.windows(2).all(|pair| pair[0].0 < pair[1].0), "held names in order");
+        let backend = pending.ns.open_dir(dir)?;
+        Ok(MergedDirReader { backend, pending: pending.clone(), dir, held, unread: true })
+    }
+}
+
 impl DirReader for MergedDirReader {
     fn read(&mut self, offset: u64, max: usize) -> SysResult<Vec<DirEntry>> {
         let mut entries = Vec::new();
-        // At the start again (rewinddir), as the directory is now.
-        if self.held.is_none() || offset == 0 {
-            let held: Vec<(OsString, ObjectId)> = {
-                let table = self.pending.table();
-                table
-                    .by_name
-                    .get(&self.dir)
-                    .map_or_else(Vec::new, |names| names.iter().map(|(name, id)| (name.clone(), *id)).collect())
-            };
-            debug_assert!(held.windows(2).all(|pair| pair[0].0 < pair[1].0), "held names in order");
-            self.held = Some(held);
+        if offset == 0 && !self.unread {
+            *self = MergedDirReader::open(&self.pending, self.dir)?;
         }
+        self.unread = false;
         if offset < HELD_OFFSET_BASE {
             // Hidden names are gone here: the backend is read on until `max` entries are left
             // or it has no more (fewer than `max` says the end).
@@ -47,7 +60,7 @@ impl DirReader for MergedDirReader {
                 let wanted = max - entries.len();
                 let batch = self.backend.read(at, wanted)?;
                 let (got, next) = (batch.len(), batch.last().map(|e| e.next_offset));
-                let held = self.held.as_deref().expect("taken above");
+                let held = &self.held;
                 if self.pending.any_hidden() {
                     let table = self.pending.table();
                     entries.extend(
@@ -67,7 +80,7 @@ impl DirReader for MergedDirReader {
                 }
             }
         }
-        let held = self.held.as_ref().expect("taken above");
+        let held = &self.held;
         let start = offset.saturating_sub(HELD_OFFSET_BASE) as usize;
         for (i, (name, id)) in held.iter().enumerate().skip(start) {
             if entries.len() == max {
@@ -307,8 +320,7 @@ impl Namespace for PendingNamespace {
     }
 
     fn open_dir(&self, id: ObjectId) -> SysResult<Box<dyn DirReader>> {
-        let backend = self.0.ns.open_dir(id)?;
-        Ok(Box::new(MergedDirReader { backend, pending: self.0.clone(), dir: id, held: None }))
+        Ok(Box::new(MergedDirReader::open(&self.0, id)?))
     }
 
     fn sync_dir(&self, id: ObjectId) -> SysResult<()> {
