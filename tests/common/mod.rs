@@ -268,7 +268,18 @@ impl TestMount {
 
     pub fn unmount(&mut self) {
         if self.mounted {
-            let out = coalescefs(&["umount", &path_str(&self.mnt)]);
+            // Tests run side by side in one process: a child another test forks holds a copy
+            // of every descriptor (this test's files on the mount too) until it execs, and
+            // umount(2) answers EBUSY meanwhile (CI's loaded machine saw it). A few tries.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let out = loop {
+                let out = coalescefs(&["umount", &path_str(&self.mnt)]);
+                if out.status.success() || !stderr_of(&out).contains("is busy") || std::time::Instant::now() > deadline
+                {
+                    break out;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            };
             assert!(out.status.success(), "umount failed: {}", stderr_of(&out));
             self.mounted = false;
         }
