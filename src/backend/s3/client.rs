@@ -169,6 +169,8 @@ const SIGNATURE_VALIDITY: Duration = Duration::from_secs(15 * 60);
 /// The first pause between tries and the longest; each pause is drawn from [half, whole].
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// The shortest stall after which a try is given up for another.
+const STALL_MIN: Duration = Duration::from_millis(100);
 /// How much of an error answer's body is read and quoted.
 const ERROR_BODY_BYTES_MAX: u64 = 64 * 1024;
 const ERROR_MESSAGE_CHARS_MAX: usize = 300;
@@ -355,7 +357,21 @@ impl S3Client {
         body: Option<&[u8]>,
         remaining: Duration,
     ) -> Result<Answer, TryFailure> {
-        // ureq's global timeout covers connecting, sending, and reading the whole body.
+        // The global timeout (connecting, sending, the whole answer) keeps the call's deadline.
+        // A try stalled for a third of io_timeout (no connection, no byte sent or received: a
+        // stopped server, a lost answer) is given up for another, while a slow transfer that
+        // still moves is not cut.
+        let stall = remaining.min((self.io_timeout / 3).max(STALL_MIN));
+        // (A macro: ureq's config builders differ in type with and without a body.)
+        macro_rules! limits {
+            ($config:expr) => {
+                $config
+                    .timeout_global(Some(remaining))
+                    .timeout_connect(Some(stall))
+                    .timeout_per_read(Some(stall))
+                    .timeout_per_write(Some(stall))
+            };
+        }
         let result = match method {
             Method::Get | Method::Head | Method::Delete => {
                 let mut request = match method {
@@ -366,14 +382,14 @@ impl S3Client {
                 for (name, value) in headers {
                     request = request.header(*name, value);
                 }
-                request.config().timeout_global(Some(remaining)).build().call()
+                limits!(request.config()).build().call()
             }
             Method::Put => {
                 let mut request = self.agent.put(url);
                 for (name, value) in headers {
                     request = request.header(*name, value);
                 }
-                request.config().timeout_global(Some(remaining)).build().send(body.unwrap_or(&[]))
+                limits!(request.config()).build().send(body.unwrap_or(&[]))
             }
         };
         let mut response = result.map_err(TryFailure::from)?;
@@ -556,38 +572,58 @@ impl ObjectStore for S3Client {
     }
 
     fn list(&self, prefix: &str) -> ObjectResult<Vec<Listed>> {
-        let what = format!("list s3://{}/{prefix}*", self.bucket.name());
         // One deadline for every page: the call as a whole ends within io_timeout.
         let deadline = Instant::now() + self.io_timeout;
         let mut listed = Vec::new();
         let mut token: Option<String> = None;
         loop {
-            let answer = self.exchange(&what, deadline, &|| {
-                let mut list = ListObjectsV2::new(&self.bucket, Some(&self.credentials));
-                // Keys come back as they are (XML-escaped): rusty-s3 0.10 asks for URL-encoded
-                // keys but decodes them without turning '+' into a space, so "a b" came back as
-                // "a+b" from SeaweedFS (and a '+' of the key could not be told from a space).
-                list.query_mut().remove("encoding-type");
-                list.with_prefix(prefix);
-                list.with_max_keys(self.list_page_keys);
-                if let Some(token) = &token {
-                    list.with_continuation_token(token.as_str());
-                }
-                (Method::Get, list.sign(SIGNATURE_VALIDITY), vec![])
-            })?;
-            if answer.status != 200 {
-                return Err(status_error(&what, &answer));
-            }
-            let page = ListObjectsV2::parse_response(&String::from_utf8_lossy(&answer.body)).map_err(|e| {
-                ObjectError::Status { what: what.clone(), status: 200, body: format!("unreadable listing: {e}") }
-            })?;
-            listed.extend(page.contents.into_iter().map(|o| Listed { key: o.key, size: o.size }));
-            match page.next_continuation_token {
-                Some(next) if !next.is_empty() && token.as_deref() != Some(next.as_str()) => token = Some(next),
+            let (page, next) = self.list_page_by(prefix, token.as_deref(), deadline)?;
+            listed.extend(page);
+            match next {
+                // A server that hands back the token it was given would page forever.
+                Some(next) if token.as_deref() != Some(next.as_str()) => token = Some(next),
                 _ => break,
             }
         }
         Ok(listed)
+    }
+}
+
+impl S3Client {
+    /// One ListObjectsV2 page of at most `with_list_page_keys` keys from `continuation` (None:
+    /// the first), and the token of the next page if there is one.
+    pub fn list_page(&self, prefix: &str, continuation: Option<&str>) -> ObjectResult<(Vec<Listed>, Option<String>)> {
+        self.list_page_by(prefix, continuation, Instant::now() + self.io_timeout)
+    }
+
+    fn list_page_by(
+        &self,
+        prefix: &str,
+        continuation: Option<&str>,
+        deadline: Instant,
+    ) -> ObjectResult<(Vec<Listed>, Option<String>)> {
+        let what = format!("list s3://{}/{prefix}*", self.bucket.name());
+        let answer = self.exchange(&what, deadline, &|| {
+            let mut list = ListObjectsV2::new(&self.bucket, Some(&self.credentials));
+            // Keys come back as they are (XML-escaped): rusty-s3 0.10 asks for URL-encoded keys
+            // but decodes them without turning '+' into a space, so "a b" came back as "a+b"
+            // from SeaweedFS (and a '+' of the key could not be told from a space).
+            list.query_mut().remove("encoding-type");
+            list.with_prefix(prefix);
+            list.with_max_keys(self.list_page_keys);
+            if let Some(token) = continuation {
+                list.with_continuation_token(token);
+            }
+            (Method::Get, list.sign(SIGNATURE_VALIDITY), vec![])
+        })?;
+        if answer.status != 200 {
+            return Err(status_error(&what, &answer));
+        }
+        let page = ListObjectsV2::parse_response(&String::from_utf8_lossy(&answer.body)).map_err(|e| {
+            ObjectError::Status { what: what.clone(), status: 200, body: format!("unreadable listing: {e}") }
+        })?;
+        let listed = page.contents.into_iter().map(|o| Listed { key: o.key, size: o.size }).collect();
+        Ok((listed, page.next_continuation_token.filter(|t| !t.is_empty())))
     }
 }
 
@@ -683,6 +719,124 @@ mod tests {
         let e = client.head("some/key").unwrap_err();
         assert!(began.elapsed() < Duration::from_millis(700 + 300), "{:?}", began.elapsed());
         assert!(matches!(&e, ObjectError::Network { what, .. } if what.contains("some/key")), "{e:?}");
+    }
+
+    /// What the scripted server below does with one request.
+    enum Reply {
+        Status(u16, &'static [u8]),
+        /// Reads the request and answers nothing for this long, then closes.
+        Stall(Duration),
+    }
+
+    /// A scripted HTTP server on 127.0.0.1 for the retry policy's unit tests (the S3 behaviour
+    /// itself is tested against a real server in tests/s3_client.rs): it answers each request
+    /// with the next reply and records `METHOD if-none-match body`.
+    fn scripted_server(replies: Vec<Reply>) -> (String, std::thread::JoinHandle<Vec<String>>) {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            for reply in replies {
+                let (stream, _) = listener.accept().unwrap();
+                let mut reader = BufReader::new(stream);
+                let (mut request_line, mut length, mut condition) = (String::new(), 0, "-".to_owned());
+                reader.read_line(&mut request_line).unwrap();
+                loop {
+                    let mut line = String::new();
+                    reader.read_line(&mut line).unwrap();
+                    let line = line.trim_end();
+                    if line.is_empty() {
+                        break;
+                    }
+                    let (name, value) = line.split_once(':').unwrap();
+                    match name.to_ascii_lowercase().as_str() {
+                        "content-length" => length = value.trim().parse().unwrap(),
+                        "if-none-match" => condition = value.trim().to_owned(),
+                        _ => {}
+                    }
+                }
+                let mut body = vec![0; length];
+                reader.read_exact(&mut body).unwrap();
+                let method = request_line.split(' ').next().unwrap().to_owned();
+                seen.push(format!("{method} {condition} {}", String::from_utf8_lossy(&body)));
+                let mut stream = reader.into_inner();
+                match reply {
+                    Reply::Status(status, body) => {
+                        let head = format!(
+                            "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                            if method == "HEAD" { 0 } else { body.len() }
+                        );
+                        let _ = stream.write_all(head.as_bytes());
+                        if method != "HEAD" {
+                            let _ = stream.write_all(body);
+                        }
+                    }
+                    Reply::Stall(d) => std::thread::sleep(d),
+                }
+            }
+            seen
+        });
+        (endpoint, server)
+    }
+
+    fn client_of(endpoint: &str, io_timeout: Duration) -> S3Client {
+        let config = S3Config { endpoint: endpoint.to_owned(), region: "r".into(), bucket: "b".into(), io_timeout };
+        S3Client::with_credentials(&config, S3Credentials::new("a", "s", None)).unwrap()
+    }
+
+    #[test]
+    fn busy_answers_are_retried_and_refusals_are_final() {
+        let (endpoint, server) = scripted_server(vec![
+            Reply::Status(503, b"<Error><Code>SlowDown</Code></Error>"),
+            Reply::Status(500, b""),
+            Reply::Status(200, b""),
+            Reply::Status(400, b"<Error><Code>InvalidArgument</Code></Error>"),
+        ]);
+        let client = client_of(&endpoint, Duration::from_secs(5));
+        assert_eq!(client.put("k", b"data", PutCondition::Always).unwrap(), PutOutcome::Written);
+        let e = client.get("k", None).unwrap_err();
+        assert!(matches!(&e, ObjectError::Status { status: 400, body, .. } if body == "InvalidArgument"), "{e:?}");
+        assert_eq!(server.join().unwrap(), ["PUT - data", "PUT - data", "PUT - data", "GET - "]);
+    }
+
+    #[test]
+    fn a_server_that_ignores_if_none_match_is_refused_by_the_probe() {
+        // The probe's delete, two conditional puts both accepted, the closing delete.
+        let (endpoint, server) = scripted_server(vec![
+            Reply::Status(204, b""),
+            Reply::Status(200, b""),
+            Reply::Status(200, b""),
+            Reply::Status(204, b""),
+        ]);
+        let e = client_of(&endpoint, Duration::from_secs(5)).probe_conditional_put("probe").unwrap_err();
+        assert!(matches!(e, ProbeError::ConditionIgnored { .. }), "{e:?}");
+        assert!(e.to_string().contains("If-None-Match"), "{e}");
+        let seen = server.join().unwrap();
+        assert_eq!(seen.iter().map(|s| &s[..5]).collect::<Vec<_>>(), ["DELET", "PUT *", "PUT *", "DELET"]);
+    }
+
+    #[test]
+    fn a_conditional_put_whose_answer_was_lost_finds_its_own_object() {
+        let stall = Duration::from_millis(600);
+        // The first try's answer never comes (the object was written); the retry gets 412 and
+        // reads the object: its own bytes, then (second put) another writer's.
+        let (endpoint, server) = scripted_server(vec![
+            Reply::Stall(stall),
+            Reply::Status(412, b""),
+            Reply::Status(200, b"mine"),
+            Reply::Stall(stall),
+            Reply::Status(412, b""),
+            Reply::Status(200, b"theirs"),
+        ]);
+        // Tries stall out after a third of io_timeout, leaving time to retry.
+        let client = client_of(&endpoint, Duration::from_millis(1500));
+        assert_eq!(client.put("m", b"mine", PutCondition::IfAbsent).unwrap(), PutOutcome::Written);
+        assert_eq!(client.put("m", b"mine", PutCondition::IfAbsent).unwrap(), PutOutcome::AlreadyThere);
+        assert_eq!(
+            server.join().unwrap(),
+            ["PUT * mine", "PUT * mine", "GET - ", "PUT * mine", "PUT * mine", "GET - "]
+        );
     }
 
     #[test]
