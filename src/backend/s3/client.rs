@@ -498,7 +498,7 @@ impl ObjectStore for S3Client {
                 // A try that timed out may have written the object before its answer was lost:
                 // then the object there is ours. A writer that could put the same bytes at the
                 // same key is no rival (manifests and leases name their writer).
-                let there = self.get(key, None)?;
+                let there = self.get_by(key, None, deadline)?;
                 Ok(if there.as_deref() == Some(body) { PutOutcome::Written } else { PutOutcome::AlreadyThere })
             }
             (412, PutCondition::IfAbsent) => Ok(PutOutcome::AlreadyThere),
@@ -507,56 +507,11 @@ impl ObjectStore for S3Client {
     }
 
     fn get(&self, key: &str, range: Option<Range<u64>>) -> ObjectResult<Option<Vec<u8>>> {
-        if let Some(range) = &range {
-            if range.start >= range.end {
-                return Ok(self.head(key)?.map(|_| Vec::new()));
-            }
-        }
-        let what = match &range {
-            Some(range) => format!("{} bytes {}..{}", self.what("GET", key), range.start, range.end),
-            None => self.what("GET", key),
-        };
-        let answer = self.exchange(&what, Instant::now() + self.io_timeout, &|| {
-            let url = GetObject::new(&self.bucket, Some(&self.credentials), key).sign(SIGNATURE_VALIDITY);
-            let headers = match &range {
-                Some(range) => vec![("range", format!("bytes={}-{}", range.start, range.end - 1))],
-                None => vec![],
-            };
-            (Method::Get, url, headers)
-        })?;
-        match answer.status {
-            206 => Ok(Some(answer.body)),
-            200 => Ok(Some(match range {
-                // A server that ignores Range sends the whole object.
-                Some(range) => {
-                    let end = (range.end.min(answer.body.len() as u64)) as usize;
-                    let start = (range.start as usize).min(end);
-                    answer.body[start..end].to_vec()
-                }
-                None => answer.body,
-            })),
-            404 => Ok(None),
-            // The range starts at or past the end (an empty object has no satisfiable range).
-            416 if range.is_some() => Ok(Some(Vec::new())),
-            _ => Err(status_error(&what, &answer)),
-        }
+        self.get_by(key, range, Instant::now() + self.io_timeout)
     }
 
     fn head(&self, key: &str) -> ObjectResult<Option<u64>> {
-        let what = self.what("HEAD", key);
-        let answer = self.exchange(&what, Instant::now() + self.io_timeout, &|| {
-            let url = HeadObject::new(&self.bucket, Some(&self.credentials), key).sign(SIGNATURE_VALIDITY);
-            (Method::Head, url, vec![])
-        })?;
-        match answer.status {
-            200 => answer.content_length.map(Some).ok_or_else(|| ObjectError::Status {
-                what,
-                status: 200,
-                body: "no Content-Length in the answer".into(),
-            }),
-            404 => Ok(None),
-            _ => Err(status_error(&what, &answer)),
-        }
+        self.head_by(key, Instant::now() + self.io_timeout)
     }
 
     fn delete(&self, key: &str) -> ObjectResult<()> {
@@ -594,6 +549,60 @@ impl S3Client {
     /// the first), and the token of the next page if there is one.
     pub fn list_page(&self, prefix: &str, continuation: Option<&str>) -> ObjectResult<(Vec<Listed>, Option<String>)> {
         self.list_page_by(prefix, continuation, Instant::now() + self.io_timeout)
+    }
+
+    /// `get` within the deadline of the call it is part of.
+    fn get_by(&self, key: &str, range: Option<Range<u64>>, deadline: Instant) -> ObjectResult<Option<Vec<u8>>> {
+        if let Some(range) = &range {
+            if range.start >= range.end {
+                return Ok(self.head_by(key, deadline)?.map(|_| Vec::new()));
+            }
+        }
+        let what = match &range {
+            Some(range) => format!("{} bytes {}..{}", self.what("GET", key), range.start, range.end),
+            None => self.what("GET", key),
+        };
+        let answer = self.exchange(&what, deadline, &|| {
+            let url = GetObject::new(&self.bucket, Some(&self.credentials), key).sign(SIGNATURE_VALIDITY);
+            let headers = match &range {
+                Some(range) => vec![("range", format!("bytes={}-{}", range.start, range.end - 1))],
+                None => vec![],
+            };
+            (Method::Get, url, headers)
+        })?;
+        match answer.status {
+            206 => Ok(Some(answer.body)),
+            200 => Ok(Some(match range {
+                // A server that ignores Range sends the whole object.
+                Some(range) => {
+                    let end = (range.end.min(answer.body.len() as u64)) as usize;
+                    let start = (range.start as usize).min(end);
+                    answer.body[start..end].to_vec()
+                }
+                None => answer.body,
+            })),
+            404 => Ok(None),
+            // The range starts at or past the end (an empty object has no satisfiable range).
+            416 if range.is_some() => Ok(Some(Vec::new())),
+            _ => Err(status_error(&what, &answer)),
+        }
+    }
+
+    fn head_by(&self, key: &str, deadline: Instant) -> ObjectResult<Option<u64>> {
+        let what = self.what("HEAD", key);
+        let answer = self.exchange(&what, deadline, &|| {
+            let url = HeadObject::new(&self.bucket, Some(&self.credentials), key).sign(SIGNATURE_VALIDITY);
+            (Method::Head, url, vec![])
+        })?;
+        match answer.status {
+            200 => answer.content_length.map(Some).ok_or_else(|| ObjectError::Status {
+                what,
+                status: 200,
+                body: "no Content-Length in the answer".into(),
+            }),
+            404 => Ok(None),
+            _ => Err(status_error(&what, &answer)),
+        }
     }
 
     fn list_page_by(
