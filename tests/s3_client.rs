@@ -122,7 +122,7 @@ fn stopped_server_times_out_killed_server_fails_fast_and_both_recover() {
     assert_eq!(store.get("k", None).unwrap().unwrap(), b"before");
 
     // Stopped: connections are accepted by the kernel and never answered.
-    server.signal(libc::SIGSTOP);
+    server.freeze();
     for call in 0..2 {
         let began = Instant::now();
         let e = store.get("k", None).unwrap_err();

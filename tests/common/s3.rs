@@ -54,6 +54,22 @@ impl S3Server {
         assert_eq!(unsafe { libc::kill(self.pid, signal) }, 0);
     }
 
+    /// Stops weed with SIGSTOP and waits until every thread of it is stopped: kill(2) returns
+    /// before the stop reaches each thread, and a request sent in between was answered.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+        let tasks = PathBuf::from(format!("/proc/{}/task", self.pid));
+        super::wait_for(
+            || {
+                std::fs::read_dir(&tasks).unwrap().all(|task| {
+                    let stat = std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap_or_default();
+                    stat.rsplit(") ").next().is_some_and(|r| r.starts_with('T') || r.starts_with('t'))
+                })
+            },
+            "every thread of weed to stop",
+        );
+    }
+
     /// Kills weed with SIGKILL and waits until it is gone (a zombie counts as gone: its parent,
     /// the script's shell, has exited and someone else reaps it).
     pub fn kill(&self) {
