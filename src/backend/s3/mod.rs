@@ -2,4 +2,5 @@
 //! (`objects`), the client over it, then the unit store of immutable unit objects over the
 //! SQLite namespace.
 
+pub mod client;
 pub mod objects;
