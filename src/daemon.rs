@@ -21,7 +21,7 @@ use crate::engine::intent_log::raw::RawLog;
 use crate::options::{BackendKind, LogPlace, MountOptions, MountRequest};
 use crate::runtime::RuntimeDir;
 use crate::state::{self, StateDir};
-use crate::transport::{self, TransportChoice};
+use crate::transport;
 use crate::{backend, control, engine, fuse, logging, metrics, mounts, sys};
 
 /// The exit status of a command that met a condition (usage errors exit 2).
@@ -567,18 +567,10 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         sqlite,
     ));
     let mount_id = Arc::new(std::sync::OnceLock::new());
-    let ask_for_ring = match (opts.transport, transport::uring_unavailable()) {
-        (TransportChoice::Dev, _) => false,
-        (TransportChoice::Auto, None) | (TransportChoice::Uring, None) => true,
-        (TransportChoice::Auto, Some(why)) => {
-            log::info!("transport=auto: /dev/fuse, FUSE over io_uring is not available: {why}");
-            false
-        }
-        (TransportChoice::Uring, Some(why)) => {
-            return ready.error(&format!("transport=uring: FUSE over io_uring is not available: {why}"));
-        }
+    let negotiation = match transport::Negotiation::for_choice(opts.transport) {
+        Ok(negotiation) => Arc::new(negotiation),
+        Err(message) => return ready.error(&message),
     };
-    let negotiation = Arc::new(transport::Negotiation::new(ask_for_ring));
     let adapter = fuse::FuseAdapter::new(
         engine.clone(),
         metrics.clone(),
@@ -597,10 +589,8 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         }
     };
     let _ = notifier.set(session.notifier());
-    // INIT is answered: with the ring granted, the kernel holds every request until each
-    // possible CPU's queue has an entry registered, so the rings must exist before anything
-    // waits on the mount, or the ring be turned off (auto), or the mount go (uring).
-    let rings = match ring_transport(&session, &negotiation, opts.transport, max_write as u32) {
+    // INIT is answered: the rings now, before anything waits on the mount.
+    let rings = match transport::rings_after_init(&session, &negotiation, opts.transport, max_write as u32) {
         Ok(rings) => rings,
         Err(message) => {
             let _ = mounts::unmount(&mount_point, true);
@@ -680,40 +670,6 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         Err(e) => log::info!("the session on {} ended: {e}", mount_point.display()),
     }
     exit
-}
-
-/// The rings of a mount whose INIT granted FUSE over io_uring; None when it was not asked for
-/// or (transport=auto) not granted. An error when transport=uring was not granted or the rings
-/// cannot be made.
-fn ring_transport(
-    session: &fuser::Session<fuse::FuseAdapter>,
-    negotiation: &transport::Negotiation,
-    choice: TransportChoice,
-    max_write_bytes: u32,
-) -> Result<Option<transport::uring::RingTransport>, String> {
-    if !negotiation.granted() {
-        if choice == TransportChoice::Uring {
-            return Err("transport=uring: the kernel did not grant FUSE over io_uring at INIT".into());
-        }
-        return Ok(None);
-    }
-    let dev_fuse = std::os::fd::AsFd::as_fd(session);
-    let rings = dev_fuse
-        .try_clone_to_owned()
-        .and_then(|fd| transport::uring::RingTransport::new(fd, transport::uring::payload_bytes(max_write_bytes)));
-    match rings {
-        Ok(rings) => Ok(Some(rings)),
-        Err(e) if choice == TransportChoice::Auto => {
-            // Turned off for the connection, the held requests go to /dev/fuse.
-            log::warn!("cannot set up FUSE over io_uring ({e}): transport=auto falls back to /dev/fuse");
-            if transport::uring::fall_back_to_dev_fuse(std::os::fd::AsRawFd::as_raw_fd(&dev_fuse)) {
-                Ok(None)
-            } else {
-                Err(format!("cannot set up FUSE over io_uring ({e}), nor turn it off"))
-            }
-        }
-        Err(e) => Err(format!("cannot set up FUSE over io_uring: {e}")),
-    }
 }
 
 fn start_session(

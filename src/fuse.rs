@@ -249,16 +249,7 @@ impl Filesystem for FuseAdapter {
             // kernel also writes back and drops cached pages before every uncached request.
             PageCache::Auto => wanted |= InitFlags::FUSE_WRITEBACK_CACHE | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
         }
-        // FUSE_OVER_IO_URING is a flags2 bit (41): fuser answers INIT with flags2, so asking
-        // is enough; the kernel offers it only while enable_uring is on.
-        if self.transport.ask_for_ring() {
-            if config.capabilities().contains(InitFlags::FUSE_OVER_IO_URING) {
-                wanted |= InitFlags::FUSE_OVER_IO_URING;
-                self.transport.grant();
-            } else {
-                log::warn!("the kernel did not offer FUSE over io_uring at INIT: requests come over /dev/fuse");
-            }
-        }
+        wanted |= self.transport.answer_init(config.capabilities());
         let supported = wanted & config.capabilities();
         let _ = config.add_capabilities(supported);
         Ok(())

@@ -250,6 +250,17 @@ pub fn mount_direct(
     mount_point: &Path,
     options: &crate::options::MountOptions,
 ) -> Result<OwnedFd, String> {
+    mount_direct_as(FS_TYPE, source, mount_point, options)
+}
+
+/// `mount_direct` under another file system type (`fuse.NAME`): the benchmark's null sink
+/// mounts so, so that nothing that looks for coalescefs mounts takes it for one.
+pub fn mount_direct_as(
+    fs_type: &str,
+    source: &str,
+    mount_point: &Path,
+    options: &crate::options::MountOptions,
+) -> Result<OwnedFd, String> {
     let dev_fuse = sys::openat(libc::AT_FDCWD, c"/dev/fuse", libc::O_RDWR, 0).map_err(|e| match e.0 {
         libc::ENOENT => "/dev/fuse does not exist: load the fuse module (modprobe fuse)".to_string(),
         _ => format!("cannot open /dev/fuse: {e}"),
@@ -270,7 +281,7 @@ pub fn mount_direct(
     let flags = kernel_flags(options);
     let source_c = CString::new(source).map_err(|_| "the backing path contains a NUL byte".to_string())?;
     let target = sys::path_cstring(mount_point).map_err(|e| format!("mount point: {e}"))?;
-    let fs_type = CString::new(FS_TYPE).expect("constant");
+    let fs_type = CString::new(fs_type).map_err(|_| "the file system type contains a NUL byte".to_string())?;
     let data_c = CString::new(data).expect("no NUL in formatted options");
     let ret =
         // SAFETY: mount reads NUL-terminated C strings that outlive the call (the data is a C

@@ -12,51 +12,9 @@ mod common;
 use std::fs;
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
-
-const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
-
-/// The tests here run one at a time: the parameter is global, and one test putting it back
-/// must not pull it from under another's INIT.
-static ENABLE_URING_HELD: Mutex<()> = Mutex::new(());
-
-/// enable_uring on while it lives; what it was before when dropped (also on a panic).
-struct UringEnabled {
-    previous: String,
-    _held: std::sync::MutexGuard<'static, ()>,
-}
-
-impl UringEnabled {
-    /// None, with the reason printed, where the test cannot run.
-    fn new(test: &str) -> Option<UringEnabled> {
-        // SAFETY: geteuid takes no arguments and cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            skip(test, "enable_uring can only be set as root");
-            return None;
-        }
-        let held = ENABLE_URING_HELD.lock().unwrap_or_else(|e| e.into_inner());
-        let previous = match fs::read_to_string(ENABLE_URING) {
-            Ok(value) => value.trim().to_string(),
-            Err(e) => {
-                skip(test, &format!("{ENABLE_URING}: {e} (a kernel without CONFIG_FUSE_IO_URING)"));
-                return None;
-            }
-        };
-        fs::write(ENABLE_URING, "1").expect("turn enable_uring on");
-        Some(UringEnabled { previous, _held: held })
-    }
-}
-
-impl Drop for UringEnabled {
-    fn drop(&mut self) {
-        if let Err(e) = fs::write(ENABLE_URING, &self.previous) {
-            eprintln!("cannot put {ENABLE_URING} back to {}: {e}", self.previous);
-        }
-    }
-}
 
 fn stats_text(m: &TestMount) -> String {
     let out = coalescefs(&["stats", &path_str(&m.mnt)]);

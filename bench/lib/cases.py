@@ -2,9 +2,10 @@
 its table, as (label, run) pairs; run(work) measures one repetition in the scratch directory
 `work` and returns its numbers (a dict, or a dict of rows).
 """
-import json, os, sys, time
+import json, os, subprocess, sys, time
 
-from stores import BIN, REPO, Store, System, WriteTrace, cleanups, cleanups_global, diskstats, drop_caches, measured, sh
+from stores import (BIN, REPO, SINK, Store, System, WriteTrace, cleanups, cleanups_global, diskstats, drop_caches,
+                    measured, raise_max_pages, sh)
 
 
 def fio(path, **params):
@@ -15,9 +16,13 @@ def fio(path, **params):
     args.append(f"--directory={path}" if "numjobs" in params else f"--filename={path}")
     args += [f"--{k}={v}" for k, v in params.items()]
     out = json.loads(sh(*args, capture=True))
-    job = out["jobs"][0]["write"]
+    whole = out["jobs"][0]
+    job = whole["write"]
     pct = job.get("clat_ns", {}).get("percentile", {})
-    return {"bw_bytes": job["bw_bytes"], "runtime_ms": job["runtime"] or 1,
+    # The writer's own CPU (user + system: the copy into the kernel's FUSE request is system
+    # time of the writer), from fio's percentages of the job's run time.
+    client_cpu_s = (whole.get("usr_cpu", 0) + whole.get("sys_cpu", 0)) / 100 * whole.get("job_runtime", 0) / 1000
+    return {"bw_bytes": job["bw_bytes"], "runtime_ms": job["runtime"] or 1, "client_cpu_s": client_cpu_s,
             "clat_us": {k: pct.get(v, 0) / 1000 for k, v in
                         (("p50", "50.000000"), ("p99", "99.000000"), ("p99.9", "99.900000"), ("max", "100.000000"))}}
 
@@ -471,51 +476,145 @@ def per_request_us(path, count):
     return fstat_s, fstat_s / count * 1e6, stat_s / (count // 4) * 1e6
 
 
-def case_transport(quick):
-    """Issue 45: the round trip of one FUSE request, coalescefs over /dev/fuse and over
-    io_uring, with attribute and name timeouts 0 (cache_timeout=0) so that every fstat is a
-    GETATTR and every stat a LOOKUP and a GETATTR; native ext4 (/var/tmp) beside them."""
-    count = 2000 if quick else 20000
+def process_cpu_s(pid):
+    """User + system CPU seconds of a process, all its threads, so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def run_for(system):
-        def run(work):
-            path = os.path.join(work, "f")
-            mnt, backing = os.path.join(work, "mnt"), os.path.join(work, "backing")
-            stats = {}
-            if system == "native":
-                with open(path, "w") as f:
-                    f.write("x")
+
+class Server:
+    """One FUSE server for the transport case, mounted at work/mnt: coalescefs (`coalescefs
+    mount`, a backing directory in work) or the null sink (`coalescefs-null-sink`, in the
+    foreground, stopped by unmounting). `enable_uring` is on only while it mounts."""
+
+    def __init__(self, work, kind, transport, options):
+        self.kind, self.work = kind, work
+        self.mnt, self.backing, self.state = (os.path.join(work, d) for d in ("mnt", "backing", "state"))
+        os.makedirs(self.mnt), os.makedirs(self.backing)
+        self.sink, self.sink_log = None, os.path.join(work, "sink.log")
+        restore = uring_enabled_while_mounting() if transport == "uring" else None
+        try:
+            if kind == "coalescefs":
+                sh(BIN, "mount", self.backing, self.mnt, "-o",
+                   ",".join([f"transport={transport}", f"state={self.state}"] + options))
+                cleanups.append(self.unmount)
+                out = sh(BIN, "stats", self.mnt, capture=True)
+                self.transport = next((l.split(":", 1)[1].strip() for l in out.splitlines()
+                                       if l.startswith("transport:")), "?")
+                self.pid = int(next(l.split()[1] for l in out.splitlines() if l.startswith("daemon_pid ")))
             else:
-                transport = system.split()[-1]
-                os.makedirs(mnt), os.makedirs(backing)
-                restore = uring_enabled_while_mounting() if transport == "uring" else None
-                try:
-                    sh(BIN, "mount", backing, mnt, "-o",
-                       f"transport={transport},cache_timeout=0,state={os.path.join(work, 'state')}")
-                finally:
-                    if restore:
-                        restore()
-                cleanups.append(lambda: sh(BIN, "umount", mnt, check=False))
-                path = os.path.join(mnt, "f")
-                with open(path, "w") as f:
-                    f.write("x")
-            seconds, fstat_us, stat_us = per_request_us(path, count)
-            if system != "native":
-                out = sh(BIN, "stats", mnt, capture=True)
-                stats["transport"] = next((l.split(":", 1)[1].strip() for l in out.splitlines()
-                                           if l.startswith("transport:")), "?")
-                stats["ring_requests"] = next((int(l.split()[1]) for l in out.splitlines()
-                                               if l.startswith("fuse_ring_requests_total ")), 0)
-                sh(BIN, "umount", mnt)
-                sh(BIN, "forget", "--discard", "--state", os.path.join(work, "state"), backing, check=False)
-            return {"seconds": seconds, "fstat_us": fstat_us, "stat_us": stat_us, "write_bytes": 0,
-                    "read_bytes_during_work": 0, **stats}
-        return run
+                with open(self.sink_log, "w") as log:
+                    self.sink = subprocess.Popen([SINK, self.mnt, "-o", ",".join([f"transport={transport}"] + options)],
+                                                 stdout=subprocess.PIPE, stderr=log, text=True)
+                cleanups.append(self.unmount)
+                line = self.sink.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"coalescefs-null-sink did not start: {open(self.sink_log).read().strip()}")
+                self.transport = line.split()[-1]
+                self.pid = self.sink.pid
+        finally:
+            if restore:
+                restore()
 
-    systems = ["native", "coalescefs dev"]
+    def ring_requests(self):
+        if self.kind == "coalescefs":
+            out = sh(BIN, "stats", self.mnt, capture=True)
+            return next((int(l.split()[1]) for l in out.splitlines() if l.startswith("fuse_ring_requests_total ")), 0)
+        return None  # the sink says it when it exits: see unmount
+
+    def unmount(self):
+        """Unmounts (waiting for the server to exit); the sink's count of ring requests."""
+        if self.unmount in cleanups:
+            cleanups.remove(self.unmount)
+        if self.kind == "coalescefs":
+            if sh(BIN, "umount", self.mnt, check=False).returncode != 0:
+                sh(BIN, "umount", "--lazy", self.mnt, check=False)
+            sh(BIN, "forget", "--discard", "--state", self.state, self.backing, check=False)
+            return None
+        if sh("umount", self.mnt, check=False).returncode != 0:
+            sh("umount", "-l", self.mnt, check=False)
+        try:
+            self.sink.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.sink.kill()
+            self.sink.wait()
+        said = open(self.sink_log).read()
+        return int(said.split("unmounted; ")[1].split()[0]) if "unmounted; " in said else 0
+
+
+# The large-write rows: coalescefs with the null backend against the null sink, both asking for
+# 16 MiB requests (fs.fuse.max_pages_limit raised to 4096 pages for these runs only).
+TRANSPORT_WRITE_OPTIONS = {"coalescefs": ["backend=null", "unit=4M", "max_write=16M"], "null sink": ["max_write=16M"]}
+
+
+def case_transport(quick):
+    """Issue 45: the round trip of one FUSE request and the large-write ceiling, coalescefs
+    against the null sink (`coalescefs-null-sink`: the same fuser, transport layer and INIT
+    flags, no work), each over /dev/fuse and over io_uring, in one run, interleaved.
+
+    Per request: fstat and stat loops on one file with attribute and name timeouts 0
+    (cache_timeout=0), so that every fstat is a GETATTR and every stat a LOOKUP and a GETATTR;
+    native ext4 (/var/tmp) beside them. Large writes: fio, 1 job, 1 MiB and 16 MiB writes,
+    O_DIRECT and buffered, end_fsync, coalescefs `backend=null` against the sink; MB/s and the
+    CPU seconds per GiB of the server (all its threads) and of the writer (fio's user + system)."""
+    count = 2000 if quick else 20000
+    write_mib = 128 if quick else 1024
+    transports = ["dev"]
     if os.path.exists(ENABLE_URING):
-        systems.append("coalescefs uring")
+        transports.append("uring")
     else:
         print(f"bench: transport: no {ENABLE_URING} (a kernel without CONFIG_FUSE_IO_URING): io_uring not measured",
               file=sys.stderr)
-    return [(system, run_for(system)) for system in systems]
+
+    def per_request(kind, transport):
+        def run(work):
+            if kind == "native":
+                path = os.path.join(work, "f")
+                with open(path, "w") as f:
+                    f.write("x")
+                seconds, fstat_us, stat_us = per_request_us(path, count)
+                return {"seconds": seconds, "fstat_us": fstat_us, "stat_us": stat_us, "write_bytes": 0,
+                        "read_bytes_during_work": 0}
+            server = Server(work, kind, transport, ["cache_timeout=0"])
+            path = os.path.join(server.mnt, "f")
+            with open(path, "w") as f:
+                f.write("x")
+            seconds, fstat_us, stat_us = per_request_us(path, count)
+            ring_requests = server.ring_requests()
+            sink_ring_requests = server.unmount()
+            return {"seconds": seconds, "fstat_us": fstat_us, "stat_us": stat_us, "write_bytes": 0,
+                    "read_bytes_during_work": 0, "transport": server.transport,
+                    "ring_requests": ring_requests if ring_requests is not None else sink_ring_requests}
+        return run
+
+    def large_write(kind, transport, bs, direct):
+        def run(work):
+            restore = raise_max_pages(4096)
+            try:
+                server = Server(work, kind, transport, TRANSPORT_WRITE_OPTIONS[kind])
+                cpu_before = process_cpu_s(server.pid)
+                r = fio(os.path.join(server.mnt, "f"), rw="write", bs=bs, size=f"{write_mib}m", ioengine="psync",
+                        direct=direct, end_fsync=1)
+                r["server_cpu_s"] = process_cpu_s(server.pid) - cpu_before
+                ring_requests = server.ring_requests()
+                sink_ring_requests = server.unmount()
+            finally:
+                restore()
+                cleanups_global.remove(restore)
+            r.update({"seconds": (write_mib << 20) / r["bw_bytes"], "app_bytes": write_mib << 20, "write_bytes": 0,
+                      "read_bytes_during_work": 0, "transport": server.transport,
+                      "ring_requests": ring_requests if ring_requests is not None else sink_ring_requests})
+            return r
+        return run
+
+    configs = [("per request | native", per_request("native", None))]
+    for kind in ("coalescefs", "null sink"):
+        for transport in transports:
+            configs.append((f"per request | {kind} | {transport}", per_request(kind, transport)))
+    for bs in ("1m", "16m"):
+        for io, direct in (("O_DIRECT", 1), ("buffered", 0)):
+            for transport in transports:
+                for kind in ("coalescefs", "null sink"):
+                    configs.append((f"write | {kind} | {transport} | {bs} | {io}", large_write(kind, transport, bs, direct)))
+    return configs

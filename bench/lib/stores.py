@@ -8,6 +8,8 @@ import os, subprocess, sys, threading, time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(REPO, "target", "release", "coalescefs")
+# The FUSE ceiling (issue 45): a server that discards writes, built beside coalescefs.
+SINK = os.path.join(REPO, "target", "release", "coalescefs-null-sink")
 MAX_PAGES_LIMIT = "/proc/sys/fs/fuse/max_pages_limit"
 # What puts the machine back, undone last first: `cleanups` after each repetition of a case
 # (mounts, stores, traces), `cleanups_global` at the end of the run (the sysctl, the qcow2 source).

@@ -67,6 +67,38 @@ impl Negotiation {
         Negotiation { ask_for_ring, granted: AtomicBool::new(false) }
     }
 
+    /// What `-o transport=` asks for at INIT on this kernel: `auto` asks only where the kernel
+    /// offers the ring; `uring` where it does not is an error, before anything is mounted.
+    pub fn for_choice(choice: TransportChoice) -> Result<Negotiation, String> {
+        let ask_for_ring = match (choice, uring_unavailable()) {
+            (TransportChoice::Dev, _) => false,
+            (TransportChoice::Auto, None) | (TransportChoice::Uring, None) => true,
+            (TransportChoice::Auto, Some(why)) => {
+                log::info!("transport=auto: /dev/fuse, FUSE over io_uring is not available: {why}");
+                false
+            }
+            (TransportChoice::Uring, Some(why)) => {
+                return Err(format!("transport=uring: FUSE over io_uring is not available: {why}"));
+            }
+        };
+        Ok(Negotiation::new(ask_for_ring))
+    }
+
+    /// At INIT, given the capabilities the kernel offers: FUSE_OVER_IO_URING when it was asked
+    /// for and is offered (then granted), else nothing. It is a `flags2` bit (41): fuser answers
+    /// INIT with flags2, so adding it to the capabilities is enough.
+    pub fn answer_init(&self, offered: fuser::InitFlags) -> fuser::InitFlags {
+        if !self.ask_for_ring {
+            return fuser::InitFlags::empty();
+        }
+        if !offered.contains(fuser::InitFlags::FUSE_OVER_IO_URING) {
+            log::warn!("the kernel did not offer FUSE over io_uring at INIT: requests come over /dev/fuse");
+            return fuser::InitFlags::empty();
+        }
+        self.grant();
+        fuser::InitFlags::FUSE_OVER_IO_URING
+    }
+
     pub fn ask_for_ring(&self) -> bool {
         self.ask_for_ring
     }
@@ -78,5 +110,42 @@ impl Negotiation {
 
     pub fn granted(&self) -> bool {
         self.granted.load(Relaxed)
+    }
+}
+
+/// The rings of a session whose INIT granted FUSE over io_uring; None when they were not asked
+/// for or (transport=auto) not granted. An error when transport=uring was not granted or the
+/// rings cannot be made. Called right after INIT: with the ring granted, the kernel holds every
+/// request until each possible CPU's queue has an entry registered, so the rings must exist
+/// before anything waits on the mount, or the ring be turned off (auto), or the mount go
+/// (uring, the caller unmounts).
+pub fn rings_after_init<FS: fuser::Filesystem>(
+    session: &fuser::Session<FS>,
+    negotiation: &Negotiation,
+    choice: TransportChoice,
+    max_write_bytes: u32,
+) -> Result<Option<uring::RingTransport>, String> {
+    if !negotiation.granted() {
+        if choice == TransportChoice::Uring {
+            return Err("transport=uring: the kernel did not grant FUSE over io_uring at INIT".into());
+        }
+        return Ok(None);
+    }
+    let dev_fuse = std::os::fd::AsFd::as_fd(session);
+    let rings = dev_fuse
+        .try_clone_to_owned()
+        .and_then(|fd| uring::RingTransport::new(fd, uring::payload_bytes(max_write_bytes)));
+    match rings {
+        Ok(rings) => Ok(Some(rings)),
+        Err(e) if choice == TransportChoice::Auto => {
+            // Turned off for the connection, the held requests go to /dev/fuse.
+            log::warn!("cannot set up FUSE over io_uring ({e}): transport=auto falls back to /dev/fuse");
+            if uring::fall_back_to_dev_fuse(std::os::fd::AsRawFd::as_raw_fd(&dev_fuse)) {
+                Ok(None)
+            } else {
+                Err(format!("cannot set up FUSE over io_uring ({e}), nor turn it off"))
+            }
+        }
+        Err(e) => Err(format!("cannot set up FUSE over io_uring: {e}")),
     }
 }

@@ -9,6 +9,9 @@ pub mod s3;
 mod skip;
 #[allow(unused_imports)] // not every test binary has a test that can skip
 pub use skip::skip;
+mod uring;
+#[allow(unused_imports)] // only the io_uring tests turn it on
+pub use uring::{UringEnabled, ENABLE_URING, ENABLE_URING_HELD};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_coalescefs");
 
