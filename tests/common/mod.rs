@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod s3;
 mod skip;
 #[allow(unused_imports)] // not every test binary has a test that can skip
 pub use skip::skip;

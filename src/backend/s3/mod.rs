@@ -1,12 +1,14 @@
 //! The S3 backend (issue 44), landing in steps. Here now: the object store interface
-//! (`objects`), the bucket's layout (`layout`), the unit store of immutable unit objects over
-//! the SQLite namespace with a manifest per checkpoint (`store`), the writer's lease (`lease`),
-//! and `open`, which a mount calls: the lease taken, the namespace database found in the state
-//! directory or recovered from the bucket's newest manifest, the store opened over it.
+//! (`objects`) and its client for a real endpoint (`client`), the bucket's layout (`layout`),
+//! the unit store of immutable unit objects over the SQLite namespace with a manifest per
+//! checkpoint (`store`), the writer's lease (`lease`), and `open`, which a mount calls: the
+//! lease taken, the namespace database found in the state directory or recovered from the
+//! bucket's newest manifest, the store opened over it.
 //!
 //! Not yet: the packed segments of sparse writes, per-checkpoint deltas of the namespace (a
 //! manifest holds the whole database), read-only mounts of a bucket, `-o fsync=backend`.
 
+pub mod client;
 pub mod faulty;
 pub mod layout;
 pub mod lease;
