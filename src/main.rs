@@ -311,14 +311,18 @@ fn run_umount(target: &Path, lazy: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `recover` and `forget` open backing directories only, for now: a `sqlite:` source gets a
-/// message saying so, not "backing directory sqlite:... does not exist".
+/// `recover` and `forget` open backing directories only, for now: a `sqlite:` or `s3://`
+/// source gets a message saying so, not "backing directory sqlite:... does not exist".
 fn refuse_sqlite_source(source: &Path, command: &str, instead: &str) -> Result<(), String> {
-    match coalescefs::backend::source::MountSource::parse(source) {
-        coalescefs::backend::source::MountSource::Sqlite(path) => {
+    use coalescefs::backend::source::MountSource;
+    match MountSource::parse(source)? {
+        MountSource::Sqlite(path) => {
             Err(format!("{command} of a SQLite database ({}) is not supported yet; {instead}", path.display()))
         }
-        coalescefs::backend::source::MountSource::Local(_) => Ok(()),
+        MountSource::S3(s3) => {
+            Err(format!("{command} of an S3 source ({}) is not supported yet; {instead}", s3.path_shown()))
+        }
+        MountSource::Local(_) => Ok(()),
     }
 }
 
@@ -335,7 +339,9 @@ fn backing_of_mount(target: &Path) -> Result<(PathBuf, PathBuf), String> {
         return Err(format!("{} is a {} mount, not coalescefs", mount_point.display(), info.fs_type));
     }
     // The runtime directory is keyed by the backing directory or the database file.
-    let backing = coalescefs::backend::source::MountSource::parse(Path::new(&info.source)).path().to_path_buf();
+    let source = Path::new(&info.source);
+    let backing = coalescefs::backend::source::MountSource::parse(source)
+        .map_or_else(|_| source.to_path_buf(), |s| s.path().to_path_buf());
     Ok((mount_point, backing))
 }
 

@@ -42,6 +42,15 @@ pub struct S3Mount {
     pub restored_from: Option<u64>,
 }
 
+/// Removes what a mount that failed to start made in a state directory it made itself (the
+/// lease id, a namespace database restored or begun), so that the directory can go too.
+pub fn remove_state_files(state_dir: &Path) {
+    for name in [lease::LEASE_ID_FILE, NAMESPACE_FILE, "namespace.db-wal", "namespace.db-shm", "namespace.db.restoring"]
+    {
+        let _ = std::fs::remove_file(state_dir.join(name));
+    }
+}
+
 /// The sequence number of the newest manifest in the bucket.
 pub fn newest_manifest(objects: &dyn ObjectStore, layout: &Layout) -> Result<Option<u64>, String> {
     let listed = objects.list(&layout.manifests_prefix()).map_err(|e| format!("listing the manifests: {e}"))?;
