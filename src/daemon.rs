@@ -368,7 +368,7 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
     let source = source.unwrap_or_else(|| backing.display().to_string());
     let s3 = matches!(backend, Opened::S3ToOpen(_));
     let mut state = if s3 {
-        StateDir::find_for_remote(&backing, opts.state_dir.as_deref())?
+        StateDir::find_for_remote(&backing, runtime.path(), opts.state_dir.as_deref())?
     } else {
         StateDir::find(&backing, opts.state_dir.as_deref())?
     };

@@ -94,14 +94,34 @@ impl StateDir {
     }
 
     /// The state directory of a source that is not a path on this machine (`key`, an S3
-    /// source's `s3://BUCKET/PREFIX`): `explicit`, else the default one keyed by it; nothing is
-    /// locked or made yet (see `make`).
-    pub fn find_for_remote(key: &Path, explicit: Option<&Path>) -> Result<StateDir, String> {
+    /// source's `s3://BUCKET/PREFIX`): `explicit`, else the default one keyed by it. The
+    /// source's runtime directory (made already) is locked in the backing directory's stead:
+    /// a second mount of the source on this machine would share it, and is refused before it
+    /// touches it.
+    pub fn find_for_remote(key: &Path, runtime: &Path, explicit: Option<&Path>) -> Result<StateDir, String> {
+        let lock = File::open(runtime).map_err(|e| format!("runtime directory {}: {e}", runtime.display()))?;
+        // SAFETY: `flock` takes only integers (a descriptor and plain values) and touches none of
+        // our memory; a bad descriptor is an error return.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let holder = crate::runtime::RuntimeDir::at(runtime.to_path_buf())
+                .read_pid()
+                .map(|pid| format!(" (pid {pid})"))
+                .unwrap_or_default();
+            let place = crate::mounts::read_mounts()
+                .into_iter()
+                .find(|m| m.fs_type == crate::mounts::FS_TYPE && Path::new(&m.source) == key)
+                .map(|m| format!(" at {}", m.mount_point.display()))
+                .unwrap_or_default();
+            return Err(format!(
+                "{} is already mounted by another coalescefs on this machine{place}{holder}",
+                key.display()
+            ));
+        }
         let path = match explicit {
             Some(path) => absolute_state_path(path)?,
             None => default_path(key),
         };
-        Ok(StateDir { path, hidden_name: None, _state_lock: None, _backing_lock: None })
+        Ok(StateDir { path, hidden_name: None, _state_lock: None, _backing_lock: Some(lock) })
     }
 
     /// When `needed` (the log is on) or it is the legacy folder: makes the directory (unless
