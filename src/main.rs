@@ -43,13 +43,17 @@ Mount options (-o, comma-separated, repeatable):
                      commit changes no inode (the file is immutable while mounted); off: through it
   xattr=on|off       extended attributes (default on); off: refused as unsupported, and the kernel
                      stops asking security.capability before each file's first write and each chown
+  endpoint=URL       an s3:// source's server, http://HOST:PORT (required for one); credentials
+                     from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials, never -o
+  region=NAME        the region an s3:// source's requests are signed for (default us-east-1)
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
   dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.
 
 Examples:
   coalescefs mount /srv/data /mnt/data -o allow_other
   mount -t fuse.coalescefs /srv/data /mnt/data -o allow_other     (through mount.fuse.coalescefs)
-  /srv/data /mnt/data fuse.coalescefs defaults,allow_other,nofail 0 0     (an /etc/fstab line)";
+  /srv/data /mnt/data fuse.coalescefs defaults,allow_other,nofail 0 0     (an /etc/fstab line)
+  coalescefs mount s3://bucket/tree /mnt/tree -o endpoint=http://127.0.0.1:8333   (keys in the environment)";
 
 const EXIT_CODES_HELP: &str = "\
 Exit codes: 0 success; 1 the command failed (the message says why); 2 bad usage.
@@ -150,8 +154,8 @@ Example:\n  coalescefs forget /srv/data")]
 
 #[derive(clap::Args)]
 struct MountArgs {
-    /// The directory whose files the mount serves, or sqlite:PATH for a tree kept in one SQLite
-    /// database file (made if absent)
+    /// The directory whose files the mount serves, sqlite:PATH for a tree kept in one SQLite
+    /// database file (made if absent), or s3://BUCKET/PREFIX for a tree in an S3 bucket
     backing_dir: PathBuf,
     /// An empty directory to mount it on
     mountpoint: PathBuf,
