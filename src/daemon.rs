@@ -72,6 +72,14 @@ enum Opened {
     /// A database `prepare` checked and closed again: a SQLite connection must not cross the
     /// fork (the parent's close would take the WAL from under the daemon). `serve` opens it.
     SqliteToOpen(PathBuf),
+    /// An S3 source `prepare` checked: `serve` opens it, for the same reason and because the
+    /// lease is taken by the daemon that holds it.
+    S3ToOpen(backend::source::S3Source),
+    /// The S3 backend: its namespace database and the unit store over it.
+    S3 {
+        names: Arc<backend::sqlite::SqliteBackend>,
+        store: Arc<backend::s3::store::S3Store>,
+    },
 }
 
 impl Opened {
@@ -79,7 +87,8 @@ impl Opened {
         match self {
             Opened::Local(local) => local.capabilities(),
             Opened::Sqlite(db) => db.capabilities(),
-            Opened::SqliteToOpen(_) => unreachable!("serve opens the database first"),
+            Opened::S3 { store, .. } => store.capabilities(),
+            Opened::SqliteToOpen(_) | Opened::S3ToOpen(_) => unreachable!("serve opens the database first"),
         }
     }
 
@@ -87,8 +96,8 @@ impl Opened {
     fn marker(&self, backing: &Path) -> Marker {
         match self {
             Opened::Local(_) => Marker::Xattr(backing.to_path_buf()),
-            Opened::Sqlite(db) => Marker::Database(db.clone()),
-            Opened::SqliteToOpen(_) => unreachable!("serve opens the database first"),
+            Opened::Sqlite(db) | Opened::S3 { names: db, .. } => Marker::Database(db.clone()),
+            Opened::SqliteToOpen(_) | Opened::S3ToOpen(_) => unreachable!("serve opens the database first"),
         }
     }
 }
@@ -146,6 +155,72 @@ impl Marker {
             needed.display(),
             db.path().display()
         ))
+    }
+}
+
+/// The S3 source's bucket opened (`backend::s3::open`): the client, the lease, the namespace
+/// database in the state directory (restored from the bucket when it has none).
+fn open_s3(
+    s3: &backend::source::S3Source,
+    opts: &MountOptions,
+    state: &StateDir,
+    metrics: &Arc<metrics::Metrics>,
+) -> Result<backend::s3::S3Mount, String> {
+    let objects = s3_client(s3, opts)?;
+    let layout = backend::s3::layout::Layout::new(&s3.prefix);
+    backend::s3::open(objects, layout, state.path(), opts.unit_bytes, &s3.path_shown(), metrics.clone())
+}
+
+/// The S3 client for `s3`'s bucket at `endpoint=`, credentials from the environment or the
+/// credentials file (never options). The bucket must exist: making one is its owner's choice.
+fn s3_client(
+    s3: &backend::source::S3Source,
+    opts: &MountOptions,
+) -> Result<Arc<dyn backend::s3::objects::ObjectStore>, String> {
+    use backend::s3::client::{S3Client, S3Config};
+    let shown = s3.path_shown();
+    let endpoint = opts.s3_endpoint.clone().ok_or_else(|| format!("{shown}: no endpoint= given"))?;
+    let config = S3Config {
+        endpoint: endpoint.clone(),
+        region: opts.s3_region.clone().unwrap_or_else(|| crate::options::S3_REGION_DEFAULT.to_owned()),
+        bucket: s3.bucket.clone(),
+        io_timeout: opts.io_timeout,
+    };
+    let client = S3Client::new(&config).map_err(|e| format!("{shown}: {e}"))?;
+    match client.bucket_exists() {
+        Ok(true) => Ok(Arc::new(client)),
+        Ok(false) => Err(format!("{shown}: the bucket {} does not exist at {endpoint}", s3.bucket)),
+        Err(e) => Err(format!("{shown}: cannot reach the bucket at {endpoint}: {e}")),
+    }
+}
+
+/// The writer's lease of an S3 mount, while the daemon holds it. Dropped at the daemon's end
+/// (a clean unmount, or a start that failed): released unless the namespace database still
+/// names an intent log to replay, which only this state directory can (then its next mount
+/// takes the lease back, and no other machine mounts over what the log alone holds).
+#[derive(Default)]
+struct HeldLease(Option<(backend::s3::lease::Lease, Arc<backend::sqlite::SqliteBackend>)>);
+
+impl HeldLease {
+    fn hold(&mut self, lease: backend::s3::lease::Lease, names: Arc<backend::sqlite::SqliteBackend>) {
+        self.0 = Some((lease, names));
+    }
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        let Some((lease, names)) = self.0.take() else { return };
+        match names.log_marker() {
+            Ok(None) => match lease.release() {
+                Ok(()) => log::info!("released the lease"),
+                Err(e) => log::warn!("{e}"),
+            },
+            Ok(Some(log)) => log::warn!(
+                "the lease stays: the intent log {} holds what this state directory's next mount replays",
+                log.display()
+            ),
+            Err(e) => log::warn!("the lease stays: the crash marker cannot be read ({e})"),
+        }
     }
 }
 
@@ -257,8 +332,10 @@ pub fn run_mount(request: MountRequest) -> ExitCode {
 /// Everything that can fail before the daemon detaches, with a message for the user.
 fn prepare(request: &MountRequest) -> Result<Prepared, String> {
     let opts = &request.options;
-    let source = MountSource::parse(&request.backing_dir);
+    let source = MountSource::parse(&request.backing_dir)?;
     let backing = match &source {
+        // Checked by `options::mount_request`; the bucket itself when the daemon opens it.
+        MountSource::S3(_) => source.path().to_path_buf(),
         MountSource::Local(dir) => mounts::check_backing_dir(dir, opts.read_only)?,
         MountSource::Sqlite(path) => {
             if opts.backend != BackendKind::Local {
@@ -286,23 +363,35 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
             let db = backend::sqlite::SqliteBackend::open(&backing, opts.unit_bytes, metrics.clone())?;
             (Opened::Sqlite(Arc::new(db)), Some(format!("{}{}", backend::source::SQLITE_PREFIX, backing.display())))
         }
+        MountSource::S3(s3) => (Opened::S3ToOpen(s3), None),
     };
     let source = source.unwrap_or_else(|| backing.display().to_string());
-    let marker = backend.marker(&backing);
-    let mut state = StateDir::find(&backing, opts.state_dir.as_deref())?;
-    // A crash's log that this mount would not replay stops it here, before it serves a byte.
-    marker.check(log_path(opts, &state).as_deref())?;
+    let s3 = matches!(backend, Opened::S3ToOpen(_));
+    let mut state = if s3 {
+        StateDir::find_for_remote(&backing, runtime.path(), opts.state_dir.as_deref())?
+    } else {
+        StateDir::find(&backing, opts.state_dir.as_deref())?
+    };
+    // A crash's log that this mount would not replay stops it here, before it serves a byte
+    // (an S3 mount's, once `serve` has found its namespace database).
+    let marker = (!s3).then(|| backend.marker(&backing));
+    if let Some(marker) = &marker {
+        marker.check(log_path(opts, &state).as_deref())?;
+    }
     let state_existed = state.path().exists();
-    state.make(opts.read_only, opts.log != LogPlace::Off)?;
+    // An S3 mount keeps its namespace database there, whatever the log.
+    state.make(opts.read_only, opts.log != LogPlace::Off || s3)?;
     let made = MadeAtStart {
         state_dir: (!state_existed && state.path().is_dir()).then(|| state.path().to_path_buf()),
         ..MadeAtStart::default()
     };
     // Files made ahead are made only for the log's held files.
-    if let (Opened::Local(backend), true) = (&backend, opts.log != LogPlace::Off && !opts.read_only) {
+    if let (Opened::Local(backend), Some(marker), true) =
+        (&backend, &marker, opts.log != LogPlace::Off && !opts.read_only)
+    {
         let list = state.made_ahead_list_path();
         if let Err(e) = backend.keep_made_ahead_list(&list) {
-            made.undo(&marker, &runtime);
+            made.undo(marker, &runtime);
             return Err(format!("cannot keep the list of files made ahead at {}: {e}", list.display()));
         }
     }
@@ -360,7 +449,8 @@ fn backends(
     let local = match opened {
         Opened::Local(local) => local,
         Opened::Sqlite(db) => return wrap_for_faults(db.clone(), db, faults),
-        Opened::SqliteToOpen(_) => unreachable!("serve opens the database first"),
+        Opened::S3 { names, store } => return wrap_for_faults(names, store, faults),
+        Opened::SqliteToOpen(_) | Opened::S3ToOpen(_) => unreachable!("serve opens the database first"),
     };
     let (ns, store): (Arc<dyn Namespace>, Arc<dyn UnitStore>) = match opts.backend {
         BackendKind::Local => {
@@ -429,7 +519,7 @@ fn options_in_effect(
     mount_point: &Path,
     state: &StateDir,
     max_write: u64,
-    sqlite: bool,
+    store_name: Option<&str>,
 ) -> Vec<(String, String)> {
     let page_cache = match opts.writeback_cache {
         engine::PageCache::Auto => "auto",
@@ -442,7 +532,7 @@ fn options_in_effect(
         engine::LogCloses::Never => "never",
     };
     let backend = match opts.backend {
-        _ if sqlite => "sqlite",
+        _ if store_name.is_some() => store_name.unwrap_or_default(),
         BackendKind::Local => "local",
         BackendKind::Null => "null",
     };
@@ -483,6 +573,9 @@ fn options_in_effect(
 fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> ExitCode {
     let Prepared { backing, mount_point, runtime, metrics, backend, source, state, metrics_listener, mut made } =
         prepared;
+    // Dropped last (declared first): a lease this daemon took goes at its end unless the
+    // intent log must be replayed by this state directory.
+    let mut lease = HeldLease::default();
     let backend = match backend {
         Opened::SqliteToOpen(path) => {
             match backend::sqlite::SqliteBackend::open(&path, opts.unit_bytes, metrics.clone()) {
@@ -493,10 +586,33 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
                 }
             }
         }
+        Opened::S3ToOpen(s3) => match open_s3(&s3, opts, &state, &metrics) {
+            Ok(mount) => {
+                lease.hold(mount.lease, mount.names.clone());
+                Opened::S3 { names: mount.names, store: mount.store }
+            }
+            Err(e) => {
+                if made.state_dir.is_some() {
+                    backend::s3::remove_state_files(state.path());
+                }
+                made.undo(&Marker::Xattr(backing.clone()), &runtime);
+                return ready.error(&e);
+            }
+        },
         other => other,
     };
     let marker = backend.marker(&backing);
-    let sqlite = matches!(backend, Opened::Sqlite(_));
+    if matches!(backend, Opened::S3 { .. }) {
+        if let Err(e) = marker.check(log_path(opts, &state).as_deref()) {
+            made.undo(&marker, &runtime);
+            return ready.error(&e);
+        }
+    }
+    let store_name = match backend {
+        Opened::Sqlite(_) => Some("sqlite"),
+        Opened::S3 { .. } => Some("s3"),
+        _ => None,
+    };
     block_termination_signals();
     // Modes arrive already masked by the kernel; the daemon's own umask must not mask twice.
     // SAFETY: `umask` takes one integer, cannot fail and touches none of our memory.
@@ -564,7 +680,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         &mount_point,
         &state,
         max_write,
-        sqlite,
+        store_name,
     ));
     let mount_id = Arc::new(std::sync::OnceLock::new());
     let negotiation = match transport::Negotiation::for_choice(opts.transport) {

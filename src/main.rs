@@ -44,13 +44,17 @@ Mount options (-o, comma-separated, repeatable):
                      commit changes no inode (the file is immutable while mounted); off: through it
   xattr=on|off       extended attributes (default on); off: refused as unsupported, and the kernel
                      stops asking security.capability before each file's first write and each chown
+  endpoint=URL       an s3:// source's server, http://HOST:PORT (required for one); credentials
+                     from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials, never -o
+  region=NAME        the region an s3:// source's requests are signed for (default us-east-1)
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
   dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.
 
 Examples:
   coalescefs mount /srv/data /mnt/data -o allow_other
   mount -t fuse.coalescefs /srv/data /mnt/data -o allow_other     (through mount.fuse.coalescefs)
-  /srv/data /mnt/data fuse.coalescefs defaults,allow_other,nofail 0 0     (an /etc/fstab line)";
+  /srv/data /mnt/data fuse.coalescefs defaults,allow_other,nofail 0 0     (an /etc/fstab line)
+  coalescefs mount s3://bucket/tree /mnt/tree -o endpoint=http://127.0.0.1:8333   (keys in the environment)";
 
 const EXIT_CODES_HELP: &str = "\
 Exit codes: 0 success; 1 the command failed (the message says why); 2 bad usage.
@@ -151,8 +155,8 @@ Example:\n  coalescefs forget /srv/data")]
 
 #[derive(clap::Args)]
 struct MountArgs {
-    /// The directory whose files the mount serves, or sqlite:PATH for a tree kept in one SQLite
-    /// database file (made if absent)
+    /// The directory whose files the mount serves, sqlite:PATH for a tree kept in one SQLite
+    /// database file (made if absent), or s3://BUCKET/PREFIX for a tree in an S3 bucket
     backing_dir: PathBuf,
     /// An empty directory to mount it on
     mountpoint: PathBuf,
@@ -312,14 +316,18 @@ fn run_umount(target: &Path, lazy: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `recover` and `forget` open backing directories only, for now: a `sqlite:` source gets a
-/// message saying so, not "backing directory sqlite:... does not exist".
+/// `recover` and `forget` open backing directories only, for now: a `sqlite:` or `s3://`
+/// source gets a message saying so, not "backing directory sqlite:... does not exist".
 fn refuse_sqlite_source(source: &Path, command: &str, instead: &str) -> Result<(), String> {
-    match coalescefs::backend::source::MountSource::parse(source) {
-        coalescefs::backend::source::MountSource::Sqlite(path) => {
+    use coalescefs::backend::source::MountSource;
+    match MountSource::parse(source)? {
+        MountSource::Sqlite(path) => {
             Err(format!("{command} of a SQLite database ({}) is not supported yet; {instead}", path.display()))
         }
-        coalescefs::backend::source::MountSource::Local(_) => Ok(()),
+        MountSource::S3(s3) => {
+            Err(format!("{command} of an S3 source ({}) is not supported yet; {instead}", s3.path_shown()))
+        }
+        MountSource::Local(_) => Ok(()),
     }
 }
 
@@ -336,7 +344,9 @@ fn backing_of_mount(target: &Path) -> Result<(PathBuf, PathBuf), String> {
         return Err(format!("{} is a {} mount, not coalescefs", mount_point.display(), info.fs_type));
     }
     // The runtime directory is keyed by the backing directory or the database file.
-    let backing = coalescefs::backend::source::MountSource::parse(Path::new(&info.source)).path().to_path_buf();
+    let source = Path::new(&info.source);
+    let backing = coalescefs::backend::source::MountSource::parse(source)
+        .map_or_else(|_| source.to_path_buf(), |s| s.path().to_path_buf());
     Ok((mount_point, backing))
 }
 

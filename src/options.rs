@@ -73,6 +73,59 @@ pub struct MountOptions {
     pub xattrs: bool,
     /// `transport=auto|uring|dev`: how FUSE requests reach the daemon (see `transport`).
     pub transport: crate::transport::TransportChoice,
+    /// `endpoint=http://HOST:PORT`: the S3 server of an `s3://` source.
+    pub s3_endpoint: Option<String>,
+    /// `region=NAME`: the region an `s3://` source's requests are signed for.
+    pub s3_region: Option<String>,
+}
+
+/// The region an S3 request is signed for when `region=` gives none (RGW and SeaweedFS take
+/// any).
+pub const S3_REGION_DEFAULT: &str = "us-east-1";
+
+/// Option names that would carry S3 credentials: refused, never taken (they would show in
+/// `mount`, `ps` and the daemon's log).
+const CREDENTIAL_OPTIONS: &[&str] = &[
+    "access_key",
+    "secret_key",
+    "access_key_id",
+    "secret_access_key",
+    "aws_access_key_id",
+    "aws_secret_access_key",
+    "session_token",
+    "aws_session_token",
+    "passwd_file",
+];
+
+/// `endpoint=`: `http://` or `https://`, a host, an optional port, nothing after.
+fn check_endpoint(v: &str) -> Result<String, UsageError> {
+    let bad = |why: &str| UsageError(format!("endpoint={v}: {why} (example: endpoint=http://127.0.0.1:8333)"));
+    let rest = v
+        .strip_prefix("http://")
+        .or_else(|| v.strip_prefix("https://"))
+        .ok_or_else(|| bad("expected http:// or https://"))?;
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.contains('@') {
+        return Err(UsageError(format!(
+            "endpoint={v}: credentials never go in options; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or a credentials file)"
+        )));
+    }
+    if rest.contains(['/', '?', '#']) {
+        return Err(bad("expected only a host and a port, no path"));
+    }
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(']') || host.starts_with('[') => (host, Some(port)),
+        _ => (rest, None),
+    };
+    if host.is_empty() || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._[]:".contains(&b)) {
+        return Err(bad("expected a host name or address"));
+    }
+    if let Some(port) = port {
+        if !port.parse::<u16>().is_ok_and(|p| p > 0) {
+            return Err(bad("expected a port from 1 to 65535"));
+        }
+    }
+    Ok(v.trim_end_matches('/').to_owned())
 }
 
 /// BlueStore's `prefer_deferred_size` on HDD: a time decision (one sequential log write rather
@@ -152,6 +205,8 @@ impl Default for MountOptions {
             log_raw: crate::engine::intent_log::raw::RawLog::Auto,
             xattrs: true,
             transport: crate::transport::TransportChoice::Auto,
+            s3_endpoint: None,
+            s3_region: None,
         }
     }
 }
@@ -358,6 +413,23 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
             let v = need_value(value)?;
             options.cache_timeout = parse_duration(v).map_err(|e| UsageError(format!("cache_timeout={v}: {e}")))?;
         }
+        "endpoint" => options.s3_endpoint = Some(check_endpoint(need_value(value)?)?),
+        "region" => {
+            let v = need_value(value)?;
+            if v.is_empty()
+                || v.len() > 64
+                || !v.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            {
+                return Err(UsageError(format!("region={v}: expected a region name such as us-east-1")));
+            }
+            options.s3_region = Some(v.to_owned());
+        }
+        k if CREDENTIAL_OPTIONS.contains(&k.to_ascii_lowercase().as_str()) => {
+            return Err(UsageError(format!(
+                "{k}: credentials never go in mount options (they would show in `mount` and the daemon's log); \
+                 set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a credentials file"
+            )))
+        }
         k if KERNEL_FLAGS.contains(&k) && value.is_none() => options.kernel_flags.push(k.to_string()),
         k if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") || k == "comment" => {}
         // What the kernel shows for a mounted FUSE file system, which mount(8) hands back on
@@ -426,6 +498,41 @@ pub fn mount_request(
         }
         given => given,
     };
+    let source = crate::backend::source::MountSource::parse(&backing_dir).map_err(UsageError)?;
+    match source {
+        crate::backend::source::MountSource::S3(ref s3) => {
+            if options.s3_endpoint.is_none() {
+                return Err(UsageError(format!(
+                    "{}: needs the S3 server, -o endpoint=http://HOST:PORT",
+                    s3.path_shown()
+                )));
+            }
+            if let Some(unit) = options.unit_bytes.filter(|&u| u < crate::backend::s3::store::MIN_UNIT_BYTES) {
+                return Err(UsageError(format!(
+                    "unit={unit}: an S3 mount's unit is at least 1M (a PUT costs the server 40-120 KB whatever its size)"
+                )));
+            }
+            if options.read_only {
+                return Err(UsageError("ro: an S3 source mounts read-write only, for now".into()));
+            }
+            if options.backend != BackendKind::Local {
+                return Err(UsageError("backend=null: an S3 source keeps its data in the bucket".into()));
+            }
+            if options.log == LogPlace::Off {
+                // Its namespace database's commits are this machine's only record of what
+                // the bucket's objects hold between checkpoints; fsync would have no log.
+                return Err(UsageError("log=off: an S3 mount keeps its intent log on".into()));
+            }
+        }
+        _ => {
+            for (given, name) in [(options.s3_endpoint.is_some(), "endpoint"), (options.s3_region.is_some(), "region")]
+            {
+                if given {
+                    return Err(UsageError(format!("{name}=: only for an s3://BUCKET/PREFIX source")));
+                }
+            }
+        }
+    }
     let unit_bytes = options.unit_bytes.unwrap_or(0);
     if options.buffer_bytes < 2 * unit_bytes.max(4096) {
         return Err(UsageError(format!(
@@ -582,5 +689,26 @@ mod tests {
         assert_eq!(parse_size("1g"), Ok(1 << 30));
         assert!(parse_size("4X").is_err());
         assert!(parse_size("M").is_err());
+    }
+
+    #[test]
+    fn s3_options_are_checked_and_credentials_refused() {
+        let mount = |source: &str, opts: &str| parse_mount_args(&args(&[source, "/mnt", "-o", opts]));
+        let req = mount("s3://bkt/tree", "endpoint=http://127.0.0.1:8333,region=eu-west-1,io_timeout=10s").unwrap();
+        assert_eq!(req.options.s3_endpoint.as_deref(), Some("http://127.0.0.1:8333"));
+        assert_eq!(req.options.s3_region.as_deref(), Some("eu-west-1"));
+        assert_eq!(req.options.io_timeout, std::time::Duration::from_secs(10));
+        let error = |source: &str, opts: &str| mount(source, opts).unwrap_err().0;
+        assert!(error("s3://bkt/tree", "region=x").contains("needs the S3 server"));
+        assert!(error("s3://bkt/tree", "endpoint=ftp://h").contains("http:// or https://"));
+        assert!(error("s3://bkt/tree", "endpoint=http://h:99999").contains("port"));
+        assert!(error("s3://bkt/tree", "endpoint=http://h/path").contains("no path"));
+        assert!(error("s3://bkt/tree", "endpoint=http://key:secret@h").contains("credentials never"));
+        assert!(error("s3://bkt/tree", "endpoint=http://h,region=Bad_Region").contains("region=Bad_Region"));
+        assert!(error("s3://bkt/tree", "endpoint=http://h,secret_key=abc").contains("AWS_SECRET_ACCESS_KEY"));
+        assert!(error("s3://bkt/tree", "endpoint=http://h,unit=64K").contains("at least 1M"));
+        assert!(error("s3://bkt/tree", "endpoint=http://h,log=off").contains("intent log on"));
+        assert!(error("s3://BKT", "endpoint=http://h").contains("not a bucket name"));
+        assert!(error("/srv/data", "endpoint=http://h").contains("only for an s3://"));
     }
 }

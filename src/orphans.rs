@@ -43,7 +43,12 @@ pub fn find() -> Vec<Orphan> {
     for (kind, base) in [(Kind::State, state::default_base()), (Kind::Runtime, runtime::base_dir())] {
         let Ok(entries) = std::fs::read_dir(&base) else { continue };
         for entry in entries.flatten() {
-            let Some(backing) = entry.file_name().to_str().and_then(runtime::unescape_path) else { continue };
+            let name = entry.file_name();
+            // An S3 source's directories hold its namespace database: its bucket is not a path.
+            if name.to_str().is_some_and(crate::backend::source::is_s3_key_name) {
+                continue;
+            }
+            let Some(backing) = name.to_str().and_then(runtime::unescape_path) else { continue };
             let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
             // Gone, not merely unreadable: any answer but ENOENT keeps it.
             let gone =

@@ -46,7 +46,9 @@ pub struct StateDir {
     hidden_name: Option<OsString>,
     /// Held as long as the daemon runs: the kernel drops both locks when it ends, even by kill -9.
     _state_lock: Option<File>,
-    _backing_lock: File,
+    /// None for a source that is not a path here (an S3 bucket): the state directory's own
+    /// lock keeps a second daemon off it, the bucket's lease a second machine.
+    _backing_lock: Option<File>,
 }
 
 /// Where the state of `backing` goes when no `state=` is given (and no legacy folder exists).
@@ -88,7 +90,38 @@ impl StateDir {
             None if std::fs::symlink_metadata(&legacy).is_ok() => (legacy, Some(OsString::from(LEGACY_NAME))),
             None => (default_path(backing), None),
         };
-        Ok(StateDir { path, hidden_name, _state_lock: None, _backing_lock: backing_lock })
+        Ok(StateDir { path, hidden_name, _state_lock: None, _backing_lock: Some(backing_lock) })
+    }
+
+    /// The state directory of a source that is not a path on this machine (`key`, an S3
+    /// source's `s3://BUCKET/PREFIX`): `explicit`, else the default one keyed by it. The
+    /// source's runtime directory (made already) is locked in the backing directory's stead:
+    /// a second mount of the source on this machine would share it, and is refused before it
+    /// touches it.
+    pub fn find_for_remote(key: &Path, runtime: &Path, explicit: Option<&Path>) -> Result<StateDir, String> {
+        let lock = File::open(runtime).map_err(|e| format!("runtime directory {}: {e}", runtime.display()))?;
+        // SAFETY: `flock` takes only integers (a descriptor and plain values) and touches none of
+        // our memory; a bad descriptor is an error return.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let holder = crate::runtime::RuntimeDir::at(runtime.to_path_buf())
+                .read_pid()
+                .map(|pid| format!(" (pid {pid})"))
+                .unwrap_or_default();
+            let place = crate::mounts::read_mounts()
+                .into_iter()
+                .find(|m| m.fs_type == crate::mounts::FS_TYPE && Path::new(&m.source) == key)
+                .map(|m| format!(" at {}", m.mount_point.display()))
+                .unwrap_or_default();
+            return Err(format!(
+                "{} is already mounted by another coalescefs on this machine{place}{holder}",
+                key.display()
+            ));
+        }
+        let path = match explicit {
+            Some(path) => absolute_state_path(path)?,
+            None => default_path(key),
+        };
+        Ok(StateDir { path, hidden_name: None, _state_lock: None, _backing_lock: Some(lock) })
     }
 
     /// When `needed` (the log is on) or it is the legacy folder: makes the directory (unless

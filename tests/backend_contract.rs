@@ -1,6 +1,8 @@
 //! The backend contract's capabilities (`backend`, "The contract") as the engine reads them: a
 //! store that lacks what the intent log needs is refused when the engine starts with the log,
-//! with a message naming what it lacks, and served without the log.
+//! with a message naming what it lacks, and served without the log. And the S3 store's failure
+//! path under the engine (`FaultyObjects`); its conformance run with crashes is in
+//! `tests/engine_model.rs`, beside the SQLite one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,4 +87,82 @@ fn a_store_whose_sync_does_not_order_name_changes_is_refused_with_the_log() {
     let refused = start(|c| c.sync_orders_names = false, true).err().expect("refused with the log");
     assert!(refused.contains("a sync that orders name changes"), "{refused}");
     start(|_| {}, true).expect("the memory store has what the log needs").abandon();
+}
+
+/// The S3 store under the engine, its objects behind a wrapper that fails puts on purpose: an
+/// fsync whose unit cannot be put fails with EIO, and a power cut then keeps what the last
+/// fsync that succeeded acknowledged, never a record of an object that is not there; healed,
+/// the next fsync makes the new bytes durable.
+#[test]
+fn an_s3_put_that_fails_fails_the_fsync_and_loses_nothing_acknowledged() {
+    use coalescefs::backend::s3::faulty::{FaultPlan, FaultyObjects};
+    use coalescefs::backend::s3::layout::Layout;
+    use coalescefs::backend::s3::objects::{MemoryObjects, ObjectStore};
+    use coalescefs::backend::s3::store::{open_namespace, S3Store};
+    use coalescefs::backend::Namespace;
+    use coalescefs::engine::types::ROOT_ID;
+    use coalescefs::engine::Caller;
+    use std::ffi::OsStr;
+
+    let dir = tempfile::tempdir().unwrap();
+    let memory: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let faulty = Arc::new(FaultyObjects::new(memory.clone()));
+    let open = |objects: Arc<dyn ObjectStore>| {
+        let metrics = Arc::new(Metrics::default());
+        let names = Arc::new(open_namespace(&dir.path().join("namespace.db"), metrics.clone()).unwrap());
+        Arc::new(S3Store::new(names, objects, Layout::new("t"), Some(UNIT), "test".into(), metrics).unwrap())
+    };
+    let store = open(faulty.clone());
+    let mut cfg = config();
+    cfg.writeback.io_timeout = Duration::from_secs(2);
+    let engine = Engine::new(store.names().clone(), store.clone(), cfg, Arc::new(Metrics::default()), None).unwrap();
+    let root = Caller { uid: 0, gid: 0 };
+    let (_, opened) = engine.create(ROOT_ID, OsStr::new("f"), 0o644, libc::O_RDWR, root).unwrap();
+    let first = vec![1u8; UNIT as usize];
+    engine.write(opened.fh, 0, &first, libc::O_RDWR, false, false).unwrap();
+    engine.fsync(opened.fh, false).unwrap();
+
+    faulty.set(FaultPlan { puts: Some("/units/".into()), ..FaultPlan::default() });
+    let second = vec![2u8; UNIT as usize];
+    engine.write(opened.fh, 0, &second, libc::O_RDWR, false, false).unwrap();
+    assert_eq!(engine.fsync(opened.fh, false).unwrap_err().0, libc::EIO, "the store's error, not a hang");
+    assert!(faulty.failed() > 0);
+    assert_eq!(engine.read(opened.fh, 0, UNIT as u32).unwrap(), second, "a reader sees the last write");
+
+    // A power cut now: the database keeps its last commit, the bucket every object.
+    let read_after_crash = |store: &Arc<S3Store>| {
+        store.names().crash();
+        let reopened = open(memory.clone());
+        let id = reopened.names().lookup(ROOT_ID, OsStr::new("f")).unwrap().id;
+        let data = reopened.open(id, OpenMode::default()).unwrap();
+        let mut buf = vec![0u8; UNIT as usize];
+        assert_eq!(data.read_at(&mut buf, 0).unwrap(), UNIT as usize);
+        buf
+    };
+    faulty.heal();
+    engine.fsync(opened.fh, false).unwrap();
+    engine.abandon();
+    assert_eq!(read_after_crash(&store), second, "healed, the fsync made the new bytes durable");
+
+    // And the acknowledged bytes survive a cut after a failed fsync.
+    let store = open(faulty.clone());
+    let engine = Engine::new(
+        store.names().clone(),
+        store.clone(),
+        {
+            let mut cfg = config();
+            cfg.writeback.io_timeout = Duration::from_secs(2);
+            cfg
+        },
+        Arc::new(Metrics::default()),
+        None,
+    )
+    .unwrap();
+    let id = store.names().lookup(ROOT_ID, OsStr::new("f")).unwrap().id;
+    let opened = engine.open(id, libc::O_RDWR, false).unwrap();
+    faulty.set(FaultPlan { puts: Some("/units/".into()), ..FaultPlan::default() });
+    engine.write(opened.fh, 0, &first, libc::O_RDWR, false, false).unwrap();
+    assert_eq!(engine.fsync(opened.fh, false).unwrap_err().0, libc::EIO);
+    engine.abandon();
+    assert_eq!(read_after_crash(&store), second, "the last acknowledged bytes, not the refused ones");
 }

@@ -1,6 +1,185 @@
-//! The S3 backend (issue 44), landing in steps: first the object store interface
-//! (`objects`), the client over it, then the unit store of immutable unit objects over the
-//! SQLite namespace.
+//! The S3 backend (issue 44), landing in steps. Here now: the object store interface
+//! (`objects`) and its client for a real endpoint (`client`), the bucket's layout (`layout`),
+//! the unit store of immutable unit objects over the SQLite namespace with a manifest per
+//! checkpoint (`store`), the writer's lease (`lease`), and `open`, which a mount calls: the
+//! lease taken, the namespace database found in the state directory or recovered from the
+//! bucket's newest manifest, the store opened over it.
+//!
+//! Not yet: the packed segments of sparse writes, per-checkpoint deltas of the namespace (a
+//! manifest holds the whole database), read-only mounts of a bucket, `-o fsync=backend`.
 
 pub mod client;
+pub mod faulty;
+pub mod layout;
+pub mod lease;
 pub mod objects;
+pub mod store;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::backend::sqlite::SqliteBackend;
+use crate::metrics::Metrics;
+use layout::{Layout, Manifest};
+use lease::Lease;
+use objects::ObjectStore;
+use store::S3Store;
+
+/// The namespace database's file in the state directory.
+pub const NAMESPACE_FILE: &str = "namespace.db";
+
+/// How far a database restored from a manifest moves its open generation on: past every open
+/// the lost writer may have made since that manifest, so that the unit generations this one
+/// gives out are new (a put `IfAbsent` still catches any that is not).
+const RESTORED_GENERATION_STEP: i64 = 1 << 16;
+
+/// What a mount of a bucket's prefix holds.
+pub struct S3Mount {
+    pub names: Arc<SqliteBackend>,
+    pub store: Arc<S3Store>,
+    pub lease: Lease,
+    /// The manifest the namespace was restored from, when the state directory did not hold it.
+    pub restored_from: Option<u64>,
+}
+
+/// Removes what a mount that failed to start made in a state directory it made itself (the
+/// lease id, a namespace database restored or begun), so that the directory can go too.
+pub fn remove_state_files(state_dir: &Path) {
+    for name in [lease::LEASE_ID_FILE, NAMESPACE_FILE, "namespace.db-wal", "namespace.db-shm", "namespace.db.restoring"]
+    {
+        let _ = std::fs::remove_file(state_dir.join(name));
+    }
+}
+
+/// The sequence number of the newest manifest in the bucket.
+pub fn newest_manifest(objects: &dyn ObjectStore, layout: &Layout) -> Result<Option<u64>, String> {
+    let listed = objects.list(&layout.manifests_prefix()).map_err(|e| format!("listing the manifests: {e}"))?;
+    Ok(listed.iter().filter_map(|l| layout.manifest_seq(&l.key)).max())
+}
+
+/// The manifest a database file last reserved, and the intent log a crash left it needing.
+fn local_state(db: &Path) -> Result<(u64, Option<String>), String> {
+    let fail = |e: rusqlite::Error| format!("the namespace database {}: {e}", db.display());
+    let conn = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE).map_err(fail)?;
+    let seq = store::meta_number(&conn, store::MANIFEST_SEQ_KEY).map_err(fail)?.unwrap_or(0);
+    let marker: Option<Vec<u8>> = rusqlite::OptionalExtension::optional(conn.query_row(
+        "SELECT value FROM meta WHERE key = 'log_marker'",
+        [],
+        |r| r.get(0),
+    ))
+    .map_err(fail)?;
+    Ok((seq, marker.map(|m| String::from_utf8_lossy(&m).into_owned())))
+}
+
+/// Writes manifest `seq`'s database as the state directory's namespace database: the crash
+/// marker of the writer that made it cleared (its intent log is not here), its generation
+/// moved on.
+fn restore(objects: &dyn ObjectStore, layout: &Layout, seq: u64, db: &Path) -> Result<(), String> {
+    let key = layout.manifest_key(seq);
+    let bytes = objects
+        .get(&key, None)
+        .map_err(|e| format!("reading the manifest {key}: {e}"))?
+        .ok_or_else(|| format!("the manifest {key} went away while this mount read it: mount again"))?;
+    let manifest = Manifest::decode(&bytes).map_err(|e| format!("the manifest {key}: {e}"))?;
+    if manifest.seq != seq {
+        return Err(format!("the manifest {key} says it is number {}", manifest.seq));
+    }
+    let tmp = db.with_extension("db.restoring");
+    let fail = |e: String| format!("restoring {} from {key}: {e}", db.display());
+    std::fs::write(&tmp, &manifest.database).map_err(|e| fail(e.to_string()))?;
+    {
+        let conn = rusqlite::Connection::open(&tmp).map_err(|e| fail(e.to_string()))?;
+        conn.execute_batch(&format!(
+            "DELETE FROM meta WHERE key = 'log_marker';
+             UPDATE meta SET value = value + {RESTORED_GENERATION_STEP} WHERE key = 'generation';
+             PRAGMA wal_checkpoint(TRUNCATE);"
+        ))
+        .map_err(|e| fail(e.to_string()))?;
+    }
+    // The replaced database's WAL must not be applied to the restored one.
+    for stale in ["-wal", "-shm"] {
+        let mut path = db.as_os_str().to_owned();
+        path.push(stale);
+        let _ = std::fs::remove_file(path);
+    }
+    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| fail(e.to_string()))?;
+    std::fs::rename(&tmp, db).map_err(|e| fail(e.to_string()))?;
+    if let Some(dir) = db.parent() {
+        std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(|e| fail(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// The namespace, the store, and the manifest restored from.
+type Opened = (Arc<SqliteBackend>, Arc<S3Store>, Option<u64>);
+
+/// Opens a mount of `layout`'s prefix in `objects`, its local state in `state_dir`: takes the
+/// lease, finds the namespace database (restored from the newest manifest when the state
+/// directory has none, or has one the bucket has moved past and holds nothing the bucket
+/// lacks), and opens the store over it. `source` names the bucket in messages.
+pub fn open(
+    objects: Arc<dyn ObjectStore>,
+    layout: Layout,
+    state_dir: &Path,
+    unit_bytes: Option<u64>,
+    source: &str,
+    metrics: Arc<Metrics>,
+) -> Result<S3Mount, String> {
+    if let Some(unit) = unit_bytes.filter(|&u| u < store::MIN_UNIT_BYTES) {
+        return Err(format!(
+            "unit={unit}: an S3 mount's unit is at least {} (a PUT costs the engine 40-120 KB whatever its size)",
+            store::MIN_UNIT_BYTES
+        ));
+    }
+    let lease = Lease::take(objects.clone(), &layout, state_dir, source)?;
+    let opened = (|| -> Result<Opened, String> {
+        let db = state_dir.join(NAMESPACE_FILE);
+        let newest = newest_manifest(&*objects, &layout).map_err(|e| format!("{source}: {e}"))?;
+        let local = if db.exists() { Some(local_state(&db)?) } else { None };
+        let restore_from = match (&local, newest) {
+            (None, Some(seq)) => Some(seq),
+            (Some((local_seq, None)), Some(seq)) if seq > *local_seq => {
+                log::warn!(
+                    "{source}: the bucket's manifest {seq} is newer than this state directory's ({local_seq}), which \
+                     was unmounted cleanly: taking the bucket's"
+                );
+                Some(seq)
+            }
+            (Some((local_seq, Some(log))), Some(seq)) if seq > *local_seq => {
+                return Err(format!(
+                    "{source}: another mount has written the bucket (manifest {seq}) since this state directory's \
+                     namespace (manifest {local_seq}), and this state directory's intent log {log} still holds what a \
+                     crash left: the two cannot both be kept. To take the bucket's tree and lose the log's, move \
+                     {} away and mount again",
+                    state_dir.display()
+                ))
+            }
+            _ => None,
+        };
+        if let Some(seq) = restore_from {
+            restore(&*objects, &layout, seq, &db).map_err(|e| format!("{source}: {e}"))?;
+            log::info!("{source}: the namespace restored from manifest {seq}");
+        }
+        let names = Arc::new(store::open_namespace(&db, metrics.clone())?);
+        let store = Arc::new(S3Store::new(
+            names.clone(),
+            objects.clone(),
+            layout.clone(),
+            unit_bytes,
+            lease.id().to_owned(),
+            metrics,
+        )?);
+        Ok((names, store, restore_from))
+    })();
+    match opened {
+        Ok((names, store, restored_from)) => Ok(S3Mount { names, store, lease, restored_from }),
+        Err(e) => {
+            if let Err(release) = lease.release() {
+                log::warn!("{release}");
+            }
+            Err(e)
+        }
+    }
+}
+#[cfg(test)]
+mod tests;

@@ -75,6 +75,19 @@ struct Inner {
     births: u64,
     /// Crashed (`SqliteBackend::crash`): every change and commit fails from now on.
     crashed: bool,
+    /// The unit store that keeps file data outside `units`, told when a file goes.
+    external: Option<Arc<dyn ExternalData>>,
+}
+
+/// A unit store that keeps file data outside this database, with records of it in tables of
+/// its own here (the S3 backend: unit objects in a bucket, `backend::s3::store`). The namespace
+/// calls it inside its open transaction, so what happens to a file's data records commits with
+/// the name change that caused it, never apart from it (contract rule 1).
+pub trait ExternalData: Send + Sync {
+    /// Its tables, made if absent (`CREATE TABLE IF NOT EXISTS`) whenever the database opens.
+    fn tables(&self) -> &'static str;
+    /// The namespace deleted `file` (no name, no lookup, no open handle left): its records go.
+    fn file_deleted(&self, db: &Connection, file: ObjectId) -> rusqlite::Result<()>;
 }
 
 pub struct SqliteBackend {
@@ -373,6 +386,9 @@ impl Inner {
         ] {
             self.db.prepare_cached(sql).sql()?.execute([sql_id(id)]).sql()?;
         }
+        if let Some(external) = &self.external {
+            external.file_deleted(&self.db, id).sql()?;
+        }
         Ok(())
     }
 
@@ -464,6 +480,17 @@ impl SqliteBackend {
     /// The database at `path` (made, with a root directory, if the file is new or empty);
     /// `unit_bytes` overrides the default unit. The error says what is wrong with the file.
     pub fn open(path: &Path, unit_bytes: Option<u64>, metrics: Arc<Metrics>) -> Result<SqliteBackend, String> {
+        Self::open_with(path, unit_bytes, metrics, None)
+    }
+
+    /// `open`, as the namespace of a unit store that keeps file data elsewhere (`external`),
+    /// with its tables made in the same database.
+    pub fn open_with(
+        path: &Path,
+        unit_bytes: Option<u64>,
+        metrics: Arc<Metrics>,
+        external: Option<Arc<dyn ExternalData>>,
+    ) -> Result<SqliteBackend, String> {
         let (db, generation) = schema::open(path)?;
         let mut inner = Inner {
             db,
@@ -473,10 +500,14 @@ impl SqliteBackend {
             generation,
             births: 0,
             crashed: false,
+            external,
         };
         let shown = path.display();
         let setup = (|| -> SysResult<()> {
             inner.change(|s| {
+                if let Some(external) = &s.external {
+                    s.db.execute_batch(external.tables()).sql()?;
+                }
                 if s.object_opt(ROOT_ID)?.is_none() {
                     let now = Timestamp::now();
                     let birth = s.next_birth();
@@ -537,6 +568,28 @@ impl SqliteBackend {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Counts an open handle of the regular file `id` until the hold is dropped.
+    pub fn hold_file(&self, id: ObjectId) -> SysResult<FileHold> {
+        let mut s = lock(&self.inner);
+        if s.object(id)?.kind != Kind::File {
+            return Err(Errno(libc::EISDIR));
+        }
+        *s.open_handles.entry(id).or_insert(0) += 1;
+        Ok(FileHold { inner: self.inner.clone(), id })
+    }
+
+    /// Runs `f` on the database with the namespace locked (for a unit store over it).
+    pub fn records<T>(&self, f: impl FnOnce(&mut Records<'_>) -> SysResult<T>) -> SysResult<T> {
+        let mut s = lock(&self.inner);
+        f(&mut Records { s: &mut s })
+    }
+
+    /// This open's generation (bumped and committed at every open, so never given out twice
+    /// by one database file).
+    pub fn generation(&self) -> u64 {
+        lock(&self.inner).generation
     }
 
     /// The intent log a crash left this database needing (the crash marker), if any.
@@ -1017,15 +1070,15 @@ impl Namespace for SqliteBackend {
     }
 }
 
-/// A file's data in the database.
-struct SqliteFileData {
+/// An open handle of a regular file's data: while one is held, the file lives on without a
+/// name (unlinked while open); the last one let go deletes such a file. The SQLite backend's
+/// data handles hold one, and so do those of a unit store over this namespace (`ExternalData`).
+pub struct FileHold {
     inner: Arc<Mutex<Inner>>,
-    metrics: Arc<Metrics>,
     id: ObjectId,
-    unit_bytes: u64,
 }
 
-impl Drop for SqliteFileData {
+impl Drop for FileHold {
     fn drop(&mut self) {
         let mut s = lock(&self.inner);
         if let Some(n) = s.open_handles.get_mut(&self.id) {
@@ -1036,6 +1089,73 @@ impl Drop for SqliteFileData {
             log::warn!("sqlite backend: closing object {id}: {e}");
         }
     }
+}
+
+/// The namespace's database as a unit store over it sees it (`SqliteBackend::records`): its
+/// own tables read and written inside the namespace's open transaction, a file's size, the
+/// commit, and the whole database's bytes for a checkpoint that ships it elsewhere.
+pub struct Records<'a> {
+    s: &'a mut Inner,
+}
+
+impl Records<'_> {
+    pub fn db(&self) -> &Connection {
+        &self.s.db
+    }
+
+    /// Runs `f` as one savepoint inside the open transaction: its changes stay only if it
+    /// succeeds (as every namespace call's do).
+    pub fn change<T>(&mut self, f: impl FnOnce(&Records<'_>) -> SysResult<T>) -> SysResult<T> {
+        self.s.change(|s| f(&Records { s }))
+    }
+
+    /// Commits the open transaction: every change so far, names and records, is durable.
+    pub fn commit(&mut self) -> SysResult<()> {
+        self.s.commit()
+    }
+
+    /// The size of the regular file `id` (ESTALE when gone, EISDIR when not a file).
+    pub fn file_size(&self, id: ObjectId) -> SysResult<u64> {
+        let o = self.s.object(id)?;
+        if o.kind != Kind::File {
+            return Err(Errno(libc::EISDIR));
+        }
+        Ok(o.size)
+    }
+
+    /// The file's size becomes `size` (`grow`: at least `size`, as a write past the end makes
+    /// it), its mtime and ctime now.
+    pub fn set_file_size(&self, id: ObjectId, size: u64, grow: bool) -> SysResult<()> {
+        let now = Timestamp::now();
+        self.s.update(id, |o| {
+            o.size = if grow { o.size.max(size) } else { size };
+            o.mtime = now;
+            o.ctime = now;
+        })
+    }
+
+    /// Rows changed by this connection since it opened: equal counts, an unchanged database.
+    pub fn total_changes(&self) -> u64 {
+        self.s.db.total_changes()
+    }
+
+    /// The database's bytes as of its last commit (call `commit` first): a file that opens as
+    /// this database, for a copy kept elsewhere.
+    pub fn serialize(&self) -> SysResult<Vec<u8>> {
+        if self.s.crashed {
+            return Err(Errno(libc::EIO));
+        }
+        Ok(self.s.db.serialize(rusqlite::MAIN_DB).sql()?.to_vec())
+    }
+}
+
+/// A file's data in the database.
+struct SqliteFileData {
+    inner: Arc<Mutex<Inner>>,
+    metrics: Arc<Metrics>,
+    id: ObjectId,
+    unit_bytes: u64,
+    _hold: FileHold,
 }
 
 impl FileData for SqliteFileData {
@@ -1153,12 +1273,8 @@ impl UnitStore for SqliteBackend {
     }
 
     fn open(&self, id: ObjectId, _mode: OpenMode) -> SysResult<Arc<dyn FileData>> {
-        let mut s = lock(&self.inner);
-        if s.object(id)?.kind != Kind::File {
-            return Err(Errno(libc::EISDIR));
-        }
-        *s.open_handles.entry(id).or_insert(0) += 1;
         Ok(Arc::new(SqliteFileData {
+            _hold: self.hold_file(id)?,
             inner: self.inner.clone(),
             metrics: self.metrics.clone(),
             id,

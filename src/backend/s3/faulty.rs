@@ -1,0 +1,87 @@
+//! An object store that fails on purpose, around any other: for the S3 backend's failure
+//! paths in-process (a put that fails must give EIO and lose nothing acknowledged). A test
+//! says which calls fail (by kind and a piece of the key) and heals it later.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use super::objects::{Listed, ObjectError, ObjectResult, ObjectStore, PutCondition, PutOutcome};
+
+/// Which calls fail: those of a kind whose key contains the given piece ("" for every key).
+#[derive(Clone, Debug, Default)]
+pub struct FaultPlan {
+    pub puts: Option<String>,
+    pub gets: Option<String>,
+    pub deletes: Option<String>,
+    pub lists: bool,
+}
+
+pub struct FaultyObjects {
+    inner: Arc<dyn ObjectStore>,
+    plan: Mutex<FaultPlan>,
+    failed: AtomicU64,
+}
+
+impl FaultyObjects {
+    pub fn new(inner: Arc<dyn ObjectStore>) -> FaultyObjects {
+        FaultyObjects { inner, plan: Mutex::new(FaultPlan::default()), failed: AtomicU64::new(0) }
+    }
+
+    pub fn set(&self, plan: FaultPlan) {
+        *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = plan;
+    }
+
+    /// Every call succeeds again (as the wrapped store answers).
+    pub fn heal(&self) {
+        self.set(FaultPlan::default());
+    }
+
+    /// How many calls failed on purpose so far.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Relaxed)
+    }
+
+    fn check(&self, kind: &str, key: &str, pick: impl Fn(&FaultPlan) -> bool) -> ObjectResult<()> {
+        if pick(&self.plan.lock().unwrap_or_else(|p| p.into_inner())) {
+            self.failed.fetch_add(1, Relaxed);
+            return Err(ObjectError::Status {
+                what: format!("{kind} {key}"),
+                status: 503,
+                body: "injected failure".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn matches(piece: &Option<String>, key: &str) -> bool {
+    piece.as_deref().is_some_and(|p| key.contains(p))
+}
+
+impl ObjectStore for FaultyObjects {
+    fn put(&self, key: &str, body: &[u8], condition: PutCondition) -> ObjectResult<PutOutcome> {
+        self.check("PUT", key, |p| matches(&p.puts, key))?;
+        self.inner.put(key, body, condition)
+    }
+
+    fn get(&self, key: &str, range: Option<Range<u64>>) -> ObjectResult<Option<Vec<u8>>> {
+        self.check("GET", key, |p| matches(&p.gets, key))?;
+        self.inner.get(key, range)
+    }
+
+    fn head(&self, key: &str) -> ObjectResult<Option<u64>> {
+        self.check("HEAD", key, |p| matches(&p.gets, key))?;
+        self.inner.head(key)
+    }
+
+    fn delete(&self, key: &str) -> ObjectResult<()> {
+        self.check("DELETE", key, |p| matches(&p.deletes, key))?;
+        self.inner.delete(key)
+    }
+
+    fn list(&self, prefix: &str) -> ObjectResult<Vec<Listed>> {
+        self.check("LIST", prefix, |p| p.lists)?;
+        self.inner.list(prefix)
+    }
+}

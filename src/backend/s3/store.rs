@@ -1,0 +1,530 @@
+//! The S3 backend's unit store: a file's data as immutable unit objects in the bucket
+//! (`layout`), and the record of which object holds each unit in the SQLite namespace's
+//! database, beside the names (`ExternalData`). Owns the write, read and truncate of unit
+//! objects and the checkpoint (a manifest per `sync_all`); must not decide anything the engine
+//! decides (what to flush, when to checkpoint).
+//!
+//! - A write puts the unit whole under a new generation (`PutCondition::IfAbsent`: an object
+//!   is never overwritten), then records (file, unit) -> (generation, length) in the
+//!   namespace's open transaction, so a sync orders records with names (contract rule 1). The
+//!   generation it replaces is *dropped*, recorded too.
+//! - A read finds the record and GETs the range of the object that holds the bytes; no record
+//!   is a hole. A truncate drops the records past the end and shortens the one the end falls
+//!   in (its object keeps its bytes; the record says how many count).
+//! - A checkpoint commits the database, puts `manifests/<seq>` IfAbsent holding the database's
+//!   bytes (what another machine needs to mount the bucket), and only then deletes the objects
+//!   of dropped generations and the older manifests: a manifest in the bucket never names an
+//!   object that is gone. A manifest already at its key means another writer: the checkpoint
+//!   fails (EIO, an error line) and nothing is overwritten.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::layout::{Layout, Manifest};
+use super::objects::{ObjectError, ObjectStore, PutCondition, PutOutcome};
+use crate::backend::sqlite::{ExternalData, FileHold, SqliteBackend};
+use crate::backend::{Capabilities, FileData, OpenMode, UnitSource, UnitStore, UnitWrite};
+use crate::engine::types::ObjectId;
+use crate::metrics::Metrics;
+use crate::sys::{Errno, SysResult};
+
+/// The unit when `-o unit=` gives none, and the least a mount takes: an S3 PUT costs the
+/// engine 40-120 KB of device writes whatever its size (docs/ceph-and-s3.md), so only objects
+/// of 1 MiB or more come near the erasure-coding floor.
+pub const DEFAULT_UNIT_BYTES: u64 = 1 << 20;
+pub const MIN_UNIT_BYTES: u64 = 1 << 20;
+
+/// The `meta` keys the store keeps in the namespace's database.
+pub const MANIFEST_SEQ_KEY: &str = "s3_manifest_seq";
+pub const UNIT_BYTES_KEY: &str = "s3_unit_bytes";
+
+/// Tries of a unit put whose key is taken (only garbage of a database restored from an older
+/// manifest can hold one: see `next_generation`), each further along the counter.
+const PUT_TRIES: u32 = 16;
+
+const TABLES: &str = "
+CREATE TABLE IF NOT EXISTS s3_units(file INTEGER NOT NULL, unit INTEGER NOT NULL,
+    generation INTEGER NOT NULL, length INTEGER NOT NULL, PRIMARY KEY(file, unit)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS s3_dropped(file INTEGER NOT NULL, unit INTEGER NOT NULL,
+    generation INTEGER NOT NULL, PRIMARY KEY(file, unit, generation)) WITHOUT ROWID;
+";
+
+/// The records' side of the namespace: a file the namespace deletes drops its generations.
+pub struct UnitRecords;
+
+impl ExternalData for UnitRecords {
+    fn tables(&self) -> &'static str {
+        TABLES
+    }
+
+    fn file_deleted(&self, db: &Connection, file: ObjectId) -> rusqlite::Result<()> {
+        db.prepare_cached(
+            "INSERT OR IGNORE INTO s3_dropped(file, unit, generation) \
+             SELECT file, unit, generation FROM s3_units WHERE file = ?1",
+        )?
+        .execute([file as i64])?;
+        db.prepare_cached("DELETE FROM s3_units WHERE file = ?1")?.execute([file as i64])?;
+        Ok(())
+    }
+}
+
+/// The namespace database at `path` with the unit records' tables, for an `S3Store`.
+pub fn open_namespace(path: &std::path::Path, metrics: Arc<Metrics>) -> Result<SqliteBackend, String> {
+    SqliteBackend::open_with(path, None, metrics, Some(Arc::new(UnitRecords)))
+}
+
+/// A value of the `meta` table as a number.
+pub fn meta_number(db: &Connection, key: &str) -> rusqlite::Result<Option<u64>> {
+    let value: Option<rusqlite::types::Value> =
+        db.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional()?;
+    Ok(value.and_then(|v| match v {
+        rusqlite::types::Value::Integer(n) => Some(n as u64),
+        rusqlite::types::Value::Text(t) => t.parse().ok(),
+        _ => None,
+    }))
+}
+
+fn set_meta_number(db: &Connection, key: &str, value: u64) -> rusqlite::Result<()> {
+    db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)", params![key, value as i64])?;
+    Ok(())
+}
+
+fn sql<T>(result: rusqlite::Result<T>) -> SysResult<T> {
+    result.map_err(|e| {
+        log::error!("s3 backend: the namespace database: {e}");
+        Errno(libc::EIO)
+    })
+}
+
+/// An object call's failure as the caller's errno, said in the daemon's log.
+fn object_errno(e: ObjectError) -> Errno {
+    log::error!("s3 backend: {e}");
+    e.to_errno()
+}
+
+/// Where a unit's bytes are: the object of `generation`, its first `length` bytes.
+struct Record {
+    unit: u64,
+    generation: u64,
+    length: u64,
+}
+
+/// One dropped generation: its object goes once a manifest without it is in the bucket.
+#[derive(Clone, Copy, Debug)]
+struct Dropped {
+    file: u64,
+    unit: u64,
+    generation: u64,
+}
+
+/// What a checkpoint ships: the database as of manifest `seq`, the generations it no longer
+/// names, and the database's change count then.
+struct Snapshot {
+    seq: u64,
+    database: Vec<u8>,
+    dropped: Vec<Dropped>,
+    changes: u64,
+}
+
+struct Shared {
+    names: Arc<SqliteBackend>,
+    objects: Arc<dyn ObjectStore>,
+    layout: Layout,
+    metrics: Arc<Metrics>,
+    unit_bytes: u64,
+    /// The high half of every generation this store gives out: the namespace database's open
+    /// generation, never the same twice for one database file.
+    epoch: u64,
+    counter: AtomicU64,
+}
+
+impl Shared {
+    /// A generation no unit object of this database has: its open's epoch and a counter.
+    fn next_generation(&self, skip: u64) -> u64 {
+        let n = self.counter.fetch_add(1 + skip, Relaxed) + skip;
+        assert!(n < 1 << 32, "more than 2^32 unit writes in one mount");
+        self.epoch << 32 | n
+    }
+
+    /// Puts the unit's bytes under a fresh generation; returns it.
+    fn put_unit(&self, file: u64, unit: u64, body: &[u8]) -> SysResult<u64> {
+        let mut skip = 0;
+        for _ in 0..PUT_TRIES {
+            let generation = self.next_generation(skip);
+            let key = self.layout.unit_key(file, unit, generation);
+            match self.objects.put(&key, body, PutCondition::IfAbsent).map_err(object_errno)? {
+                PutOutcome::Written => return Ok(generation),
+                PutOutcome::AlreadyThere => {
+                    // A database restored from a manifest may give out a generation the lost
+                    // writer used after it: that object is garbage, and still not overwritten.
+                    log::warn!(
+                        "s3 backend: {key} is already in the bucket (left by an earlier writer); trying further on"
+                    );
+                    skip = (skip + 1) * 64;
+                }
+            }
+        }
+        log::error!("s3 backend: no free generation for unit {unit} of file {file} in {PUT_TRIES} tries");
+        Err(Errno(libc::EIO))
+    }
+
+    /// The records of units `first..=last` of `file`, in unit order.
+    fn records(&self, file: u64, first: u64, last: u64) -> SysResult<Vec<Record>> {
+        self.names.records(|r| {
+            r.file_size(file)?;
+            let mut stmt = sql(r.db().prepare_cached(
+                "SELECT unit, generation, length FROM s3_units WHERE file = ?1 AND unit BETWEEN ?2 AND ?3 ORDER BY unit",
+            ))?;
+            let rows = sql(stmt.query_map(params![file as i64, first as i64, last as i64], |row| {
+                Ok(Record {
+                    unit: row.get::<_, i64>(0)? as u64,
+                    generation: row.get::<_, i64>(1)? as u64,
+                    length: row.get::<_, i64>(2)? as u64,
+                })
+            }))?;
+            sql(rows.collect::<rusqlite::Result<Vec<_>>>())
+        })
+    }
+}
+
+/// The S3 backend's unit store, over the SQLite namespace it shares a database with.
+pub struct S3Store {
+    shared: Arc<Shared>,
+    capabilities: Capabilities,
+    /// The lease id of this mount, named in its manifests.
+    writer: String,
+    /// One checkpoint at a time; the database's change count at the last manifest.
+    checkpoint: Mutex<Option<u64>>,
+}
+
+impl S3Store {
+    /// The store over `names` (opened with `open_namespace`), its objects under `layout` in
+    /// `objects`. `unit_bytes`: `-o unit=` (the mount refuses less than `MIN_UNIT_BYTES`;
+    /// in-process tests use smaller ones). A database made with another unit is refused: its
+    /// records count in that unit.
+    pub fn new(
+        names: Arc<SqliteBackend>,
+        objects: Arc<dyn ObjectStore>,
+        layout: Layout,
+        unit_bytes: Option<u64>,
+        writer: String,
+        metrics: Arc<Metrics>,
+    ) -> Result<S3Store, String> {
+        let unit = unit_bytes.unwrap_or(DEFAULT_UNIT_BYTES);
+        assert!(unit.is_power_of_two() && unit >= 4096, "a unit of {unit} bytes");
+        let recorded = names
+            .records(|r| {
+                let recorded = sql(meta_number(r.db(), UNIT_BYTES_KEY))?;
+                if recorded.is_none() {
+                    r.change(|r| sql(set_meta_number(r.db(), UNIT_BYTES_KEY, unit)))?;
+                    r.commit()?;
+                }
+                Ok(recorded)
+            })
+            .map_err(|e| format!("the namespace database {}: {e}", names.path().display()))?;
+        if let Some(recorded) = recorded.filter(|&r| r != unit) {
+            return Err(format!(
+                "unit={unit}: this bucket's files are stored in units of {recorded} bytes; mount it with unit={recorded}"
+            ));
+        }
+        let capabilities = Capabilities {
+            unit_bytes: unit,
+            unit_source: if unit_bytes.is_some() { UnitSource::Option } else { UnitSource::Store },
+            logical_block_bytes: 4096,
+            partial_writes: false,
+            // A unit's object is in the bucket when its put returns, its record only in the
+            // open transaction: the file's sync commits it.
+            durable_writes: false,
+            atomic_unit_writes: true,
+            copy_ranges: false,
+            allocate: false,
+            keys_can_go_stale: true,
+            sync_orders_names: true,
+            keeps_chosen_ids: true,
+        };
+        let epoch = names.generation();
+        Ok(S3Store {
+            shared: Arc::new(Shared {
+                names,
+                objects,
+                layout,
+                metrics,
+                unit_bytes: unit,
+                epoch,
+                counter: AtomicU64::new(1),
+            }),
+            capabilities,
+            writer,
+            checkpoint: Mutex::new(None),
+        })
+    }
+
+    /// The namespace this store keeps its records in.
+    pub fn names(&self) -> &Arc<SqliteBackend> {
+        &self.shared.names
+    }
+
+    /// Commits, and when anything changed since the last manifest, snapshots the database for
+    /// the next one: its sequence number (recorded in the snapshot itself), its bytes, and the
+    /// dropped generations it no longer names.
+    fn prepare_manifest(&self, at_last: Option<u64>) -> SysResult<Option<Snapshot>> {
+        self.shared.names.records(|r| {
+            r.commit()?;
+            if at_last == Some(r.total_changes()) {
+                return Ok(None);
+            }
+            let seq = r.change(|r| {
+                let seq = sql(meta_number(r.db(), MANIFEST_SEQ_KEY))?.unwrap_or(0) + 1;
+                sql(set_meta_number(r.db(), MANIFEST_SEQ_KEY, seq))?;
+                Ok(seq)
+            })?;
+            r.commit()?;
+            let database = r.serialize()?;
+            let mut stmt = sql(r.db().prepare_cached("SELECT file, unit, generation FROM s3_dropped"))?;
+            let rows = sql(stmt.query_map([], |row| {
+                Ok(Dropped {
+                    file: row.get::<_, i64>(0)? as u64,
+                    unit: row.get::<_, i64>(1)? as u64,
+                    generation: row.get::<_, i64>(2)? as u64,
+                })
+            }))?;
+            let dropped = sql(rows.collect::<rusqlite::Result<Vec<_>>>())?;
+            Ok(Some(Snapshot { seq, database, dropped, changes: r.total_changes() }))
+        })
+    }
+}
+
+impl UnitStore for S3Store {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    fn open(&self, id: ObjectId, _mode: OpenMode) -> SysResult<Arc<dyn FileData>> {
+        let hold = self.shared.names.hold_file(id)?;
+        Ok(Arc::new(S3FileData { shared: self.shared.clone(), id, _hold: hold }))
+    }
+
+    fn sync_all(&self) -> SysResult<()> {
+        let shared = &self.shared;
+        let mut at_last = self.checkpoint.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(Snapshot { seq, database, dropped, changes }) = self.prepare_manifest(*at_last)? else {
+            return Ok(());
+        };
+        let key = shared.layout.manifest_key(seq);
+        let body = Manifest { seq, writer: self.writer.clone(), unit_bytes: shared.unit_bytes, database }.encode();
+        match shared.objects.put(&key, &body, PutCondition::IfAbsent).map_err(object_errno)? {
+            PutOutcome::Written => {}
+            PutOutcome::AlreadyThere => {
+                log::error!(
+                    "s3 backend: the manifest {key} is already in the bucket: another mount writes this prefix. \
+                     This checkpoint fails and nothing is overwritten; unmount this one and find the other writer"
+                );
+                return Err(Errno(libc::EIO));
+            }
+        }
+        shared.metrics.backend_write_bytes.fetch_add(body.len() as u64, Relaxed);
+        shared.metrics.backend_write_requests.fetch_add(1, Relaxed);
+        shared.metrics.backend_write_sizes.record(body.len() as u64);
+        log::debug!("s3 backend: checkpoint manifest {key}, {} bytes", body.len());
+
+        // The manifest in the bucket names none of these: their objects may go now.
+        let mut deleted = Vec::new();
+        for d in &dropped {
+            match shared.objects.delete(&shared.layout.unit_key(d.file, d.unit, d.generation)) {
+                Ok(()) => deleted.push(*d),
+                Err(e) => log::warn!("s3 backend: a dropped generation stays for the next checkpoint: {e}"),
+            }
+        }
+        let forgotten = shared.names.records(|r| {
+            let before = r.total_changes();
+            r.change(|r| {
+                let mut stmt = sql(r
+                    .db()
+                    .prepare_cached("DELETE FROM s3_dropped WHERE file = ?1 AND unit = ?2 AND generation = ?3"))?;
+                for d in &deleted {
+                    sql(stmt.execute(params![d.file as i64, d.unit as i64, d.generation as i64]))?;
+                }
+                Ok(())
+            })?;
+            // Forgetting them changes nothing the manifest needs: unchanged otherwise, the next
+            // checkpoint writes none.
+            Ok((before == changes).then(|| r.total_changes()))
+        });
+        *at_last = match forgotten {
+            Ok(at) => at,
+            Err(e) => {
+                log::warn!("s3 backend: dropped generations deleted but still listed: {e}");
+                None
+            }
+        };
+        // Older manifests name objects just deleted: only the newest one is a tree.
+        match shared.objects.list(&shared.layout.manifests_prefix()) {
+            Ok(listed) => {
+                for old in listed.iter().filter(|l| shared.layout.manifest_seq(&l.key).is_some_and(|s| s < seq)) {
+                    if let Err(e) = shared.objects.delete(&old.key) {
+                        log::warn!("s3 backend: an older manifest stays: {e}");
+                    }
+                }
+            }
+            Err(e) => log::warn!("s3 backend: older manifests not listed: {e}"),
+        }
+        Ok(())
+    }
+}
+
+/// A file's data: its unit objects, found through its records.
+struct S3FileData {
+    shared: Arc<Shared>,
+    id: ObjectId,
+    _hold: FileHold,
+}
+
+impl FileData for S3FileData {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> SysResult<usize> {
+        let shared = &self.shared;
+        let u = shared.unit_bytes;
+        // A record read, then its object fetched without the namespace locked: a checkpoint
+        // may delete a generation dropped in between. Its record has changed then; read again.
+        for _ in 0..3 {
+            let size = shared.names.records(|r| r.file_size(self.id))?;
+            if offset >= size || buf.is_empty() {
+                return Ok(0);
+            }
+            let n = (buf.len() as u64).min(size - offset) as usize;
+            let end = offset + n as u64;
+            let records = shared.records(self.id, offset / u, (end - 1) / u)?;
+            let out = &mut buf[..n];
+            out.fill(0);
+            let mut missing = false;
+            for Record { unit, generation, length } in records {
+                let start = unit * u;
+                let (a, b) = (start.max(offset), (start + length).min(end));
+                if a >= b {
+                    continue;
+                }
+                let key = shared.layout.unit_key(self.id, unit, generation);
+                match shared.objects.get(&key, Some(a - start..b - start)).map_err(object_errno)? {
+                    Some(bytes) if bytes.len() as u64 == b - a => {
+                        out[(a - offset) as usize..(b - offset) as usize].copy_from_slice(&bytes)
+                    }
+                    Some(bytes) => {
+                        log::error!("s3 backend: {key}: {} bytes where its record promises {}", bytes.len(), b - a);
+                        return Err(Errno(libc::EIO));
+                    }
+                    None => {
+                        missing = true;
+                        break;
+                    }
+                }
+            }
+            if !missing {
+                return Ok(n);
+            }
+        }
+        log::error!("s3 backend: file {}: a unit object its record names is not in the bucket", self.id);
+        Err(Errno(libc::EIO))
+    }
+
+    fn write_unit(&self, unit: &UnitWrite<'_>) -> SysResult<()> {
+        let shared = &self.shared;
+        assert_eq!(unit.unit_bytes, shared.unit_bytes, "a unit of another size than the store's");
+        let limit = unit.limit();
+        assert!(unit.buf.len() as u64 >= limit, "a unit buffer shorter than the unit's bytes");
+        // The store's rule, at its boundary: a whole unit (up to the file's end) or nothing.
+        if !unit.ranges.covers(0, limit) {
+            log::error!("s3 backend: a partial unit for a store of whole units: {:?}", unit.ranges);
+            return Err(Errno(libc::EIO));
+        }
+        if limit == 0 {
+            return Ok(()); // wholly past the file's end: nothing of it is data
+        }
+        let body = &unit.buf[..limit as usize];
+        let generation = shared.put_unit(self.id, unit.unit, body)?;
+        let id = self.id;
+        let recorded = shared.names.records(|r| {
+            r.change(|r| {
+                r.file_size(id)?;
+                let db = r.db();
+                let old: Option<i64> =
+                    sql(sql(db.prepare_cached("SELECT generation FROM s3_units WHERE file = ?1 AND unit = ?2"))?
+                        .query_row(params![id as i64, unit.unit as i64], |row| row.get(0))
+                        .optional())?;
+                if let Some(old) = old {
+                    sql(sql(db.prepare_cached(
+                        "INSERT OR IGNORE INTO s3_dropped(file, unit, generation) VALUES(?1, ?2, ?3)",
+                    ))?
+                    .execute(params![id as i64, unit.unit as i64, old]))?;
+                }
+                sql(sql(db.prepare_cached(
+                    "INSERT OR REPLACE INTO s3_units(file, unit, generation, length) VALUES(?1, ?2, ?3, ?4)",
+                ))?
+                .execute(params![id as i64, unit.unit as i64, generation as i64, limit as i64]))?;
+                r.set_file_size(id, unit.start() + limit, true)
+            })
+        });
+        if let Err(e) = recorded {
+            // Named by no record: take it back rather than leave it to no one.
+            let _ = shared.objects.delete(&shared.layout.unit_key(id, unit.unit, generation));
+            return Err(e);
+        }
+        shared.metrics.backend_write_bytes.fetch_add(limit, Relaxed);
+        shared.metrics.backend_write_requests.fetch_add(1, Relaxed);
+        shared.metrics.backend_write_sizes.record(limit);
+        Ok(())
+    }
+
+    fn set_size(&self, size: u64) -> SysResult<()> {
+        let (id, u) = (self.id, self.shared.unit_bytes);
+        self.shared.names.records(|r| {
+            r.change(|r| {
+                r.file_size(id)?;
+                let db = r.db();
+                let first_gone = size.div_ceil(u) as i64;
+                sql(sql(db.prepare_cached(
+                    "INSERT OR IGNORE INTO s3_dropped(file, unit, generation) \
+                     SELECT file, unit, generation FROM s3_units WHERE file = ?1 AND unit >= ?2",
+                ))?
+                .execute(params![id as i64, first_gone]))?;
+                sql(sql(db.prepare_cached("DELETE FROM s3_units WHERE file = ?1 AND unit >= ?2"))?
+                    .execute(params![id as i64, first_gone]))?;
+                if size % u != 0 {
+                    // The object keeps its bytes; the record counts only those before the end.
+                    let keep = (size % u) as i64;
+                    sql(sql(db.prepare_cached(
+                        "UPDATE s3_units SET length = ?3 WHERE file = ?1 AND unit = ?2 AND length > ?3",
+                    ))?
+                    .execute(params![id as i64, (size / u) as i64, keep]))?;
+                }
+                r.set_file_size(id, size, false)
+            })
+        })
+    }
+
+    fn size(&self) -> SysResult<u64> {
+        self.shared.names.records(|r| r.file_size(self.id))
+    }
+
+    fn sync(&self, _data_only: bool) -> SysResult<()> {
+        self.shared.names.records(|r| r.commit())
+    }
+
+    fn holds_data(&self) -> bool {
+        self.shared
+            .names
+            .records(|r| {
+                let found: Option<i64> =
+                    sql(sql(r.db().prepare_cached("SELECT 1 FROM s3_units WHERE file = ?1 LIMIT 1"))?
+                        .query_row([self.id as i64], |row| row.get(0))
+                        .optional())?;
+                Ok(found.is_some())
+            })
+            .unwrap_or(true)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}

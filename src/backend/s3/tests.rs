@@ -1,0 +1,297 @@
+//! The S3 backend in-process: its store over `MemoryObjects` (and `FaultyObjects` around it),
+//! the namespace database in a temporary state directory.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
+
+use super::faulty::{FaultPlan, FaultyObjects};
+use super::layout::{Layout, Manifest};
+use super::objects::{MemoryObjects, ObjectStore, PutCondition};
+use super::S3Mount;
+use crate::backend::{FileData, Namespace, OpenMode, UnitStore, UnitWrite};
+use crate::engine::buffer::RangeSet;
+use crate::engine::types::{NewObject, Owner, ROOT_ID};
+use crate::metrics::Metrics;
+
+const UNIT: u64 = 1 << 20;
+const OWNER: Owner = Owner { uid: 1000, gid: 1000 };
+const SOURCE: &str = "s3://bucket/tree";
+
+fn layout() -> Layout {
+    Layout::new("tree")
+}
+
+fn mount(objects: &Arc<dyn ObjectStore>, state: &tempfile::TempDir) -> Result<S3Mount, String> {
+    super::open(objects.clone(), layout(), state.path(), None, SOURCE, Arc::new(Metrics::default()))
+}
+
+fn write_whole(data: &dyn FileData, bytes: &[u8]) -> crate::sys::SysResult<()> {
+    let size = bytes.len() as u64;
+    for unit in 0..size.div_ceil(UNIT) {
+        let start = (unit * UNIT) as usize;
+        let mut buf = vec![0u8; UNIT as usize];
+        let end = (start + UNIT as usize).min(bytes.len());
+        buf[..end - start].copy_from_slice(&bytes[start..end]);
+        let mut ranges = RangeSet::default();
+        ranges.insert(0..(end - start) as u64);
+        data.write_unit(&UnitWrite { unit, unit_bytes: UNIT, buf: &buf, ranges: &ranges, size })?;
+    }
+    Ok(())
+}
+
+fn read_all(data: &dyn FileData) -> Vec<u8> {
+    let mut buf = vec![0u8; data.size().unwrap() as usize + 100];
+    let n = data.read_at(&mut buf, 0).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| seed.wrapping_add((i % 251) as u8) ^ (i >> 20) as u8).collect()
+}
+
+fn keys(objects: &Arc<dyn ObjectStore>, prefix: &str) -> Vec<String> {
+    objects.list(prefix).unwrap().into_iter().map(|l| l.key).collect()
+}
+
+fn make_file(m: &S3Mount, name: &str, bytes: &[u8]) -> Arc<dyn FileData> {
+    let file = m.names.make(ROOT_ID, OsStr::new(name), NewObject::File { perm: 0o644 }, OWNER).unwrap();
+    let data = m.store.open(file.id, OpenMode { write: true, no_atime: false }).unwrap();
+    write_whole(&*data, bytes).unwrap();
+    data
+}
+
+fn read_file(m: &S3Mount, name: &str) -> Vec<u8> {
+    let attr = m.names.lookup(ROOT_ID, OsStr::new(name)).unwrap();
+    read_all(&*m.store.open(attr.id, OpenMode::default()).unwrap())
+}
+
+#[test]
+fn units_are_objects_written_whole_and_a_remount_reads_them_back() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let bytes = pattern(2 * UNIT as usize + 4000, 1);
+    {
+        let m = mount(&objects, &state).unwrap();
+        make_file(&m, "f", &bytes);
+        m.store.sync_all().unwrap();
+        m.lease.release().unwrap();
+    }
+    let units = keys(&objects, "tree/units/");
+    assert_eq!(units.len(), 3, "{units:?}");
+    let sizes: Vec<u64> = objects.list("tree/units/").unwrap().iter().map(|l| l.size).collect();
+    assert_eq!(sizes, [UNIT, UNIT, 4000], "whole units, the last cut at the file's end");
+    assert_eq!(keys(&objects, "tree/manifests/").len(), 1);
+    assert!(objects.head("tree/lease").unwrap().is_none(), "released");
+
+    let m = mount(&objects, &state).unwrap();
+    assert_eq!(m.restored_from, None, "the state directory's own database");
+    assert_eq!(read_file(&m, "f"), bytes);
+}
+
+#[test]
+fn a_hole_reads_as_zeros_and_truncate_drops_records() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    let data = make_file(&m, "f", &pattern(UNIT as usize, 2));
+    data.set_size(3 * UNIT + 10).unwrap();
+    let mut expected = pattern(UNIT as usize, 2);
+    expected.resize(3 * UNIT as usize + 10, 0);
+    assert_eq!(read_all(&*data), expected);
+    data.set_size(100).unwrap();
+    data.set_size(UNIT).unwrap();
+    let mut expected = pattern(100, 2);
+    expected.resize(UNIT as usize, 0);
+    assert_eq!(read_all(&*data), expected, "bytes past a cut read as zeros, though the object keeps them");
+    data.set_size(0).unwrap();
+    assert!(!data.holds_data());
+}
+
+#[test]
+fn dropped_generations_go_only_after_the_manifest_that_no_longer_names_them() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    let data = make_file(&m, "f", &pattern(UNIT as usize, 3));
+    m.store.sync_all().unwrap();
+    let first = keys(&objects, "tree/units/");
+    write_whole(&*data, &pattern(UNIT as usize, 4)).unwrap();
+    let both = keys(&objects, "tree/units/");
+    assert_eq!(both.len(), 2, "a new generation, the old one not overwritten: {both:?}");
+    assert!(both.contains(&first[0]), "the old generation stays until a manifest drops it");
+    m.store.sync_all().unwrap();
+    let after = keys(&objects, "tree/units/");
+    assert_eq!(after.len(), 1);
+    assert_ne!(after, first);
+    assert_eq!(keys(&objects, "tree/manifests/").len(), 1, "older manifests go with the objects they name");
+    let id = m.names.lookup(ROOT_ID, OsStr::new("f")).unwrap().id;
+    m.names.remove(ROOT_ID, OsStr::new("f"), false).unwrap();
+    drop(data);
+    m.names.forget(id, 2); // make's lookup and this test's
+    assert_eq!(keys(&objects, "tree/units/").len(), 1, "a removed file's units stay until the next manifest");
+    m.store.sync_all().unwrap();
+    assert_eq!(keys(&objects, "tree/units/").len(), 0);
+}
+
+#[test]
+fn a_checkpoint_with_nothing_changed_writes_no_manifest() {
+    let objects = Arc::new(MemoryObjects::default());
+    let counting: Arc<dyn ObjectStore> = objects.clone();
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&counting, &state).unwrap();
+    make_file(&m, "f", b"hello");
+    m.store.sync_all().unwrap();
+    let manifests = keys(&counting, "tree/manifests/");
+    m.store.sync_all().unwrap();
+    m.store.sync_all().unwrap();
+    assert_eq!(keys(&counting, "tree/manifests/"), manifests);
+    make_file(&m, "g", b"x");
+    m.store.sync_all().unwrap();
+    assert_ne!(keys(&counting, "tree/manifests/"), manifests);
+}
+
+#[test]
+fn an_empty_state_directory_recovers_the_tree_from_the_newest_manifest() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let bytes = pattern(UNIT as usize + 77, 5);
+    {
+        let m = mount(&objects, &a).unwrap();
+        m.names.set_log_marker(Some(std::path::Path::new("/elsewhere/intent.log"))).unwrap();
+        let sub = m.names.make(ROOT_ID, OsStr::new("sub"), NewObject::Directory { perm: 0o750 }, OWNER).unwrap();
+        let file = m.names.make(sub.id, OsStr::new("f"), NewObject::File { perm: 0o600 }, OWNER).unwrap();
+        write_whole(&*m.store.open(file.id, OpenMode { write: true, no_atime: false }).unwrap(), &bytes).unwrap();
+        m.store.sync_all().unwrap();
+        m.lease.release().unwrap();
+    }
+    let m = mount(&objects, &b).unwrap();
+    assert!(m.restored_from.is_some());
+    assert_eq!(m.names.log_marker().unwrap(), None, "the lost writer's log is not this mount's to replay");
+    let sub = m.names.lookup(ROOT_ID, OsStr::new("sub")).unwrap();
+    let file = m.names.lookup(sub.id, OsStr::new("f")).unwrap();
+    assert_eq!((file.perm, file.size), (0o600, bytes.len() as u64));
+    assert_eq!(read_all(&*m.store.open(file.id, OpenMode::default()).unwrap()), bytes);
+    // Its own writes go on from there, under generations of their own.
+    make_file(&m, "g", b"after");
+    m.store.sync_all().unwrap();
+    assert_eq!(read_file(&m, "g"), b"after");
+}
+
+#[test]
+fn a_second_writer_is_refused_and_the_same_state_directory_takes_its_lease_back() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let first = mount(&objects, &a).unwrap();
+    let refused = mount(&objects, &b).err().expect("a second writer is refused");
+    assert!(refused.contains("is mounted for writing by another coalescefs"), "{refused}");
+    assert!(refused.contains(&a.path().display().to_string()), "it names the holder's state directory: {refused}");
+    // The first mount dies without releasing (kill -9): its state directory takes it back.
+    drop(first);
+    let again = mount(&objects, &a).expect("the same state directory takes its own lease back");
+    again.lease.release().unwrap();
+    mount(&objects, &b).expect("released: another state directory may mount");
+}
+
+#[test]
+fn a_manifest_already_in_the_bucket_fails_the_checkpoint_and_is_not_overwritten() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    make_file(&m, "f", b"mine");
+    let theirs = layout().manifest_key(1);
+    objects.put(&theirs, b"another writer's", PutCondition::Always).unwrap();
+    assert_eq!(m.store.sync_all().unwrap_err().0, libc::EIO);
+    assert_eq!(objects.get(&theirs, None).unwrap().unwrap(), b"another writer's");
+}
+
+#[test]
+fn a_put_that_fails_gives_eio_and_loses_nothing_acknowledged() {
+    let memory: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let faulty = Arc::new(FaultyObjects::new(memory.clone()));
+    let objects: Arc<dyn ObjectStore> = faulty.clone();
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    let kept = pattern(UNIT as usize, 6);
+    let data = make_file(&m, "f", &kept);
+    data.sync(false).unwrap();
+    faulty.set(FaultPlan { puts: Some("/units/".into()), ..FaultPlan::default() });
+    let err = write_whole(&*data, &pattern(UNIT as usize, 7)).unwrap_err();
+    assert_eq!(err.0, libc::EIO);
+    assert_eq!(read_all(&*data), kept, "the acknowledged unit is what a reader sees");
+    faulty.set(FaultPlan { puts: Some("/manifests/".into()), ..FaultPlan::default() });
+    assert_eq!(m.store.sync_all().unwrap_err().0, libc::EIO);
+    assert_eq!(keys(&memory, "tree/units/").len(), 1, "nothing deleted by a checkpoint that failed");
+    faulty.heal();
+    m.store.sync_all().unwrap();
+    drop(data);
+    drop(m);
+    // What the failed checkpoint had committed locally reaches the bucket with the next one:
+    // another state directory recovers it.
+    let other = tempfile::tempdir().unwrap();
+    memory.delete("tree/lease").unwrap();
+    let m = mount(&memory, &other).unwrap();
+    assert_eq!(read_file(&m, "f"), kept);
+}
+
+#[test]
+fn a_damaged_manifest_stops_the_mount_that_would_restore_it() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let m = Manifest { seq: 3, writer: "w".into(), unit_bytes: UNIT, database: b"not a database".to_vec() };
+    let mut bytes = m.encode();
+    *bytes.last_mut().unwrap() ^= 0xff;
+    objects.put(&layout().manifest_key(3), &bytes, PutCondition::Always).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let e = mount(&objects, &state).err().expect("refused");
+    assert!(e.contains("checksum"), "{e}");
+    assert!(objects.head("tree/lease").unwrap().is_none(), "a mount that fails lets its lease go");
+}
+
+#[test]
+fn a_unit_below_one_mib_and_a_server_that_ignores_conditional_puts_are_refused() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let e = super::open(objects, layout(), state.path(), Some(64 << 10), SOURCE, Arc::new(Metrics::default()))
+        .err()
+        .expect("refused");
+    assert!(e.contains("at least 1048576"), "{e}");
+
+    /// A store that overwrites whatever the condition (Garage's answer to If-None-Match).
+    struct Overwriting(MemoryObjects);
+    impl ObjectStore for Overwriting {
+        fn put(
+            &self,
+            key: &str,
+            body: &[u8],
+            _: PutCondition,
+        ) -> super::objects::ObjectResult<super::objects::PutOutcome> {
+            self.0.put(key, body, PutCondition::Always)
+        }
+        fn get(&self, key: &str, range: Option<std::ops::Range<u64>>) -> super::objects::ObjectResult<Option<Vec<u8>>> {
+            self.0.get(key, range)
+        }
+        fn head(&self, key: &str) -> super::objects::ObjectResult<Option<u64>> {
+            self.0.head(key)
+        }
+        fn delete(&self, key: &str) -> super::objects::ObjectResult<()> {
+            self.0.delete(key)
+        }
+        fn list(&self, prefix: &str) -> super::objects::ObjectResult<Vec<super::objects::Listed>> {
+            self.0.list(prefix)
+        }
+    }
+    let objects: Arc<dyn ObjectStore> = Arc::new(Overwriting(MemoryObjects::default()));
+    let e = mount(&objects, &state).err().expect("refused");
+    assert!(e.contains("ignores conditional puts"), "{e}");
+}
+
+#[test]
+fn a_mount_with_another_unit_than_the_buckets_is_refused() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    mount(&objects, &state).unwrap().lease.release().unwrap();
+    let e = super::open(objects, layout(), state.path(), Some(4 << 20), SOURCE, Arc::new(Metrics::default()))
+        .err()
+        .expect("refused");
+    assert!(e.contains("units of 1048576"), "{e}");
+}
