@@ -16,11 +16,13 @@
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 pub mod device;
 pub mod format;
+mod memory_device;
+mod opening;
+mod queue;
 pub mod raw;
 
 use super::burst::BURST_GAP;
@@ -32,6 +34,8 @@ use format::{
     batch_blocks, encode_batch_lagging, encode_wrap, read_log, salvage_log, valid_block_bytes, Area, Batch, Corruption,
     Record, Superblock, MAX_LOG_BLOCK_BYTES, SUPERBLOCK_COPIES,
 };
+pub use opening::{batches_to_replay, batches_to_replay_in_file, open_file_device};
+use queue::Queue;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -72,98 +76,6 @@ impl std::fmt::Display for LogError {
             LogError::Mismatch(why) => write!(f, "intent log: {why}"),
         }
     }
-}
-
-/// `batches_to_replay` of the log file at `path`, its state directory `state_dir` (where its
-/// replay map is), opened as `coalescefs forget` opens it: through the file.
-pub fn batches_to_replay_in_file(path: &std::path::Path, state_dir: &std::path::Path) -> Result<usize, LogError> {
-    let (device, _) = open_file_device(path, None, state_dir, raw::RawLog::Off)?;
-    batches_to_replay(Box::new(device))
-}
-
-/// How many batches the log on `device` holds that a mount would replay (after its checkpoint,
-/// or a recovery's replay map left part way), for `coalescefs forget`. Changes nothing but what
-/// a mount's opening would (a checkpoint past batches a power cut left unflushed).
-pub fn batches_to_replay(device: Box<dyn LogDevice>) -> Result<usize, LogError> {
-    let recovery_under_way = !device.read_map().map_err(|e| LogError::Io("read the replay map", e))?.is_empty();
-    let (_, batches) = IntentLog::open(device, false, Arc::new(Metrics::default()))?;
-    Ok(batches.len().max(usize::from(recovery_under_way)))
-}
-
-/// Opens (or creates, `size_bytes` long) the log file at `path`; returns it and whether it was
-/// created. A file of another size is refused: the ring's geometry is in its superblock, and
-/// `log_size=` must not change while the log holds data. `size_bytes` None: whatever size the
-/// file has (`coalescefs recover`). A block device takes the log in its first `size_bytes`
-/// (None: as much as the log on it says), its replay map in `state_dir`.
-pub fn open_file_device(
-    path: &Path,
-    size_bytes: Option<u64>,
-    state_dir: &Path,
-    raw_log: raw::RawLog,
-) -> Result<(device::FileLogDevice, bool), LogError> {
-    if device::is_block_device(path) {
-        return open_block_device(path, size_bytes, state_dir);
-    }
-    let asked = match size_bytes {
-        Some(size) => size,
-        None => std::fs::metadata(path).map_err(|e| LogError::Io("open", Errno::from(e)))?.len(),
-    };
-    let (device, created) =
-        device::FileLogDevice::open_or_create(path, asked, raw_log).map_err(|e| LogError::Io("open", e))?;
-    let actual = device.size_bytes().map_err(|e| LogError::Io("open", e))?;
-    if actual != asked {
-        return Err(LogError::Mismatch(format!(
-            "{} is {actual} bytes, not the {asked} asked for (log_size= must not change while the log holds data)",
-            path.display()
-        )));
-    }
-    Ok((device, created))
-}
-
-/// A block device as the log (see `open_file_device`). One that holds neither a log nor zeros
-/// is refused: it is somebody's data.
-fn open_block_device(
-    path: &Path,
-    size_bytes: Option<u64>,
-    state_dir: &Path,
-) -> Result<(device::FileLogDevice, bool), LogError> {
-    let shown = path.display();
-    let look = 2 * MAX_LOG_BLOCK_BYTES;
-    let (mut device, device_bytes, contents) =
-        device::FileLogDevice::open_block_device(path, device::replay_map_path(&state_dir.join(LOG_FILE_NAME)), look)
-            .map_err(|e| match e {
-            Errno(libc::EBUSY) => LogError::Mismatch(format!("{shown} is in use (mounted, or held by a program)")),
-            e => LogError::Io("open", e),
-        })?;
-    let (log_bytes, created) = match contents {
-        device::BlockDeviceContents::Bytes(start) => match Superblock::find(&start) {
-            Some(sb) => ((sb.area_blocks + SUPERBLOCK_COPIES) * sb.block_bytes as u64, false),
-            None => {
-                return Err(LogError::Mismatch(format!(
-                    "{shown} holds data that is not a coalescefs intent log (its first {} KiB are not zeros): \
-                     wipe it first (blkdiscard, or dd from /dev/zero) to use it as the log, or give another device",
-                    start.len() >> 10
-                )))
-            }
-        },
-        device::BlockDeviceContents::Zeros => (size_bytes.unwrap_or(device_bytes), true),
-    };
-    if log_bytes > device_bytes {
-        return Err(LogError::Mismatch(format!(
-            "{shown} has {device_bytes} bytes, fewer than the {log_bytes} of the log (log_size=)"
-        )));
-    }
-    if let Some(asked) = size_bytes.filter(|&asked| asked != log_bytes) {
-        return Err(LogError::Mismatch(format!(
-            "{shown} holds a log of {log_bytes} bytes, not the {asked} asked for (log_size= must not change while the log \
-             holds data)"
-        )));
-    }
-    device.take_device_bytes(log_bytes);
-    if created {
-        device.zero_device_bytes().map_err(|e| LogError::Io("zero the log's bytes", e))?;
-    }
-    Ok((device, created))
 }
 
 /// The log's area read through its device a window at a time (see `format::Area`): the reader
@@ -267,109 +179,6 @@ impl Ring {
         } else {
             area - block
         }
-    }
-}
-
-/// Records waiting for the next batch, in order, with an index of the queued Creates and of
-/// how many queued records refer to each object: an unlink of a file whose creation no batch
-/// carried takes its Create back without a scan of the queue (rm -rf of a fresh tree unlinks
-/// thousands of files while thousands of records wait).
-#[derive(Default)]
-struct Queue {
-    /// Taken-back records leave a hole (None) until the queue is taken.
-    records: Vec<Option<Record>>,
-    creates: HashMap<Vec<u8>, usize>,
-    mentions: HashMap<Vec<u8>, u32>,
-    live: usize,
-    /// The Unlinks taken back with their Creates, by the name they freed (its directory's key,
-    /// the name), each with its place in the order of take-backs; kept over batches until a
-    /// checkpoint has synced the backend. The backend may still hold such a file after a
-    /// crash (its creation committed, its unlink not), and a record that puts another object
-    /// at the name brings the Unlink back in front of it: else replay takes the old file for a
-    /// new one the log holds that a checkpoint made there (`replay::Replay::adopt`), and keeps
-    /// its bytes past the new one's.
-    taken_back_unlinks: HashMap<(Vec<u8>, Vec<u8>), (u64, Record)>,
-    take_backs: u64,
-}
-
-/// Unlinks taken back and kept (`Queue::taken_back_unlinks`) at most: past it, unlinks of files
-/// no batch carried are logged as any (rm -rf of a fresh tree costs log bytes, not memory).
-const TAKEN_BACK_UNLINKS_MAX: usize = 65536;
-
-impl Queue {
-    fn extend(&mut self, records: impl IntoIterator<Item = Record>) {
-        for record in records {
-            if let Some(at) = record.name_taken() {
-                if let Some((_, unlink)) = self.taken_back_unlinks.remove(&(at.0.to_vec(), at.1.to_vec())) {
-                    self.push(unlink);
-                }
-            }
-            self.push(record);
-        }
-    }
-
-    fn push(&mut self, record: Record) {
-        let mut objects = record.objects();
-        objects.sort_unstable();
-        objects.dedup();
-        for key in objects {
-            *self.mentions.entry(key.to_vec()).or_default() += 1;
-        }
-        if let Record::Create { file, .. } = &record {
-            self.creates.entry(file.clone()).or_insert(self.records.len());
-        }
-        self.records.push(Some(record));
-        self.live += 1;
-    }
-
-    fn len(&self) -> usize {
-        self.live
-    }
-
-    fn take(&mut self) -> Vec<Record> {
-        let records = std::mem::take(&mut self.records).into_iter().flatten().collect();
-        *self = Queue {
-            taken_back_unlinks: std::mem::take(&mut self.taken_back_unlinks),
-            take_backs: self.take_backs,
-            ..Queue::default()
-        };
-        records
-    }
-
-    /// Whether a queued record other than its Create refers to `file` (a rename of it, say).
-    fn changes_names_of(&self, file: &[u8]) -> bool {
-        let own_create = u32::from(self.creates.contains_key(file));
-        self.mentions.get(file).is_some_and(|&count| count > own_create)
-    }
-
-    fn forget_take_backs_before(&mut self, take_backs: u64) {
-        self.taken_back_unlinks.retain(|_, (order, _)| *order >= take_backs);
-    }
-
-    /// Takes back the Create of the file `unlink` removes if nothing else queued refers to the
-    /// file, and keeps `unlink` for a record that puts another object at its name.
-    fn cancel_create(&mut self, unlink: &Record) -> bool {
-        let Record::Unlink { file, parent, name, .. } = unlink else { return false };
-        let Some(&at) = self.creates.get(file) else { return false };
-        if self.mentions.get(file) != Some(&1) || self.taken_back_unlinks.len() >= TAKEN_BACK_UNLINKS_MAX {
-            return false;
-        }
-        let earlier = self.taken_back_unlinks.insert((parent.clone(), name.clone()), (self.take_backs, unlink.clone()));
-        // The file's Create took the name, and brought back whatever was kept for it.
-        debug_assert!(earlier.is_none(), "an unlink kept for a name no record took since");
-        self.take_backs += 1;
-        let record = self.records[at].take().expect("an indexed Create is queued");
-        for key in record.objects() {
-            if let Some(count) = self.mentions.get_mut(key) {
-                *count -= 1;
-                if *count == 0 {
-                    self.mentions.remove(key);
-                }
-            }
-        }
-        self.creates.remove(file);
-        self.live -= 1;
-        true
     }
 }
 

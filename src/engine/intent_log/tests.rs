@@ -1,6 +1,7 @@
 use super::*;
 use format::{encode_batch, LOG_BLOCK_BYTES};
 use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 
 fn metrics() -> Arc<Metrics> {
     Arc::new(Metrics::default())
