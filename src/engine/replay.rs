@@ -119,6 +119,9 @@ struct Replay<'a> {
     /// Where each object is last put at a name (object, directory, name; by a Rename or a
     /// Link record): the index of that record.
     last_put: HashMap<Place, usize>,
+    /// Where each object is last renamed away from a name (object, directory, name): the index
+    /// of that Rename record.
+    last_move_away: HashMap<Place, usize>,
     /// Directories replay changed, and their mtime before (see `keep_time_of`).
     dir_times: HashMap<ObjectId, super::types::Timestamp>,
     applied: u64,
@@ -351,7 +354,9 @@ impl Replay<'_> {
                 let Some(to) = self.directory(to_parent)? else { return Ok(false) };
                 let from = match self.directory(from_parent)? {
                     Some(from) if self.names(from, from_name, file)? => from,
-                    _ if self.last_removal.get(file.as_slice()).is_some_and(|&later| later > at) => {
+                    _ if self.last_removal.get(file.as_slice()).is_some_and(|&later| later > at)
+                        || self.moved_away_later(at, file, to_parent, to_name) =>
+                    {
                         return self.remove_what_it_replaced(at, replaced, to, to_parent, to_name);
                     }
                     _ => return Ok(false),
@@ -367,15 +372,23 @@ impl Replay<'_> {
         }
     }
 
+    /// Whether a record after the `at`-th renames `object` away from `name` in `parent`.
+    fn moved_away_later(&self, at: usize, object: &[u8], parent: &[u8], name: &[u8]) -> bool {
+        let place = (object.to_vec(), parent.to_vec(), name.to_vec());
+        self.last_move_away.get(&place).is_some_and(|&away| away > at)
+    }
+
     /// A rename that cannot be applied because its source name no longer holds its object, an
-    /// object a later record removes: the log says the name ends without what the rename
+    /// object a later record removes or renames away from the rename's target: the log says the name ends without what the rename
     /// replaced, so that (`replaced`) goes if it is still there, or it outlives its replacement
     /// and comes back after an acknowledged unlink. Whether replay made it again (from an
     /// earlier record the backend showed nothing of) or the backend kept it (its creation was
     /// durable, the rename and its file's creation were not), unless a later record puts it
-    /// back at that name. (Without a later removal the object is gone because its creation
-    /// never reached the backend, nor the rename: what the rename replaced is the older state
-    /// to keep.) Returns whether it removed one.
+    /// back at that name. (Without a later removal or move the object is gone because its
+    /// creation never reached the backend, nor the rename: what the rename replaced is the
+    /// older state to keep. With a later move away, the log says the name ends free of both,
+    /// and a later file may be made there again: a file made at the name and fsynced must not
+    /// find the replaced one in its place.) Returns whether it removed one.
     fn remove_what_it_replaced(
         &mut self,
         at: usize,
@@ -597,6 +610,17 @@ fn last_puts(records: &[&Record]) -> HashMap<Place, usize> {
     last
 }
 
+/// Where each object is last renamed away from a name (`Replay::last_move_away`).
+fn last_moves_away(records: &[&Record]) -> HashMap<Place, usize> {
+    let mut last = HashMap::new();
+    for (i, r) in records.iter().enumerate() {
+        if let Record::Rename { file, from_parent, from_name, .. } = r {
+            last.insert((file.clone(), from_parent.clone(), from_name.clone()), i);
+        }
+    }
+    last
+}
+
 pub fn replay(
     ns: &dyn Namespace,
     store: &dyn UnitStore,
@@ -639,6 +663,7 @@ pub fn replay(
         needed_dirs: HashSet::new(),
         last_removal: last_removals(&records),
         last_put: last_puts(&records),
+        last_move_away: last_moves_away(&records),
         dir_times: HashMap::new(),
         applied: 0,
         recreated_files: 0,
