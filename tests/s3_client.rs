@@ -102,7 +102,7 @@ fn the_conditional_put_probe_accepts_seaweedfs_and_leaves_no_probe() {
     let store = server.client("probe", IO_TIMEOUT);
     // A probe object left by an earlier prober that died does not fail the probe.
     store.put("coalescefs/probe", b"left over", PutCondition::Always).unwrap();
-    store.probe_conditional_put("coalescefs/probe").unwrap();
+    coalescefs::backend::s3::objects::probe_conditional_put(&store, "coalescefs/probe").unwrap();
     assert_eq!(store.head("coalescefs/probe").unwrap(), None);
 }
 

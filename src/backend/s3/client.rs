@@ -112,37 +112,6 @@ impl S3Credentials {
     }
 }
 
-/// Why `probe_conditional_put` refused the server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProbeError {
-    Object(ObjectError),
-    /// The second `If-None-Match: *` put of the probe was accepted: the server ignores the
-    /// condition (Garage 2.5 overwrites silently), so two writers could both win.
-    ConditionIgnored {
-        endpoint: String,
-        key: String,
-    },
-}
-
-impl fmt::Display for ProbeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ProbeError::Object(e) => write!(f, "{e}"),
-            ProbeError::ConditionIgnored { endpoint, key } => write!(
-                f,
-                "{endpoint} ignores If-None-Match: * (a second conditional PUT of {key} overwrote the first): \
-                 it cannot keep a second writer out, so the S3 backend does not use it"
-            ),
-        }
-    }
-}
-
-impl From<ObjectError> for ProbeError {
-    fn from(e: ObjectError) -> ProbeError {
-        ProbeError::Object(e)
-    }
-}
-
 pub struct S3Client {
     bucket: Bucket,
     credentials: Credentials,
@@ -268,34 +237,6 @@ impl S3Client {
             409 if error_code(&answer.body).as_deref() == Some("BucketAlreadyOwnedByYou") => Ok(()),
             _ => Err(status_error(&what, &answer)),
         }
-    }
-
-    /// Refuses a server that ignores `If-None-Match: *`: puts `key` twice with
-    /// `PutCondition::IfAbsent` and requires the second to find it there (HTTP 412). The probe
-    /// object is deleted after, whatever the outcome.
-    pub fn probe_conditional_put(&self, key: &str) -> Result<(), ProbeError> {
-        // A probe left by an earlier mount that died between put and delete.
-        self.delete(key)?;
-        let first = self.put(key, b"coalescefs conditional put probe 1", PutCondition::IfAbsent);
-        let second =
-            first.clone().and_then(|_| self.put(key, b"coalescefs conditional put probe 2", PutCondition::IfAbsent));
-        let deleted = self.delete(key);
-        match (first?, second?) {
-            (PutOutcome::Written, PutOutcome::AlreadyThere) => {}
-            (PutOutcome::AlreadyThere, _) => {
-                // Deleted just before: another prober runs at the same key. Not a verdict.
-                return Err(ProbeError::Object(ObjectError::Status {
-                    what: format!("probe {key}"),
-                    status: 412,
-                    body: "another writer holds the probe key".into(),
-                }));
-            }
-            (PutOutcome::Written, PutOutcome::Written) => {
-                return Err(ProbeError::ConditionIgnored { endpoint: self.endpoint.clone(), key: key.to_owned() })
-            }
-        }
-        deleted?;
-        Ok(())
     }
 
     fn what(&self, op: &str, key: &str) -> String {
@@ -818,8 +759,9 @@ mod tests {
             Reply::Status(200, b""),
             Reply::Status(204, b""),
         ]);
-        let e = client_of(&endpoint, Duration::from_secs(5)).probe_conditional_put("probe").unwrap_err();
-        assert!(matches!(e, ProbeError::ConditionIgnored { .. }), "{e:?}");
+        let client = client_of(&endpoint, Duration::from_secs(5));
+        let e = super::super::objects::probe_conditional_put(&client, "probe").unwrap_err();
+        assert!(matches!(e, super::super::objects::ProbeError::ConditionIgnored { .. }), "{e:?}");
         assert!(e.to_string().contains("If-None-Match"), "{e}");
         let seen = server.join().unwrap();
         assert_eq!(seen.iter().map(|s| &s[..5]).collect::<Vec<_>>(), ["DELET", "PUT *", "PUT *", "DELET"]);

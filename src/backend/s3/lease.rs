@@ -65,22 +65,6 @@ fn host_name() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// Refuses a server that overwrites on `If-None-Match: *`.
-fn probe_conditional_puts(objects: &dyn ObjectStore, layout: &Layout, id: &str, source: &str) -> Result<(), String> {
-    let key = format!("{}.probe-{id}", layout.lease_key());
-    let fail = |e: super::objects::ObjectError| format!("{source}: probing conditional puts ({key}): {e}");
-    objects.put(&key, b"1", PutCondition::IfAbsent).map_err(fail)?;
-    let second = objects.put(&key, b"2", PutCondition::IfAbsent).map_err(fail)?;
-    objects.delete(&key).map_err(fail)?;
-    if second != PutOutcome::AlreadyThere {
-        return Err(format!(
-            "{source}: the server overwrote an object on a put with If-None-Match: * (it ignores conditional puts): \
-             the lease and the checkpoint manifests could not stop a second writer, so this server is refused"
-        ));
-    }
-    Ok(())
-}
-
 impl Lease {
     /// Takes the lease of `layout`'s prefix for the mount whose state directory is `state_dir`.
     pub fn take(
@@ -90,7 +74,9 @@ impl Lease {
         source: &str,
     ) -> Result<Lease, String> {
         let id = lease_id(state_dir)?;
-        probe_conditional_puts(&*objects, layout, &id, source)?;
+        let probe = format!("{}.probe-{id}", layout.lease_key());
+        super::objects::probe_conditional_put(&*objects, &probe)
+            .map_err(|e| format!("{source}: probing conditional puts: {e}"))?;
         let holder = LeaseHolder {
             id,
             host: host_name(),

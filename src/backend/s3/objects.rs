@@ -83,6 +83,63 @@ pub trait ObjectStore: Send + Sync {
     fn list(&self, prefix: &str) -> ObjectResult<Vec<Listed>>;
 }
 
+/// Why `probe_conditional_put` refused the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeError {
+    Object(ObjectError),
+    /// The second `If-None-Match: *` put of the probe was accepted: the server ignores the
+    /// condition (Garage 2.5 overwrites silently), so two writers could both win.
+    ConditionIgnored {
+        key: String,
+    },
+}
+
+impl std::fmt::Display for ProbeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProbeError::Object(e) => write!(f, "{e}"),
+            ProbeError::ConditionIgnored { key } => write!(
+                f,
+                "the server overwrote an object on a put with If-None-Match: * (a second conditional put of {key}): \
+                 it ignores conditional puts, and the lease and the checkpoint manifests could not stop a second \
+                 writer, so this server is refused"
+            ),
+        }
+    }
+}
+
+impl From<ObjectError> for ProbeError {
+    fn from(e: ObjectError) -> ProbeError {
+        ProbeError::Object(e)
+    }
+}
+
+/// Refuses a server that ignores `If-None-Match: *`: puts `key` twice with
+/// `PutCondition::IfAbsent` and requires the second to find it there (HTTP 412). The probe
+/// object is deleted after, whatever the outcome.
+pub fn probe_conditional_put(objects: &dyn ObjectStore, key: &str) -> Result<(), ProbeError> {
+    // A probe left by an earlier mount that died between put and delete.
+    objects.delete(key)?;
+    let first = objects.put(key, b"coalescefs conditional put probe 1", PutCondition::IfAbsent);
+    let second =
+        first.clone().and_then(|_| objects.put(key, b"coalescefs conditional put probe 2", PutCondition::IfAbsent));
+    let deleted = objects.delete(key);
+    match (first?, second?) {
+        (PutOutcome::Written, PutOutcome::AlreadyThere) => {}
+        (PutOutcome::AlreadyThere, _) => {
+            // Deleted just before: another prober runs at the same key. Not a verdict.
+            return Err(ProbeError::Object(ObjectError::Status {
+                what: format!("probe {key}"),
+                status: 412,
+                body: "another writer holds the probe key".into(),
+            }));
+        }
+        (PutOutcome::Written, PutOutcome::Written) => return Err(ProbeError::ConditionIgnored { key: key.to_owned() }),
+    }
+    deleted?;
+    Ok(())
+}
+
 /// Objects in memory, for in-process tests.
 #[derive(Default)]
 pub struct MemoryObjects {
