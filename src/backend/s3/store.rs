@@ -39,6 +39,10 @@ pub const MIN_UNIT_BYTES: u64 = 1 << 20;
 
 /// The `meta` keys the store keeps in the namespace's database.
 pub const MANIFEST_SEQ_KEY: &str = "s3_manifest_seq";
+/// The largest manifest a checkpoint puts: S3's limit for one PUT (and Ceph RGW's default
+/// `rgw_max_put_size`). At about 150 bytes of database per file that is some 30 million files;
+/// past it the checkpoint fails (EFBIG, an error line) and deletes nothing, as a refused put.
+pub const MANIFEST_MAX_BYTES: u64 = 5 << 30;
 pub const UNIT_BYTES_KEY: &str = "s3_unit_bytes";
 
 /// Tries of a unit put whose key is taken (only garbage of a database restored from an older
@@ -198,6 +202,8 @@ pub struct S3Store {
     writer: String,
     /// One checkpoint at a time; the database's change count at the last manifest.
     checkpoint: Mutex<Option<u64>>,
+    /// `MANIFEST_MAX_BYTES`; smaller in tests, which cannot make 5 GiB.
+    manifest_max_bytes: AtomicU64,
 }
 
 impl S3Store {
@@ -258,6 +264,7 @@ impl S3Store {
             }),
             capabilities,
             writer,
+            manifest_max_bytes: AtomicU64::new(MANIFEST_MAX_BYTES),
             checkpoint: Mutex::new(None),
         })
     }
@@ -297,6 +304,13 @@ impl S3Store {
     }
 }
 
+#[cfg(test)]
+impl S3Store {
+    pub fn set_manifest_max_bytes(&self, max: u64) {
+        self.manifest_max_bytes.store(max, Relaxed);
+    }
+}
+
 impl UnitStore for S3Store {
     fn capabilities(&self) -> &Capabilities {
         &self.capabilities
@@ -315,6 +329,15 @@ impl UnitStore for S3Store {
         };
         let key = shared.layout.manifest_key(seq);
         let body = Manifest { seq, writer: self.writer.clone(), unit_bytes: shared.unit_bytes, database }.encode();
+        let max = self.manifest_max_bytes.load(Relaxed);
+        if body.len() as u64 > max {
+            log::error!(
+                "s3 backend: the manifest {key} would be {} bytes, over the {max} one PUT takes (manifests in \
+                 parts are not built): this checkpoint fails and the intent log keeps what it holds",
+                body.len()
+            );
+            return Err(Errno(libc::EFBIG));
+        }
         match shared.objects.put(&key, &body, PutCondition::IfAbsent).map_err(object_errno)? {
             PutOutcome::Written => {}
             PutOutcome::AlreadyThere => {

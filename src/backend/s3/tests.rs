@@ -135,6 +135,27 @@ fn dropped_generations_go_only_after_the_manifest_that_no_longer_names_them() {
 }
 
 #[test]
+fn a_manifest_over_one_puts_bound_fails_the_checkpoint_and_deletes_nothing() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    let data = make_file(&m, "f", &pattern(UNIT as usize, 3));
+    m.store.sync_all().unwrap();
+    let manifests = keys(&objects, "tree/manifests/");
+    write_whole(&*data, &pattern(UNIT as usize, 4)).unwrap();
+    let units = keys(&objects, "tree/units/");
+    assert_eq!(units.len(), 2, "the new generation and the one the manifest names");
+    m.store.set_manifest_max_bytes(1000);
+    assert_eq!(m.store.sync_all().unwrap_err().0, libc::EFBIG);
+    assert_eq!(keys(&objects, "tree/manifests/"), manifests, "no manifest put");
+    assert_eq!(keys(&objects, "tree/units/"), units, "the dropped generation stays: the manifest names it");
+    m.store.set_manifest_max_bytes(super::store::MANIFEST_MAX_BYTES);
+    m.store.sync_all().unwrap();
+    assert_ne!(keys(&objects, "tree/manifests/"), manifests);
+    assert_eq!(keys(&objects, "tree/units/").len(), 1);
+}
+
+#[test]
 fn a_checkpoint_with_nothing_changed_writes_no_manifest() {
     let objects = Arc::new(MemoryObjects::default());
     let counting: Arc<dyn ObjectStore> = objects.clone();
