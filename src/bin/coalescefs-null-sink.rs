@@ -367,7 +367,7 @@ fn serve(mount_point: &Path, sink_options: &SinkOptions) -> Result<u64, String> 
     };
     unmount_on_signal(mount_point.to_path_buf());
     let fd = mounts::mount_direct_as(FS_TYPE, "null-sink", mount_point, &options::MountOptions::default())?;
-    // As the daemon's session (src/daemon.rs, start_session): its threads, a cloned /dev/fuse
+    // As the daemon's session (src/daemon/mod.rs, start_session): its threads, a cloned /dev/fuse
     // descriptor per thread.
     let mut config = fuser::Config::default();
     config.acl = fuser::SessionACL::Owner;

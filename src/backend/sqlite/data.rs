@@ -1,0 +1,141 @@
+//! The SQLite backend's data: a file's units as rows, `FileData` and `UnitStore`.
+
+use super::*;
+
+/// A file's data in the database.
+struct SqliteFileData {
+    inner: Arc<Mutex<Inner>>,
+    metrics: Arc<Metrics>,
+    id: ObjectId,
+    unit_bytes: u64,
+    _hold: FileHold,
+}
+
+impl FileData for SqliteFileData {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> SysResult<usize> {
+        let s = lock(&self.inner);
+        let size = s.object(self.id)?.size;
+        if offset >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(size - offset) as usize;
+        let buf = &mut buf[..n];
+        buf.fill(0);
+        let (first, last) = (offset / self.unit_bytes, (offset + n as u64 - 1) / self.unit_bytes);
+        let mut stmt =
+            s.db.prepare_cached("SELECT unit, data FROM units WHERE file = ?1 AND unit BETWEEN ?2 AND ?3").sql()?;
+        let rows = stmt
+            .query_map(params![sql_id(self.id), first as i64, last as i64], |r| {
+                Ok((r.get::<_, i64>(0)? as u64, r.get::<_, Vec<u8>>(1)?))
+            })
+            .sql()?;
+        for row in rows {
+            let (unit, data) = row.sql()?;
+            let start = unit * self.unit_bytes;
+            // The overlap of [start, start + len) with [offset, offset + n).
+            let a = start.max(offset);
+            let b = (start + data.len() as u64).min(offset + n as u64);
+            if a < b {
+                buf[(a - offset) as usize..(b - offset) as usize]
+                    .copy_from_slice(&data[(a - start) as usize..(b - start) as usize]);
+            }
+        }
+        Ok(n)
+    }
+
+    fn write_unit(&self, unit: &UnitWrite<'_>) -> SysResult<()> {
+        let limit = unit.limit();
+        // The store's rule, at its boundary: a whole unit (up to the file's end) or nothing.
+        if !unit.ranges.covers(0, limit) {
+            log::error!("sqlite backend: a partial unit for a store of whole units: {:?}", unit.ranges);
+            return Err(Errno(libc::EIO));
+        }
+        let id = self.id;
+        lock(&self.inner).change(|s| {
+            let o = s.object(id)?;
+            if o.kind != Kind::File {
+                return Err(Errno(libc::EISDIR));
+            }
+            s.db.prepare_cached("INSERT OR REPLACE INTO units(file, unit, data) VALUES(?1, ?2, ?3)")
+                .sql()?
+                .execute(params![sql_id(id), unit.unit as i64, &unit.buf[..limit as usize]])
+                .sql()?;
+            let end = unit.start() + limit;
+            let now = Timestamp::now();
+            s.update(id, |o| {
+                o.size = o.size.max(end);
+                o.mtime = now;
+                o.ctime = now;
+            })
+        })?;
+        self.metrics.backend_write_bytes.fetch_add(limit, Relaxed);
+        self.metrics.backend_write_requests.fetch_add(1, Relaxed);
+        self.metrics.backend_write_sizes.record(limit);
+        Ok(())
+    }
+
+    fn set_size(&self, size: u64) -> SysResult<()> {
+        let (id, u) = (self.id, self.unit_bytes);
+        lock(&self.inner).change(|s| {
+            // Units wholly past the end go; the one the end falls in is cut there.
+            s.db.prepare_cached("DELETE FROM units WHERE file = ?1 AND unit >= ?2")
+                .sql()?
+                .execute(params![sql_id(id), size.div_ceil(u) as i64])
+                .sql()?;
+            if size % u != 0 {
+                let keep = (size % u) as i64;
+                s.db.prepare_cached(
+                    "UPDATE units SET data = substr(data, 1, ?3) WHERE file = ?1 AND unit = ?2 AND length(data) > ?3",
+                )
+                .sql()?
+                .execute(params![sql_id(id), (size / u) as i64, keep])
+                .sql()?;
+            }
+            let now = Timestamp::now();
+            s.update(id, |o| {
+                o.size = size;
+                o.mtime = now;
+                o.ctime = now;
+            })
+        })
+    }
+
+    fn size(&self) -> SysResult<u64> {
+        Ok(lock(&self.inner).object(self.id)?.size)
+    }
+
+    fn sync(&self, _data_only: bool) -> SysResult<()> {
+        lock(&self.inner).commit()
+    }
+
+    fn holds_data(&self) -> bool {
+        let s = lock(&self.inner);
+        s.db.prepare_cached("SELECT 1 FROM units WHERE file = ?1 LIMIT 1")
+            .and_then(|mut stmt| stmt.query_row([sql_id(self.id)], |_| Ok(())).optional())
+            .map_or(true, |found| found.is_some())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl UnitStore for SqliteBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    fn open(&self, id: ObjectId, _mode: OpenMode) -> SysResult<Arc<dyn FileData>> {
+        Ok(Arc::new(SqliteFileData {
+            _hold: self.hold_file(id)?,
+            inner: self.inner.clone(),
+            metrics: self.metrics.clone(),
+            id,
+            unit_bytes: self.capabilities.unit_bytes,
+        }))
+    }
+
+    fn sync_all(&self) -> SysResult<()> {
+        lock(&self.inner).commit()
+    }
+}
