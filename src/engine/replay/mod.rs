@@ -59,6 +59,8 @@
 //! handle, to a map beside the log (`LOG.replay-map`) and the map synced before the file is
 //! used; the next replay starts from the map, and the map goes once the log is empty.
 
+mod history;
+
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::sync::atomic::Ordering;
@@ -73,6 +75,7 @@ use super::LogSetup;
 use crate::backend::{FileData, Namespace, OpenMode, UnitStore};
 use crate::metrics::Metrics;
 use crate::sys::{Errno, SysResult};
+use history::*;
 
 /// Errors that say the store is in another state than the record expects, not that it
 /// failed: the record is skipped.
@@ -474,151 +477,6 @@ fn read_replay_map(device: &dyn LogDevice) -> SysResult<HashMap<Vec<u8>, Vec<u8>
         map.insert(old, new);
     }
     Ok(map)
-}
-
-/// The object a name record removes from a name, and that name (its directory's key, the name):
-/// an Unlink's file, or the file a Rename replaced.
-fn removed_by(record: &Record) -> Option<(&[u8], &[u8], &[u8])> {
-    match record {
-        Record::Unlink { file, parent, name, .. } => Some((file, parent, name)),
-        Record::Rename { to_parent, to_name, replaced, .. } if !replaced.is_empty() => {
-            Some((replaced, to_parent, to_name))
-        }
-        _ => None,
-    }
-}
-
-/// The object a name record puts at a name, and the name (its directory's key and the name):
-/// a rename's target, a link's new name (`Record::name_taken`, a Create's aside: it puts a new
-/// object, never one back).
-fn put_by(record: &Record) -> Option<(&[u8], &[u8], &[u8])> {
-    match record {
-        Record::Rename { .. } | Record::Link { .. } => {
-            record.name_taken().map(|(parent, name)| (record.file(), parent, name))
-        }
-        _ => None,
-    }
-}
-
-/// Whether a record in `later` puts `object` back at `name` in `parent` (through another hard
-/// link of it): renames it there, or links it there.
-fn put_back(later: &[&Record], object: &[u8], parent: &[u8], name: &[u8]) -> bool {
-    later.iter().any(|r| put_by(r) == Some((object, parent, name)))
-}
-
-/// A new file's last logged name: its directory's key and the name.
-type LastName<'a> = (&'a [u8], &'a [u8]);
-
-fn is_directory(mode: u32) -> bool {
-    mode & libc::S_IFMT == libc::S_IFDIR
-}
-
-/// The directories replay may make again (`Replay::needed_dirs`): where files with contents to
-/// restore, and new files the log held, end up (their Creates' and Renames' directories, the
-/// held files' last names'), and, up the tree, the directories those were made or moved in.
-fn needed_directories(
-    records: &[&Record],
-    with_contents: &HashSet<Vec<u8>>,
-    held_ends: &HashMap<&[u8], Option<LastName<'_>>>,
-) -> HashSet<Vec<u8>> {
-    let restored = |file: &[u8]| with_contents.contains(file) || is_pending_key(file);
-    let mut needed: HashSet<Vec<u8>> = HashSet::new();
-    for r in records {
-        match r {
-            Record::Create { file, parent, mode, .. } if !is_directory(*mode) && restored(file) => {
-                needed.insert(parent.clone());
-            }
-            Record::Rename { file, to_parent, .. } if restored(file) => {
-                needed.insert(to_parent.clone());
-            }
-            _ => {}
-        }
-    }
-    needed.extend(held_ends.values().flatten().map(|(parent, _)| parent.to_vec()));
-    loop {
-        let before = needed.len();
-        for r in records {
-            match r {
-                Record::Create { file, parent, mode, .. }
-                    if is_directory(*mode) && needed.contains(file.as_slice()) =>
-                {
-                    needed.insert(parent.clone());
-                }
-                Record::Rename { file, from_parent, to_parent, .. } if needed.contains(file.as_slice()) => {
-                    needed.insert(from_parent.clone());
-                    needed.insert(to_parent.clone());
-                }
-                _ => {}
-            }
-        }
-        if needed.len() == before {
-            return needed;
-        }
-    }
-}
-
-/// The last name record a `NamesSynced` covers (one that changes its directory's names, in a
-/// batch before its `before_seq`): the backend holds it, and every name change before it (a
-/// journaling file system commits them in order). Not a new file's the log held: those are
-/// made apart, at the end.
-fn names_synced_through(records: &[&Record], batches: &[Batch]) -> Option<usize> {
-    let seqs: Vec<u64> = batches.iter().flat_map(|b| std::iter::repeat_n(b.seq, b.records.len())).collect();
-    debug_assert_eq!(seqs.len(), records.len(), "a sequence number for each record");
-    // Records are in sequence order; the one covered is near the end of the batches before
-    // (the log writes the record only when such a change is there to cover).
-    let covered_by = |dir: &[u8], before_seq: u64| {
-        let end = seqs.partition_point(|&seq| seq < before_seq);
-        (0..end).rev().find(|&i| !is_pending_key(records[i].file()) && records[i].directories_changed().contains(&dir))
-    };
-    records
-        .iter()
-        .filter_map(|r| match r {
-            Record::NamesSynced { dir, before_seq } => covered_by(dir, *before_seq),
-            _ => None,
-        })
-        .max()
-}
-
-/// Where each object is last removed (`Replay::last_removal`).
-fn last_removals(records: &[&Record]) -> HashMap<Vec<u8>, usize> {
-    let mut last = HashMap::new();
-    for (i, r) in records.iter().enumerate() {
-        match r {
-            Record::Unlink { file, .. } | Record::Hidden { file, .. } => {
-                last.insert(file.clone(), i);
-            }
-            Record::Rename { replaced, .. } if !replaced.is_empty() => {
-                last.insert(replaced.clone(), i);
-            }
-            _ => {}
-        }
-    }
-    last
-}
-
-/// An object at a name: its key, its directory's key, the name.
-type Place = (Vec<u8>, Vec<u8>, Vec<u8>);
-
-/// Where each object is last put at a name (`Replay::last_put`).
-fn last_puts(records: &[&Record]) -> HashMap<Place, usize> {
-    let mut last = HashMap::new();
-    for (i, r) in records.iter().enumerate() {
-        if let Some((object, parent, name)) = put_by(r) {
-            last.insert((object.to_vec(), parent.to_vec(), name.to_vec()), i);
-        }
-    }
-    last
-}
-
-/// Where each object is last renamed away from a name (`Replay::last_move_away`).
-fn last_moves_away(records: &[&Record]) -> HashMap<Place, usize> {
-    let mut last = HashMap::new();
-    for (i, r) in records.iter().enumerate() {
-        if let Record::Rename { file, from_parent, from_name, .. } = r {
-            last.insert((file.clone(), from_parent.clone(), from_name.clone()), i);
-        }
-    }
-    last
 }
 
 pub fn replay(
