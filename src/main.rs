@@ -110,10 +110,11 @@ enum Command {
         mountpoint: PathBuf,
     },
     /// Not mounted: apply every intact batch of a damaged intent log, say which were lost, empty the log
-    #[command(after_help = "Without --state or --log, the log the backing directory names (after a crash), \
-else the default state directory's.\n\nExample:\n  coalescefs recover /srv/data")]
+    #[command(after_help = "Without --state or --log, the log the backing directory (or the database) names \
+after a crash, else the default state directory's.\n\nExamples:\n  coalescefs recover /srv/data\n  \
+coalescefs recover sqlite:/srv/config.db --state /var/lib/config-state")]
     Recover {
-        /// The backing directory of the unmounted file system
+        /// The backing directory of the unmounted file system, or its sqlite:PATH
         backing_dir: PathBuf,
         /// The state directory the log is in (as mounted with -o state=DIR)
         #[arg(long, value_name = "DIR", conflicts_with = "log")]
@@ -316,18 +317,18 @@ fn run_umount(target: &Path, lazy: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `recover` and `forget` open backing directories only, for now: a `sqlite:` or `s3://`
-/// source gets a message saying so, not "backing directory sqlite:... does not exist".
-fn refuse_sqlite_source(source: &Path, command: &str, instead: &str) -> Result<(), String> {
+/// `forget` opens backing directories only, for now, and `recover` those and SQLite databases:
+/// another source gets a message saying so, not "backing directory sqlite:... does not exist".
+fn refuse_source(source: &Path, command: &str, instead: &str, sqlite_too: bool) -> Result<(), String> {
     use coalescefs::backend::source::MountSource;
     match MountSource::parse(source)? {
-        MountSource::Sqlite(path) => {
+        MountSource::Sqlite(path) if sqlite_too => {
             Err(format!("{command} of a SQLite database ({}) is not supported yet; {instead}", path.display()))
         }
         MountSource::S3(s3) => {
             Err(format!("{command} of an S3 source ({}) is not supported yet; {instead}", s3.path_shown()))
         }
-        MountSource::Local(_) => Ok(()),
+        MountSource::Local(_) | MountSource::Sqlite(_) => Ok(()),
     }
 }
 
@@ -351,8 +352,13 @@ fn backing_of_mount(target: &Path) -> Result<(PathBuf, PathBuf), String> {
 }
 
 fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<PathBuf>) -> ExitCode {
-    if let Err(message) = refuse_sqlite_source(backing, "recover", "mount it: the mount replays its intent log") {
+    if let Err(message) = refuse_source(backing, "recover", "mount it: the mount replays its intent log", false) {
         return fail(message);
+    }
+    if let Ok(coalescefs::backend::source::MountSource::Sqlite(db)) =
+        coalescefs::backend::source::MountSource::parse(backing)
+    {
+        return run_recover_sqlite(&db, state_dir, log_path);
     }
     let backing = match mounts::check_backing_dir(backing, false) {
         Ok(path) => path,
@@ -410,6 +416,58 @@ fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<Path
             return fail(message);
         }
     }
+    report_recovery(&log_path, result)
+}
+
+/// `recover sqlite:PATH`: as for a backing directory, with the database as the store and its
+/// `meta` row as the crash marker.
+fn run_recover_sqlite(db: &Path, state_dir: Option<PathBuf>, log_path: Option<PathBuf>) -> ExitCode {
+    let db = match coalescefs::backend::source::check_database_path(db) {
+        Ok(path) if path.is_file() => path,
+        Ok(path) => return fail(format!("SQLite database {}: no such file", path.display())),
+        Err(message) => return fail(message),
+    };
+    // Held while recovering (the database file's lock, as a mount takes it): a mount now would
+    // replay the same log.
+    let mut state = match state::StateDir::find(&db, state_dir.as_deref()) {
+        Ok(state) => state,
+        Err(message) => return fail(format!("{message}: unmount it first")),
+    };
+    if let Err(message) = state.lock_if_present() {
+        return fail(message);
+    }
+    let store = match coalescefs::backend::sqlite::SqliteBackend::open(&db, None, Arc::new(metrics::Metrics::default()))
+    {
+        Ok(store) => store,
+        Err(message) => return fail(message),
+    };
+    let marker = match store.log_marker() {
+        Ok(marker) => marker,
+        Err(e) => return fail(format!("reading the crash marker of {}: {e}", db.display())),
+    };
+    let log_path = match (log_path, state_dir) {
+        (Some(path), _) => mounts::absolute(&path),
+        (None, Some(_)) => state.log_path(),
+        (None, None) => marker.clone().unwrap_or_else(|| state.log_path()),
+    };
+    if !log_path.exists() {
+        return fail(format!("no intent log at {}", log_path.display()));
+    }
+    let device = match engine::intent_log::open_file_device(&log_path, None, state.path(), RawLog::Off) {
+        Ok((device, _)) => device,
+        Err(e) => return fail(format!("{}: {e}", log_path.display())),
+    };
+    let result = engine::salvage_log(&store, &store, Box::new(device));
+    if result.is_ok() && marker.as_deref().is_some_and(|marked| state::same_file(marked, &log_path)) {
+        if let Err(e) = store.set_log_marker(None) {
+            return fail(format!("clearing the crash marker of {}: {e}", db.display()));
+        }
+    }
+    report_recovery(&log_path, result)
+}
+
+/// What `recover` says of its salvage, and its exit status.
+fn report_recovery(log_path: &Path, result: Result<Vec<String>, String>) -> ExitCode {
     match result {
         Ok(lost) if lost.is_empty() => {
             println!("{}: every batch intact and applied; the log is empty", log_path.display());
@@ -467,7 +525,7 @@ fn run_forget_orphans(remove: bool, discard: bool) -> ExitCode {
 }
 
 fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool) -> ExitCode {
-    if let Err(message) = refuse_sqlite_source(backing, "forget", "mount it and unmount it cleanly instead") {
+    if let Err(message) = refuse_source(backing, "forget", "mount it and unmount it cleanly instead", true) {
         return fail(message);
     }
     let backing = match mounts::check_backing_dir(backing, true) {

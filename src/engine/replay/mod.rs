@@ -671,7 +671,10 @@ pub(super) fn recover_from_log(
     let name = setup.device.describe();
     let flushed_by_backend = setup.flushed_by_backend;
     let (mut log, batches) = IntentLog::open(setup.device, setup.created, metrics.clone()).map_err(|e| match e {
-        LogError::Corrupt(_) => format!("{name}: {e}; nothing was replayed or changed"),
+        LogError::Corrupt(_) => format!(
+            "{name}: {e}; nothing was replayed or changed. `coalescefs recover` (of this source, with this \
+             log's state directory) applies every intact batch and empties the log"
+        ),
         _ => format!("{name}: {e}"),
     })?;
     log.set_flushed_by_backend(flushed_by_backend);
