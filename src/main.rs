@@ -129,7 +129,7 @@ coalescefs recover sqlite:/srv/config.db --state /var/lib/config-state")]
 replays them; so does `coalescefs recover`), unless --discard. The files of BACKING_DIR are not touched.\n\n\
 Example:\n  coalescefs forget /srv/data")]
     Forget {
-        /// The backing directory of the unmounted file system
+        /// The backing directory of the unmounted file system, or its sqlite:PATH
         #[arg(required_unless_present = "orphans")]
         backing_dir: Option<PathBuf>,
         /// Instead: list the state and runtime directories whose backing directory is gone
@@ -317,14 +317,11 @@ fn run_umount(target: &Path, lazy: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `forget` opens backing directories only, for now, and `recover` those and SQLite databases:
-/// another source gets a message saying so, not "backing directory sqlite:... does not exist".
-fn refuse_source(source: &Path, command: &str, instead: &str, sqlite_too: bool) -> Result<(), String> {
+/// `recover` and `forget` open backing directories and SQLite databases, for now: an S3 source
+/// gets a message saying so, not "backing directory s3://... does not exist".
+fn refuse_s3_source(source: &Path, command: &str, instead: &str) -> Result<(), String> {
     use coalescefs::backend::source::MountSource;
     match MountSource::parse(source)? {
-        MountSource::Sqlite(path) if sqlite_too => {
-            Err(format!("{command} of a SQLite database ({}) is not supported yet; {instead}", path.display()))
-        }
         MountSource::S3(s3) => {
             Err(format!("{command} of an S3 source ({}) is not supported yet; {instead}", s3.path_shown()))
         }
@@ -352,7 +349,7 @@ fn backing_of_mount(target: &Path) -> Result<(PathBuf, PathBuf), String> {
 }
 
 fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<PathBuf>) -> ExitCode {
-    if let Err(message) = refuse_source(backing, "recover", "mount it: the mount replays its intent log", false) {
+    if let Err(message) = refuse_s3_source(backing, "recover", "mount it: the mount replays its intent log") {
         return fail(message);
     }
     if let Ok(coalescefs::backend::source::MountSource::Sqlite(db)) =
@@ -525,12 +522,23 @@ fn run_forget_orphans(remove: bool, discard: bool) -> ExitCode {
 }
 
 fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool) -> ExitCode {
-    if let Err(message) = refuse_source(backing, "forget", "mount it and unmount it cleanly instead", true) {
+    if let Err(message) = refuse_s3_source(backing, "forget", "mount it and unmount it cleanly instead") {
         return fail(message);
     }
-    let backing = match mounts::check_backing_dir(backing, true) {
-        Ok(path) => path,
-        Err(message) => return fail(message),
+    let database = match coalescefs::backend::source::MountSource::parse(backing) {
+        Ok(coalescefs::backend::source::MountSource::Sqlite(db)) => Some(db),
+        _ => None,
+    };
+    let backing = match &database {
+        Some(db) => match coalescefs::backend::source::check_database_path(db) {
+            Ok(path) if path.is_file() => path,
+            Ok(path) => return fail(format!("SQLite database {}: no such file", path.display())),
+            Err(message) => return fail(message),
+        },
+        None => match mounts::check_backing_dir(backing, true) {
+            Ok(path) => path,
+            Err(message) => return fail(message),
+        },
     };
     // Both locks a mount takes, held until the end: the backing directory's (no mount of it
     // may start while its state goes) and the state directory's (another backing directory's
@@ -542,9 +550,27 @@ fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool) -> Exit
     if let Err(message) = state.lock_if_present() {
         return fail(message);
     }
-    let marker = match state::log_marker(&backing) {
-        Ok(marker) => marker,
-        Err(message) => return fail(message),
+    // The crash marker: the backing directory's xattr, or the database's row.
+    let database = match database {
+        Some(_) => match coalescefs::backend::sqlite::SqliteBackend::open(
+            &backing,
+            None,
+            Arc::new(metrics::Metrics::default()),
+        ) {
+            Ok(db) => Some(db),
+            Err(message) => return fail(message),
+        },
+        None => None,
+    };
+    let marker = match &database {
+        Some(db) => match db.log_marker() {
+            Ok(marker) => marker,
+            Err(e) => return fail(format!("reading the crash marker of {}: {e}", backing.display())),
+        },
+        None => match state::log_marker(&backing) {
+            Ok(marker) => marker,
+            Err(message) => return fail(message),
+        },
     };
     // The state directory's log, and a log elsewhere (log=PATH) the backing directory says it needs.
     let mut logs = vec![state.log_path()];
@@ -572,10 +598,17 @@ fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool) -> Exit
         }
     }
     if marker.is_some() {
-        if let Err(message) = state::clear_log_marker(&backing) {
+        let cleared = match &database {
+            Some(db) => {
+                db.set_log_marker(None).map_err(|e| format!("clearing the crash marker of {}: {e}", backing.display()))
+            }
+            None => state::clear_log_marker(&backing),
+        };
+        if let Err(message) = cleared {
             return fail(message);
         }
     }
+    drop(database);
     // The state directory may be one an admin named (state=DIR): only what coalescefs puts
     // there goes, and the directory if that leaves it empty.
     let runtime = runtime::RuntimeDir::of(&backing);

@@ -274,16 +274,51 @@ fn a_missing_directory_or_a_file_that_is_not_a_database_is_refused_and_left_unwr
     assert!(!m.dir.path().join("notes.txt-wal").exists());
     let _ = fs::remove_dir_all(runtime_dir(&text));
 
-    // recover opens it as a database and refuses it; forget is not there yet for a database:
-    // said so, and nothing is opened.
-    let out = coalescefs(&["recover", &format!("sqlite:{}", path_str(&text))]);
-    assert!(!out.status.success());
-    assert!(stderr_of(&out).contains("is not a SQLite database"), "recover: {}", stderr_of(&out));
-    let out = coalescefs(&["forget", &format!("sqlite:{}", path_str(&text))]);
-    assert!(!out.status.success());
-    assert!(stderr_of(&out).contains("is not supported yet"), "forget: {}", stderr_of(&out));
+    // recover and forget open it as a database and refuse it, writing nothing.
+    for command in ["recover", "forget"] {
+        let out = coalescefs(&[command, &format!("sqlite:{}", path_str(&text))]);
+        assert!(!out.status.success());
+        assert!(stderr_of(&out).contains("is not a SQLite database"), "{command}: {}", stderr_of(&out));
+    }
     assert_eq!(fs::read(&text).unwrap(), junk, "still as it was");
     assert!(!m.dir.path().join("notes.txt-wal").exists());
+}
+
+/// `coalescefs forget sqlite:PATH` after a kill: refused while the log holds batches the
+/// database does not have (naming the mount and recover), done with --discard: the state and
+/// runtime directories go, the database's crash marker is cleared, and the database mounts
+/// again without the lost writes.
+#[test]
+fn forget_of_a_database_refuses_to_lose_logged_writes_unless_told_to_discard_them() {
+    let mut m = SqliteMount::new();
+    m.mount(&["checkpoint_interval=3600s", "flush_age=3600s"]);
+    fs::write(m.path("kept"), b"checkpointed").unwrap();
+    let out = coalescefs(&["sync", &path_str(&m.mnt)]);
+    assert!(out.status.success(), "coalescefs sync: {}", stderr_of(&out));
+    let mut f = fs::File::create(m.path("logged")).unwrap();
+    f.write_all(b"only in the log").unwrap();
+    f.sync_all().unwrap();
+    m.kill_daemon();
+    drop(f);
+    let state = m.dir.path().join("state");
+
+    let out = coalescefs(&["forget", &m.source(), "--state", &path_str(&state)]);
+    assert!(!out.status.success(), "forget lost logged writes without --discard");
+    assert!(stderr_of(&out).contains("--discard"), "{}", stderr_of(&out));
+    assert!(state.join("intent.log").exists(), "the refused forget removed the log");
+
+    let out = coalescefs(&["forget", &m.source(), "--state", &path_str(&state), "--discard"]);
+    assert!(out.status.success(), "forget --discard: {}", stderr_of(&out));
+    assert!(!state.exists(), "the state directory is still there");
+    assert!(!m.runtime_dir().exists(), "the runtime directory is still there");
+    let marker: i64 =
+        m.open_db().query_row("SELECT count(*) FROM meta WHERE key = 'log_marker'", [], |r| r.get(0)).unwrap();
+    assert_eq!(marker, 0, "the crash marker is cleared");
+
+    m.mount(&[]);
+    assert_eq!(fs::read(m.path("kept")).unwrap(), b"checkpointed");
+    assert!(fs::metadata(m.path("logged")).is_err(), "the discarded write came back");
+    m.unmount();
 }
 
 /// A log damaged before its last batch (a disk's bad sector, a copy cut short) stops the mount
