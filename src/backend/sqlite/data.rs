@@ -51,7 +51,8 @@ impl FileData for SqliteFileData {
             return Err(Errno(libc::EIO));
         }
         let id = self.id;
-        lock(&self.inner).change(|s| {
+        let mut s = lock(&self.inner);
+        s.change(|s| {
             let o = s.object(id)?;
             if o.kind != Kind::File {
                 return Err(Errno(libc::EISDIR));
@@ -68,6 +69,8 @@ impl FileData for SqliteFileData {
                 o.ctime = now;
             })
         })?;
+        s.wrote(limit)?;
+        drop(s);
         self.metrics.backend_write_bytes.fetch_add(limit, Relaxed);
         self.metrics.backend_write_requests.fetch_add(1, Relaxed);
         self.metrics.backend_write_sizes.record(limit);

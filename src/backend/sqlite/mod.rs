@@ -47,6 +47,12 @@ pub use seam::{FileHold, Records};
 /// The unit when `-o unit=` gives none: a row of at most 64 KiB.
 pub const DEFAULT_UNIT_BYTES: u64 = 64 << 10;
 
+/// The most file bytes the open transaction takes before it is committed without a sync: a
+/// copy of gigabytes with no fsync would otherwise grow one transaction (and the WAL) without
+/// bound, all of it lost to a kill. A commit in between keeps a prefix of the changes, which
+/// is all the contract asks of a crash (rule 1).
+pub const TRANSACTION_MAX_BYTES: u64 = 32 << 20;
+
 /// The `meta` key of the crash marker: the intent log a crash left to replay.
 const LOG_MARKER_KEY: &str = "log_marker";
 
@@ -81,6 +87,8 @@ struct Inner {
     crashed: bool,
     /// The unit store that keeps file data outside `units`, told when a file goes.
     external: Option<Arc<dyn ExternalData>>,
+    /// File bytes written in the open transaction (`wrote`).
+    bytes_uncommitted: u64,
 }
 
 /// A unit store that keeps file data outside this database, with records of it in tables of
@@ -215,6 +223,17 @@ impl Inner {
         }
         if !self.db.is_autocommit() {
             self.db.execute_batch("COMMIT").sql()?;
+        }
+        self.bytes_uncommitted = 0;
+        Ok(())
+    }
+
+    /// Counts `bytes` of file data written in the open transaction, and commits it once it
+    /// holds more than `TRANSACTION_MAX_BYTES`.
+    fn wrote(&mut self, bytes: u64) -> SysResult<()> {
+        self.bytes_uncommitted += bytes;
+        if self.bytes_uncommitted > TRANSACTION_MAX_BYTES {
+            self.commit()?;
         }
         Ok(())
     }
@@ -505,6 +524,7 @@ impl SqliteBackend {
             births: 0,
             crashed: false,
             external,
+            bytes_uncommitted: 0,
         };
         let shown = path.display();
         let setup = (|| -> SysResult<()> {

@@ -215,3 +215,29 @@ fn an_access_acl_the_mode_says_all_of_sets_the_mode_and_is_not_kept() {
     assert_eq!(b.list_xattr(d.id, 0).unwrap(), XattrReply::Size(0));
     assert_eq!(b.set_xattr(d.id, OsStr::new("system.posix_acl_access"), b"junk", 0).unwrap_err().0, libc::EINVAL);
 }
+
+/// A long write with no sync is committed every `TRANSACTION_MAX_BYTES`: another connection
+/// sees the units committed so far (WAL: readers see the last commit), where one unit alone
+/// stays in the open transaction.
+#[test]
+fn a_long_write_without_a_sync_is_committed_in_bounded_transactions() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(&dir);
+    let file = b.make(ROOT_ID, OsStr::new("big"), NewObject::File { perm: 0o644 }, OWNER).unwrap();
+    b.sync_all().unwrap();
+    let data = b.open(file.id, OpenMode { write: true, no_atime: false }).unwrap();
+    let committed_units = || -> i64 {
+        let reader = rusqlite::Connection::open(dir.path().join("tree.db")).unwrap();
+        reader.query_row("SELECT count(*) FROM units", [], |r| r.get(0)).unwrap()
+    };
+    write_whole(&*data, &pattern(UNIT as usize));
+    assert_eq!(committed_units(), 0, "one unit is committed without a sync: the bound tests nothing");
+    let units = super::TRANSACTION_MAX_BYTES / UNIT + 2;
+    write_whole(&*data, &pattern((units * UNIT) as usize));
+    let committed = committed_units() as u64;
+    assert!(committed >= super::TRANSACTION_MAX_BYTES / UNIT, "{committed} units committed");
+    assert!(committed < units, "all {units} units committed: the last ones were in no open transaction");
+    b.sync_all().unwrap();
+    assert_eq!(committed_units() as u64, units);
+    assert_eq!(read_all(&*data), pattern((units * UNIT) as usize));
+}
