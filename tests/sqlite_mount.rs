@@ -284,6 +284,46 @@ fn a_missing_directory_or_a_file_that_is_not_a_database_is_refused_and_left_unwr
     assert!(!m.dir.path().join("notes.txt-wal").exists());
 }
 
+/// `-o ro` over a database: the tree reads back, every change is refused with EROFS, and the
+/// database file is byte for byte what it was (no generation bumped, nothing collected). A
+/// database a crash left needing its log is refused read-only, as a directory is.
+#[test]
+fn a_read_only_mount_of_a_database_reads_the_tree_and_writes_nothing_to_it() {
+    let mut m = SqliteMount::new();
+    m.mount(&[]);
+    make_tree(&m.mnt);
+    let expected = snapshot(&m.mnt);
+    m.unmount();
+    let before = fs::read(&m.db).unwrap();
+
+    m.mount(&["ro"]);
+    assert_eq!(snapshot(&m.mnt), expected);
+    let refused = fs::write(m.path("new"), b"x").unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EROFS), "{refused}");
+    let refused = fs::remove_file(m.path("odd")).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EROFS), "{refused}");
+    m.unmount();
+    assert!(fs::read(&m.db).unwrap() == before, "the read-only mount changed the database file");
+    assert!(!m.daemon_log().contains("WARN"), "{}", m.daemon_log());
+
+    // A crash's log to replay: refused read-only, the database left as it is.
+    m.mount(&["checkpoint_interval=3600s"]);
+    let mut f = fs::File::create(m.path("logged")).unwrap();
+    f.write_all(b"only in the log").unwrap();
+    f.sync_all().unwrap();
+    m.kill_daemon();
+    drop(f);
+    let before = fs::read(&m.db).unwrap();
+    let state = format!("state={},ro", path_str(&m.dir.path().join("state")));
+    let out = Command::new(BIN).args(["mount", &m.source(), &path_str(&m.mnt), "-o", &state]).output().unwrap();
+    assert!(!out.status.success(), "a database needing its log was mounted read-only");
+    assert!(stderr_of(&out).contains("not unmounted cleanly"), "{}", stderr_of(&out));
+    assert!(fs::read(&m.db).unwrap() == before, "the refused mount changed the database file");
+    m.mount(&[]);
+    assert_eq!(fs::read(m.path("logged")).unwrap(), b"only in the log");
+    m.unmount();
+}
+
 /// `coalescefs forget sqlite:PATH` after a kill: refused while the log holds batches the
 /// database does not have (naming the mount and recover), done with --discard: the state and
 /// runtime directories go, the database's crash marker is cleared, and the database mounts

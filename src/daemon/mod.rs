@@ -157,9 +157,6 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
             if opts.backend != BackendKind::Local {
                 return Err("backend=null: a SQLite source keeps its data in the database".into());
             }
-            if opts.read_only {
-                return Err("ro: a SQLite source mounts read-write only, for now".into());
-            }
             backend::source::check_database_path(path)?
         }
     };
@@ -176,7 +173,7 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
     let (backend, source) = match source {
         MountSource::Local(_) => (Opened::Local(open_backend(&backing, opts.unit_bytes, &metrics)?), None),
         MountSource::Sqlite(_) => {
-            let db = backend::sqlite::SqliteBackend::open(&backing, opts.unit_bytes, metrics.clone())?;
+            let db = open_database(&backing, opts, &metrics)?;
             (Opened::Sqlite(Arc::new(db)), Some(format!("{}{}", backend::source::SQLITE_PREFIX, backing.display())))
         }
         MountSource::S3(s3) => (Opened::S3ToOpen(s3), None),
@@ -219,6 +216,19 @@ fn prepare(request: &MountRequest) -> Result<Prepared, String> {
     // The last daemon's report was read by its `coalescefs umount`, or is out of date now.
     let _ = std::fs::remove_file(runtime.unmount_report_path());
     Ok(Prepared { backing, mount_point, runtime, metrics, backend, source, state, metrics_listener, made })
+}
+
+/// The SQLite database of a `sqlite:` source: read-only with `-o ro` (nothing written to it).
+fn open_database(
+    path: &Path,
+    opts: &MountOptions,
+    metrics: &Arc<metrics::Metrics>,
+) -> Result<backend::sqlite::SqliteBackend, String> {
+    if opts.read_only {
+        backend::sqlite::SqliteBackend::open_read_only(path, opts.unit_bytes, metrics.clone())
+    } else {
+        backend::sqlite::SqliteBackend::open(path, opts.unit_bytes, metrics.clone())
+    }
 }
 
 /// The intent log's file, when the log is on.
@@ -393,15 +403,13 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     // intent log must be replayed by this state directory.
     let mut lease = HeldLease::default();
     let backend = match backend {
-        Opened::SqliteToOpen(path) => {
-            match backend::sqlite::SqliteBackend::open(&path, opts.unit_bytes, metrics.clone()) {
-                Ok(db) => Opened::Sqlite(Arc::new(db)),
-                Err(e) => {
-                    made.undo(&Marker::Xattr(backing.clone()), &runtime);
-                    return ready.error(&e);
-                }
+        Opened::SqliteToOpen(path) => match open_database(&path, opts, &metrics) {
+            Ok(db) => Opened::Sqlite(Arc::new(db)),
+            Err(e) => {
+                made.undo(&Marker::Xattr(backing.clone()), &runtime);
+                return ready.error(&e);
             }
-        }
+        },
         Opened::S3ToOpen(s3) => match open_s3(&s3, opts, &state, &metrics) {
             Ok(mount) => {
                 lease.hold(mount.lease, mount.names.clone());
@@ -590,7 +598,8 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
             log::warn!("{e}: the next mount will ask for the same intent log");
         }
     }
-    if let Marker::Database(db) = &marker {
+    // A read-only mount leaves the database's files as they are.
+    if let (false, Marker::Database(db)) = (opts.read_only, &marker) {
         if let Err(e) = db.close_wal() {
             log::warn!("the WAL of {} was not emptied at unmount: {e}", db.path().display());
         }

@@ -89,6 +89,8 @@ struct Inner {
     external: Option<Arc<dyn ExternalData>>,
     /// File bytes written in the open transaction (`wrote`).
     bytes_uncommitted: u64,
+    /// Opened read-only (`-o ro`): every change fails with EROFS, and nothing is collected.
+    read_only: bool,
 }
 
 /// A unit store that keeps file data outside this database, with records of it in tables of
@@ -198,6 +200,9 @@ impl Inner {
         if self.crashed {
             return Err(Errno(libc::EIO));
         }
+        if self.read_only {
+            return Err(Errno(libc::EROFS));
+        }
         if self.db.is_autocommit() {
             self.db.execute_batch("BEGIN IMMEDIATE").sql()?;
         }
@@ -226,6 +231,15 @@ impl Inner {
         }
         self.bytes_uncommitted = 0;
         Ok(())
+    }
+
+    /// Deletes `id` if nothing names or holds it any more (read-only: it stays, as the file
+    /// does).
+    fn collect_if_unheld(&mut self, id: ObjectId) -> SysResult<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.change(|s| s.collect(id))
     }
 
     /// Counts `bytes` of file data written in the open transaction, and commits it once it
@@ -514,7 +528,27 @@ impl SqliteBackend {
         metrics: Arc<Metrics>,
         external: Option<Arc<dyn ExternalData>>,
     ) -> Result<SqliteBackend, String> {
-        let (db, generation) = schema::open(path)?;
+        Self::open_mode(path, unit_bytes, metrics, external, false)
+    }
+
+    /// An existing database, read-only (`-o ro`): nothing is made, collected or written; every
+    /// change fails with EROFS.
+    pub fn open_read_only(
+        path: &Path,
+        unit_bytes: Option<u64>,
+        metrics: Arc<Metrics>,
+    ) -> Result<SqliteBackend, String> {
+        Self::open_mode(path, unit_bytes, metrics, None, true)
+    }
+
+    fn open_mode(
+        path: &Path,
+        unit_bytes: Option<u64>,
+        metrics: Arc<Metrics>,
+        external: Option<Arc<dyn ExternalData>>,
+        read_only: bool,
+    ) -> Result<SqliteBackend, String> {
+        let (db, generation) = if read_only { schema::open_read_only(path)? } else { schema::open(path)? };
         let mut inner = Inner {
             db,
             lookups: HashMap::new(),
@@ -525,9 +559,16 @@ impl SqliteBackend {
             crashed: false,
             external,
             bytes_uncommitted: 0,
+            read_only,
         };
         let shown = path.display();
         let setup = (|| -> SysResult<()> {
+            if read_only {
+                return match inner.object_opt(ROOT_ID)? {
+                    Some(_) => Ok(()),
+                    None => Err(Errno(libc::ENOENT)),
+                };
+            }
             inner.change(|s| {
                 if let Some(external) = &s.external {
                     s.db.execute_batch(external.tables()).sql()?;

@@ -29,7 +29,7 @@ impl Namespace for SqliteBackend {
         if let Some(n) = s.lookups.get_mut(&id) {
             *n = n.saturating_sub(lookups);
         }
-        if let Err(e) = s.change(|s| s.collect(id)) {
+        if let Err(e) = s.collect_if_unheld(id) {
             log::warn!("sqlite backend: forgetting object {id}: {e}");
         }
     }

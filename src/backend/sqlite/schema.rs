@@ -38,6 +38,33 @@ CREATE TABLE units(file INTEGER NOT NULL, unit INTEGER NOT NULL, data BLOB NOT N
     PRIMARY KEY(file, unit)) WITHOUT ROWID;
 ";
 
+/// Opens an existing database read-only (`-o ro`): its schema checked, nothing written, its
+/// generation read as it is. Returns the connection and the generation.
+pub fn open_read_only(path: &Path) -> Result<(Connection, u64), String> {
+    let shown = path.display();
+    if !path.is_file() {
+        return Err(format!("SQLite database {shown}: no such file (a read-only mount makes none)"));
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let db = Connection::open_with_flags(path, flags).map_err(|e| format!("SQLite database {shown}: {e}"))?;
+    let fail = |what: &str, e: rusqlite::Error| match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => format!("{shown} is not a SQLite database ({what}: {e})"),
+        _ => format!("SQLite database {shown}: {what}: {e}"),
+    };
+    let version: i64 =
+        db.query_row("PRAGMA user_version", [], |row| row.get(0)).map_err(|e| fail("reading its version", e))?;
+    if version != SCHEMA_VERSION {
+        return Err(format!(
+            "SQLite database {shown} has schema version {version} (user_version), this coalescefs reads {SCHEMA_VERSION}: \
+             it is another program's database, another version's, or was never mounted read-write"
+        ));
+    }
+    let generation: i64 = db
+        .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |row| row.get(0))
+        .map_err(|e| fail("reading its generation", e))?;
+    Ok((db, generation as u64))
+}
+
 /// Opens (or makes, with its directory present) the database at `path` for writing: WAL,
 /// synchronous=FULL, the schema checked or made, the generation bumped and committed.
 /// Returns the connection and the generation.

@@ -18,7 +18,7 @@ impl Drop for FileHold {
             *n = n.saturating_sub(1);
         }
         let id = self.id;
-        if let Err(e) = s.change(|s| s.collect(id)) {
+        if let Err(e) = s.collect_if_unheld(id) {
             log::warn!("sqlite backend: closing object {id}: {e}");
         }
     }
