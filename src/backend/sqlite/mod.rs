@@ -153,7 +153,15 @@ fn kind_name(kind: Kind) -> &'static str {
 /// `tree_keys::check_name`, and no name longer than a directory entry on Linux holds.
 fn valid_name(name: &OsStr) -> SysResult<()> {
     crate::backend::tree_keys::check_name(name)?;
-    if name.as_bytes().len() > 255 {
+    not_too_long(name)
+}
+
+/// The longest name a directory holds, as on ext4 (`NAME_MAX`). The kernel passes FUSE names
+/// up to 1,024 bytes: a longer one is ENAMETOOLONG wherever it is looked up, never ENOENT.
+const NAME_MAX_BYTES: usize = 255;
+
+fn not_too_long(name: &OsStr) -> SysResult<()> {
+    if name.as_bytes().len() > NAME_MAX_BYTES {
         return Err(Errno(libc::ENAMETOOLONG));
     }
     Ok(())
@@ -294,6 +302,7 @@ impl Inner {
     }
 
     fn child(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<ObjectId>> {
+        not_too_long(name)?;
         let mut stmt = self.db.prepare_cached("SELECT child FROM dentries WHERE parent = ?1 AND name = ?2").sql()?;
         Ok(stmt
             .query_row(params![sql_id(parent), name.as_bytes()], |r| r.get::<_, i64>(0))
