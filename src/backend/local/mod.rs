@@ -564,6 +564,41 @@ mod tests {
         assert!(reopened.not_trimmed().is_none(), "trimmed, it needs no guard for later writes");
     }
 
+    /// The blocks a file made ahead uses, asked again and again (`ls -l`, a `stat` loop) while
+    /// nothing changes it, walk its holes once; a write into a hole is seen at the next ask.
+    #[test]
+    fn the_blocks_a_file_made_ahead_uses_are_walked_once_until_it_changes() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let backend = LocalBackend::open(dir.path(), 64, None, Arc::new(Metrics::default())).unwrap();
+        if backend.prepare_files(1, 1 << 20).unwrap() == 0 {
+            eprintln!("skipped: no O_TMPFILE or no room on the file system under {}", dir.path().display());
+            return;
+        }
+        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
+        let owner = Owner { uid: unsafe { libc::geteuid() }, gid: unsafe { libc::getegid() } };
+        let id = 1 << 62;
+        backend.make_with_id_prepared(id, ROOT_ID, OsStr::new("f"), 0o644, owner).unwrap();
+        let data = backend.open(id, OpenMode { write: true, no_atime: false }).unwrap();
+        let file = data.as_any().downcast_ref::<LocalFileData>().unwrap().file();
+        file.write_all_at(&[1u8; 8192], 0).unwrap();
+        file.write_all_at(&[2u8; 8192], 256 << 10).unwrap();
+        let prepared = backend.prepared.as_ref().unwrap();
+        let walks = prepared.hole_walks();
+        let first = backend.getattr(id).unwrap().blocks;
+        for _ in 0..50 {
+            assert_eq!(backend.getattr(id).unwrap().blocks, first);
+        }
+        assert_eq!(prepared.hole_walks(), walks + 1, "50 more asks of an unchanged file walked its holes again");
+        assert_eq!(first * 512, 16384, "the blocks the two writes use");
+        file.write_all_at(&[3u8; 65536], 64 << 10).unwrap();
+        let after = backend.getattr(id).unwrap().blocks;
+        assert_eq!(after * 512, 16384 + 65536, "a write into a hole is counted at the next ask");
+        assert_eq!(prepared.hole_walks(), walks + 2);
+        let native = std::fs::metadata(dir.path().join("f")).unwrap();
+        assert!(native.blocks() >= after, "the backing file holds at least what it uses");
+    }
+
     /// A file named from one made ahead keeps its entry until the next trim; removed before
     /// it, its inode number is the backing file system's to give again. What takes it (here a
     /// directory) shows its own blocks, none of them taken for the old file's reservation.

@@ -62,6 +62,25 @@ struct Reserved {
     to: u64,
     /// None where the file system gives no handles: the file is then in no list.
     handle: Option<Handle>,
+    /// The last answer of `unused_reservation`, and the stat it was for: `ls -l` or a `stat`
+    /// loop over fresh files asks again and again, and each answer opens the file and walks
+    /// its holes. Shared by the entry's clones.
+    last_unused: Arc<Mutex<Option<(StatKey, u64)>>>,
+}
+
+/// What changes whenever a file's blocks may have: any write, truncate or fallocate moves its
+/// ctime (which nothing can set back), most also its size or blocks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct StatKey {
+    size: i64,
+    blocks: i64,
+    ctime: (i64, i64),
+}
+
+impl StatKey {
+    fn of(st: &libc::stat) -> StatKey {
+        StatKey { size: st.st_size, blocks: st.st_blocks, ctime: (st.st_ctime, st.st_ctime_nsec) }
+    }
 }
 
 /// A file made ahead and not named yet.
@@ -89,6 +108,8 @@ pub struct PreparedFiles {
     just_trimmed: Mutex<Vec<Handle>>,
     /// See `times_given_back`.
     given_back: std::sync::atomic::AtomicU64,
+    /// See `hole_walks`.
+    hole_walks: std::sync::atomic::AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -132,7 +153,8 @@ impl PreparedFiles {
         let guard = Arc::new(RwLock::new(()));
         let (to, handle) = (unnamed.allocated, unnamed.handle);
         let mut reserved = lock(&self.reserved);
-        reserved.insert(object.key, Reserved { guard, object: Arc::downgrade(&object), to, handle });
+        let last_unused = Arc::new(Mutex::new(None));
+        reserved.insert(object.key, Reserved { guard, object: Arc::downgrade(&object), to, handle, last_unused });
         self.any_reserved.store(true, Release);
     }
 
@@ -175,6 +197,13 @@ impl PreparedFiles {
         if !is_this_file {
             return 0;
         }
+        let key = StatKey::of(st);
+        if let Some((asked, unused)) = *lock(&entry.last_unused) {
+            if asked == key {
+                return unused;
+            }
+        }
+        self.hole_walks.fetch_add(1, Relaxed);
         let to = entry.to;
         let (size, block) = (st.st_size as u64, st.st_blksize.max(512) as u64);
         let past_end = to.saturating_sub(size.next_multiple_of(block));
@@ -184,7 +213,16 @@ impl PreparedFiles {
         } else {
             0
         };
-        (past_end + inside).min(st.st_blocks as u64 * 512)
+        let unused = (past_end + inside).min(st.st_blocks as u64 * 512);
+        *lock(&entry.last_unused) = Some((key, unused));
+        unused
+    }
+
+    /// How many times `unused_reservation` walked a file's holes (the rest were answered from
+    /// the entry's last answer).
+    #[cfg(test)]
+    pub fn hole_walks(&self) -> u64 {
+        self.hole_walks.load(Relaxed)
     }
 
     /// Makes unnamed files until `count` are ready, each with `bytes` allocated; none where
