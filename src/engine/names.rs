@@ -322,10 +322,10 @@ impl Engine {
                         && target.is_some_and(|t| self.ns.getattr(t).is_ok_and(|a| a.kind == Kind::File))
                 };
                 let plain = flags & !libc::RENAME_NOREPLACE == 0;
-                // Not into a directory made since the checkpoint (which replay would have to
-                // make again first): the file is made on the backend, as before directories
-                // were logged.
-                let new_parent_durable = new_parent == parent || self.writeback.existed_at_checkpoint(new_parent);
+                // Into a directory the backend holds durably, or one the log can make again (as
+                // `make` holds a new file there): replay makes such a directory again for a held
+                // file that ends up in it. Elsewhere the file is made on the backend first.
+                let new_parent_durable = new_parent == parent || self.writeback.may_hold_new_file(new_parent);
                 if plain && new_parent_durable && (target.is_none() || flags == 0 && replaceable()) {
                     match self.rename_held(source, target, parent, name, new_parent, new_name) {
                         // Made on the backend meanwhile (a flush grew it past the log's bound).

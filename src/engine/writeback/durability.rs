@@ -65,11 +65,6 @@ impl Writeback {
         }
     }
 
-    /// Whether `dir` existed at the last checkpoint (the backend holds it durably).
-    pub fn existed_at_checkpoint(&self, dir: u64) -> bool {
-        !lock(&self.durability).get(&dir).is_some_and(|d| d.created)
-    }
-
     /// A held file was made on the backend before a checkpoint (nothing of it in the log): from
     /// now on it is a file created since the last checkpoint like any other, with its Create
     /// record queued, and bytes on the backend that no sync has made durable yet.
