@@ -381,17 +381,9 @@ fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<Path
         Ok(marker) => marker,
         Err(message) => return fail(message),
     };
-    let log_path = match (log_path, state_dir) {
-        (Some(path), _) => mounts::absolute(&path),
-        (None, Some(_)) => state.log_path(),
-        (None, None) => marker.clone().unwrap_or_else(|| state.log_path()),
-    };
-    if !log_path.exists() {
-        return fail(format!("no intent log at {}", log_path.display()));
-    }
-    let device = match engine::intent_log::open_file_device(&log_path, None, state.path(), RawLog::Off) {
-        Ok((device, _)) => device,
-        Err(e) => return fail(format!("{}: {e}", log_path.display())),
+    let (log_path, device) = match log_to_recover(log_path, state_dir.is_some(), &state, marker.as_deref()) {
+        Ok(found) => found,
+        Err(message) => return fail(message),
     };
     let result = engine::salvage_log(&backend, &backend, Box::new(device));
     // What files made ahead and named before the crash hold past their ends, as a mount gives back.
@@ -442,17 +434,9 @@ fn run_recover_sqlite(db: &Path, state_dir: Option<PathBuf>, log_path: Option<Pa
         Ok(marker) => marker,
         Err(e) => return fail(format!("reading the crash marker of {}: {e}", db.display())),
     };
-    let log_path = match (log_path, state_dir) {
-        (Some(path), _) => mounts::absolute(&path),
-        (None, Some(_)) => state.log_path(),
-        (None, None) => marker.clone().unwrap_or_else(|| state.log_path()),
-    };
-    if !log_path.exists() {
-        return fail(format!("no intent log at {}", log_path.display()));
-    }
-    let device = match engine::intent_log::open_file_device(&log_path, None, state.path(), RawLog::Off) {
-        Ok((device, _)) => device,
-        Err(e) => return fail(format!("{}: {e}", log_path.display())),
+    let (log_path, device) = match log_to_recover(log_path, state_dir.is_some(), &state, marker.as_deref()) {
+        Ok(found) => found,
+        Err(message) => return fail(message),
     };
     let result = engine::salvage_log(&store, &store, Box::new(device));
     if result.is_ok() && marker.as_deref().is_some_and(|marked| state::same_file(marked, &log_path)) {
@@ -461,6 +445,27 @@ fn run_recover_sqlite(db: &Path, state_dir: Option<PathBuf>, log_path: Option<Pa
         }
     }
     report_recovery(&log_path, result)
+}
+
+/// The log `recover` salvages, opened: the one asked for (`--log`), else the state directory's
+/// when `--state` was given, else the one the crash marker names, else the state directory's.
+fn log_to_recover(
+    asked: Option<PathBuf>,
+    state_given: bool,
+    state: &state::StateDir,
+    marker: Option<&Path>,
+) -> Result<(PathBuf, engine::intent_log::device::FileLogDevice), String> {
+    let log_path = match (asked, state_given) {
+        (Some(path), _) => mounts::absolute(&path),
+        (None, true) => state.log_path(),
+        (None, false) => marker.map_or_else(|| state.log_path(), Path::to_path_buf),
+    };
+    if !log_path.exists() {
+        return Err(format!("no intent log at {}", log_path.display()));
+    }
+    let (device, _) = engine::intent_log::open_file_device(&log_path, None, state.path(), RawLog::Off)
+        .map_err(|e| format!("{}: {e}", log_path.display()))?;
+    Ok((log_path, device))
 }
 
 /// What `recover` says of its salvage, and its exit status.
