@@ -14,7 +14,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::s3::{server_or_skip, S3Server};
-use common::{coalescefs, kill_and_wait, path_str, runtime_dir, stderr_of, BIN};
+use common::{coalescefs, daemon_log_in, kill_daemon_of, path_str, runtime_dir, stderr_of, unmount_in_drop, BIN};
 
 use coalescefs::backend::s3::layout::LeaseHolder;
 use coalescefs::backend::s3::objects::{ObjectStore, PutCondition};
@@ -101,14 +101,11 @@ impl S3Mount {
     }
 
     fn daemon_log(&self) -> String {
-        fs::read_to_string(self.runtime_dir().join("daemon.log")).unwrap_or_default()
+        daemon_log_in(&self.runtime_dir())
     }
 
     fn kill_daemon(&mut self) {
-        let pid: i32 = fs::read_to_string(self.runtime_dir().join("pid")).unwrap().trim().parse().unwrap();
-        kill_and_wait(pid);
-        let out = coalescefs(&["umount", "--lazy", &path_str(&self.mnt)]);
-        assert!(out.status.success(), "{}", stderr_of(&out));
+        kill_daemon_of(&self.runtime_dir(), &self.mnt);
         self.mounted = false;
     }
 }
@@ -116,10 +113,7 @@ impl S3Mount {
 impl Drop for S3Mount {
     fn drop(&mut self) {
         if self.mounted {
-            let out = coalescefs(&["umount", &path_str(&self.mnt)]);
-            if !out.status.success() {
-                let _ = coalescefs(&["umount", "--lazy", &path_str(&self.mnt)]);
-            }
+            unmount_in_drop(&self.mnt);
         }
         let _ = &self.dir;
         if !std::thread::panicking() {

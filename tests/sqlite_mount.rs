@@ -12,7 +12,10 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{coalescefs, kill_and_wait, path_str, runtime_dir, stderr_of, xattr_names, xattr_of, BIN};
+use common::{
+    coalescefs, daemon_log_in, kill_daemon_of, path_str, runtime_dir, stderr_of, unmount_in_drop, xattr_names,
+    xattr_of, BIN,
+};
 
 /// A database in a temporary directory, its state directory beside it, mounted at `mnt`.
 struct SqliteMount {
@@ -59,14 +62,11 @@ impl SqliteMount {
     }
 
     fn daemon_log(&self) -> String {
-        fs::read_to_string(self.runtime_dir().join("daemon.log")).unwrap_or_default()
+        daemon_log_in(&self.runtime_dir())
     }
 
     fn kill_daemon(&mut self) {
-        let pid: i32 = fs::read_to_string(self.runtime_dir().join("pid")).unwrap().trim().parse().unwrap();
-        kill_and_wait(pid);
-        let out = coalescefs(&["umount", "--lazy", &path_str(&self.mnt)]);
-        assert!(out.status.success(), "{}", stderr_of(&out));
+        kill_daemon_of(&self.runtime_dir(), &self.mnt);
         self.mounted = false;
     }
 
@@ -83,10 +83,7 @@ impl SqliteMount {
 impl Drop for SqliteMount {
     fn drop(&mut self) {
         if self.mounted {
-            let out = coalescefs(&["umount", &path_str(&self.mnt)]);
-            if !out.status.success() {
-                let _ = coalescefs(&["umount", "--lazy", &path_str(&self.mnt)]);
-            }
+            unmount_in_drop(&self.mnt);
         }
         if !std::thread::panicking() {
             let _ = fs::remove_dir_all(self.runtime_dir());

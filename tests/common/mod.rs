@@ -555,6 +555,27 @@ pub fn run_as(uid: u32, gid: u32, program: &str, args: &[&str]) -> Output {
 
 /// Kills the process `pid` with SIGKILL (as a crash would end a daemon) and waits until it has
 /// finished, at most 20 s.
+/// Kills the daemon whose runtime directory is `runtime` (kill -9, until it is gone) and clears
+/// its dead mount at `mnt` lazily, as a crash leaves it for the next mount.
+pub fn kill_daemon_of(runtime: &Path, mnt: &Path) {
+    let pid: i32 = std::fs::read_to_string(runtime.join("pid")).unwrap().trim().parse().unwrap();
+    kill_and_wait(pid);
+    let out = coalescefs(&["umount", "--lazy", &path_str(mnt)]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+}
+
+/// The daemon's log in its runtime directory (empty when there is none).
+pub fn daemon_log_in(runtime: &Path) -> String {
+    std::fs::read_to_string(runtime.join("daemon.log")).unwrap_or_default()
+}
+
+/// Unmounts `mnt` for a test's Drop: cleanly, else lazily (a file a failed test left open).
+pub fn unmount_in_drop(mnt: &Path) {
+    if !coalescefs(&["umount", &path_str(mnt)]).status.success() {
+        let _ = coalescefs(&["umount", "--lazy", &path_str(mnt)]);
+    }
+}
+
 pub fn kill_and_wait(pid: i32) {
     // SAFETY: kill takes no pointers; `pid` is the caller's daemon, alive until this ends it.
     unsafe { libc::kill(pid, libc::SIGKILL) };
