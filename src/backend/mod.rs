@@ -56,6 +56,8 @@ pub mod null;
 pub mod s3;
 pub mod source;
 pub mod sqlite;
+#[cfg(test)]
+pub mod test_support;
 pub mod tree_keys;
 
 use std::ffi::OsStr;

@@ -8,8 +8,8 @@ use super::faulty::{FaultPlan, FaultyObjects};
 use super::layout::{Layout, Manifest};
 use super::objects::{MemoryObjects, ObjectStore, PutCondition};
 use super::S3Mount;
-use crate::backend::{FileData, Namespace, OpenMode, UnitStore, UnitWrite};
-use crate::engine::buffer::RangeSet;
+use crate::backend::test_support::read_all;
+use crate::backend::{FileData, Namespace, OpenMode, UnitStore};
 use crate::engine::types::{NewObject, Owner, ROOT_ID};
 use crate::metrics::Metrics;
 
@@ -26,24 +26,7 @@ fn mount(objects: &Arc<dyn ObjectStore>, state: &tempfile::TempDir) -> Result<S3
 }
 
 fn write_whole(data: &dyn FileData, bytes: &[u8]) -> crate::sys::SysResult<()> {
-    let size = bytes.len() as u64;
-    for unit in 0..size.div_ceil(UNIT) {
-        let start = (unit * UNIT) as usize;
-        let mut buf = vec![0u8; UNIT as usize];
-        let end = (start + UNIT as usize).min(bytes.len());
-        buf[..end - start].copy_from_slice(&bytes[start..end]);
-        let mut ranges = RangeSet::default();
-        ranges.insert(0..(end - start) as u64);
-        data.write_unit(&UnitWrite { unit, unit_bytes: UNIT, buf: &buf, ranges: &ranges, size })?;
-    }
-    Ok(())
-}
-
-fn read_all(data: &dyn FileData) -> Vec<u8> {
-    let mut buf = vec![0u8; data.size().unwrap() as usize + 100];
-    let n = data.read_at(&mut buf, 0).unwrap();
-    buf.truncate(n);
-    buf
+    crate::backend::test_support::write_whole(data, UNIT, bytes)
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
