@@ -525,19 +525,31 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
+    /// A backend over `dir` with one file made ahead ready; None (the test skips, saying why)
+    /// where the file system makes no unnamed files or has no room.
+    fn backend_with_one_made_ahead(dir: &tempfile::TempDir) -> Option<LocalBackend> {
+        let backend = LocalBackend::open(dir.path(), 64, None, Arc::new(Metrics::default())).unwrap();
+        if backend.prepare_files(1, 1 << 20).unwrap() == 0 {
+            eprintln!("skipped: no O_TMPFILE or no room on the file system under {}", dir.path().display());
+            return None;
+        }
+        Some(backend)
+    }
+
+    fn process_owner() -> Owner {
+        // SAFETY: `geteuid` and `getegid` take no arguments, cannot fail and touch none of our memory.
+        Owner { uid: unsafe { libc::geteuid() }, gid: unsafe { libc::getegid() } }
+    }
+
     /// A write to a file made ahead holds off the checkpoint's trim, which truncates the file to
     /// the size it finds: one that ran across the write would cut off what it added.
     #[test]
     fn a_write_to_a_file_made_ahead_holds_off_its_trim() {
         let dir = tempfile::tempdir().unwrap();
-        let backend = Arc::new(LocalBackend::open(dir.path(), 64, None, Arc::new(Metrics::default())).unwrap());
-        if backend.prepare_files(1, 1 << 20).unwrap() == 0 {
-            eprintln!("skipped: no O_TMPFILE or no room on the file system under {}", dir.path().display());
-            return;
-        }
+        let Some(backend) = backend_with_one_made_ahead(&dir) else { return };
+        let backend = Arc::new(backend);
         let id = 1 << 62;
-        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
-        let owner = Owner { uid: unsafe { libc::geteuid() }, gid: unsafe { libc::getegid() } };
+        let owner = process_owner();
         backend.make_with_id_prepared(id, ROOT_ID, OsStr::new("f"), 0o644, owner).unwrap();
         assert_eq!(backend.prepared_files_ready(), 0, "the one made ahead was taken");
         let data = backend.open(id, OpenMode { write: true, no_atime: false }).unwrap();
@@ -570,13 +582,8 @@ mod tests {
     fn the_blocks_a_file_made_ahead_uses_are_walked_once_until_it_changes() {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
-        let backend = LocalBackend::open(dir.path(), 64, None, Arc::new(Metrics::default())).unwrap();
-        if backend.prepare_files(1, 1 << 20).unwrap() == 0 {
-            eprintln!("skipped: no O_TMPFILE or no room on the file system under {}", dir.path().display());
-            return;
-        }
-        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
-        let owner = Owner { uid: unsafe { libc::geteuid() }, gid: unsafe { libc::getegid() } };
+        let Some(backend) = backend_with_one_made_ahead(&dir) else { return };
+        let owner = process_owner();
         let id = 1 << 62;
         backend.make_with_id_prepared(id, ROOT_ID, OsStr::new("f"), 0o644, owner).unwrap();
         let data = backend.open(id, OpenMode { write: true, no_atime: false }).unwrap();
@@ -607,13 +614,8 @@ mod tests {
         use crate::engine::types::NewObject;
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
-        let backend = LocalBackend::open(dir.path(), 64, None, Arc::new(Metrics::default())).unwrap();
-        if backend.prepare_files(1, 1 << 20).unwrap() == 0 {
-            eprintln!("skipped: no O_TMPFILE or no room on the file system under {}", dir.path().display());
-            return;
-        }
-        // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
-        let owner = Owner { uid: unsafe { libc::geteuid() }, gid: unsafe { libc::getegid() } };
+        let Some(backend) = backend_with_one_made_ahead(&dir) else { return };
+        let owner = process_owner();
         backend.make_with_id_prepared(1 << 62, ROOT_ID, OsStr::new("f"), 0o644, owner).unwrap();
         let removed_ino = std::fs::metadata(dir.path().join("f")).unwrap().ino();
         backend.remove(ROOT_ID, OsStr::new("f"), false).unwrap();
