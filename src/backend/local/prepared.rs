@@ -131,13 +131,24 @@ impl PreparedFiles {
     /// Returns the bytes they held ahead; the next checkpoint makes more only where the disk
     /// has room (`FREE_FRACTION_KEPT`).
     pub fn give_back_ready(&self) -> u64 {
-        let freed: Vec<Unnamed> = std::mem::take(&mut *lock(&self.ready));
-        // Unnamed (O_TMPFILE): the file system frees each with its last descriptor, here.
-        let bytes = freed.iter().map(|unnamed| unnamed.allocated).sum();
-        drop(freed);
+        // Freed and counted under the lock: a write that met ENOSPC while another writer gives
+        // the blocks back waits here, then sees the count moved and tries again (with the list
+        // taken first and counted after, it found the list empty and the count not yet moved,
+        // and failed with the space about to be free: CI, holes_and_space).
+        let mut ready = lock(&self.ready);
+        let bytes = Self::free_all(&mut ready);
         if bytes > 0 {
             self.given_back.fetch_add(1, Release);
         }
+        bytes
+    }
+
+    /// Closes the files ready, which frees them (unnamed, O_TMPFILE: the file system frees each
+    /// with its last descriptor); returns the bytes they held.
+    fn free_all(ready: &mut Vec<Unnamed>) -> u64 {
+        let freed = std::mem::take(ready);
+        let bytes = freed.iter().map(|unnamed| unnamed.allocated).sum();
+        drop(freed);
         bytes
     }
 
@@ -244,7 +255,9 @@ impl PreparedFiles {
             if !ready.is_empty() {
                 log::info!("{} bytes free on the backing file system: no files made ahead", free);
             }
-            ready.clear();
+            if Self::free_all(&mut ready) > 0 {
+                self.given_back.fetch_add(1, Release);
+            }
             return Ok(0);
         }
         let mut made = Vec::with_capacity(missing);
