@@ -1,6 +1,6 @@
 //! How the outside asks a running daemon: a Unix socket in its runtime directory
-//! (`control.sock`, readable by the daemon's user only, see `runtime`) for `coalescefs stats`
-//! and `coalescefs sync` (and, when fault injection is on, `inject` and `clear`), and an
+//! (`control.sock`, readable by the daemon's user only, see `runtime`) for `coalescefs stats`,
+//! `sync` and `snapshot` (and, when fault injection is on, `inject` and `clear`), and an
 //! optional Prometheus endpoint (`-o metrics=ADDR:PORT`). Both serve one short answer per
 //! connection, one connection at a time, with a timeout: neither can hold the daemon up.
 
@@ -19,17 +19,30 @@ const IO_TIMEOUT: Duration = Duration::from_secs(2);
 /// What `coalescefs sync` asks of the daemon: everything written made durable on the backend.
 pub type SyncAll = Box<dyn Fn() -> Result<(), String> + Send>;
 
+/// What `coalescefs snapshot` asks of the daemon: a consistent copy of the store in a new file
+/// at the absolute path given, after a sync; its answer says what it made.
+pub type Snapshot = Box<dyn Fn(&Path) -> Result<String, String> + Send>;
+
+/// The longest request line: a command and a path of up to PATH_MAX bytes.
+const REQUEST_MAX_BYTES: u64 = 4096 + 64;
+
+/// The requests whose answers wait for the backend, as long as it takes.
+fn waits_for_the_backend(command: &str) -> bool {
+    command == "sync" || command.starts_with("snapshot ")
+}
+
 pub fn serve_control_socket(
     path: &Path,
     metrics: Arc<Metrics>,
     sync_all: SyncAll,
+    snapshot: Snapshot,
     faults: Option<Arc<Faults>>,
 ) -> std::io::Result<()> {
     let _ = std::fs::remove_file(path); // a dead daemon's socket; the backing lock is ours
     let listener = UnixListener::bind(path)?;
     std::thread::Builder::new().name("control".into()).spawn(move || {
         for stream in listener.incoming().flatten() {
-            let _ = answer_control(stream, &metrics, &sync_all, faults.as_deref());
+            let _ = answer_control(stream, &metrics, &sync_all, &snapshot, faults.as_deref());
         }
     })?;
     Ok(())
@@ -39,17 +52,24 @@ fn answer_control(
     stream: UnixStream,
     metrics: &Arc<Metrics>,
     sync_all: &SyncAll,
+    snapshot: &Snapshot,
     faults: Option<&Faults>,
 ) -> std::io::Result<()> {
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     let mut command = String::new();
-    BufReader::new(&stream).take(256).read_line(&mut command)?;
+    BufReader::new(&stream).take(REQUEST_MAX_BYTES).read_line(&mut command)?;
+    let command = command.strip_suffix('\n').unwrap_or(&command);
     let answer = match command.trim() {
         "stats" => metrics.render_text(),
         "metrics" => metrics.render_prometheus(),
         "sync" => match sync_all() {
             Ok(()) => "ok\n".to_string(),
+            Err(e) => format!("error: {e}\n"),
+        },
+        // The path as given, spaces kept: the client sent it absolute, on one line.
+        _ if command.starts_with("snapshot /") => match snapshot(Path::new(&command["snapshot ".len()..])) {
+            Ok(made) => format!("ok {made}\n"),
             Err(e) => format!("error: {e}\n"),
         },
         request if request == "clear" || request.starts_with("inject ") => match faults {
@@ -64,11 +84,12 @@ fn answer_control(
     (&stream).write_all(answer.as_bytes())
 }
 
-/// The client side, for `coalescefs stats` and `coalescefs sync`.
+/// The client side, for `coalescefs stats`, `sync` and `snapshot`.
 pub fn ask(socket: &Path, command: &str) -> std::io::Result<String> {
+    assert!(!command.contains('\n'), "a request is one line");
     let mut stream = UnixStream::connect(socket)?;
     // A sync takes as long as the backend needs to write everything buffered.
-    stream.set_read_timeout(if command == "sync" { None } else { Some(IO_TIMEOUT * 5) })?;
+    stream.set_read_timeout(if waits_for_the_backend(command) { None } else { Some(IO_TIMEOUT * 5) })?;
     stream.write_all(format!("{command}\n").as_bytes())?;
     let mut answer = String::new();
     stream.read_to_string(&mut answer)?;

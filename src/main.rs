@@ -109,6 +109,16 @@ enum Command {
         /// Where it is mounted
         mountpoint: PathBuf,
     },
+    /// Copy a mounted sqlite: store, consistent, into a new database file (after a sync)
+    #[command(after_help = "Everything written before the command started is in the copy; what is written \
+while it runs may be in part. The copy is a tree of its own (mount it, or open it with sqlite3) and never \
+replaces a file.\n\nExample:\n  coalescefs snapshot /etc/pve /backup/config-$(date +%F).db")]
+    Snapshot {
+        /// Where it is mounted
+        mountpoint: PathBuf,
+        /// The new database file (must not exist)
+        file: PathBuf,
+    },
     /// Not mounted: apply every intact batch of a damaged intent log, say which were lost, empty the log
     #[command(after_help = "Without --state or --log, the log the backing directory (or the database) names \
 after a crash, else the default state directory's.\n\nExamples:\n  coalescefs recover /srv/data\n  \
@@ -179,7 +189,7 @@ struct MountArgs {
 }
 
 const SUBCOMMANDS: &[&str] =
-    &["mount", "umount", "unmount", "stats", "sync", "recover", "forget", "completions", "man", "help"];
+    &["mount", "umount", "unmount", "stats", "sync", "snapshot", "recover", "forget", "completions", "man", "help"];
 
 fn usage_error(err: UsageError) -> ExitCode {
     eprintln!("coalescefs: {}\n\nFor more information, try '--help'.", err.0);
@@ -219,6 +229,7 @@ fn main() -> ExitCode {
         Command::Stats { prometheus, watch: None, mountpoint } => run_stats(&mountpoint, prometheus),
         Command::Stats { watch: Some(seconds), mountpoint, .. } => watch_stats(&mountpoint, seconds),
         Command::Sync { mountpoint } => run_sync(&mountpoint),
+        Command::Snapshot { mountpoint, file } => run_snapshot(&mountpoint, &file),
         Command::Recover { backing_dir, state, log } => run_recover(&backing_dir, state, log),
         Command::Forget { orphans: true, remove, discard, .. } => run_forget_orphans(remove, discard),
         Command::Forget { backing_dir, state, discard, .. } => {
@@ -644,16 +655,46 @@ fn said_removed(dir: &Path, removal: std::io::Result<()>) -> Result<(), String> 
 }
 
 fn run_sync(target: &Path) -> ExitCode {
-    let (mount_point, backing) = match backing_of_mount(target) {
-        Ok(found) => found,
-        Err(message) => return fail(message),
+    match ask_after_cached_writes(target, "sync") {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(message) => fail(message),
+    }
+}
+
+fn run_snapshot(target: &Path, file: &Path) -> ExitCode {
+    // The daemon's working directory is not ours: the path goes to it absolute, on one line.
+    let file = mounts::absolute(file);
+    let Some(shown) = file.to_str().filter(|path| !path.contains('\n')) else {
+        return fail(format!("{file:?}: give the snapshot a UTF-8 path without a newline (the request is a line)"));
     };
-    match control::ask(&runtime::RuntimeDir::of(&backing).socket_path(), "sync") {
-        Ok(answer) if answer.trim() == "ok" => ExitCode::SUCCESS,
-        Ok(answer) => {
-            fail(format!("sync of {}: {}", mount_point.display(), answer.trim().trim_start_matches("error: ")))
+    if file.symlink_metadata().is_ok() {
+        return fail(format!("{shown} exists: a snapshot never writes over a file"));
+    }
+    match ask_after_cached_writes(target, &format!("snapshot {shown}")) {
+        Ok((mount_point, made)) => {
+            println!("{shown}: a snapshot of {}, {made}", mount_point.display());
+            ExitCode::SUCCESS
         }
-        Err(e) => fail(format!("the daemon of {} does not answer: {e}", mount_point.display())),
+        Err(message) => fail(message),
+    }
+}
+
+/// Asks the daemon of the mount at `target` for `request` (its first word names it in errors),
+/// once the writes the kernel caches for it have reached it; returns the mount point and what
+/// the daemon said after "ok".
+fn ask_after_cached_writes(target: &Path, request: &str) -> Result<(PathBuf, String), String> {
+    let (mount_point, backing) = backing_of_mount(target)?;
+    mounts::send_cached_writes(&mount_point)?;
+    let what = request.split(' ').next().unwrap_or(request);
+    match control::ask(&runtime::RuntimeDir::of(&backing).socket_path(), request) {
+        Ok(answer) if answer == "ok\n" || answer.starts_with("ok ") => {
+            let said = answer.strip_prefix("ok").unwrap_or_default().trim().to_string();
+            Ok((mount_point, said))
+        }
+        Ok(answer) => {
+            Err(format!("{what} of {}: {}", mount_point.display(), answer.trim().trim_start_matches("error: ")))
+        }
+        Err(e) => Err(format!("the daemon of {} does not answer: {e}", mount_point.display())),
     }
 }
 

@@ -67,6 +67,19 @@ pub fn mount_at(path: &Path) -> Option<MountInfo> {
     read_mounts().into_iter().rev().find(|m| m.mount_point == path)
 }
 
+/// The mount's writes the kernel still caches (FUSE's writeback cache), sent to its daemon:
+/// syncfs writes a FUSE file system's dirty pages back, though it asks the daemon nothing.
+/// Before `coalescefs sync` and `snapshot`, so that they cover every write made before them.
+pub fn send_cached_writes(mount_point: &Path) -> Result<(), String> {
+    let dir = std::fs::File::open(mount_point).map_err(|e| format!("{}: {e}", mount_point.display()))?;
+    // SAFETY: `syncfs` takes a descriptor, which `dir` holds open, and touches none of our memory.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!("the kernel's cached writes to {} did not reach the daemon: {e}", mount_point.display()));
+    }
+    Ok(())
+}
+
 /// An absolute path without resolving the last component through a (possibly dead) mount.
 pub fn absolute(path: &Path) -> PathBuf {
     let path = if path.is_absolute() {

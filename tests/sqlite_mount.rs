@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -420,4 +420,63 @@ fn a_damaged_log_stops_the_mount_and_recover_applies_its_intact_batches_to_the_d
     }
     m.unmount();
     assert_eq!(m.integrity(), "ok");
+}
+
+/// `coalescefs snapshot MOUNTPOINT FILE` while mounted: the copy holds everything written
+/// before it (a file still open with its bytes in the kernel's cache and the daemon's buffer,
+/// another fsynced into the intent log only), checks clean, keeps the database's permissions,
+/// has no crash marker (mounting it never asks for the original's log), mounts as a tree of its
+/// own beside the original, and is never written over; a mount of a directory says the command
+/// is for sqlite: stores.
+#[test]
+fn a_snapshot_while_mounted_is_the_whole_tree_in_a_database_of_its_own() {
+    let mut m = SqliteMount::new();
+    m.mount(&["checkpoint_interval=3600s"]);
+    make_tree(&m.mnt);
+    let mut open = fs::File::create(m.path("still-open")).unwrap();
+    open.write_all(&pattern(200_000, 9)).unwrap();
+    let mut logged = fs::File::create(m.path("etc/pve/logged.conf")).unwrap();
+    logged.write_all(&pattern(3000, 7)).unwrap();
+    logged.sync_all().unwrap();
+    drop(logged);
+    fs::set_permissions(&m.db, fs::Permissions::from_mode(0o600)).unwrap();
+    let expected = snapshot(&m.mnt);
+
+    let mut copy = SqliteMount::new();
+    let out = coalescefs(&["snapshot", &path_str(&m.mnt), &path_str(&copy.db)]);
+    assert!(out.status.success(), "snapshot: {}", stderr_of(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("bytes"), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(fs::metadata(&copy.db).unwrap().mode() & 0o777, 0o600, "the database's permissions");
+    let leftovers: Vec<_> = fs::read_dir(copy.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains("snapshot"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    let db = copy.open_db();
+    let check: String = db.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
+    assert_eq!(check, "ok");
+    let marker: i64 = db.query_row("SELECT count(*) FROM meta WHERE key = 'log_marker'", [], |r| r.get(0)).unwrap();
+    assert_eq!(marker, 0, "the copy carries no crash marker");
+    drop(db);
+
+    // Never over a file, the copy's name taken or not.
+    let again = coalescefs(&["snapshot", &path_str(&m.mnt), &path_str(&copy.db)]);
+    assert!(!again.status.success() && stderr_of(&again).contains("exists"), "{}", stderr_of(&again));
+
+    // Written after the snapshot: in the original, not in the copy.
+    fs::write(m.path("after"), b"later").unwrap();
+    copy.mount(&[]);
+    assert_eq!(snapshot(&copy.mnt), expected, "the copy, mounted beside the original");
+    assert!(!copy.daemon_log().contains("WARN"), "{}", copy.daemon_log());
+    copy.unmount();
+    drop(open);
+    m.unmount();
+    assert_eq!(m.integrity(), "ok");
+
+    let dir = tempfile::tempdir().unwrap();
+    let local = common::TestMount::new();
+    let refused = coalescefs(&["snapshot", &path_str(&local.path("")), &path_str(&dir.path().join("x.db"))]);
+    assert!(!refused.status.success() && stderr_of(&refused).contains("sqlite:"), "{}", stderr_of(&refused));
+    assert!(!dir.path().join("x.db").exists());
 }

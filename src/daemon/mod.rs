@@ -432,6 +432,12 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
             return ready.error(&e);
         }
     }
+    // `coalescefs snapshot` copies a database that is the whole tree: SQLite's alone (an S3
+    // mount's database holds its names, not its data).
+    let snapshot_of = match &backend {
+        Opened::Sqlite(db) => Some(db.clone()),
+        _ => None,
+    };
     let store_name = match backend {
         Opened::Sqlite(_) => Some("sqlite"),
         Opened::S3 { .. } => Some("s3"),
@@ -564,7 +570,9 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     }
     let engine_for_sync = engine.clone();
     let sync_all: control::SyncAll = Box::new(move || engine_for_sync.sync_all().map_err(|e| e.to_string()));
-    if let Err(e) = control::serve_control_socket(&runtime.socket_path(), metrics.clone(), sync_all, faults) {
+    let snapshot = snapshot_request(engine.clone(), snapshot_of, store_name);
+    if let Err(e) = control::serve_control_socket(&runtime.socket_path(), metrics.clone(), sync_all, snapshot, faults)
+    {
         log::warn!("no control socket ({e}): `coalescefs stats` and `sync` will not answer");
     }
     if let Some(listener) = metrics_listener {
@@ -611,6 +619,28 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         Err(e) => log::info!("the session on {} ended: {e}", mount_point.display()),
     }
     exit
+}
+
+/// `coalescefs snapshot`: everything written so far synced (a checkpoint), then the database
+/// copied as that commit left it; a store that is not one database file says so.
+fn snapshot_request(
+    engine: Arc<crate::engine::Engine>,
+    database: Option<Arc<backend::sqlite::SqliteBackend>>,
+    store_name: Option<&'static str>,
+) -> control::Snapshot {
+    Box::new(move |dest| {
+        let Some(db) = &database else {
+            return Err(format!(
+                "snapshot copies a sqlite: store, this mount's is {}; `coalescefs sync` makes what was written \
+                 durable for another tool to copy",
+                store_name.unwrap_or("a backing directory")
+            ));
+        };
+        engine.sync_all().map_err(|e| format!("the sync before the copy failed: {e}"))?;
+        let bytes = db.snapshot_into(dest)?;
+        log::info!("snapshot of {} in {} ({bytes} bytes)", db.path().display(), dest.display());
+        Ok(format!("{bytes} bytes"))
+    })
 }
 
 fn start_session(

@@ -21,6 +21,7 @@ mod data;
 mod namespace;
 mod schema;
 mod seam;
+mod snapshot;
 #[cfg(test)]
 mod tests;
 
