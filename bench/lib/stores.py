@@ -6,6 +6,8 @@ where they landed, the daemon's RSS sampler, and the cleanups that put the machi
 """
 import os, subprocess, sys, threading, time
 
+from pmxcfs import PmxcfsStyle
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(REPO, "target", "release", "coalescefs")
 # The FUSE ceiling (issue 45): a server that discards writes, built beside coalescefs.
@@ -245,6 +247,9 @@ class Store:
         # /run/coalescefs; its state directory is on the store and goes with it.
         if os.path.isdir(self.data):
             sh(BIN, "forget", "--discard", "--state", self.state, self.data, check=False)
+            database = os.path.join(self.data, "tree.db")
+            if os.path.exists(database):
+                sh(BIN, "forget", "--discard", "--state", self.state, "sqlite:" + database, check=False)
         if sh("umount", self.mnt, check=False).returncode != 0:
             sh("umount", "-l", self.mnt, check=False)
         sh("losetup", "-d", self.dev, check=False)
@@ -260,22 +265,40 @@ class System:
         self.path = store.data
         self.fuse_mnt = os.path.join(store.work, "mnt")
 
+    def source(self):
+        """What coalescefs mounts: the store's directory, or with `store=sqlite` in the options a
+        database file in it (`sqlite:PATH`)."""
+        if "store=sqlite" in self.options:
+            return "sqlite:" + os.path.join(self.store.data, "tree.db")
+        return self.store.data
+
     def mount(self):
         cleanups.append(self.unmount)
         if self.kind == "native":
+            self.path = self.store.data
+            return
+        if self.kind == "pmxcfs-style":
+            # No mount: the emulation's database in the store's directory (bench/lib/pmxcfs.py).
+            self.emulated = PmxcfsStyle(os.path.join(self.store.data, "config.db"))
             self.path = self.store.data
             return
         os.makedirs(self.fuse_mnt, exist_ok=True)
         if self.kind == "bindfs":
             sh("bindfs", self.store.data, self.fuse_mnt)
         else:
-            options = [f"log={self.store.log_dev}" if o == "log=DEVICE" else o for o in self.options]
+            options = [f"log={self.store.log_dev}" if o == "log=DEVICE" else o for o in self.options
+                       if o != "store=sqlite"]
             options.append("state=" + self.store.state)
-            sh(BIN, "mount", self.store.data, self.fuse_mnt, "-o", ",".join(options))
+            sh(BIN, "mount", self.source(), self.fuse_mnt, "-o", ",".join(options))
         self.path = self.fuse_mnt
 
     def unmount(self):
-        if self.kind == "bindfs":
+        if self.kind == "pmxcfs-style":
+            # The last connection's close checkpoints the WAL into the database: counted.
+            if getattr(self, "emulated", None):
+                self.emulated.close()
+                self.emulated = None
+        elif self.kind == "bindfs":
             if sh("umount", self.fuse_mnt, check=False).returncode != 0:
                 sh("umount", "-l", self.fuse_mnt, check=False)
         elif self.kind == "coalescefs":
