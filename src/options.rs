@@ -260,14 +260,52 @@ fn thread_count(key: &str, v: &str) -> Result<usize, UsageError> {
         .ok_or_else(|| UsageError(format!("{key}={v}: expected a whole number from 1 to 64")))
 }
 
-fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), UsageError> {
+/// One `key[=value]` of `-o`, with the parsing its values share; errors name the option.
+struct OptionArg<'a> {
+    key: &'a str,
+    value: Option<&'a str>,
+}
+
+impl<'a> OptionArg<'a> {
+    fn value(&self) -> Result<&'a str, UsageError> {
+        let key = self.key;
+        self.value.ok_or_else(|| UsageError(format!("mount option '{key}' needs a value ({key}=...)")))
+    }
+
+    fn size(&self) -> Result<u64, UsageError> {
+        let v = self.value()?;
+        parse_size(v).map_err(|e| UsageError(format!("{}={v}: {e}", self.key)))
+    }
+
+    fn duration(&self) -> Result<std::time::Duration, UsageError> {
+        let v = self.value()?;
+        parse_duration(v).map_err(|e| UsageError(format!("{}={v}: {e}", self.key)))
+    }
+
+    fn positive_duration(&self) -> Result<std::time::Duration, UsageError> {
+        let d = self.duration()?;
+        if d.is_zero() {
+            return Err(UsageError(format!("{}={}: must be more than 0", self.key, self.value()?)));
+        }
+        Ok(d)
+    }
+
+    /// An error for a value outside what the option takes: `expected` says what it takes.
+    fn refused(&self, expected: &str) -> UsageError {
+        UsageError(format!("{}={}: {expected}", self.key, self.value.unwrap_or_default()))
+    }
+}
+
+fn apply_option(options: &mut MountOptions, option: &str) -> Result<(), UsageError> {
     let (key, value) = match option.split_once('=') {
         Some((k, v)) => (k, Some(v)),
         None => (option, None),
     };
-    let need_value = |v: Option<&'a str>| -> Result<&'a str, UsageError> {
-        v.ok_or_else(|| UsageError(format!("mount option '{key}' needs a value ({key}=...)")))
-    };
+    let arg = OptionArg { key, value };
+    if apply_write_path_option(options, &arg)? || apply_log_option(options, &arg)? || apply_store_option(options, &arg)?
+    {
+        return Ok(());
+    }
     match key {
         "" => {}
         "allow_other" => options.allow_other = true,
@@ -276,153 +314,12 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
         "remount" => options.remount = true,
         // Always on: the kernel checks permissions against the modes the backend reports.
         "default_permissions" => {}
-        "fsname" => options.fsname = Some(need_value(value)?.to_string()),
+        "fsname" => options.fsname = Some(arg.value()?.to_string()),
         "subtype" => {}
-        "unit" => {
-            let v = need_value(value)?;
-            let bytes = parse_size(v).map_err(|e| UsageError(format!("unit={v}: {e}")))?;
-            let bytes = crate::backend::local::geometry::check_unit_bytes(bytes).map_err(UsageError)?;
-            options.unit_bytes = Some(bytes);
-        }
-        "buffer" => {
-            let v = need_value(value)?;
-            options.buffer_bytes = parse_size(v).map_err(|e| UsageError(format!("buffer={v}: {e}")))?;
-        }
-        "flushers" => options.flushers = thread_count(key, need_value(value)?)?,
-        "flush_age" => {
-            let v = need_value(value)?;
-            options.flush_age = parse_duration(v).map_err(|e| UsageError(format!("flush_age={v}: {e}")))?;
-        }
-        "writeback_cache" => {
-            options.writeback_cache = match value {
-                None | Some("on") => crate::engine::PageCache::On,
-                Some("off") => crate::engine::PageCache::Off,
-                Some("auto") => crate::engine::PageCache::Auto,
-                Some(v) => return Err(UsageError(format!("writeback_cache={v}: expected auto, on or off"))),
-            }
-        }
         "metrics" => {
-            let v = need_value(value)?;
+            let v = arg.value()?;
             options.metrics_address =
-                Some(v.parse().map_err(|_| {
-                    UsageError(format!("metrics={v}: expected ADDRESS:PORT, for example 127.0.0.1:9100"))
-                })?);
-        }
-        "backend" => {
-            options.backend = match need_value(value)? {
-                "local" => BackendKind::Local,
-                "null" => BackendKind::Null,
-                v => return Err(UsageError(format!("backend={v}: expected local or null"))),
-            }
-        }
-        "max_write" => {
-            let v = need_value(value)?;
-            let bytes = parse_size(v).map_err(|e| UsageError(format!("max_write={v}: {e}")))?;
-            if !(4096..=crate::fuse::MAX_WRITE_BYTES_LIMIT).contains(&bytes) || bytes % 4096 != 0 {
-                return Err(UsageError(format!("max_write={v}: expected a multiple of 4 KiB from 4K to 16M")));
-            }
-            options.max_write_bytes = Some(bytes);
-        }
-        "log" => {
-            options.log = match need_value(value)? {
-                "off" => LogPlace::Off,
-                "on" => LogPlace::StateDir,
-                p if p.starts_with('/') => LogPlace::At(p.into()),
-                v => return Err(UsageError(format!("log={v}: expected on, off or an absolute path"))),
-            }
-        }
-        "state" => {
-            let v = need_value(value)?;
-            if !v.starts_with('/') {
-                return Err(UsageError(format!("state={v}: expected an absolute path")));
-            }
-            options.state_dir = Some(v.into());
-        }
-        "log_raw" => {
-            use crate::engine::intent_log::raw::RawLog;
-            options.log_raw = match need_value(value)? {
-                "auto" => RawLog::Auto,
-                "off" => RawLog::Off,
-                v => return Err(UsageError(format!("log_raw={v}: expected auto or off"))),
-            }
-        }
-        "transport" => {
-            options.transport = crate::transport::TransportChoice::parse(need_value(value)?).map_err(UsageError)?;
-        }
-        "xattr" => {
-            options.xattrs = match need_value(value)? {
-                "on" => true,
-                "off" => false,
-                v => return Err(UsageError(format!("xattr={v}: expected on or off"))),
-            }
-        }
-        "log_size" => {
-            let v = need_value(value)?;
-            let bytes = parse_size(v).map_err(|e| UsageError(format!("log_size={v}: {e}")))?;
-            if bytes < 1 << 20 || bytes % 4096 != 0 {
-                return Err(UsageError(format!("log_size={v}: expected at least 1M, in whole 4K blocks")));
-            }
-            options.log_size_bytes = bytes;
-        }
-        "log_threshold" | "log_threshold_new" => {
-            let v = need_value(value)?;
-            let bytes = parse_size(v).map_err(|e| UsageError(format!("{key}={v}: {e}")))?;
-            if bytes > 16 << 20 {
-                return Err(UsageError(format!("{key}={v}: at most 16M")));
-            }
-            if key == "log_threshold" {
-                options.log_threshold_bytes = bytes;
-            } else {
-                options.log_threshold_new_bytes = bytes;
-            }
-        }
-        "log_closes" => {
-            options.log_closes = match need_value(value)? {
-                "auto" => crate::engine::LogCloses::Auto,
-                "always" => crate::engine::LogCloses::Always,
-                "never" => crate::engine::LogCloses::Never,
-                v => return Err(UsageError(format!("log_closes={v}: expected auto, always or never"))),
-            }
-        }
-        "checkpoint_interval" => {
-            let v = need_value(value)?;
-            let d = parse_duration(v).map_err(|e| UsageError(format!("checkpoint_interval={v}: {e}")))?;
-            if d.is_zero() {
-                return Err(UsageError(format!("checkpoint_interval={v}: must be more than 0")));
-            }
-            options.checkpoint_interval = d;
-        }
-        "burst_gap" => {
-            let v = need_value(value)?;
-            let d = parse_duration(v).map_err(|e| UsageError(format!("burst_gap={v}: {e}")))?;
-            if d > std::time::Duration::from_secs(10) {
-                return Err(UsageError(format!("burst_gap={v}: at most 10s")));
-            }
-            options.burst_gap = d;
-        }
-        "threads" => options.threads = thread_count(key, need_value(value)?)?,
-        "io_timeout" => {
-            let v = need_value(value)?;
-            let d = parse_duration(v).map_err(|e| UsageError(format!("io_timeout={v}: {e}")))?;
-            if d.is_zero() {
-                return Err(UsageError(format!("io_timeout={v}: must be more than 0")));
-            }
-            options.io_timeout = d;
-        }
-        "cache_timeout" => {
-            let v = need_value(value)?;
-            options.cache_timeout = parse_duration(v).map_err(|e| UsageError(format!("cache_timeout={v}: {e}")))?;
-        }
-        "endpoint" => options.s3_endpoint = Some(check_endpoint(need_value(value)?)?),
-        "region" => {
-            let v = need_value(value)?;
-            if v.is_empty()
-                || v.len() > 64
-                || !v.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            {
-                return Err(UsageError(format!("region={v}: expected a region name such as us-east-1")));
-            }
-            options.s3_region = Some(v.to_owned());
+                Some(v.parse().map_err(|_| arg.refused("expected ADDRESS:PORT, for example 127.0.0.1:9100"))?);
         }
         k if CREDENTIAL_OPTIONS.contains(&k.to_ascii_lowercase().as_str()) => {
             return Err(UsageError(format!(
@@ -438,6 +335,140 @@ fn apply_option<'a>(options: &mut MountOptions, option: &'a str) -> Result<(), U
         _ => return Err(UsageError(format!("unknown mount option '{option}'"))),
     }
     Ok(())
+}
+
+/// The write buffer, its flushers and the FUSE session: returns whether `arg` was one of them.
+fn apply_write_path_option(options: &mut MountOptions, arg: &OptionArg<'_>) -> Result<bool, UsageError> {
+    match arg.key {
+        "unit" => {
+            let bytes = arg.size()?;
+            options.unit_bytes = Some(crate::backend::local::geometry::check_unit_bytes(bytes).map_err(UsageError)?);
+        }
+        "buffer" => options.buffer_bytes = arg.size()?,
+        "flushers" => options.flushers = thread_count(arg.key, arg.value()?)?,
+        "flush_age" => options.flush_age = arg.duration()?,
+        "writeback_cache" => {
+            options.writeback_cache = match arg.value {
+                None | Some("on") => crate::engine::PageCache::On,
+                Some("off") => crate::engine::PageCache::Off,
+                Some("auto") => crate::engine::PageCache::Auto,
+                Some(_) => return Err(arg.refused("expected auto, on or off")),
+            }
+        }
+        "max_write" => {
+            let bytes = arg.size()?;
+            if !(4096..=crate::fuse::MAX_WRITE_BYTES_LIMIT).contains(&bytes) || bytes % 4096 != 0 {
+                return Err(arg.refused("expected a multiple of 4 KiB from 4K to 16M"));
+            }
+            options.max_write_bytes = Some(bytes);
+        }
+        "transport" => {
+            options.transport = crate::transport::TransportChoice::parse(arg.value()?).map_err(UsageError)?;
+        }
+        "xattr" => {
+            options.xattrs = match arg.value()? {
+                "on" => true,
+                "off" => false,
+                _ => return Err(arg.refused("expected on or off")),
+            }
+        }
+        "threads" => options.threads = thread_count(arg.key, arg.value()?)?,
+        "io_timeout" => options.io_timeout = arg.positive_duration()?,
+        "cache_timeout" => options.cache_timeout = arg.duration()?,
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// The intent log and its checkpoints: returns whether `arg` was one of them.
+fn apply_log_option(options: &mut MountOptions, arg: &OptionArg<'_>) -> Result<bool, UsageError> {
+    match arg.key {
+        "log" => {
+            options.log = match arg.value()? {
+                "off" => LogPlace::Off,
+                "on" => LogPlace::StateDir,
+                p if p.starts_with('/') => LogPlace::At(p.into()),
+                _ => return Err(arg.refused("expected on, off or an absolute path")),
+            }
+        }
+        "state" => {
+            let v = arg.value()?;
+            if !v.starts_with('/') {
+                return Err(arg.refused("expected an absolute path"));
+            }
+            options.state_dir = Some(v.into());
+        }
+        "log_raw" => {
+            use crate::engine::intent_log::raw::RawLog;
+            options.log_raw = match arg.value()? {
+                "auto" => RawLog::Auto,
+                "off" => RawLog::Off,
+                _ => return Err(arg.refused("expected auto or off")),
+            }
+        }
+        "log_size" => {
+            let bytes = arg.size()?;
+            if bytes < 1 << 20 || bytes % 4096 != 0 {
+                return Err(arg.refused("expected at least 1M, in whole 4K blocks"));
+            }
+            options.log_size_bytes = bytes;
+        }
+        "log_threshold" | "log_threshold_new" => {
+            let bytes = arg.size()?;
+            if bytes > 16 << 20 {
+                return Err(arg.refused("at most 16M"));
+            }
+            if arg.key == "log_threshold" {
+                options.log_threshold_bytes = bytes;
+            } else {
+                options.log_threshold_new_bytes = bytes;
+            }
+        }
+        "log_closes" => {
+            options.log_closes = match arg.value()? {
+                "auto" => crate::engine::LogCloses::Auto,
+                "always" => crate::engine::LogCloses::Always,
+                "never" => crate::engine::LogCloses::Never,
+                _ => return Err(arg.refused("expected auto, always or never")),
+            }
+        }
+        "checkpoint_interval" => options.checkpoint_interval = arg.positive_duration()?,
+        "burst_gap" => {
+            let d = arg.duration()?;
+            if d > std::time::Duration::from_secs(10) {
+                return Err(arg.refused("at most 10s"));
+            }
+            options.burst_gap = d;
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Which store and how to reach it (S3's endpoint and region): returns whether `arg` was one.
+fn apply_store_option(options: &mut MountOptions, arg: &OptionArg<'_>) -> Result<bool, UsageError> {
+    match arg.key {
+        "backend" => {
+            options.backend = match arg.value()? {
+                "local" => BackendKind::Local,
+                "null" => BackendKind::Null,
+                _ => return Err(arg.refused("expected local or null")),
+            }
+        }
+        "endpoint" => options.s3_endpoint = Some(check_endpoint(arg.value()?)?),
+        "region" => {
+            let v = arg.value()?;
+            if v.is_empty()
+                || v.len() > 64
+                || !v.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            {
+                return Err(arg.refused("expected a region name such as us-east-1"));
+            }
+            options.s3_region = Some(v.to_owned());
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 pub fn parse_mount_options(text: &str, options: &mut MountOptions) -> Result<(), UsageError> {

@@ -571,8 +571,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     let engine_for_sync = engine.clone();
     let sync_all: control::SyncAll = Box::new(move || engine_for_sync.sync_all().map_err(|e| e.to_string()));
     let snapshot = snapshot_request(engine.clone(), snapshot_of, store_name);
-    if let Err(e) = control::serve_control_socket(&runtime.socket_path(), metrics.clone(), sync_all, snapshot, faults)
-    {
+    if let Err(e) = control::serve_control_socket(&runtime.socket_path(), metrics.clone(), sync_all, snapshot, faults) {
         log::warn!("no control socket ({e}): `coalescefs stats` and `sync` will not answer");
     }
     if let Some(listener) = metrics_listener {

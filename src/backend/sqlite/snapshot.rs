@@ -47,7 +47,8 @@ impl SqliteBackend {
             let file = std::fs::File::open(&temporary).map_err(|e| format!("{}: {e}", temporary.display()))?;
             // The tree's own file's permissions (a configuration store may hold keys), not the
             // daemon's defaults.
-            let mode = std::fs::metadata(&self.path).map_err(|e| format!("{}: {e}", self.path.display()))?.permissions();
+            let mode =
+                std::fs::metadata(&self.path).map_err(|e| format!("{}: {e}", self.path.display()))?.permissions();
             file.set_permissions(mode).map_err(|e| format!("{}: {e}", temporary.display()))?;
             file.sync_all().map_err(|e| format!("syncing {}: {e}", temporary.display()))?;
             // A link fails where the name is taken: never over a file made meanwhile.
