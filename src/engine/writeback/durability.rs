@@ -568,44 +568,12 @@ impl Writeback {
         }
         let unit_bytes = self.config.unit_bytes;
         let size = inner.size;
-        // What the log does not hold yet: units in flight whole (older), then the ranges of
-        // dirty units not logged since they were last written. A unit's bytes in flight are
-        // older than its dirty ones, which this batch or an earlier one logs after them: where
-        // the dirty unit has bytes, the flight's are left out, or a second fsync while the
-        // flush is still under way would log them after the newer ones an earlier batch holds,
-        // and replay would end with the older (the crash harness found them back after a kill).
         let failures_before = log.failed_batches();
-        let in_flight: Vec<(u64, Vec<std::ops::Range<u64>>)> = inner
-            .in_flight
-            .iter()
-            .map(|(&k, u)| match inner.dirty.get(&k) {
-                Some(newer) => (k, u.ranges.minus(&newer.ranges).iter().cloned().collect()),
-                None => (k, u.ranges.iter().cloned().collect()),
-            })
-            .collect();
-        let dirty: Vec<(u64, Vec<std::ops::Range<u64>>)> =
-            inner.dirty.iter().map(|(&k, u)| (k, u.ranges.minus(&u.logged).iter().cloned().collect())).collect();
+        let (dirty, spans) = unlogged_spans(&inner, unit_bytes);
         // Measured before anything is copied: a file with more buffered than the threshold
         // goes to the backend, and its buffer is not copied for nothing.
-        let mut spans: Vec<(u64, std::ops::Range<u64>, bool)> = Vec::new(); // unit, range in it, in flight
-        for (unit, ranges, from_flight) in
-            in_flight.iter().map(|(k, r)| (*k, r, true)).chain(dirty.iter().map(|(k, r)| (*k, r, false)))
-        {
-            for r in ranges {
-                let end = r.end.min(size.saturating_sub(unit * unit_bytes));
-                if r.start < end {
-                    spans.push((unit, r.start..end, from_flight));
-                }
-            }
-        }
         let bytes: u64 = spans.iter().map(|(_, r, _)| r.end - r.start).sum();
-        let mut threshold = if created { self.config.log_threshold_new_bytes } else { self.config.log_threshold_bytes };
-        // A store that takes whole units only would read the rest of each partial unit and write
-        // it whole: logging up to half a unit costs less than that read and write.
-        if !self.store.capabilities().partial_writes {
-            threshold = threshold.max(self.config.unit_bytes / 2);
-        }
-        if bytes > threshold {
+        if bytes > self.log_threshold(created) {
             return None;
         }
         let pieces: Vec<(u64, Vec<u8>)> = spans
@@ -617,14 +585,6 @@ impl Writeback {
             .collect();
         // Ranges marked logged may belong to another fsync's batch not yet durable: then a
         // record of our own (the size) waits behind it.
-        // A close writes its batch, an fsync waits for the flush (see `IntentLog::commit_written`).
-        let commit = |records: Vec<Record>| {
-            if report == ErrorReport::Close {
-                log.commit_written(records)
-            } else {
-                log.commit(records)
-            }
-        };
         // A truncate the store has not been given yet goes first (`FileInner::cut_unlogged`).
         // While one is pending the store's size is not the file's: the batch says the size
         // even with no bytes to log (a truncate to less, or to more, after a logged one; the
@@ -639,30 +599,12 @@ impl Writeback {
             && !size_unsettled
             && times.is_none()
         {
-            // Nothing buffered: the store is in sync. The file's name changes may still be
-            // queued (a rename since the last checkpoint): an fsync makes them durable too, as
-            // ext4's does and the store's path here does; a commit of an empty queue writes
-            // nothing (but flushes what closes wrote).
             drop(inner);
-            return Some(match commit(Vec::new()) {
-                Ok(()) => Ok(()),
-                Err(LogError::Full { .. }) => self.checkpoint(),
-                Err(e) => {
-                    log::error!("committing queued name changes to the intent log: {e}");
-                    Err(Errno(libc::EIO))
-                }
-            });
+            return Some(self.sync_nothing_buffered(log, report));
         }
         // The mode and owner beside deferred times, asked before anything is marked logged.
         let attrs = match times {
-            Some(times) => {
-                let now = self.ns.getattr(file.id).ok()?;
-                let at = |t: Option<TimeToSet>, or: Timestamp| match t {
-                    Some(TimeToSet::At(at)) => at,
-                    _ => or,
-                };
-                Some((now.perm, now.uid, now.gid, at(times.atime, now.atime), at(times.mtime, now.mtime)))
-            }
+            Some(times) => Some(self.attrs_beside(file.id, times).ok()?),
             None => None,
         };
         // Marked now, under the lock: a write after this point takes its range out again.
@@ -684,27 +626,15 @@ impl Writeback {
             inner.times_logged = true;
         }
         drop(inner);
-        let committed = match commit(records.clone()) {
-            Err(LogError::Full { .. }) => self.checkpoint().map_err(LogError::from).and_then(|()| commit(records)),
+        let committed = match commit_as(log, report, records.clone()) {
+            Err(LogError::Full { .. }) => {
+                self.checkpoint().map_err(LogError::from).and_then(|()| commit_as(log, report, records))
+            }
             other => other,
         };
         // A failed batch may have held ranges this fsync skipped as logged by another one.
         if committed.is_err() || log.failed_batches() != failures_before {
-            let mut inner = lock(&file.inner);
-            for unit in inner.dirty.values_mut() {
-                unit.logged = RangeSet::default();
-            }
-            if let Some(cut) = cut {
-                inner.cut_unlogged = Some(inner.cut_unlogged.map_or(cut, |later| later.min(cut)));
-            }
-            inner.times_logged = false;
-            drop(inner);
-            // It may also have landed (EIO after the bytes were written): the backend sync
-            // below must then be followed by a barrier, which is written over it.
-            let mut d = lock(&self.durability);
-            let entry = d.entry(file.id).or_default();
-            entry.logged_before_seq = entry.logged_before_seq.max(log.readable_before_seq());
-            drop(d);
+            self.unmark_logged(file, cut, log);
             if let Err(e) = committed {
                 log::warn!("inode {}: {e}; this fsync syncs the backend instead", file.id);
             }
@@ -717,6 +647,109 @@ impl Writeback {
         }
         Some(Ok(()))
     }
+
+    /// The most a file's fsync logs; above it the file goes to the backend.
+    fn log_threshold(&self, created: bool) -> u64 {
+        let threshold = if created { self.config.log_threshold_new_bytes } else { self.config.log_threshold_bytes };
+        // A store that takes whole units only would read the rest of each partial unit and write
+        // it whole: logging up to half a unit costs less than that read and write.
+        if self.store.capabilities().partial_writes {
+            threshold
+        } else {
+            threshold.max(self.config.unit_bytes / 2)
+        }
+    }
+
+    /// An fsync of a file with nothing buffered: the store is in sync. The file's name changes
+    /// may still be queued (a rename since the last checkpoint): an fsync makes them durable
+    /// too, as ext4's does and the store's path here does; a commit of an empty queue writes
+    /// nothing (but flushes what closes wrote).
+    fn sync_nothing_buffered(&self, log: &IntentLog, report: ErrorReport) -> SysResult<()> {
+        match commit_as(log, report, Vec::new()) {
+            Ok(()) => Ok(()),
+            Err(LogError::Full { .. }) => self.checkpoint(),
+            Err(e) => {
+                log::error!("committing queued name changes to the intent log: {e}");
+                Err(Errno(libc::EIO))
+            }
+        }
+    }
+
+    /// The mode, owner and times a batch logs beside deferred times (`times` over what the
+    /// namespace holds now).
+    fn attrs_beside(&self, id: ObjectId, times: TimesToSet) -> SysResult<(u32, u32, u32, Timestamp, Timestamp)> {
+        let now = self.ns.getattr(id)?;
+        let at = |t: Option<TimeToSet>, or: Timestamp| match t {
+            Some(TimeToSet::At(at)) => at,
+            _ => or,
+        };
+        Ok((now.perm, now.uid, now.gid, at(times.atime, now.atime), at(times.mtime, now.mtime)))
+    }
+
+    /// After a batch that failed (or another that did, which may have held ranges this one
+    /// skipped as logged): nothing of the file counts as logged, its cut is unlogged again, and
+    /// the backend sync that follows must be followed by a barrier, written over whatever of
+    /// the batch landed (EIO after the bytes were written).
+    fn unmark_logged(&self, file: &FileState, cut: Option<u64>, log: &IntentLog) {
+        let mut inner = lock(&file.inner);
+        for unit in inner.dirty.values_mut() {
+            unit.logged = RangeSet::default();
+        }
+        if let Some(cut) = cut {
+            inner.cut_unlogged = Some(inner.cut_unlogged.map_or(cut, |later| later.min(cut)));
+        }
+        inner.times_logged = false;
+        drop(inner);
+        let mut d = lock(&self.durability);
+        let entry = d.entry(file.id).or_default();
+        entry.logged_before_seq = entry.logged_before_seq.max(log.readable_before_seq());
+    }
+}
+
+/// A close writes its batch, an fsync waits for the flush (see `IntentLog::commit_written`).
+fn commit_as(log: &IntentLog, report: ErrorReport, records: Vec<Record>) -> Result<(), LogError> {
+    if report == ErrorReport::Close {
+        log.commit_written(records)
+    } else {
+        log.commit(records)
+    }
+}
+
+/// A unit and ranges in it.
+type UnitRanges = (u64, Vec<std::ops::Range<u64>>);
+/// A unit, a range in it, and whether its bytes come from the unit in flight.
+type Span = (u64, std::ops::Range<u64>, bool);
+
+/// What the log does not hold yet of a file: its dirty units' ranges not logged since they
+/// were last written, and the spans to log (unit, range in it, whether from a unit in flight),
+/// cut at the file's size: units in flight whole (older), then the dirty ranges. A unit's bytes
+/// in flight are older than its dirty ones, which this batch or an earlier one logs after them:
+/// where the dirty unit has bytes, the flight's are left out, or a second fsync while the flush
+/// is still under way would log them after the newer ones an earlier batch holds, and replay
+/// would end with the older (the crash harness found them back after a kill).
+fn unlogged_spans(inner: &FileInner, unit_bytes: u64) -> (Vec<UnitRanges>, Vec<Span>) {
+    let in_flight: Vec<UnitRanges> = inner
+        .in_flight
+        .iter()
+        .map(|(&k, u)| match inner.dirty.get(&k) {
+            Some(newer) => (k, u.ranges.minus(&newer.ranges).iter().cloned().collect()),
+            None => (k, u.ranges.iter().cloned().collect()),
+        })
+        .collect();
+    let dirty: Vec<UnitRanges> =
+        inner.dirty.iter().map(|(&k, u)| (k, u.ranges.minus(&u.logged).iter().cloned().collect())).collect();
+    let mut spans = Vec::new();
+    for (unit, ranges, from_flight) in
+        in_flight.iter().map(|(k, r)| (*k, r, true)).chain(dirty.iter().map(|(k, r)| (*k, r, false)))
+    {
+        for r in ranges {
+            let end = r.end.min(inner.size.saturating_sub(unit * unit_bytes));
+            if r.start < end {
+                spans.push((unit, r.start..end, from_flight));
+            }
+        }
+    }
+    (dirty, spans)
 }
 
 /// Whether the directory `dir` is durable on the backend, or the log holds what replay needs to
