@@ -37,6 +37,53 @@ pub(super) fn put_back(later: &[&Record], object: &[u8], parent: &[u8], name: &[
 /// A new file's last logged name: its directory's key and the name.
 pub(super) type LastName<'a> = (&'a [u8], &'a [u8]);
 
+/// Where each file's last Barrier is (its records before it are on the backend durably).
+pub(super) fn last_barriers<'a>(records: &[&'a Record]) -> HashMap<&'a [u8], usize> {
+    let mut last_barrier = HashMap::new();
+    for (i, r) in records.iter().enumerate() {
+        if let Record::Barrier { file } = r {
+            last_barrier.insert(file.as_slice(), i);
+        }
+    }
+    last_barrier
+}
+
+/// Keys of the files the log holds bytes, sizes or attributes of after their last Barrier.
+pub(super) fn with_contents(records: &[&Record], last_barrier: &HashMap<&[u8], usize>) -> HashSet<Vec<u8>> {
+    records
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| {
+            matches!(r, Record::Data { .. } | Record::Size { .. } | Record::Attrs { .. })
+                && last_barrier.get(r.file()).is_none_or(|&b| *i > b)
+        })
+        .map(|(_, r)| r.file().to_vec())
+        .collect()
+}
+
+/// Where each new file the log held ends (None: unlinked, or made on the backend durably, its
+/// records barred: `make_logged_now`).
+pub(super) fn held_file_ends<'a>(records: &[&'a Record]) -> HashMap<&'a [u8], Option<LastName<'a>>> {
+    let mut held_ends: HashMap<&[u8], Option<LastName<'_>>> = HashMap::new();
+    for r in records {
+        match r {
+            Record::Create { file, parent, name, .. } if is_pending_key(file) => {
+                held_ends.insert(file, Some((parent, name)));
+            }
+            Record::Rename { file, to_parent, to_name, .. } if is_pending_key(file) => {
+                if let Some(end) = held_ends.get_mut(file.as_slice()) {
+                    *end = Some((to_parent, to_name));
+                }
+            }
+            Record::Unlink { file, .. } | Record::Barrier { file } if is_pending_key(file) => {
+                held_ends.insert(file, None);
+            }
+            _ => {}
+        }
+    }
+    held_ends
+}
+
 pub(super) fn is_directory(mode: u32) -> bool {
     mode & libc::S_IFMT == libc::S_IFDIR
 }

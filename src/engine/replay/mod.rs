@@ -492,21 +492,7 @@ pub fn replay(
         return Ok(log);
     }
     let records: Vec<&Record> = batches.iter().flat_map(|b| &b.records).collect();
-    let mut last_barrier: HashMap<&[u8], usize> = HashMap::new();
-    for (i, r) in records.iter().enumerate() {
-        if let Record::Barrier { file } = r {
-            last_barrier.insert(file, i);
-        }
-    }
-    let with_contents: HashSet<Vec<u8>> = records
-        .iter()
-        .enumerate()
-        .filter(|(i, r)| {
-            matches!(r, Record::Data { .. } | Record::Size { .. } | Record::Attrs { .. })
-                && last_barrier.get(r.file()).is_none_or(|&b| *i > b)
-        })
-        .map(|(_, r)| r.file().to_vec())
-        .collect();
+    let last_barrier = last_barriers(&records);
     let recreated = read_replay_map(log.device())?;
     let mut replay = Replay {
         ns,
@@ -517,7 +503,7 @@ pub fn replay(
         open: lru::LruCache::new(std::num::NonZeroUsize::new(OPEN_FILES_MAX).expect("not zero")),
         made_by_replay: recreated.values().cloned().collect(),
         recreated,
-        with_contents,
+        with_contents: with_contents(&records, &last_barrier),
         needed_dirs: HashSet::new(),
         last_removal: last_removals(&records),
         last_put: last_puts(&records),
@@ -527,100 +513,14 @@ pub fn replay(
         recreated_files: 0,
         not_restored: Vec::new(),
     };
-    // Where each new file the log held ends (None: unlinked), and those a checkpoint made.
-    let mut held_ends: HashMap<&[u8], Option<LastName<'_>>> = HashMap::new();
-    for r in &records {
-        match r {
-            Record::Create { file, parent, name, .. } if is_pending_key(file) => {
-                held_ends.insert(file, Some((parent, name)));
-            }
-            Record::Rename { file, to_parent, to_name, .. } if is_pending_key(file) => {
-                if let Some(end) = held_ends.get_mut(file.as_slice()) {
-                    *end = Some((to_parent, to_name));
-                }
-            }
-            // Unlinked; or made on the backend durably, its records barred (`make_logged_now`).
-            Record::Unlink { file, .. } | Record::Barrier { file } if is_pending_key(file) => {
-                held_ends.insert(file, None);
-            }
-            _ => {}
-        }
-    }
+    let held_ends = held_file_ends(&records);
     replay.needed_dirs = needed_directories(&records, &replay.with_contents, &held_ends);
     // The backend holds every name change up to the last one a directory's sync covered: its
     // evidence about those is no evidence (a later change may have put a name back).
-    let synced_through = names_synced_through(&records, batches);
-    let after_synced = synced_through.map_or(0, |s| s + 1);
-    // The backend holds a prefix of the name changes: none past one it shows has not happened
-    // (unless a later record puts the removed object back at its name).
-    let mut not_happened_from = records.len();
-    for (i, r) in records.iter().enumerate().skip(after_synced) {
-        let put_back_later =
-            || removed_by(r).is_some_and(|(object, parent, name)| put_back(&records[i + 1..], object, parent, name));
-        if r.is_namespace() && replay.shows_not_happened(r)? && !put_back_later() {
-            not_happened_from = i;
-            break;
-        }
-    }
-    let mut backend_holds_names_up_to = 0;
-    for (i, r) in records.iter().enumerate().take(not_happened_from) {
-        if r.is_namespace() && replay.shows(r)? {
-            backend_holds_names_up_to = i;
-        }
-    }
-    for (i, r) in records.iter().enumerate() {
-        if is_pending_key(r.file()) {
-            continue; // below, after the rest
-        }
-        let contents = matches!(r, Record::Data { .. } | Record::Size { .. } | Record::Attrs { .. });
-        if contents && last_barrier.get(r.file()).is_some_and(|&b| i <= b) {
-            continue;
-        }
-        if let Record::Hidden { file, parent, name } = r {
-            // Its backend unlink waited for a checkpoint, so the backend may hold later changes
-            // and not this one: applied wherever it stands, unless a later rename put the same
-            // object back at the name (through another hard link of it).
-            let renamed_back = put_back(&records[i + 1..], file, parent, name);
-            let applied = !renamed_back && replay.apply(i, r)?;
-            replay.applied += u64::from(applied);
-            log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, r.describe());
-            continue;
-        }
-        if r.is_namespace() && (i < backend_holds_names_up_to || i < after_synced) {
-            // The file of a Create the backend has gone past: its records find it by handle
-            // (or it is gone, and they are dropped).
-            log::debug!("replay {i}: behind the backend: {}", r.describe());
-            continue;
-        }
-        let applied = replay.apply(i, r)?;
-        if applied {
-            replay.applied += 1;
-        }
-        log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, r.describe());
-    }
-    // New files the log held, last: each is made at the name its records leave it with (or
-    // taken there, made by a checkpoint), which the records above may have freed (the unlink of
-    // a backend file a held one was renamed over), then given its bytes and attributes.
-    for (key, end) in &held_ends {
-        if let Some((parent, name)) = end {
-            if replay.adopt(key, parent, name)? {
-                log::debug!("replay: new file {} found made at its last name", describe_key(key));
-            }
-        }
-    }
-    for (i, r) in records.iter().enumerate().filter(|(_, r)| is_pending_key(r.file())) {
-        let Some((parent, name)) = held_ends.get(r.file()).copied().flatten() else {
-            log::debug!("replay {i}: a new file the log saw unlinked or made durably: {}", r.describe());
-            continue;
-        };
-        let applied = match r {
-            Record::Create { file, mode, uid, gid, .. } => replay.create(file, parent, name, *mode, *uid, *gid)?,
-            r if r.is_namespace() => false, // its renames: made at its last name
-            r => replay.apply(i, r)?,
-        };
-        replay.applied += u64::from(applied);
-        log::debug!("replay {i}: new file, {}: {}", if applied { "applied" } else { "skipped" }, r.describe());
-    }
+    let after_synced = names_synced_through(&records, batches).map_or(0, |s| s + 1);
+    let backend_holds_names_up_to = replay.names_the_backend_holds(&records, after_synced)?;
+    replay.apply_to_backend_objects(&records, &last_barrier, backend_holds_names_up_to.max(after_synced))?;
+    replay.apply_to_held_files(&records, &held_ends)?;
     replay.release();
     store.sync_all()?;
     log.checkpoint(log.next_seq()).map_err(|e| {
@@ -644,6 +544,102 @@ pub fn replay(
         log::warn!("intent log: a file created before the crash was not made again: {what}");
     }
     Ok(log)
+}
+
+impl<'r> Replay<'r> {
+    /// How far the backend holds the log's name changes: the index of the last one it shows
+    /// before the first it shows has not happened (it holds a prefix of them: none past one it
+    /// shows has not happened, unless a later record puts the removed object back at its name).
+    /// Records from `after_synced` on are asked; those before it a directory's sync covered.
+    fn names_the_backend_holds(&mut self, records: &[&Record], after_synced: usize) -> SysResult<usize> {
+        let mut not_happened_from = records.len();
+        for (i, r) in records.iter().enumerate().skip(after_synced) {
+            let put_back_later = || {
+                removed_by(r).is_some_and(|(object, parent, name)| put_back(&records[i + 1..], object, parent, name))
+            };
+            if r.is_namespace() && self.shows_not_happened(r)? && !put_back_later() {
+                not_happened_from = i;
+                break;
+            }
+        }
+        let mut backend_holds_names_up_to = 0;
+        for (i, r) in records.iter().enumerate().take(not_happened_from) {
+            if r.is_namespace() && self.shows(r)? {
+                backend_holds_names_up_to = i;
+            }
+        }
+        Ok(backend_holds_names_up_to)
+    }
+
+    /// Every record but those of new files the log held, in order: contents after the file's
+    /// last Barrier, name changes from `names_from` on (the backend holds those before it).
+    fn apply_to_backend_objects(
+        &mut self,
+        records: &[&Record],
+        last_barrier: &HashMap<&[u8], usize>,
+        names_from: usize,
+    ) -> SysResult<()> {
+        for (i, r) in records.iter().enumerate() {
+            if is_pending_key(r.file()) {
+                continue; // `apply_to_held_files`, after the rest
+            }
+            let contents = matches!(r, Record::Data { .. } | Record::Size { .. } | Record::Attrs { .. });
+            if contents && last_barrier.get(r.file()).is_some_and(|&b| i <= b) {
+                continue;
+            }
+            if let Record::Hidden { file, parent, name } = r {
+                // Its backend unlink waited for a checkpoint, so the backend may hold later
+                // changes and not this one: applied wherever it stands, unless a later rename
+                // put the same object back at the name (through another hard link of it).
+                let renamed_back = put_back(&records[i + 1..], file, parent, name);
+                let applied = !renamed_back && self.apply(i, r)?;
+                self.applied += u64::from(applied);
+                log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, r.describe());
+                continue;
+            }
+            if r.is_namespace() && i < names_from {
+                // The file of a Create the backend has gone past: its records find it by handle
+                // (or it is gone, and they are dropped).
+                log::debug!("replay {i}: behind the backend: {}", r.describe());
+                continue;
+            }
+            let applied = self.apply(i, r)?;
+            self.applied += u64::from(applied);
+            log::debug!("replay {i}: {} {}", if applied { "applied" } else { "skipped" }, r.describe());
+        }
+        Ok(())
+    }
+
+    /// New files the log held, last: each is made at the name its records leave it with (or
+    /// taken there, made by a checkpoint), which the records before may have freed (the unlink
+    /// of a backend file a held one was renamed over), then given its bytes and attributes.
+    fn apply_to_held_files(
+        &mut self,
+        records: &[&Record],
+        held_ends: &HashMap<&[u8], Option<LastName<'_>>>,
+    ) -> SysResult<()> {
+        for (key, end) in held_ends {
+            if let Some((parent, name)) = end {
+                if self.adopt(key, parent, name)? {
+                    log::debug!("replay: new file {} found made at its last name", describe_key(key));
+                }
+            }
+        }
+        for (i, r) in records.iter().enumerate().filter(|(_, r)| is_pending_key(r.file())) {
+            let Some((parent, name)) = held_ends.get(r.file()).copied().flatten() else {
+                log::debug!("replay {i}: a new file the log saw unlinked or made durably: {}", r.describe());
+                continue;
+            };
+            let applied = match r {
+                Record::Create { file, mode, uid, gid, .. } => self.create(file, parent, name, *mode, *uid, *gid)?,
+                r if r.is_namespace() => false, // its renames: made at its last name
+                r => self.apply(i, r)?,
+            };
+            self.applied += u64::from(applied);
+            log::debug!("replay {i}: new file, {}: {}", if applied { "applied" } else { "skipped" }, r.describe());
+        }
+        Ok(())
+    }
 }
 
 /// `coalescefs recover`: applies every intact batch of a damaged intent log and empties the
