@@ -402,28 +402,16 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     // Dropped last (declared first): a lease this daemon took goes at its end unless the
     // intent log must be replayed by this state directory.
     let mut lease = HeldLease::default();
-    let backend = match backend {
-        Opened::SqliteToOpen(path) => match open_database(&path, opts, &metrics) {
-            Ok(db) => Opened::Sqlite(Arc::new(db)),
-            Err(e) => {
-                made.undo(&Marker::Xattr(backing.clone()), &runtime);
-                return ready.error(&e);
+    let s3 = matches!(backend, Opened::S3ToOpen(_));
+    let backend = match open_store(backend, opts, &state, &metrics, &mut lease) {
+        Ok(backend) => backend,
+        Err(e) => {
+            if s3 && made.state_dir.is_some() {
+                backend::s3::remove_state_files(state.path());
             }
-        },
-        Opened::S3ToOpen(s3) => match open_s3(&s3, opts, &state, &metrics) {
-            Ok(mount) => {
-                lease.hold(mount.lease, mount.names.clone());
-                Opened::S3 { names: mount.names, store: mount.store }
-            }
-            Err(e) => {
-                if made.state_dir.is_some() {
-                    backend::s3::remove_state_files(state.path());
-                }
-                made.undo(&Marker::Xattr(backing.clone()), &runtime);
-                return ready.error(&e);
-            }
-        },
-        other => other,
+            made.undo(&Marker::Xattr(backing.clone()), &runtime);
+            return ready.error(&e);
+        }
     };
     let marker = backend.marker(&backing);
     if matches!(backend, Opened::S3 { .. }) {
@@ -449,59 +437,14 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     unsafe { libc::umask(0) };
 
     let capabilities = backend.capabilities().clone();
-    log::info!(
-        "unit {} bytes ({:?}), logical block {} bytes",
-        capabilities.unit_bytes,
-        capabilities.unit_source,
-        capabilities.logical_block_bytes
-    );
-    // A discovered unit larger than half the buffer would leave writers nothing to work with.
-    if opts.buffer_bytes < 2 * capabilities.unit_bytes {
-        made.undo(&marker, &runtime);
-        return ready.error(&format!(
-            "buffer={} must hold at least two units of {} bytes (give a larger buffer= or a smaller unit=)",
-            opts.buffer_bytes, capabilities.unit_bytes
-        ));
-    }
-    let faults = match Faults::from_env() {
-        Ok(faults) => faults.map(Arc::new),
-        Err(e) => {
-            made.undo(&marker, &runtime);
-            return ready.error(&format!("COALESCEFS_FAULTS: {e}"));
-        }
-    };
-    if faults.is_some() {
-        log::warn!("fault injection is on (COALESCEFS_FAULTS): for tests only");
-    }
-    let config = engine_config(opts, &capabilities, &state);
-    if !opts.read_only {
-        made.marker = matches!(marker.get(), Ok(None));
-        made.log_file = log_path(opts, &state).filter(|log| !log.exists());
-    }
-    let log = match log_setup(opts, &backing, &marker, &state, faults.as_ref()) {
-        Ok(log) => {
-            if log.is_some() {
-                metrics.log_size_bytes.store(opts.log_size_bytes, std::sync::atomic::Ordering::Relaxed);
+    let (engine, faults) =
+        match start_engine(backend, &capabilities, opts, &backing, &state, &marker, &metrics, &mut made) {
+            Ok(started) => started,
+            Err(message) => {
+                made.undo(&marker, &runtime);
+                return ready.error(&message);
             }
-            log
-        }
-        Err(e) => {
-            made.undo(&marker, &runtime);
-            return ready.error(&format!("cannot start on {}: {e}", backing.display()));
-        }
-    };
-    let (ns, store) = backends(backend, opts, &metrics, faults.as_ref());
-    let engine = match engine::Engine::new(ns, store, config, metrics.clone(), log) {
-        Ok(engine) => Arc::new(engine),
-        Err(e) => {
-            // A replay that failed part way leaves its log and marker for the next mount.
-            if !made.marker {
-                made.log_file = None;
-            }
-            made.undo(&marker, &runtime);
-            return ready.error(&format!("cannot start on {}: {e}", backing.display()));
-        }
-    };
+        };
     let max_write = opts.max_write_bytes.unwrap_or(capabilities.unit_bytes).min(fuse::MAX_WRITE_BYTES_LIMIT);
     metrics.set_mount_options(options_in_effect(
         opts,
@@ -515,7 +458,10 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     let mount_id = Arc::new(std::sync::OnceLock::new());
     let negotiation = match transport::Negotiation::for_choice(opts.transport) {
         Ok(negotiation) => Arc::new(negotiation),
-        Err(message) => return ready.error(&message),
+        Err(message) => {
+            made.undo_after(&engine, &marker, &runtime);
+            return ready.error(&message);
+        }
     };
     let adapter = fuse::FuseAdapter::new(
         engine.clone(),
@@ -544,23 +490,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
             return ready.error(&message);
         }
     };
-    match &rings {
-        Some(rings) => {
-            metrics.set_transport("uring");
-            metrics.fuse_ring_queues.store(rings.queue_count() as u64, std::sync::atomic::Ordering::Relaxed);
-            log::info!(
-                "transport: FUSE over io_uring, {} queues of {} entries ({} byte payloads); FORGET and INTERRUPT over /dev/fuse",
-                rings.queue_count(),
-                rings.entries_per_queue(),
-                transport::uring::payload_bytes(max_write as u32)
-            );
-        }
-        None => {
-            metrics.set_transport("dev");
-            log::info!("transport: /dev/fuse, {} threads", opts.threads);
-        }
-    }
-
+    report_transport(rings.as_ref(), &metrics, opts, max_write);
     metrics.daemon_pid.store(std::process::id() as u64, std::sync::atomic::Ordering::Relaxed);
     if let Err(e) = runtime.write_pid() {
         log::warn!(
@@ -568,17 +498,8 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
             runtime.pid_path().display()
         );
     }
-    let engine_for_sync = engine.clone();
-    let sync_all: control::SyncAll = Box::new(move || engine_for_sync.sync_all().map_err(|e| e.to_string()));
     let snapshot = snapshot_request(engine.clone(), snapshot_of, store_name);
-    if let Err(e) = control::serve_control_socket(&runtime.socket_path(), metrics.clone(), sync_all, snapshot, faults) {
-        log::warn!("no control socket ({e}): `coalescefs stats` and `sync` will not answer");
-    }
-    if let Some(listener) = metrics_listener {
-        if let Err(e) = control::serve_prometheus(listener, metrics.clone()) {
-            log::warn!("no thread for the metrics endpoint ({e}): it will not answer");
-        }
-    }
+    serve_control(&engine, &runtime, &metrics, snapshot, faults, metrics_listener);
     log::info!("mounted {source} at {}", mount_point.display());
     // Signals are taken over before the parent returns: a SIGINT right after `coalescefs mount`
     // must unmount, not kill the daemon and leave a dead mount behind.
@@ -598,26 +519,159 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         Ok(())
     });
     session_ended.store(true, std::sync::atomic::Ordering::Relaxed);
-    // The kernel's DESTROY usually ran this already; after an aborted connection it did not.
-    let done = engine.shut_down();
-    if log_path(opts, &state).is_some() && !opts.read_only && done.unwritten.is_empty() && !engine.log_holds_records() {
-        if let Err(e) = marker.clear() {
-            log::warn!("{e}: the next mount will ask for the same intent log");
-        }
-    }
-    // A read-only mount leaves the database's files as they are.
-    if let (false, Marker::Database(db)) = (opts.read_only, &marker) {
-        if let Err(e) = db.close_wal() {
-            log::warn!("the WAL of {} was not emptied at unmount: {e}", db.path().display());
-        }
-    }
-    runtime.remove_runtime_files();
-    let exit = report_shut_down(&runtime, &done, engine.log_holds_records());
+    let exit = shut_down(&engine, opts, &state, &marker, &runtime);
     match result {
         Ok(()) => log::info!("unmounted {}", mount_point.display()),
         Err(e) => log::info!("the session on {} ended: {e}", mount_point.display()),
     }
     exit
+}
+
+/// The engine over the opened store, its log replayed, with fault injection where the
+/// environment asks for it. On an error, `made` says what the caller undoes (a replay that
+/// failed part way leaves its log and marker for the next mount).
+#[allow(clippy::too_many_arguments)]
+fn start_engine(
+    backend: Opened,
+    capabilities: &backend::Capabilities,
+    opts: &MountOptions,
+    backing: &Path,
+    state: &state::StateDir,
+    marker: &Marker,
+    metrics: &Arc<crate::metrics::Metrics>,
+    made: &mut MadeAtStart,
+) -> Result<(Arc<engine::Engine>, Option<Arc<Faults>>), String> {
+    log::info!(
+        "unit {} bytes ({:?}), logical block {} bytes",
+        capabilities.unit_bytes,
+        capabilities.unit_source,
+        capabilities.logical_block_bytes
+    );
+    // A discovered unit larger than half the buffer would leave writers nothing to work with.
+    if opts.buffer_bytes < 2 * capabilities.unit_bytes {
+        return Err(format!(
+            "buffer={} must hold at least two units of {} bytes (give a larger buffer= or a smaller unit=)",
+            opts.buffer_bytes, capabilities.unit_bytes
+        ));
+    }
+    let faults = Faults::from_env().map_err(|e| format!("COALESCEFS_FAULTS: {e}"))?.map(Arc::new);
+    if faults.is_some() {
+        log::warn!("fault injection is on (COALESCEFS_FAULTS): for tests only");
+    }
+    let config = engine_config(opts, capabilities, state);
+    if !opts.read_only {
+        made.marker = matches!(marker.get(), Ok(None));
+        made.log_file = log_path(opts, state).filter(|log| !log.exists());
+    }
+    let log = log_setup(opts, backing, marker, state, faults.as_ref())
+        .map_err(|e| format!("cannot start on {}: {e}", backing.display()))?;
+    if log.is_some() {
+        metrics.log_size_bytes.store(opts.log_size_bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+    let (ns, store) = backends(backend, opts, metrics, faults.as_ref());
+    match engine::Engine::new(ns, store, config, metrics.clone(), log) {
+        Ok(engine) => Ok((Arc::new(engine), faults)),
+        Err(e) => {
+            if !made.marker {
+                made.log_file = None;
+            }
+            Err(format!("cannot start on {}: {e}", backing.display()))
+        }
+    }
+}
+
+/// Opens the database of a `sqlite:` or `s3://` store (a directory's was opened before the
+/// daemon detached); an S3 store's lease goes into `lease`.
+fn open_store(
+    backend: Opened,
+    opts: &MountOptions,
+    state: &state::StateDir,
+    metrics: &Arc<crate::metrics::Metrics>,
+    lease: &mut HeldLease,
+) -> Result<Opened, String> {
+    Ok(match backend {
+        Opened::SqliteToOpen(path) => Opened::Sqlite(Arc::new(open_database(&path, opts, metrics)?)),
+        Opened::S3ToOpen(s3) => {
+            let mount = open_s3(&s3, opts, state, metrics)?;
+            lease.hold(mount.lease, mount.names.clone());
+            Opened::S3 { names: mount.names, store: mount.store }
+        }
+        other => other,
+    })
+}
+
+/// Says which transport serves the mount, in the log and the metrics.
+fn report_transport(
+    rings: Option<&transport::uring::RingTransport>,
+    metrics: &crate::metrics::Metrics,
+    opts: &MountOptions,
+    max_write: u64,
+) {
+    match rings {
+        Some(rings) => {
+            metrics.set_transport("uring");
+            metrics.fuse_ring_queues.store(rings.queue_count() as u64, std::sync::atomic::Ordering::Relaxed);
+            log::info!(
+                "transport: FUSE over io_uring, {} queues of {} entries ({} byte payloads); FORGET and INTERRUPT over /dev/fuse",
+                rings.queue_count(),
+                rings.entries_per_queue(),
+                transport::uring::payload_bytes(max_write as u32)
+            );
+        }
+        None => {
+            metrics.set_transport("dev");
+            log::info!("transport: /dev/fuse, {} threads", opts.threads);
+        }
+    }
+}
+
+/// The control socket (`coalescefs stats`, `sync`, `snapshot`) and the Prometheus endpoint;
+/// neither is needed to serve files, so a failure to start one is a warning.
+fn serve_control(
+    engine: &Arc<engine::Engine>,
+    runtime: &crate::runtime::RuntimeDir,
+    metrics: &Arc<crate::metrics::Metrics>,
+    snapshot: control::Snapshot,
+    faults: Option<Arc<Faults>>,
+    metrics_listener: Option<std::net::TcpListener>,
+) {
+    let engine_for_sync = engine.clone();
+    let sync_all: control::SyncAll = Box::new(move || engine_for_sync.sync_all().map_err(|e| e.to_string()));
+    if let Err(e) = control::serve_control_socket(&runtime.socket_path(), metrics.clone(), sync_all, snapshot, faults) {
+        log::warn!("no control socket ({e}): `coalescefs stats` and `sync` will not answer");
+    }
+    if let Some(listener) = metrics_listener {
+        if let Err(e) = control::serve_prometheus(listener, metrics.clone()) {
+            log::warn!("no thread for the metrics endpoint ({e}): it will not answer");
+        }
+    }
+}
+
+/// After the session: the engine shut down (the kernel's DESTROY usually did it already;
+/// after an aborted connection it did not), the crash marker cleared where nothing is left to
+/// replay, a database's WAL copied into it, the runtime files removed; the exit status says
+/// what could not be written.
+fn shut_down(
+    engine: &engine::Engine,
+    opts: &MountOptions,
+    state: &state::StateDir,
+    marker: &Marker,
+    runtime: &crate::runtime::RuntimeDir,
+) -> ExitCode {
+    let done = engine.shut_down();
+    if log_path(opts, state).is_some() && !opts.read_only && done.unwritten.is_empty() && !engine.log_holds_records() {
+        if let Err(e) = marker.clear() {
+            log::warn!("{e}: the next mount will ask for the same intent log");
+        }
+    }
+    // A read-only mount leaves the database's files as they are.
+    if let (false, Marker::Database(db)) = (opts.read_only, marker) {
+        if let Err(e) = db.close_wal() {
+            log::warn!("the WAL of {} was not emptied at unmount: {e}", db.path().display());
+        }
+    }
+    runtime.remove_runtime_files();
+    report_shut_down(runtime, &done, engine.log_holds_records())
 }
 
 /// `coalescefs snapshot`: everything written so far synced (a checkpoint), then the database
