@@ -9,7 +9,8 @@
 //! waits to see flushed goes through the page cache (`IntentLog`: a direct write would make
 //! each close of a burst wait for the device).
 //!
-//! Owns: the gap that makes a burst, and a lock-free record of when something last happened.
+//! Owns: the gap that makes a burst, a lock-free record of when something last happened, and
+//! the application's rhythm of closes and fsyncs the engine chooses by (`Bursts`).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -67,6 +68,45 @@ impl LastEvent {
     }
 }
 
+/// What the engine knows of an application's rhythm: when it last closed a file open for
+/// writing, when it last fsynced one, and whether that close came right after the fsync.
+pub struct Bursts {
+    last_close: LastEvent,
+    last_fsync: LastEvent,
+    /// The last close came right after an fsync (within the gap): a burst of such closes is a
+    /// burst of fsynced files (dpkg, a maildir, git with core.fsync), whose new files the log
+    /// holds, unlike tar's and rsync's, which fsync nothing.
+    last_close_fsynced: std::sync::atomic::AtomicBool,
+}
+
+impl Bursts {
+    pub fn with_gap(gap: Duration) -> Bursts {
+        Bursts {
+            last_close: LastEvent::with_gap(gap),
+            last_fsync: LastEvent::with_gap(gap),
+            last_close_fsynced: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// An fsync or fdatasync happened now.
+    pub fn fsynced(&self) {
+        self.last_fsync.note();
+    }
+
+    /// A close of a file open for writing happened now; returns whether it comes in a burst of
+    /// closes.
+    pub fn closed(&self) -> bool {
+        let in_burst = self.last_close.note();
+        self.last_close_fsynced.store(self.last_fsync.within_burst(), Relaxed);
+        in_burst
+    }
+
+    /// Whether now is in a burst of closes that do not each follow an fsync (tar, rsync).
+    pub fn in_close_burst_without_fsyncs(&self) -> bool {
+        self.last_close.within_burst() && !self.last_close_fsynced.load(Relaxed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +134,22 @@ mod tests {
         assert!(!last.note());
         std::thread::sleep(BURST_GAP + Duration::from_millis(1));
         assert!(!last.within_burst(), "the gap passed on the real clock");
+    }
+
+    /// With a gap no test run reaches: closes one after the other are a burst, and a burst of
+    /// fsynced files (each close right after an fsync) is not one of tar's.
+    #[test]
+    fn closes_right_after_fsyncs_are_not_a_burst_of_unfsynced_closes() {
+        let hour = Duration::from_secs(3600);
+        let tar = Bursts::with_gap(hour);
+        assert!(!tar.closed(), "the first close follows nothing");
+        assert!(tar.closed());
+        assert!(tar.in_close_burst_without_fsyncs());
+        let dpkg = Bursts::with_gap(hour);
+        dpkg.fsynced();
+        dpkg.closed();
+        dpkg.fsynced();
+        assert!(dpkg.closed(), "still a burst of closes");
+        assert!(!dpkg.in_close_burst_without_fsyncs(), "each close followed an fsync");
     }
 }

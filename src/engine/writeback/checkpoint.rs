@@ -166,18 +166,6 @@ impl Writeback {
         self.sync_backend()
     }
 
-    /// A timer thread's pause between its rounds: false, at once, when the writeback stops.
-    pub(super) fn pause_unless_stopped(&self, pause: Duration) -> bool {
-        let stopped = lock(&self.timers_stopped);
-        let (stopped, _) = self.timers_wake.wait_timeout_while(stopped, pause, |stopped| !*stopped).unwrap();
-        !*stopped
-    }
-
-    fn stop_timers(&self) {
-        *lock(&self.timers_stopped) = true;
-        self.timers_wake.notify_all();
-    }
-
     /// Checkpoints when the log is half full, or the durability map holds more than
     /// `DURABILITY_ENTRIES_BEFORE_CHECKPOINT` files, and every `checkpoint_interval` while the log
     /// holds anything or a file waits for a backend sync to become eligible for it.
@@ -186,7 +174,7 @@ impl Writeback {
         // The first ones: their creation shares the backend's next sync with whatever comes.
         self.prepare_files();
         let mut last = Instant::now();
-        while self.pause_unless_stopped(Duration::from_millis(100).min(self.config.checkpoint_interval)) {
+        while self.threads.pause_unless_stopped(Duration::from_millis(100).min(self.config.checkpoint_interval)) {
             let entries = lock(&self.durability).len();
             let held_bytes = self.pending.as_ref().map_or(0, |held| held.bytes_held());
             let waiting = log.holds_batches() || entries > 0;
@@ -207,13 +195,10 @@ impl Writeback {
     /// written; the buffer and the log's queue are dropped with the engine. A flush under way
     /// finishes first (it was issued before the "crash").
     pub fn abandon(&self) {
-        self.stopping.store(true, Relaxed);
-        self.stop_timers();
+        self.threads.stop();
         lock(&self.queue).clear();
         self.queue_ready.notify_all();
-        let threads: Vec<_> =
-            lock(&self.flusher_threads).drain(..).chain(lock(&self.timer_threads).drain(..)).collect();
-        for thread in threads {
+        for thread in self.threads.take_all() {
             let _ = thread.join();
         }
         *lock(&self.shut_down_report) = Some(ShutDown::default());
@@ -281,11 +266,10 @@ impl Writeback {
             log::error!("syncing the backend at unmount failed ({e}): what was written may not survive a power cut");
             backend_unsynced = Some(e);
         }
-        self.stopping.store(true, Relaxed);
-        self.stop_timers();
+        self.threads.stop();
         self.queue_ready.notify_all();
         // A flusher stuck in a backend call that never returns is left behind, not waited for.
-        let flushers: Vec<_> = lock(&self.flusher_threads).drain(..).collect();
+        let flushers = self.threads.take_flushers();
         let stop_deadline = Instant::now() + self.config.io_timeout;
         for thread in flushers {
             while !thread.is_finished() && Instant::now() < stop_deadline {

@@ -48,7 +48,7 @@ impl Writeback {
         if self.pending.is_none() || !logged_path(&lock(&self.durability), parent) {
             return false;
         }
-        let in_burst = self.last_close.within_burst() && !self.last_close_fsynced.load(Relaxed);
+        let in_burst = self.bursts.in_close_burst_without_fsyncs();
         let hold = self.logs_close(in_burst);
         if !hold {
             self.metrics.pending_files_declined.fetch_add(1, Relaxed);
@@ -414,7 +414,7 @@ impl Writeback {
     /// sync, otherwise the buffered units to the backend and the backend synced.
     pub fn fsync(&self, file: &Arc<FileState>, data_only: bool) -> SysResult<()> {
         let synced = self.sync_file(file, data_only, ErrorReport::Sync);
-        self.last_fsync.note();
+        self.bursts.fsynced();
         synced
     }
 
@@ -423,8 +423,7 @@ impl Writeback {
     /// would be taken back to the logged ones by a replay after a daemon crash, and what close
     /// acknowledged survives a daemon crash, with the log as without it.
     pub fn close_file(&self, file: &Arc<FileState>) -> SysResult<()> {
-        let in_burst = self.last_close.note();
-        self.last_close_fsynced.store(self.last_fsync.within_burst(), Relaxed);
+        let in_burst = self.bursts.closed();
         if let Some(result) = self.commit_pending(file, ErrorReport::Close) {
             return result;
         }

@@ -138,7 +138,7 @@ impl Writeback {
                     if let Some(job) = queue.pop_front() {
                         break job;
                     }
-                    if self.stopping.load(Relaxed) {
+                    if self.threads.stopping() {
                         return;
                     }
                     queue = self.queue_ready.wait_timeout(queue, Duration::from_millis(200)).unwrap().0;
@@ -301,7 +301,7 @@ impl Writeback {
     /// before, which is how a transient backend error heals without the application's help.
     pub(super) fn age_loop(&self) {
         let tick = (self.config.flush_age / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
-        while self.pause_unless_stopped(tick) {
+        while self.threads.pause_unless_stopped(tick) {
             let files = self.open_files();
             let now = Instant::now();
             for file in files {

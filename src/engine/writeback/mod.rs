@@ -20,19 +20,20 @@
 //!   writers wait (bounded) or fail, flushers never wait, so the flushers always make progress.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 mod checkpoint;
 mod durability;
 mod flushers;
+mod threads;
 mod write_buffer;
 
 pub(crate) use flushers::write_range;
 
 use super::buffer::{AlignedBuf, RangeSet};
-use super::burst::LastEvent;
+use super::burst::Bursts;
 use super::intent_log::format::Record;
 use super::intent_log::{IntentLog, LogError};
 use super::pending::{Commit, Held, Made, Pending};
@@ -379,15 +380,8 @@ pub struct Writeback {
     files: Mutex<HashMap<u64, Arc<FileState>>>,
     /// File states that have left `files`, counted under its lock (see `open_file`).
     states_ended: std::sync::atomic::AtomicU64,
-    stopping: AtomicBool,
-    /// Set when `stopping` is, under this lock, so that a timer thread's pause ends at once
-    /// (an abandoned engine's threads are joined: a crash test starts several engines per case).
-    timers_stopped: Mutex<bool>,
-    timers_wake: Condvar,
-    /// Joined at shut-down, so that each flusher's resources are gone before the daemon exits.
-    flusher_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    /// The age timer and the checkpointer, joined when the engine is abandoned.
-    timer_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// The flushers and the timers, and the flag that stops them.
+    threads: threads::Threads,
     /// Files with data buffered and no handle open (see `forget_file`).
     lingering: std::sync::atomic::AtomicUsize,
     /// What shut-down could not write, once it has run.
@@ -402,14 +396,8 @@ pub struct Writeback {
     durability: Mutex<HashMap<u64, Durability>>,
     /// One checkpoint at a time; fsyncs of one file never pass each other.
     checkpointing: Mutex<()>,
-    /// The last close of a file open for writing (`LogCloses::Auto`).
-    last_close: LastEvent,
-    /// The last fsync or fdatasync an application asked for.
-    last_fsync: LastEvent,
-    /// The last close came right after an fsync (within `BURST_GAP`): a burst of such closes
-    /// is a burst of fsynced files (dpkg, a maildir, git with core.fsync), whose new files the
-    /// log holds (`may_hold_new_file`).
-    last_close_fsynced: std::sync::atomic::AtomicBool,
+    /// When the application last closed and fsynced files (`LogCloses::Auto`).
+    bursts: Bursts,
 }
 
 /// Retries of a refused flush wait this long at first, twice as long after each failure that
@@ -476,21 +464,15 @@ impl Writeback {
             queue_ready: Condvar::new(),
             files: Mutex::new(HashMap::new()),
             states_ended: std::sync::atomic::AtomicU64::new(0),
-            stopping: AtomicBool::new(false),
-            timers_stopped: Mutex::new(false),
-            timers_wake: Condvar::new(),
-            flusher_threads: Mutex::new(Vec::new()),
+            threads: threads::Threads::default(),
             refused: Mutex::new(RefusedMemory::default()),
             lingering: std::sync::atomic::AtomicUsize::new(0),
-            timer_threads: Mutex::new(Vec::new()),
             shut_down_report: Mutex::new(None),
             log,
             pending,
             durability: Mutex::new(HashMap::new()),
             checkpointing: Mutex::new(()),
-            last_close: LastEvent::with_gap(burst_gap),
-            last_fsync: LastEvent::with_gap(burst_gap),
-            last_close_fsynced: std::sync::atomic::AtomicBool::new(false),
+            bursts: Bursts::with_gap(burst_gap),
         });
         for i in 0..writeback.config.flushers {
             let wb = writeback.clone();
@@ -498,21 +480,21 @@ impl Writeback {
                 .name(format!("flusher-{i}"))
                 .spawn(move || wb.flusher_loop())
                 .expect("spawn a flusher");
-            lock(&writeback.flusher_threads).push(thread);
+            writeback.threads.add_flusher(thread);
         }
         let wb = writeback.clone();
         let age = std::thread::Builder::new()
             .name("flush-age".into())
             .spawn(move || wb.age_loop())
             .expect("spawn the age timer");
-        lock(&writeback.timer_threads).push(age);
+        writeback.threads.add_timer(age);
         if writeback.log.is_some() {
             let wb = writeback.clone();
             let checkpointer = std::thread::Builder::new()
                 .name("checkpoint".into())
                 .spawn(move || wb.checkpoint_loop())
                 .expect("spawn the checkpointer");
-            lock(&writeback.timer_threads).push(checkpointer);
+            writeback.threads.add_timer(checkpointer);
         }
         writeback
     }
