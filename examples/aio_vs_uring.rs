@@ -96,10 +96,13 @@ fn main() {
         let (mut t_aio, mut t_uring, mut t_pwrite) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
             let t = Instant::now();
-            assert!(aio::write_many_at(fd, pieces).iter().all(|r| r.is_ok()), "AIO write failed");
+            assert!(aio::write_many_at(fd, pieces).iter().all(std::result::Result::is_ok), "AIO write failed");
             t_aio.push(t.elapsed().as_secs_f64() * 1e6);
             let t = Instant::now();
-            assert!(uring_write_many_at(&mut ring, fd, pieces).iter().all(|r| r.is_ok()), "io_uring write failed");
+            assert!(
+                uring_write_many_at(&mut ring, fd, pieces).iter().all(std::result::Result::is_ok),
+                "io_uring write failed"
+            );
             t_uring.push(t.elapsed().as_secs_f64() * 1e6);
             let t = Instant::now();
             for (bytes, offset) in pieces {

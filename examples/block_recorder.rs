@@ -61,7 +61,7 @@ impl Recorder {
     }
 
     fn record(&self, bytes: &[&[u8]], sync: bool) -> std::io::Result<()> {
-        let mut trace = self.trace.lock().unwrap_or_else(|p| p.into_inner());
+        let mut trace = self.trace.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for part in bytes {
             trace.write_all(part)?;
         }
@@ -111,7 +111,7 @@ impl Filesystem for Recorder {
         if ino.0 != DISK {
             return reply.data(&[]);
         }
-        let len = (size as u64).min(self.size.saturating_sub(offset)) as usize;
+        let len = u64::from(size).min(self.size.saturating_sub(offset)) as usize;
         let mut buf = vec![0u8; len];
         match self.image.read_exact_at(&mut buf, offset) {
             Ok(()) => reply.data(&buf),

@@ -32,7 +32,7 @@ fn granted_max_write_bytes(requested: u32) -> u32 {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(256);
-    (requested as u64).min(limit_pages * page) as u32
+    u64::from(requested).min(limit_pages * page) as u32
 }
 
 pub struct FuseAdapter {
@@ -104,7 +104,7 @@ fn time_of(t: Timestamp) -> SystemTime {
     if t.sec >= 0 {
         UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
     } else {
-        UNIX_EPOCH - Duration::new(t.sec.unsigned_abs(), 0) + Duration::from_nanos(t.nsec as u64)
+        UNIX_EPOCH - Duration::new(t.sec.unsigned_abs(), 0) + Duration::from_nanos(u64::from(t.nsec))
     }
 }
 
@@ -341,7 +341,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEntry,
     ) {
         let _served = self.metrics.fuse_requests.start(FuseOp::Mknod);
-        reply_entry(reply, &self.ttl, self.engine.mknod(parent.0, name, mode, rdev as u64, caller(req)));
+        reply_entry(reply, &self.ttl, self.engine.mknod(parent.0, name, mode, u64::from(rdev), caller(req)));
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
@@ -614,7 +614,7 @@ impl Filesystem for FuseAdapter {
         let _served = self.metrics.fuse_requests.start(FuseOp::Create);
         match self.engine.create(parent.0, name, mode, flags, caller(req)) {
             Ok((entry, opened)) => {
-                reply.created(&self.ttl, &attr_of(&entry), Generation(0), FileHandle(opened.fh), open_flags_of(opened))
+                reply.created(&self.ttl, &attr_of(&entry), Generation(0), FileHandle(opened.fh), open_flags_of(opened));
             }
             Err(e) => reply.error(fuse_errno(e)),
         }

@@ -403,7 +403,7 @@ fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<Path
         match backend.keep_made_ahead_list(&made_ahead) {
             Ok(0) => {}
             Ok(n) => {
-                println!("files made ahead and named before the crash, given back the blocks past their ends: {n}")
+                println!("files made ahead and named before the crash, given back the blocks past their ends: {n}");
             }
             Err(e) => eprintln!(
                 "coalescefs: warning: {}: {e}; files made ahead keep what they hold past their ends",
@@ -750,7 +750,7 @@ fn watch_stats(target: &Path, seconds: f64) -> ExitCode {
             delta("log_write_bytes_total"),
         );
         let amplification = if app > 0.0 { format!("{:.3}", (store + log) / app) } else { "-".to_string() };
-        let mib_s = |bytes: f64| bytes / seconds / (1 << 20) as f64;
+        let mib_s = |bytes: f64| bytes / seconds / f64::from(1 << 20);
         let line = format!(
             "{:>8} {:>10.1} {:>10.1} {:>10.1} {:>13} {:>9.0} {:>10.0} {:>10.1}",
             clock_now(),
@@ -760,10 +760,10 @@ fn watch_stats(target: &Path, seconds: f64) -> ExitCode {
             amplification,
             delta("fuse_fsync_total") / seconds,
             requests / seconds,
-            now.get("buffer_bytes_used").copied().unwrap_or(0.0) / (1 << 20) as f64
+            now.get("buffer_bytes_used").copied().unwrap_or(0.0) / f64::from(1 << 20)
         );
         // A reader that stops (`| head`) ends the watch without an error.
-        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+        if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
             return ExitCode::SUCCESS;
         }
         before = now;

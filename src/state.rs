@@ -273,7 +273,7 @@ pub fn log_marker(backing: &Path) -> Result<Option<PathBuf>, String> {
     let n = unsafe { libc::lgetxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     if n < 0 {
         return match Errno::last() {
-            Errno(libc::ENODATA) | Errno(libc::ENOTSUP) => Ok(None),
+            Errno(libc::ENODATA | libc::ENOTSUP) => Ok(None),
             e => Err(format!("reading {LOG_MARKER_XATTR} of {}: {e}", backing.display())),
         };
     }
@@ -353,7 +353,7 @@ pub fn clear_log_marker(backing: &Path) -> Result<(), String> {
     // arguments are integers.
     if unsafe { libc::lremovexattr(path.as_ptr(), name.as_ptr()) } != 0 {
         return match Errno::last() {
-            Errno(libc::ENODATA) | Errno(libc::ENOTSUP) => Ok(()),
+            Errno(libc::ENODATA | libc::ENOTSUP) => Ok(()),
             e => Err(format!("removing {LOG_MARKER_XATTR} of {}: {e}", backing.display())),
         };
     }

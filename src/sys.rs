@@ -99,7 +99,7 @@ pub fn fstatat(dir: RawFd, name: &CStr, flags: i32) -> SysResult<libc::stat> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `fstatat` writes one value of the type its out-pointer has, into a live local
     // borrowed exclusively for the call; any C string passed is NUL-terminated.
-    check(unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, flags) })?;
+    check(unsafe { libc::fstatat(dir, name.as_ptr(), &raw mut st, flags) })?;
     Ok(st)
 }
 
@@ -220,7 +220,7 @@ pub fn coarse_now() -> std::time::SystemTime {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `clock_gettime` writes one value of the type its out-pointer has, into a live local
     // borrowed exclusively for the call; any C string passed is NUL-terminated.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &raw mut ts) };
     assert_eq!(rc, 0, "CLOCK_REALTIME_COARSE is always there on Linux");
     std::time::UNIX_EPOCH + std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }

@@ -234,7 +234,7 @@ impl FileModel {
                 || allowed.get(&pos).is_some_and(|s| s.contains(&b))
                 || (b == 0 && (pos >= cut || pos >= acked.len() || never_acked));
             if !ok {
-                let want = acked.get(pos).map_or("nothing".to_string(), |a| a.to_string());
+                let want = acked.get(pos).map_or("nothing".to_string(), std::string::ToString::to_string);
                 return Err(format!("byte {pos} is {b}, acknowledged {want}"));
             }
         }
@@ -772,7 +772,7 @@ impl World {
                     return Err(format!(
                         "d{dir}/f{name}: the engine shows {:?} bytes, the model {:?}",
                         got.map(|b| b.len()),
-                        want.map(|b| b.len())
+                        want.map(std::vec::Vec::len)
                     ));
                 }
             }

@@ -151,7 +151,7 @@ fn a_missing_name_is_looked_up_once_and_made_through_the_mount_all_the_same() {
     let m = TestMount::new();
     fs::create_dir(m.path("d")).unwrap();
     let missing = |name: &str| assert!(fs::symlink_metadata(m.path(name)).is_err(), "{name} exists");
-    let cached = KERNEL_CACHES.read().unwrap_or_else(|p| p.into_inner());
+    let cached = KERNEL_CACHES.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     missing("d/gone");
     let lookups = m.counter("fuse_lookup_total");
     for _ in 0..10 {
@@ -371,10 +371,10 @@ fn statfs_reports_the_backing_file_system() {
     let (mut ours, mut theirs): (libc::statvfs, libc::statvfs) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
     // SAFETY: `statvfs` writes one value of the type its out-pointer has, into a live local
     // borrowed exclusively for the call; any C string passed is NUL-terminated.
-    assert_eq!(unsafe { libc::statvfs(cstr(&m.mnt).as_ptr(), &mut ours) }, 0);
+    assert_eq!(unsafe { libc::statvfs(cstr(&m.mnt).as_ptr(), &raw mut ours) }, 0);
     // SAFETY: `statvfs` writes one value of the type its out-pointer has, into a live local
     // borrowed exclusively for the call; any C string passed is NUL-terminated.
-    assert_eq!(unsafe { libc::statvfs(cstr(&m.backing).as_ptr(), &mut theirs) }, 0);
+    assert_eq!(unsafe { libc::statvfs(cstr(&m.backing).as_ptr(), &raw mut theirs) }, 0);
     assert_eq!(ours.f_blocks * ours.f_frsize, theirs.f_blocks * theirs.f_frsize);
     assert_eq!(ours.f_files, theirs.f_files);
     assert_eq!(ours.f_namemax, theirs.f_namemax);
@@ -473,7 +473,9 @@ fn copy_file_range_copies_bytes() {
     while left > 0 {
         // SAFETY: `copy_file_range` updates the two offsets, live locals borrowed exclusively for
         // the call; the rest are descriptors and a length.
-        let n = unsafe { libc::copy_file_range(src.as_raw_fd(), &mut off_in, dst.as_raw_fd(), &mut off_out, left, 0) };
+        let n = unsafe {
+            libc::copy_file_range(src.as_raw_fd(), &raw mut off_in, dst.as_raw_fd(), &raw mut off_out, left, 0)
+        };
         assert!(n > 0, "copy_file_range: {}", std::io::Error::last_os_error());
         left -= n as usize;
     }
@@ -498,7 +500,7 @@ fn a_copy_into_a_new_file_keeps_copy_file_range_for_the_mount() {
         // SAFETY: `copy_file_range` updates the two offsets, live locals borrowed exclusively for
         // the call; the rest are descriptors and a length.
         let n = unsafe {
-            libc::copy_file_range(src.as_raw_fd(), &mut off_in, dst.as_raw_fd(), &mut off_out, data.len(), 0)
+            libc::copy_file_range(src.as_raw_fd(), &raw mut off_in, dst.as_raw_fd(), &raw mut off_out, data.len(), 0)
         };
         assert_eq!(n, data.len() as isize, "copy_file_range: {}", std::io::Error::last_os_error());
         drop(dst);

@@ -114,7 +114,7 @@ fn transport_uring_is_refused_clearly_where_the_kernel_does_not_offer_it() {
         );
         return;
     }
-    let _held = ENABLE_URING_HELD.lock().unwrap_or_else(|e| e.into_inner());
+    let _held = ENABLE_URING_HELD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let previous = fs::read_to_string(ENABLE_URING).unwrap();
     if previous.trim() != "N" && previous.trim() != "0" {
         eprintln!("skipped: enable_uring is on here");

@@ -115,7 +115,7 @@ fn fsync_returns_only_once_the_backend_has_the_data() {
     let f = OpenOptions::new().write(true).create(true).truncate(false).open(m.path("f")).unwrap();
     for round in 0..5u8 {
         let data = pattern(777, round);
-        f.write_all_at(&data, round as u64 * 1000).unwrap();
+        f.write_all_at(&data, u64::from(round) * 1000).unwrap();
         f.sync_data().unwrap();
         let back = fs::read(m.backing_path("f")).unwrap();
         assert_eq!(&back[round as usize * 1000..round as usize * 1000 + 777], &data[..], "round {round}");

@@ -29,7 +29,7 @@ fn answers(path: &Path, name: &str) -> Vec<Result<Vec<u8>, i32>> {
     let (p, n) = (cstr(path), CString::new(name).unwrap());
     let status = |r: libc::c_int| if r == 0 { Ok(vec![]) } else { Err(errno()) };
     let value: &[u8] = if name.starts_with("system.") { b"" } else { b"value" };
-    let listed = || Ok(vec![xattr_names(path).iter().any(|listed| listed == name) as u8]);
+    let listed = || Ok(vec![u8::from(xattr_names(path).iter().any(|listed| listed == name))]);
     let missing = xattr_of(path, name);
     // SAFETY: `p` and `n` are NUL-terminated and `value` is `value.len()` bytes, all alive for
     // the call.

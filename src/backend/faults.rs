@@ -254,7 +254,7 @@ impl Namespace for FaultyBackend {
         self.ns.lookup(parent, name)
     }
     fn forget(&self, id: ObjectId, lookups: u64) {
-        self.ns.forget(id, lookups)
+        self.ns.forget(id, lookups);
     }
     fn hold(&self, id: ObjectId) -> SysResult<()> {
         self.ns.hold(id)
@@ -458,7 +458,7 @@ impl LogDevice for FaultyLogDevice {
         self.inner.flushed_by_sync()
     }
     fn release(&self) {
-        self.inner.release()
+        self.inner.release();
     }
     fn writes_through_page_cache(&self) -> bool {
         self.inner.writes_through_page_cache()

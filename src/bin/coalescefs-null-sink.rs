@@ -81,7 +81,7 @@ fn parse_options(list: &[String]) -> Result<SinkOptions, String> {
                     .parse()
                     .ok()
                     .filter(|n| (1..=64).contains(n))
-                    .ok_or_else(|| format!("threads={value}: expected a whole number from 1 to 64"))?
+                    .ok_or_else(|| format!("threads={value}: expected a whole number from 1 to 64"))?;
             }
             "cache_timeout" => sink.ttl = parse::parse_duration(value)?,
             _ => {
@@ -133,7 +133,7 @@ fn attr(ino: u64, size: u64) -> FileAttr {
 
 impl NullSink {
     fn lock(&self) -> std::sync::MutexGuard<'_, Files> {
-        self.files.lock().unwrap_or_else(|e| e.into_inner())
+        self.files.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn size_of(&self, ino: u64) -> Option<u64> {
@@ -170,7 +170,7 @@ impl Filesystem for NullSink {
         match files.by_name.get(name) {
             Some(&ino) if parent.0 == ROOT => {
                 let size = files.sizes[(ino - 2) as usize];
-                reply.entry(&self.ttl, &attr(ino, size), Generation(0))
+                reply.entry(&self.ttl, &attr(ino, size), Generation(0));
             }
             _ => reply.error(fuser::Errno::ENOENT),
         }
@@ -269,7 +269,7 @@ impl Filesystem for NullSink {
         reply: ReplyData,
     ) {
         let file_size = self.size_of(ino.0).unwrap_or(0);
-        let bytes = file_size.saturating_sub(offset).min(size as u64).min(self.zeros.len() as u64) as usize;
+        let bytes = file_size.saturating_sub(offset).min(u64::from(size)).min(self.zeros.len() as u64) as usize;
         reply.data(&self.zeros[..bytes]);
     }
 
@@ -336,16 +336,16 @@ fn unmount_on_signal(mount_point: PathBuf) {
     // the set and this thread's signal mask.
     let set = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        libc::sigemptyset(&raw mut set);
+        libc::sigaddset(&raw mut set, libc::SIGINT);
+        libc::sigaddset(&raw mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut());
         set
     };
     std::thread::spawn(move || loop {
         let mut signal = 0;
         // SAFETY: waits on a valid set; writes the signal number into a live integer.
-        if unsafe { libc::sigwait(&set, &mut signal) } == 0 {
+        if unsafe { libc::sigwait(&raw const set, &raw mut signal) } == 0 {
             eprintln!("coalescefs-null-sink: signal {signal}: unmounting {}", mount_point.display());
             let _ = mounts::unmount(&mount_point, true);
         }

@@ -491,7 +491,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
         }
     };
     report_transport(rings.as_ref(), &metrics, opts, max_write);
-    metrics.daemon_pid.store(std::process::id() as u64, std::sync::atomic::Ordering::Relaxed);
+    metrics.daemon_pid.store(u64::from(std::process::id()), std::sync::atomic::Ordering::Relaxed);
     if let Err(e) = runtime.write_pid() {
         log::warn!(
             "cannot write {} ({e}): `coalescefs umount` will not wait for this daemon",

@@ -11,12 +11,12 @@ pub(super) fn node_fd_budget() -> usize {
     // SAFETY: getrlimit writes one `rlimit` into `limit` and setrlimit reads one from `raised`,
     // both live locals; neither touches other memory.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) != 0 {
             return 256;
         }
         if limit.rlim_cur < limit.rlim_max {
             let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) == 0 {
                 limit = raised;
             }
         }

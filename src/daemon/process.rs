@@ -15,7 +15,7 @@ pub(super) fn wait_for_daemon(read_end: OwnedFd, daemon: libc::pid_t, log_path: 
         // a `coalescefs recover` run right after this failure would find it taken.
         let mut status = 0;
         // SAFETY: waitpid writes one `int` into `status`, a live local; `daemon` is our own child.
-        while unsafe { libc::waitpid(daemon, &mut status, 0) } == -1 && sys::Errno::last().0 == libc::EINTR {}
+        while unsafe { libc::waitpid(daemon, &raw mut status, 0) } == -1 && sys::Errno::last().0 == libc::EINTR {}
     }
     match report.strip_prefix("ok") {
         Some(warnings) => {
@@ -101,9 +101,9 @@ pub(super) fn termination_signals() -> libc::sigset_t {
     // sigemptyset/sigaddset only write the live local `set`.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
+        libc::sigemptyset(&raw mut set);
         for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, signal);
+            libc::sigaddset(&raw mut set, signal);
         }
         set
     }
@@ -115,7 +115,7 @@ pub(super) fn block_termination_signals() {
     let set = termination_signals();
     // SAFETY: pthread_sigmask reads one `sigset_t` from `set`, a live local; the old mask is not
     // asked for (null).
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut()) };
 }
 
 /// Waits for the termination signals on a thread of their own, which unmounts: the session
@@ -133,7 +133,7 @@ pub(super) fn unmount_on_signal(
             let mut signal = 0;
             // SAFETY: sigwait reads `set` and writes one `int` into `signal`, both live locals of
             // this thread.
-            if unsafe { libc::sigwait(&set, &mut signal) } != 0 {
+            if unsafe { libc::sigwait(&raw const set, &raw mut signal) } != 0 {
                 continue;
             }
             log::info!("signal {signal}: unmounting {}", mount_point.display());

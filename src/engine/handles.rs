@@ -142,8 +142,8 @@ impl Engine {
         };
         // The overlay is taken before the store is read: a unit whose flush ends in between is
         // then in both, never in neither.
-        let (logical_size, overlay, _reading) = self.writeback.snapshot_overlay(state, offset, size as u64)?;
-        let len = logical_size.saturating_sub(offset).min(size as u64) as usize;
+        let (logical_size, overlay, _reading) = self.writeback.snapshot_overlay(state, offset, u64::from(size))?;
+        let len = logical_size.saturating_sub(offset).min(u64::from(size)) as usize;
         let mut buf = vec![0u8; len];
         open.data.read_at(&mut buf, offset)?; // short where the store is shorter: zeros
         for (at, bytes) in overlay {
@@ -302,7 +302,7 @@ impl Engine {
         let source = self.flushed(source_fh)?;
         let target = self.flushed(target_fh)?;
         // FUSE replies carry a u32 byte count; the kernel loops for the rest.
-        let length = length.min(u32::MAX as u64 & !0xfff);
+        let length = length.min(u64::from(u32::MAX) & !0xfff);
         // Both are on the backend now (`make_real`); a handle opened while the target was held
         // reaches its backend data through the held file's.
         let target_data = super::pending::store_data(&target.data);

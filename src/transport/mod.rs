@@ -72,7 +72,7 @@ impl Negotiation {
     pub fn for_choice(choice: TransportChoice) -> Result<Negotiation, String> {
         let ask_for_ring = match (choice, uring_unavailable()) {
             (TransportChoice::Dev, _) => false,
-            (TransportChoice::Auto, None) | (TransportChoice::Uring, None) => true,
+            (TransportChoice::Auto | TransportChoice::Uring, None) => true,
             (TransportChoice::Auto, Some(why)) => {
                 log::info!("transport=auto: /dev/fuse, FUSE over io_uring is not available: {why}");
                 false

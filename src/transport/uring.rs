@@ -299,7 +299,7 @@ impl RingTransport {
     /// connection's /dev/fuse descriptor; `payload_capacity` from [`payload_bytes`].
     pub fn new(dev_fuse: OwnedFd, payload_capacity: usize) -> io::Result<RingTransport> {
         let queue_count = possible_cpus();
-        assert!(queue_count > 0 && queue_count <= u16::MAX as usize);
+        assert!(queue_count > 0 && u16::try_from(queue_count).is_ok());
         let entries_per_queue = entries_per_queue(queue_count, payload_capacity);
         let mut queues = Vec::with_capacity(queue_count);
         let mut rings = Vec::with_capacity(queue_count);
@@ -385,7 +385,7 @@ fn ring_cmd(cmd_op: u32, qid: u16, commit_id: u64, entry: usize, addr: Option<u6
     let mut cmd = [0u8; 80];
     // SAFETY: CmdReq is 24 bytes of plain integers (asserted above), read as bytes.
     let request_bytes =
-        unsafe { std::slice::from_raw_parts((&request as *const CmdReq).cast::<u8>(), std::mem::size_of::<CmdReq>()) };
+        unsafe { std::slice::from_raw_parts((&raw const request).cast::<u8>(), std::mem::size_of::<CmdReq>()) };
     cmd[..request_bytes.len()].copy_from_slice(request_bytes);
     opcode::UringCmd80::new(types::Fixed(0), cmd_op).cmd(cmd).addr(addr).build().user_data(entry as u64)
 }
@@ -393,7 +393,7 @@ fn ring_cmd(cmd_op: u32, qid: u16, commit_id: u64, entry: usize, addr: Option<u6
 /// Sets `sqe->len`, which `UringCmd80` leaves 0.
 fn set_sqe_len(sqe: &mut squeue::Entry128, len: u32) {
     const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128);
-    let bytes = (sqe as *mut squeue::Entry128).cast::<u8>();
+    let bytes = std::ptr::from_mut::<squeue::Entry128>(sqe).cast::<u8>();
     // SAFETY: Entry128 is #[repr(C)]: the kernel's 64-byte `struct io_uring_sqe` (its `__u32
     // len` at byte 24) then 64 command bytes; the write stays inside the 128 bytes.
     unsafe { bytes.add(SQE_LEN_OFFSET).cast::<u32>().write_unaligned(len) };
@@ -672,7 +672,7 @@ fn answer_error(sink: &Arc<RingReply>, unique: u64, errno: i32) {
 fn connection_gone(dev_fuse: RawFd) -> bool {
     let mut poll = libc::pollfd { fd: dev_fuse, events: libc::POLLIN, revents: 0 };
     // SAFETY: one valid pollfd, no wait.
-    let n = unsafe { libc::poll(&mut poll, 1, 0) };
+    let n = unsafe { libc::poll(&raw mut poll, 1, 0) };
     n > 0 && poll.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
 }
 
@@ -686,7 +686,7 @@ fn pin_to_cpu(cpu: usize) {
             return;
         }
         libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set) != 0 {
             log::debug!("ring queue {cpu}: not pinned: {}", io::Error::last_os_error());
         }
     }
@@ -704,7 +704,7 @@ mod tests {
         // is the field after it.
         let sqe = opcode::UringCmd80::new(types::Fixed(0), 7).addr(Some(0x1122_3344_5566_7788)).build();
         // SAFETY: reading the 128 bytes of a repr(C) value as bytes.
-        let bytes = unsafe { std::slice::from_raw_parts((&sqe as *const squeue::Entry128).cast::<u8>(), 128) };
+        let bytes = unsafe { std::slice::from_raw_parts((&raw const sqe).cast::<u8>(), 128) };
         assert_eq!(
             u64::from_ne_bytes(bytes[SQE_ADDR_OFFSET..SQE_ADDR_OFFSET + 8].try_into().unwrap()),
             0x1122_3344_5566_7788
@@ -712,7 +712,7 @@ mod tests {
         let mut sqe = sqe;
         set_sqe_len(&mut sqe, 2);
         // SAFETY: as above.
-        let bytes = unsafe { std::slice::from_raw_parts((&sqe as *const squeue::Entry128).cast::<u8>(), 128) };
+        let bytes = unsafe { std::slice::from_raw_parts((&raw const sqe).cast::<u8>(), 128) };
         assert_eq!(u32::from_ne_bytes(bytes[SQE_LEN_OFFSET..SQE_LEN_OFFSET + 4].try_into().unwrap()), 2);
         // cmd_op (u32 at byte 8, in the `off` union) and the command area at byte 48.
         assert_eq!(u32::from_ne_bytes(bytes[8..12].try_into().unwrap()), 7);

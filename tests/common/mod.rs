@@ -51,7 +51,7 @@ pub fn available_bytes(path: &Path) -> u64 {
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `statvfs` writes one value of the type its out-pointer has, into a live local
     // borrowed exclusively for the call; any C string passed is NUL-terminated.
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &raw mut st) }, 0);
     st.f_bavail * st.f_frsize
 }
 
@@ -175,7 +175,7 @@ impl TestMount {
             _dir: dir,
             backing,
             mnt,
-            options: options.iter().map(|s| s.to_string()).collect(),
+            options: options.iter().map(std::string::ToString::to_string).collect(),
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             fd_limit,
             without_file_handles,
@@ -199,7 +199,7 @@ impl TestMount {
             _dir: dir,
             backing,
             mnt,
-            options: options.iter().map(|s| s.to_string()).collect(),
+            options: options.iter().map(std::string::ToString::to_string).collect(),
             env: Vec::new(),
             fd_limit: None,
             without_file_handles: false,
@@ -246,7 +246,7 @@ impl TestMount {
             // SAFETY: the closure runs between fork and exec, where only async-signal-safe calls
             // are allowed: setrlimit is one, and it reads `rlimit`, a copy moved into the closure.
             unsafe {
-                command.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) {
+                command.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &raw const rlimit) {
                     0 => Ok(()),
                     _ => Err(std::io::Error::last_os_error()),
                 });
@@ -297,7 +297,7 @@ impl TestMount {
 
     /// The options of the next `mount`.
     pub fn set_options(&mut self, options: &[&str]) {
-        self.options = options.iter().map(|s| s.to_string()).collect();
+        self.options = options.iter().map(std::string::ToString::to_string).collect();
     }
 
     pub fn remount(&mut self) {
@@ -681,7 +681,7 @@ impl Drop for LoopDevice {
 pub fn drop_kernel_caches() -> Option<()> {
     // SAFETY: `sync` takes no arguments, cannot fail and touches none of our memory.
     unsafe { libc::sync() };
-    let _dropping = KERNEL_CACHES.write().unwrap_or_else(|p| p.into_inner());
+    let _dropping = KERNEL_CACHES.write().unwrap_or_else(std::sync::PoisonError::into_inner);
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").ok()
 }
 

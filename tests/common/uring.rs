@@ -27,7 +27,7 @@ impl UringEnabled {
             skip(test, "enable_uring can only be set as root");
             return None;
         }
-        let held = ENABLE_URING_HELD.lock().unwrap_or_else(|e| e.into_inner());
+        let held = ENABLE_URING_HELD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let previous = match fs::read_to_string(ENABLE_URING) {
             Ok(value) => value.trim().to_string(),
             Err(e) => {

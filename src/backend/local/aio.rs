@@ -114,7 +114,7 @@ pub fn write_many_at(fd: RawFd, pieces: &[(&[u8], u64)]) -> Vec<SysResult<()>> {
                 ..Iocb::default()
             })
             .collect();
-        let mut pointers: Vec<*const Iocb> = iocbs.iter().map(|c| c as *const Iocb).collect();
+        let mut pointers: Vec<*const Iocb> = iocbs.iter().map(std::ptr::from_ref::<Iocb>).collect();
         let mut submitted = 0;
         while submitted < pointers.len() {
             let rest = &mut pointers[submitted..];

@@ -84,7 +84,7 @@ impl LocalFileData {
         }
         let from = from.max(size);
         match sys::fallocate(&self.file, 0, from, end - from) {
-            Ok(_) => {}
+            Ok(()) => {}
             Err(Errno(libc::EOPNOTSUPP)) => self.no_fallocate.store(true, Relaxed),
             // ENOSPC and the like: the writes meet it too, and say it.
             Err(e) => log::debug!("allocating {from}..{end} before O_DIRECT writes: {e}"),
@@ -321,9 +321,9 @@ impl FileData for LocalFileData {
             check_size(unsafe {
                 libc::copy_file_range(
                     self.file.as_raw_fd(),
-                    &mut source_off,
+                    &raw mut source_off,
                     target.file.as_raw_fd(),
-                    &mut target_off,
+                    &raw mut target_off,
                     length as usize,
                     0,
                 )

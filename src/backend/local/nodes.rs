@@ -281,7 +281,7 @@ impl HandleBuf {
 
     /// The header, with its provenance over the whole buffer, for the kernel to read or fill.
     fn as_mut_ptr(&mut self) -> *mut libc::file_handle {
-        (self as *mut HandleBuf).cast()
+        std::ptr::from_mut::<HandleBuf>(self).cast()
     }
 }
 
@@ -292,7 +292,7 @@ fn handle_of(dir: RawFd, name: &CStr, flags: i32) -> SysResult<Vec<u8>> {
     // SAFETY: `name` is NUL-terminated and outlives the call; `handle` is an aligned
     // `file_handle` followed by the `handle_bytes` bytes it announces, all the kernel writes;
     // `mount_id` is a live `int`.
-    check(unsafe { libc::name_to_handle_at(dir, name.as_ptr(), handle.as_mut_ptr(), &mut mount_id, flags) })?;
+    check(unsafe { libc::name_to_handle_at(dir, name.as_ptr(), handle.as_mut_ptr(), &raw mut mount_id, flags) })?;
     let len = (handle.header.handle_bytes as usize).min(MAX_HANDLE_BYTES);
     let mut key = handle.header.handle_type.to_le_bytes().to_vec();
     key.extend_from_slice(&handle.bytes[..len]);
@@ -327,7 +327,7 @@ pub fn timespec_of(time: Option<TimeToSet>) -> libc::timespec {
     match time {
         None => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
         Some(TimeToSet::Now) => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
-        Some(TimeToSet::At(t)) => libc::timespec { tv_sec: t.sec, tv_nsec: t.nsec as i64 },
+        Some(TimeToSet::At(t)) => libc::timespec { tv_sec: t.sec, tv_nsec: i64::from(t.nsec) },
     }
 }
 
@@ -710,7 +710,7 @@ impl BackingDir {
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
         // SAFETY: `fstatvfs` writes one value of the type its out-pointer has, into a live local
         // borrowed exclusively for the call; any C string passed is NUL-terminated.
-        check(unsafe { libc::fstatvfs(self.fd(node)?.as_raw_fd(), &mut st) })?;
+        check(unsafe { libc::fstatvfs(self.fd(node)?.as_raw_fd(), &raw mut st) })?;
         Ok(st)
     }
 

@@ -253,7 +253,7 @@ impl PreparedFiles {
         if free < (total / FREE_FRACTION_KEPT).saturating_add(missing as u64 * bytes) {
             let mut ready = lock(&self.ready);
             if !ready.is_empty() {
-                log::info!("{} bytes free on the backing file system: no files made ahead", free);
+                log::info!("{free} bytes free on the backing file system: no files made ahead");
             }
             if Self::free_all(&mut ready) > 0 {
                 self.given_back.fetch_add(1, Release);
@@ -277,7 +277,7 @@ impl PreparedFiles {
                     Err(e) => return Err(e),
                 };
                 let allocated = match sys::fallocate(&file, libc::FALLOC_FL_KEEP_SIZE, 0, bytes) {
-                    Ok(_) => bytes,
+                    Ok(()) => bytes,
                     // Still a file made ahead: its inode is, if not its blocks.
                     Err(Errno(libc::EOPNOTSUPP)) => 0,
                     Err(e) => return Err(e),

@@ -431,7 +431,7 @@ impl FileData for S3FileData {
                 let key = shared.layout.unit_key(self.id, unit, generation);
                 match shared.objects.get(&key, Some(a - start..b - start)).map_err(object_errno)? {
                     Some(bytes) if bytes.len() as u64 == b - a => {
-                        out[(a - offset) as usize..(b - offset) as usize].copy_from_slice(&bytes)
+                        out[(a - offset) as usize..(b - offset) as usize].copy_from_slice(&bytes);
                     }
                     Some(bytes) => {
                         log::error!("s3 backend: {key}: {} bytes where its record promises {}", bytes.len(), b - a);

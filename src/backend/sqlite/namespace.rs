@@ -301,7 +301,7 @@ impl Namespace for SqliteBackend {
         // outlives the call.
         let st = unsafe {
             let mut st: libc::statvfs = std::mem::zeroed();
-            if libc::statvfs(path.as_ptr(), &mut st) != 0 {
+            if libc::statvfs(path.as_ptr(), &raw mut st) != 0 {
                 return Err(Errno::last());
             }
             st

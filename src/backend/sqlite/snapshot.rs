@@ -22,9 +22,8 @@ impl SqliteBackend {
     pub fn snapshot_into(&self, dest: &Path) -> Result<u64, String> {
         assert!(dest.is_absolute(), "the daemon's working directory is not the asker's: {}", dest.display());
         let shown = dest.display();
-        let (dir, name) = match (dest.parent(), dest.file_name()) {
-            (Some(dir), Some(name)) => (dir, name),
-            _ => return Err(format!("{shown}: not a file name")),
+        let (Some(dir), Some(name)) = (dest.parent(), dest.file_name()) else {
+            return Err(format!("{shown}: not a file name"));
         };
         if dest.symlink_metadata().is_ok() {
             return Err(format!("{shown} exists: a snapshot never writes over a file"));

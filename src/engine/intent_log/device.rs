@@ -344,7 +344,7 @@ fn direct_io_alignment(file: &File) -> Option<usize> {
     let ret =
         // SAFETY: `statx` writes one value of the type its out-pointer has, into a live local
         // borrowed exclusively for the call; any C string passed is NUL-terminated.
-        unsafe { libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
+        unsafe { libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &raw mut stx) };
     if ret != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
         return None;
     }
@@ -379,7 +379,7 @@ fn open_without_time_updates(file: &File, dir: &Path, flags: i32) -> Option<File
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: `fstatfs` writes one value of the type its out-pointer has, into a live local
     // borrowed exclusively for the call; any C string passed is NUL-terminated.
-    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 || fs.f_type as libc::c_long != XFS_SUPER_MAGIC {
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &raw mut fs) } != 0 || fs.f_type as libc::c_long != XFS_SUPER_MAGIC {
         return None;
     }
     // XFS takes handle requests on a directory of the file system only.
@@ -393,7 +393,7 @@ fn open_without_time_updates(file: &File, dir: &Path, flags: i32) -> Option<File
         ihandle: std::ptr::null_mut(),
         ihandlen: 0,
         ohandle: handle.as_mut_ptr().cast(),
-        ohandlen: &mut handle_len,
+        ohandlen: &raw mut handle_len,
     };
     // SAFETY: XFS reads `request` (xfs_fsop_handlereq_t's layout) and writes at most
     // `handle_len` (64) bytes into `handle` and the length into `handle_len`, all live locals.

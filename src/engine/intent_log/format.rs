@@ -282,7 +282,7 @@ impl Record {
             | Record::Hidden { parent, .. }
             | Record::Link { parent, .. } => objects.push(parent),
             Record::Rename { from_parent, to_parent, replaced, .. } => {
-                objects.extend([from_parent.as_slice(), to_parent, replaced].into_iter().filter(|k| !k.is_empty()))
+                objects.extend([from_parent.as_slice(), to_parent, replaced].into_iter().filter(|k| !k.is_empty()));
             }
             _ => {}
         }
@@ -600,7 +600,7 @@ fn batch_at<'a, A: Area + ?Sized>(area: &'a A, sb: &Superblock, block: u64) -> O
     if header[0..8] != BATCH_MAGIC {
         return None;
     }
-    let blocks = u32_at(&header, 16) as u64;
+    let blocks = u64::from(u32_at(&header, 16));
     let payload_bytes = u32_at(&header, 20) as usize;
     if blocks == 0 || block + blocks > area_blocks || BATCH_HEADER_BYTES + payload_bytes > blocks as usize * block_bytes
     {
@@ -613,7 +613,7 @@ fn batch_at<'a, A: Area + ?Sized>(area: &'a A, sb: &Superblock, block: u64) -> O
     let seq = u64_at(&header, 8);
     let found = Header {
         seq,
-        lag: (u32_at(&header, BATCH_LAG_AT) as u64).min(seq),
+        lag: u64::from(u32_at(&header, BATCH_LAG_AT)).min(seq),
         blocks,
         wrap: u32_at(&header, 28) & FLAG_WRAP != 0,
         records: u32_at(&header, 24),
@@ -649,7 +649,7 @@ pub struct LogContents {
 }
 
 fn file_offset(sb: &Superblock, block: u64) -> u64 {
-    (SUPERBLOCK_COPIES + block) * sb.block_bytes as u64
+    (SUPERBLOCK_COPIES + block) * u64::from(sb.block_bytes)
 }
 
 /// Reads every batch after the checkpoint from `area` (the log file's bytes after the

@@ -279,7 +279,7 @@ impl IntentLog {
             .map_err(|e| LogError::Io("read", e))?;
         let sb = Superblock::find(&start)
             .ok_or_else(|| LogError::Mismatch(format!("{name} holds no intact log superblock")))?;
-        let block = sb.block_bytes as u64;
+        let block = u64::from(sb.block_bytes);
         if block % device.block_bytes() as u64 != 0 {
             return Err(LogError::Mismatch(format!(
                 "{name} has log blocks of {block} bytes, but its device takes writes of {} bytes at least \
@@ -310,7 +310,7 @@ impl IntentLog {
         }
         drop(area);
         let (contents, lost) = read?;
-        metrics.log_block_bytes.store(sb.block_bytes as u64, Relaxed);
+        metrics.log_block_bytes.store(u64::from(sb.block_bytes), Relaxed);
         if contents.unflushed_dropped > 0 {
             log::warn!(
                 "{name}: {} batches after the log's tail were written without a flush and lost the one before \
@@ -676,13 +676,13 @@ impl IntentLog {
         };
         let copy = sb.generation % SUPERBLOCK_COPIES;
         self.device
-            .write_at(copy * sb.block_bytes as u64, &sb.encode())
+            .write_at(copy * u64::from(sb.block_bytes), &sb.encode())
             .map_err(|e| LogError::Io("write superblock", e))?;
         self.device.sync().map_err(|e| LogError::Io("sync", e))?;
         ring.sb = sb;
         ring.flushed_before_seq = ring.next_seq;
         ring.checkpoint_before_writing = false;
-        self.metrics.log_write_bytes.fetch_add(sb.block_bytes as u64, Relaxed);
+        self.metrics.log_write_bytes.fetch_add(u64::from(sb.block_bytes), Relaxed);
         self.metrics.log_checkpoints.fetch_add(1, Relaxed);
         Ok(())
     }

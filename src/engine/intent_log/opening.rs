@@ -74,7 +74,7 @@ fn open_block_device(
         })?;
     let (log_bytes, created) = match contents {
         device::BlockDeviceContents::Bytes(start) => match Superblock::find(&start) {
-            Some(sb) => ((sb.area_blocks + SUPERBLOCK_COPIES) * sb.block_bytes as u64, false),
+            Some(sb) => ((sb.area_blocks + SUPERBLOCK_COPIES) * u64::from(sb.block_bytes), false),
             None => {
                 return Err(LogError::Mismatch(format!(
                     "{shown} holds data that is not a coalescefs intent log (its first {} KiB are not zeros): \

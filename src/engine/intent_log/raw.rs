@@ -108,7 +108,7 @@ impl RawBlocks {
         let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
         // SAFETY: `fstatfs` writes one value of the type its out-pointer has, into a live local
         // borrowed exclusively for the call; any C string passed is NUL-terminated.
-        check(unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) }).map_err(|e| format!("statfs: {e}"))?;
+        check(unsafe { libc::fstatfs(file.as_raw_fd(), &raw mut fs) }).map_err(|e| format!("statfs: {e}"))?;
         if fs.f_type as libc::c_long != EXT4_SUPER_MAGIC {
             return Err("not on ext4".into());
         }
@@ -301,7 +301,7 @@ pub fn clear_immutable(path: &Path) -> SysResult<()> {
     match inode_flags(&file) {
         Ok(flags) if flags & FS_IMMUTABLE_FL != 0 => set_immutable(&file, false),
         // A file system without inode flags has no immutable flag set either.
-        Ok(_) | Err(Errno(libc::ENOTTY)) | Err(Errno(libc::EOPNOTSUPP)) => Ok(()),
+        Ok(_) | Err(Errno(libc::ENOTTY | libc::EOPNOTSUPP)) => Ok(()),
         Err(e) => Err(e),
     }
 }

@@ -258,7 +258,7 @@ fn now() -> Timestamp {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `clock_gettime` writes one value of the type its out-pointer has, into a live local
     // borrowed exclusively for the call; any C string passed is NUL-terminated.
-    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } != 0 {
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &raw mut ts) } != 0 {
         return Timestamp::now();
     }
     Timestamp { sec: ts.tv_sec, nsec: ts.tv_nsec as u32 }
@@ -268,7 +268,7 @@ impl Pending {
     pub fn new(ns: Arc<dyn Namespace>, store: Arc<dyn UnitStore>, metrics: Arc<Metrics>) -> Pending {
         let nonce =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-                ^ (std::process::id() as u64) << 32;
+                ^ u64::from(std::process::id()) << 32;
         Pending {
             ns,
             store,

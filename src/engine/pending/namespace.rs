@@ -145,7 +145,7 @@ impl Namespace for PendingNamespace {
             p.drop_if_gone(file, body);
         });
         if held.is_none() {
-            p.ns.forget(id, lookups)
+            p.ns.forget(id, lookups);
         }
     }
 

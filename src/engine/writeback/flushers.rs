@@ -22,7 +22,7 @@ impl Writeback {
 
     /// Queues every dirty unit of `file` that `wanted` picks and is not queued yet.
     fn want_where(&self, file: &Arc<FileState>, inner: &mut FileInner, wanted: impl Fn(&DirtyUnit) -> bool) {
-        for (&unit, dirty) in inner.dirty.iter_mut() {
+        for (&unit, dirty) in &mut inner.dirty {
             if !dirty.wanted && wanted(dirty) {
                 dirty.wanted = true;
                 if !inner.in_flight.contains_key(&unit) {
@@ -206,7 +206,7 @@ impl Writeback {
                     match self.ns.setattr(file.id, &SetAttr { times, ..SetAttr::default() }) {
                         Ok(()) => inner.times_pending = false,
                         Err(e) => {
-                            log::warn!("{}: setting its times again after a flush failed: {e}", self.name_of(file))
+                            log::warn!("{}: setting its times again after a flush failed: {e}", self.name_of(file));
                         }
                     }
                 }
