@@ -1,0 +1,13 @@
+"""`PRAGMA integrity_check` of a SQLite store's database file, for the crash harness, the power
+cut and the application suite over `sqlite:`."""
+import sqlite3
+
+
+def sqlite_integrity(path):
+    """The database file at `path` checked read only (a daemon may hold it open: WAL lets a
+    reader in beside it); "ok" when clean, else SQLite's findings joined."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=20)
+    try:
+        return "; ".join(row[0] for row in db.execute("PRAGMA integrity_check"))
+    finally:
+        db.close()
