@@ -8,7 +8,8 @@ use std::process::{Command, Stdio};
 
 use common::*;
 
-const SUBCOMMANDS: &[&str] = &["mount", "umount", "stats", "sync", "recover", "forget", "completions", "man"];
+const SUBCOMMANDS: &[&str] =
+    &["mount", "umount", "stats", "sync", "snapshot", "recover", "forget", "completions", "man"];
 
 fn stdout_of(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -46,6 +47,7 @@ fn bad_usage_exits_2_with_the_usage_line() {
         &["umount", "--frob", "/mnt"],
         &["stats"],
         &["sync", "a", "b"],
+        &["snapshot", "/mnt"],
         &["recover"],
         &["recover", "/srv", "--state", "/s", "--log", "/l"],
         &["completions", "tcsh"],

@@ -480,3 +480,85 @@ fn a_snapshot_while_mounted_is_the_whole_tree_in_a_database_of_its_own() {
     assert!(!refused.status.success() && stderr_of(&refused).contains("sqlite:"), "{}", stderr_of(&refused));
     assert!(!dir.path().join("x.db").exists());
 }
+
+/// A database another program holds a write transaction on is refused at mount with that said
+/// (after SQLite's 5 s busy wait), and mounts once the other program is done; one on a
+/// read-only file system is refused read-write, naming `-o ro`, and mounts with `-o ro`; neither
+/// refusal writes a byte of the database file.
+#[test]
+fn a_database_locked_by_another_program_or_on_a_read_only_file_system_is_refused_unwritten() {
+    let mut m = SqliteMount::new();
+    m.mount(&[]);
+    fs::write(m.path("a"), b"kept").unwrap();
+    m.unmount();
+    let before = fs::read(&m.db).unwrap();
+    let other = rusqlite::Connection::open(&m.db).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let state = format!("state={}", path_str(&m.dir.path().join("state")));
+    let out = Command::new(BIN).args(["mount", &m.source(), &path_str(&m.mnt), "-o", &state]).output().unwrap();
+    assert!(!out.status.success(), "mounted a database another program was writing");
+    assert!(stderr_of(&out).contains("locked by another program"), "{}", stderr_of(&out));
+    other.execute_batch("ROLLBACK").unwrap();
+    drop(other);
+    assert!(fs::read(&m.db).unwrap() == before, "the refused mount wrote to the database file");
+    m.mount(&[]);
+    assert_eq!(fs::read(m.path("a")).unwrap(), b"kept");
+    m.unmount();
+
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        common::skip(
+            "a_database_locked_by_another_program_or_on_a_read_only_file_system_is_refused_unwritten",
+            "a read-only tmpfs needs root",
+        );
+        return;
+    }
+    let ro = ReadOnlyCopy::of(&m.db);
+    let before = fs::read(&ro.db).unwrap();
+    let source = format!("sqlite:{}", path_str(&ro.db));
+    let out = Command::new(BIN).args(["mount", &source, &path_str(&m.mnt), "-o", &state]).output().unwrap();
+    assert!(!out.status.success(), "mounted read-write on a read-only file system");
+    assert!(stderr_of(&out).contains("is read-only") && stderr_of(&out).contains("-o ro"), "{}", stderr_of(&out));
+    let read_only = format!("{state},ro");
+    let out = Command::new(BIN).args(["mount", &source, &path_str(&m.mnt), "-o", &read_only]).output().unwrap();
+    assert!(out.status.success(), "-o ro on a read-only file system: {}", stderr_of(&out));
+    let read = fs::read(m.path("a"));
+    let out = coalescefs(&["umount", &path_str(&m.mnt)]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(read.unwrap(), b"kept");
+    assert!(fs::read(&ro.db).unwrap() == before);
+    let _ = fs::remove_dir_all(runtime_dir(&ro.db));
+}
+
+/// A copy of a database file (and its WAL) on a tmpfs mounted read-only; unmounted on drop.
+struct ReadOnlyCopy {
+    dir: tempfile::TempDir,
+    db: PathBuf,
+}
+
+impl ReadOnlyCopy {
+    fn of(db: &Path) -> ReadOnlyCopy {
+        let dir = tempfile::tempdir().unwrap();
+        let run = |args: &[&str]| {
+            let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+            assert!(out.status.success(), "{args:?}: {}", stderr_of(&out));
+        };
+        let at = path_str(dir.path());
+        run(&["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", &at]);
+        let copy = ReadOnlyCopy { db: dir.path().join("tree.db"), dir };
+        for suffix in ["", "-wal", "-shm"] {
+            let from = PathBuf::from(format!("{}{suffix}", path_str(db)));
+            if from.exists() {
+                fs::copy(&from, format!("{}{suffix}", path_str(&copy.db))).unwrap();
+            }
+        }
+        run(&["mount", "-o", "remount,ro", &at]);
+        copy
+    }
+}
+
+impl Drop for ReadOnlyCopy {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}

@@ -86,7 +86,9 @@ pub fn open(path: &Path) -> Result<(Connection, u64), String> {
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
             format!("SQLite database {shown} is locked by another program ({what}: {e})")
         }
-        Some(rusqlite::ErrorCode::ReadOnly) => format!("SQLite database {shown} is read-only ({what}: {e})"),
+        Some(rusqlite::ErrorCode::ReadOnly) => {
+            format!("SQLite database {shown} is read-only ({what}: {e}); `-o ro` mounts it to read")
+        }
         _ => format!("SQLite database {shown}: {what}: {e}"),
     };
     // Reading the header first: a file that is not a database fails here, before any write.
@@ -133,7 +135,7 @@ pub fn open(path: &Path) -> Result<(Connection, u64), String> {
         }
         Err(e) => {
             let _ = db.execute_batch("ROLLBACK");
-            Err(fail("making its schema", e))
+            Err(fail("writing its schema and generation", e))
         }
     }
 }
