@@ -106,6 +106,11 @@ pub trait ExternalData: Send + Sync {
 }
 
 pub struct SqliteBackend {
+    /// One connection behind one lock, for every call. Not for want of a pool: the daemon's
+    /// transaction stays open between syncs (a commit per checkpoint, not per call), and only
+    /// the connection that holds it sees its changes; a second connection would read the last
+    /// commit, a tree older than the one the mount serves. Readers that want a commit's view do
+    /// open their own (`snapshot_into`).
     inner: Arc<Mutex<Inner>>,
     capabilities: Capabilities,
     path: PathBuf,
