@@ -135,20 +135,19 @@ impl PreparedFiles {
         // the blocks back waits here, then sees the count moved and tries again (with the list
         // taken first and counted after, it found the list empty and the count not yet moved,
         // and failed with the space about to be free: CI, holes_and_space).
-        let mut ready = lock(&self.ready);
-        let bytes = Self::free_all(&mut ready);
-        if bytes > 0 {
-            self.given_back.fetch_add(1, Release);
-        }
-        bytes
+        self.give_back_locked(&mut lock(&self.ready))
     }
 
-    /// Closes the files ready, which frees them (unnamed, O_TMPFILE: the file system frees each
-    /// with its last descriptor); returns the bytes they held.
-    fn free_all(ready: &mut Vec<Unnamed>) -> u64 {
+    /// Closes the files `ready` (the list, under its lock), which frees them (unnamed,
+    /// O_TMPFILE: the file system frees each with its last descriptor), and counts the
+    /// give-back if it freed anything; returns the bytes they held.
+    fn give_back_locked(&self, ready: &mut Vec<Unnamed>) -> u64 {
         let freed = std::mem::take(ready);
         let bytes = freed.iter().map(|unnamed| unnamed.allocated).sum();
         drop(freed);
+        if bytes > 0 {
+            self.given_back.fetch_add(1, Release);
+        }
         bytes
     }
 
@@ -255,9 +254,7 @@ impl PreparedFiles {
             if !ready.is_empty() {
                 log::info!("{free} bytes free on the backing file system: no files made ahead");
             }
-            if Self::free_all(&mut ready) > 0 {
-                self.given_back.fetch_add(1, Release);
-            }
+            self.give_back_locked(&mut ready);
             return Ok(0);
         }
         let mut made = Vec::with_capacity(missing);
