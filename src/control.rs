@@ -59,7 +59,12 @@ fn answer_control(
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     let mut command = String::new();
     BufReader::new(&stream).take(REQUEST_MAX_BYTES).read_line(&mut command)?;
-    let command = command.strip_suffix('\n').unwrap_or(&command);
+    // A request ends with its line: one cut off at the bound (a path longer than any the
+    // kernel takes) is refused whole, never acted on in part.
+    let Some(command) = command.strip_suffix('\n') else {
+        let refused = format!("error: a request is one line of at most {REQUEST_MAX_BYTES} bytes\n");
+        return (&stream).write_all(refused.as_bytes());
+    };
     let answer = match command.trim() {
         "stats" => metrics.render_text(),
         "metrics" => metrics.render_prometheus(),
@@ -121,4 +126,35 @@ pub fn serve_prometheus(listener: TcpListener, metrics: Arc<Metrics>) -> std::io
         }
     })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+    /// A request cut off at the bound is refused whole: a snapshot is never made at a path cut
+    /// short.
+    #[test]
+    fn a_request_longer_than_the_bound_is_refused_and_not_acted_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("control.sock");
+        let asked = Arc::new(AtomicBool::new(false));
+        let seen = asked.clone();
+        let snapshot: Snapshot = Box::new(move |_| {
+            seen.store(true, Relaxed);
+            Ok(String::new())
+        });
+        serve_control_socket(&socket, Arc::new(Metrics::default()), Box::new(|| Ok(())), snapshot, None).unwrap();
+        let long = format!("snapshot /{}", "a".repeat(REQUEST_MAX_BYTES as usize));
+        let mut stream = UnixStream::connect(&socket).unwrap();
+        stream.write_all(format!("{long}\n").as_bytes()).unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("error: a request is one line"), "{answer}");
+        assert!(!asked.load(Relaxed), "the snapshot was asked for a path cut short");
+        let answer = ask(&socket, "snapshot /x").unwrap();
+        assert_eq!(answer, "ok \n");
+        assert!(asked.load(Relaxed));
+    }
 }
