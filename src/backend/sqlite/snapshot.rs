@@ -77,8 +77,12 @@ fn copy_to(reader: &Connection, to: &PathBuf) -> Result<(), String> {
             other => return Err(format!("copying into {shown}: the copy stopped part way ({other:?})")),
         }
     }
-    copy.query_row("PRAGMA journal_mode = DELETE", [], |row| row.get::<_, String>(0))
-        .and_then(|_| copy.execute("DELETE FROM meta WHERE key = ?1", [LOG_MARKER_KEY]))
+    let mode = copy
+        .query_row("PRAGMA journal_mode = DELETE", [], |row| row.get::<_, String>(0))
         .map_err(|e| format!("{shown}: {e}"))?;
+    if !mode.eq_ignore_ascii_case("delete") {
+        return Err(format!("{shown}: the copy stayed in journal mode {mode}, not one file"));
+    }
+    copy.execute("DELETE FROM meta WHERE key = ?1", [LOG_MARKER_KEY]).map_err(|e| format!("{shown}: {e}"))?;
     copy.close().map_err(|(_, e)| format!("closing {shown}: {e}"))
 }
