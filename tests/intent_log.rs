@@ -827,6 +827,46 @@ fn a_rename_over_a_backend_file_unlinks_it_at_the_checkpoint_and_never_leaves_ne
     assert!(f == pattern(2000, 2) || f == pattern(1500, 3), "f holds neither the old nor the new bytes");
 }
 
+/// A checkpoint does not hold renames, unlinks and creates across its sync of the backend
+/// (issue 42's names gate): it holds the gate only while it makes a chunk of held files. With
+/// the backend's sync stalled (10 s), a checkpoint that made 300 held files is still running
+/// when a rename of a backend file, and a create, rename and unlink of a new one, have returned;
+/// then it finishes, and everything is where the operations left it on the backend.
+#[test]
+fn names_change_while_a_checkpoint_waits_for_the_backends_sync() {
+    let options = ["log_closes=always", "checkpoint_interval=3600s", "writeback_cache=off"];
+    let mut m = TestMount::build(&options, &[("COALESCEFS_FAULTS", "")], None);
+    fs::create_dir(m.path("d")).unwrap();
+    fs::write(m.path("old"), pattern(3000, 1)).unwrap();
+    m.sync_to_backend();
+    for i in 0..300u32 {
+        fs::write(m.path(&format!("d/f{i}")), pattern(1024, i as u8)).unwrap();
+    }
+    // Not cleared while it runs: the control socket answers the checkpoint's request first.
+    m.inject("sync=stall:10s");
+    let mut checkpoint = std::process::Command::new(BIN).args(["sync", &path_str(&m.mnt)]).spawn().unwrap();
+    // Seen on the backing directory: the control socket answers one request at a time, the
+    // checkpoint's first.
+    let made = || fs::read_dir(m.backing_path("d")).unwrap().count() == 300;
+    wait_for(made, "the checkpoint to make the held files");
+    fs::rename(m.path("old"), m.path("renamed")).unwrap();
+    fs::write(m.path("new"), pattern(500, 2)).unwrap();
+    fs::rename(m.path("new"), m.path("new2")).unwrap();
+    fs::write(m.path("gone"), pattern(500, 3)).unwrap();
+    fs::remove_file(m.path("gone")).unwrap();
+    let early = checkpoint.try_wait().unwrap();
+    assert!(early.is_none(), "the checkpoint finished before the names changed: they waited for its stalled sync");
+    assert!(checkpoint.wait().unwrap().success(), "the checkpoint failed");
+    m.clear_faults();
+    m.unmount();
+    assert_eq!(fs::read(m.backing_path("renamed")).unwrap(), pattern(3000, 1));
+    assert_eq!(fs::read(m.backing_path("new2")).unwrap(), pattern(500, 2));
+    assert!(!m.backing_path("old").exists() && !m.backing_path("new").exists() && !m.backing_path("gone").exists());
+    for i in 0..300u32 {
+        assert_eq!(fs::read(m.backing_path(&format!("d/f{i}"))).unwrap(), pattern(1024, i as u8), "d/f{i}");
+    }
+}
+
 /// The panic policy: a panic in a worker thread (here a flusher, by fault injection) ends the
 /// daemon at once, as kill -9 would, with the panic's message in its log; it does not go on
 /// serving with one thread gone and its locks poisoned. The next mount replays what the log

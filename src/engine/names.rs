@@ -227,7 +227,7 @@ impl Engine {
 
     fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
         self.checked_name(parent, name, false)?;
-        let gate = self.pending.as_ref().map(|held| held.names_gate.read().unwrap());
+        let gate = self.pending.as_ref().map(|held| held.names_gate.read());
         let held = self.pending.as_ref().filter(|_| !directory).and_then(|held| held.id_named(parent, name));
         if let Some(held) = held {
             match self.unlink_held(held, parent, name) {
@@ -235,10 +235,8 @@ impl Engine {
                 Err(Errno(libc::ENOENT)) if !self.pending.as_ref().is_some_and(|h| h.is_held(held)) => {}
                 Err(e) => return Err(e),
                 Ok(record) => {
-                    // Committed without the gate: a checkpoint the commit may need takes it.
-                    drop(gate);
                     if let Some(record) = record {
-                        self.writeback.commit_names_now(vec![record], false);
+                        self.writeback.commit_names_now(vec![record], false, gate);
                     }
                     return Ok(());
                 }
@@ -327,25 +325,32 @@ impl Engine {
                 // file that ends up in it. Elsewhere the file is made on the backend first.
                 let new_parent_durable = new_parent == parent || self.writeback.may_hold_new_file(new_parent);
                 if plain && new_parent_durable && (target.is_none() || flags == 0 && replaceable()) {
-                    match self.rename_held(source, target, parent, name, new_parent, new_name) {
+                    let gate = held.names_gate.read();
+                    let mut records = Vec::new();
+                    let renamed = self.rename_held(source, target, parent, name, new_parent, new_name, &mut records);
+                    // On failure too: the target may be gone all the same, and the log must say so.
+                    if records.is_empty() {
+                        drop(gate); // taken again below: a read under a waiting writer would wait forever
+                    } else {
+                        self.writeback.commit_names_now(records, true, Some(gate));
+                    }
+                    match renamed {
                         // Made on the backend meanwhile (a flush grew it past the log's bound).
-                        Err(Errno(libc::ENOENT)) if !self.pending.as_ref().is_some_and(|h| h.is_held(source)) => {}
+                        Err(Errno(libc::ENOENT)) if !held.is_held(source) => {}
                         Err(e) => return Err(e),
-                        Ok(records) => {
-                            if !records.is_empty() {
-                                self.writeback.commit_names_now(records, true);
-                            }
-                            return Ok(());
-                        }
+                        Ok(()) => return Ok(()),
                     }
                 }
             }
-            // Anything else a held file takes part in happens on the backend.
-            for id in [source, target].into_iter().flatten() {
+            // Anything else a held file takes part in happens on the backend: the held files
+            // at the two names now (a checkpoint may have made the source since it was looked
+            // up, after the attempt above unlinked a held target from memory: that one is gone).
+            let at_names = [held.id_named(parent, name), held.id_named(new_parent, new_name)];
+            for id in at_names.into_iter().flatten() {
                 self.make_real(id)?;
             }
         }
-        let _gate = self.pending.as_ref().map(|held| held.names_gate.read().unwrap());
+        let _gate = self.pending.as_ref().map(|held| held.names_gate.read());
         let moved = self.named_object(parent, name)?;
         let replaced = self.named_object(new_parent, new_name)?;
         for (_, id) in moved.iter().chain(&replaced) {
@@ -412,9 +417,11 @@ impl Engine {
     /// Renames a file only memory and the log hold, to a free name or over the regular file
     /// `target`, which goes first as an unlink would (a held one from memory, with its Unlink
     /// record if the log knows it; a backend one hidden, its Unlink record in the rename's
-    /// batch and its backend unlink at the next checkpoint, `Pending::hide`). Returns the
-    /// records to commit before the caller is answered: replay makes a held file at the name
-    /// its records end with, after the backend's unlink of what it replaced.
+    /// batch and its backend unlink at the next checkpoint, `Pending::hide`). Adds to `records`
+    /// what to commit before the caller is answered, failed or not: replay makes a held file at
+    /// the name its records end with, after the backend's unlink of what it replaced. The
+    /// caller holds the names gate until they are committed.
+    #[allow(clippy::too_many_arguments)] // a rename's two names, and where its records go
     fn rename_held(
         &self,
         id: ObjectId,
@@ -423,10 +430,9 @@ impl Engine {
         name: &OsStr,
         new_parent: ObjectId,
         new_name: &OsStr,
-    ) -> SysResult<Vec<Record>> {
+        records: &mut Vec<Record>,
+    ) -> SysResult<()> {
         let held = self.pending.as_ref().expect("held files exist with the log");
-        let _gate = held.names_gate.read().unwrap();
-        let mut records = Vec::new();
         match target {
             Some(target) if held.is_held(target) => records.extend(self.unlink_held(target, new_parent, new_name)?),
             Some(target) => {
@@ -448,17 +454,8 @@ impl Engine {
             }
             None => {}
         }
-        let logged = match held.rename(parent, name, new_parent, new_name) {
-            Ok(logged) => logged,
-            Err(e) => {
-                // Made on the backend meanwhile (the caller renames it there): the target is
-                // gone all the same, and the log must say so.
-                if !records.is_empty() {
-                    self.writeback.commit_names_now(records, true);
-                }
-                return Err(e);
-            }
-        };
+        // Failing, the file was made on the backend meanwhile (the caller renames it there).
+        let logged = held.rename(parent, name, new_parent, new_name)?;
         self.writeback.note_names_changed(None, Some((id, new_parent)), &[]);
         if let Some(file) = logged {
             records.push(Record::Rename {
@@ -470,7 +467,7 @@ impl Engine {
                 replaced: Vec::new(),
             });
         }
-        Ok(records)
+        Ok(())
     }
 
     pub fn opendir(&self, id: ObjectId) -> SysResult<u64> {

@@ -156,22 +156,52 @@ impl Pending {
         self.make_early(id, |body| body.created_before_seq.is_some(), Some(commit))
     }
 
-    /// A checkpoint's pass: every named held file whose Create record precedes `released_before`
-    /// (or that has none) made on the backend, in directory order. Files first logged since stay
-    /// held: their Create outlives this checkpoint.
-    pub fn make_all(&self, released_before: u64) -> SysResult<usize> {
+    /// A checkpoint's pass: the backend files held files took the names of unlinked (their
+    /// Unlink records precede the release point), then every named held file whose Create
+    /// record precedes `released_before` (or that has none) made on the backend, in directory
+    /// order. Files first logged since stay held: their Create outlives this checkpoint.
+    /// Returns the objects whose names were unlinked.
+    ///
+    /// Each step holds the names gate for writing, a chunk of `FILES_MADE_PER_GATE` files at a
+    /// time, so a rename or unlink waits for one chunk, not the whole pass: those commit their
+    /// records under the gate, so every chunk makes a file at the name its committed records
+    /// leave it with, which is where replay looks for it. A file made here and renamed or
+    /// unlinked before the release is settled first (`settle_made`).
+    pub fn make_all(&self, released_before: u64) -> SysResult<Vec<ObjectId>> {
+        let unlinked = {
+            let _gate = self.names_gate.write();
+            let dirs: Vec<ObjectId> = self.table().hidden.keys().copied().collect();
+            self.keeping_times_of(&dirs, || self.remove_hidden(None, None))?
+        };
         let mut files: Vec<(ObjectId, ObjectId)> =
             self.table().by_name.iter().flat_map(|(parent, names)| names.values().map(|id| (*parent, *id))).collect();
         // Directory by directory, each in name order (stable: names come sorted).
         files.sort_by_key(|(parent, _)| *parent);
-        let mut made = 0;
-        for (_, id) in files {
-            let due = |body: &Body| body.created_before_seq.is_none_or(|seq| seq <= released_before);
-            if self.make_if(id, due)?.is_some() {
-                made += 1;
-            }
+        let due = |body: &Body| body.created_before_seq.is_none_or(|seq| seq <= released_before);
+        for chunk in files.chunks(FILES_MADE_PER_GATE) {
+            let gate = self.names_gate.write();
+            // Where the files are now: a rename between chunks may have moved one.
+            let mut dirs: Vec<ObjectId> = chunk
+                .iter()
+                .filter_map(|(_, id)| self.with_held(*id, |_, body| body.name.as_ref().map(|(parent, _)| *parent)))
+                .flatten()
+                .collect();
+            dirs.sort_unstable();
+            dirs.dedup();
+            self.keeping_times_of(&dirs, || {
+                for (_, id) in chunk {
+                    self.make_if(*id, due)?;
+                }
+                Ok(())
+            })?;
+            // Straight to whoever waits: released plainly, the gate went back to this loop
+            // before a woken reader ran, and a rename waited for every chunk (hundreds of ms).
+            parking_lot::RwLockWriteGuard::unlock_fair(gate);
         }
-        Ok(made)
+        // Directories whose changes were all unlinks or renames away keep their times too.
+        let _gate = self.names_gate.write();
+        self.keeping_directory_times(|| Ok(()))?;
+        Ok(unlinked)
     }
 
     /// A checkpoint has released every batch before `released_before`: the files whose Create
@@ -198,22 +228,24 @@ impl Pending {
     }
 
     /// Before an fsync or close of a file that is not held: if a checkpoint made it and is
-    /// still running, waits until it has released the file's records (it holds `names_gate`
+    /// still running, waits until it has released the file's records (it holds `release_gate`
     /// until then); if it failed, or a flush made it, settles the file (`settle_unreleased`).
-    /// Returns whether this call settled it. The caller asked `is_unbarred` first.
+    /// Returns whether this call settled it. The caller asked `is_unbarred` first, and holds
+    /// no names gate.
     pub fn settle_if_made_unbarred(
         &self,
         id: ObjectId,
         commit: &dyn Fn(Vec<Record>) -> SysResult<()>,
     ) -> SysResult<bool> {
-        drop(self.names_gate.read().unwrap());
+        drop(self.release_gate.read().unwrap());
         self.settle_unreleased(id, commit)
     }
 
     /// A file a failed checkpoint or a flush made, whose held records are still in the log:
     /// synced on the backend with its directory, then `commit` of the records that say it was made durably
     /// (as `make_logged_now`), so that replay leaves its held records alone and follows what
-    /// comes next. The caller holds `names_gate` for reading, or no checkpoint is running.
+    /// comes next. A checkpoint may be running: what this commits follows its release point, and
+    /// its release of the held records leaves this file's barrier and Create to replay.
     /// Returns whether this call settled it (synced it and committed its records).
     pub fn settle_unreleased(&self, id: ObjectId, commit: &dyn Fn(Vec<Record>) -> SysResult<()>) -> SysResult<bool> {
         // The entry stays through the syncs, and the map is not held across them (every close

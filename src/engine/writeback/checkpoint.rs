@@ -45,24 +45,21 @@ impl Writeback {
             }
         }
         let release_before = log.next_seq();
+        let started = Instant::now();
         self.flush_every_file(ErrorReport::Checkpoint)?;
+        let flushed_at = Instant::now();
         // Held files whose records this checkpoint releases are made on the backend, in
-        // directory order; nothing renames or unlinks them before their records are released
-        // (replay finds such a file by the name its records leave it with).
+        // directory order; an fsync or close of one waits for the release (replay finds such
+        // a file by the name its records leave it with, and would put its older held bytes
+        // over newer ones), a rename or unlink settles it first (`settle_made`).
         let held = self.pending.as_ref().filter(|held| held.any_to_settle());
-        let _names_still = held.map(|held| held.names_gate.write().unwrap());
+        let _until_released = held.map(|held| held.release_gate.write().unwrap());
         if let Some(held) = held {
             // Names held files took over backend files: their Unlink records are in the log
             // (committed with the renames, before the release point), so the backend may lose
-            // them now, and the held files take them below.
-            let unlinked = held.keeping_directory_times(|| {
-                let unlinked = held.remove_hidden(None, None).inspect_err(|e| {
-                    log::error!("unlinking replaced files on the backend at a checkpoint: {e}; the log keeps them");
-                })?;
-                held.make_all(release_before).inspect_err(|e| {
-                    log::error!("making new files on the backend at a checkpoint: {e}; the log keeps them");
-                })?;
-                Ok(unlinked)
+            // them now, and the held files take them.
+            let unlinked = held.make_all(release_before).inspect_err(|e| {
+                log::error!("making new files on the backend at a checkpoint: {e}; the log keeps them");
             })?;
             for id in unlinked {
                 if self.is_lingering(id) && self.has_no_name(id) {
@@ -70,14 +67,23 @@ impl Writeback {
                 }
             }
         }
+        let made_at = Instant::now();
         let flushed: Vec<(u64, u64)> =
             lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
         self.prepare_files();
         self.sync_backend()?;
+        let synced_at = Instant::now();
         log.checkpoint(release_before).map_err(|e| {
             log::error!("{e}");
             Errno(libc::EIO)
         })?;
+        log::debug!(
+            "checkpoint: flush {:?}, held files made {:?}, backend sync {:?}, log release {:?}",
+            flushed_at - started,
+            made_at - flushed_at,
+            synced_at - made_at,
+            synced_at.elapsed()
+        );
         log.forget_take_backs_before(take_backs);
         if let Some(held) = &self.pending {
             held.checkpoint_released(release_before);
@@ -254,9 +260,7 @@ impl Writeback {
             if let Some(held) =
                 self.pending.as_ref().filter(|held| checkpointed.is_ok() && (held.any_named() || held.any_hidden()))
             {
-                checkpointed = held
-                    .keeping_directory_times(|| held.remove_hidden(None, None).and_then(|_| held.make_all(u64::MAX)))
-                    .and_then(|_| self.checkpoint());
+                checkpointed = held.make_all(u64::MAX).and_then(|_| self.checkpoint());
             }
             if let Err(e) = checkpointed {
                 log::error!("the last checkpoint failed ({e}); the next mount replays the intent log");

@@ -145,7 +145,9 @@ impl Writeback {
 
     /// A file made on the backend with its held records unbarred (by a checkpoint, or for a
     /// flush) is settled before its close or fsync returns and before it is renamed or unlinked
-    /// (see `Pending::settle_if_made_unbarred`); `names_held`: the caller holds the names gate.
+    /// (see `Pending::settle_if_made_unbarred`). `names_held`: the caller holds the names gate,
+    /// so it cannot wait for a running checkpoint's release (whose next chunk of makes needs
+    /// the gate): it settles the file itself, one sync of it and its directory.
     pub fn settle_made(&self, id: u64, names_held: bool) -> SysResult<()> {
         // Every close and fsync asks: the durability map is locked below only for such a file.
         let Some(held) = self.pending.as_ref().filter(|held| held.is_unbarred(id)) else { return Ok(()) };
@@ -186,7 +188,17 @@ impl Writeback {
     /// held file's own unlink is not: if a power cut takes its record, replay makes the file
     /// again with the bytes its last commit acknowledged, or finds the name taken, and either
     /// is a state an unsynced unlink may leave.
-    pub fn commit_names_now(&self, records: Vec<Record>, before_backend: bool) {
+    ///
+    /// `names_gate`: the caller's hold of the held files' names gate, kept until the records
+    /// are committed (a checkpoint then makes the file at the name they say), let go before a
+    /// full log's checkpoint, which needs the gate. Such a checkpoint commits what it can of
+    /// the queued records first.
+    pub fn commit_names_now(
+        &self,
+        records: Vec<Record>,
+        before_backend: bool,
+        names_gate: Option<parking_lot::RwLockReadGuard<'_, ()>>,
+    ) {
         let Some(log) = &self.log else { return };
         let commit = |records: Vec<Record>| {
             if before_backend {
@@ -196,7 +208,10 @@ impl Writeback {
             }
         };
         let result = match commit(records.clone()) {
-            Err(LogError::Full { .. }) => self.checkpoint().map_err(LogError::from).and_then(|()| commit(records)),
+            Err(LogError::Full { .. }) => {
+                drop(names_gate);
+                self.checkpoint().map_err(LogError::from).and_then(|()| commit(records))
+            }
             other => other,
         };
         if let Err(e) = result {
