@@ -394,7 +394,8 @@ pub struct Writeback {
     pending: Option<Arc<Pending>>,
     /// Per inode number; see `Durability`. Entries go at checkpoints.
     durability: Mutex<HashMap<u64, Durability>>,
-    /// One checkpoint at a time; fsyncs of one file never pass each other.
+    /// One checkpoint at a time: another (the loop's, `sync`'s, a full log's) waits for the one
+    /// running, then runs its own.
     checkpointing: Mutex<()>,
     /// When the application last closed and fsynced files (`LogCloses::Auto`).
     bursts: Bursts,
