@@ -437,14 +437,18 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     unsafe { libc::umask(0) };
 
     let capabilities = backend.capabilities().clone();
-    let (engine, faults) =
-        match start_engine(backend, &capabilities, opts, &backing, &state, &marker, &metrics, &mut made) {
-            Ok(started) => started,
-            Err(message) => {
-                made.undo(&marker, &runtime);
-                return ready.error(&message);
-            }
-        };
+    let (engine, faults) = match start_engine(
+        backend,
+        &capabilities,
+        &StartAt { opts, backing: &backing, state: &state, marker: &marker, metrics: &metrics },
+        &mut made,
+    ) {
+        Ok(started) => started,
+        Err(message) => {
+            made.undo(&marker, &runtime);
+            return ready.error(&message);
+        }
+    };
     let max_write = opts.max_write_bytes.unwrap_or(capabilities.unit_bytes).min(fuse::MAX_WRITE_BYTES_LIMIT);
     metrics.set_mount_options(options_in_effect(
         opts,
@@ -527,20 +531,26 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     exit
 }
 
+/// What a start reads of where it happens: the options, the backing source, the state
+/// directory, where the crash marker lives, and the counters.
+struct StartAt<'a> {
+    opts: &'a MountOptions,
+    backing: &'a Path,
+    state: &'a state::StateDir,
+    marker: &'a Marker,
+    metrics: &'a Arc<crate::metrics::Metrics>,
+}
+
 /// The engine over the opened store, its log replayed, with fault injection where the
 /// environment asks for it. On an error, `made` says what the caller undoes (a replay that
 /// failed part way leaves its log and marker for the next mount).
-#[allow(clippy::too_many_arguments)]
 fn start_engine(
     backend: Opened,
     capabilities: &backend::Capabilities,
-    opts: &MountOptions,
-    backing: &Path,
-    state: &state::StateDir,
-    marker: &Marker,
-    metrics: &Arc<crate::metrics::Metrics>,
+    at: &StartAt<'_>,
     made: &mut MadeAtStart,
 ) -> Result<(Arc<engine::Engine>, Option<Arc<Faults>>), String> {
+    let StartAt { opts, backing, state, marker, metrics } = *at;
     log::info!(
         "unit {} bytes ({:?}), logical block {} bytes",
         capabilities.unit_bytes,
