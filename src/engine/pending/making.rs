@@ -49,7 +49,7 @@ impl Pending {
         let Some((parent, name)) = body.name.clone() else { return Ok(None) };
         let owner = Owner { uid: body.attr.uid, gid: body.attr.gid };
         // A backend file it was renamed over may still hold the name, hidden: it goes first.
-        self.remove_hidden(Some(parent), Some(&name))?;
+        self.remove_hidden(parent, Some(&name))?;
         let made = if alone {
             self.ns.make_with_id_prepared(id, parent, &name, body.attr.perm, owner)?
         } else {
@@ -174,7 +174,7 @@ impl Pending {
         for dirs in hiding.chunks(FILES_MADE_PER_GATE) {
             self.chunk_under_the_gate(dirs, || {
                 for dir in dirs {
-                    unlinked.extend(self.remove_hidden(Some(*dir), None)?);
+                    unlinked.extend(self.remove_hidden(*dir, None)?);
                 }
                 Ok(())
             })?;

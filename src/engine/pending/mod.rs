@@ -462,29 +462,20 @@ impl Pending {
         !self.table().hidden.is_empty()
     }
 
-    /// Removes hidden names from the backend: the one `name` in `parent` (Some), every one
-    /// in `parent` (None), or every one anywhere (`parent` None). Each is removed only while it
-    /// still names the object hidden (nothing else can have taken a hidden name). Returns the
-    /// objects whose names were removed; a failure leaves the rest hidden.
-    pub fn remove_hidden(&self, parent: Option<ObjectId>, name: Option<&OsStr>) -> SysResult<Vec<ObjectId>> {
-        let due: Vec<(ObjectId, OsString, Vec<u8>)> = {
-            let table = self.table();
-            let dirs: Vec<ObjectId> = match parent {
-                Some(dir) => vec![dir],
-                None => table.hidden.keys().copied().collect(),
-            };
-            dirs.into_iter()
-                .filter_map(|dir| table.hidden.get(&dir).map(|names| (dir, names)))
-                .flat_map(|(dir, names)| {
-                    names
-                        .iter()
-                        .filter(|(n, _)| name.is_none_or(|wanted| wanted == n.as_os_str()))
-                        .map(move |(n, key)| (dir, n.clone(), key.clone()))
-                })
+    /// Removes hidden names from the backend in the directory `dir`: the one `name` (Some), or
+    /// every one (None). Each is removed only while it still names the object hidden (nothing
+    /// else can have taken a hidden name). Returns the objects whose names were removed; a
+    /// failure leaves the rest hidden.
+    pub fn remove_hidden(&self, dir: ObjectId, name: Option<&OsStr>) -> SysResult<Vec<ObjectId>> {
+        let due: Vec<(OsString, Vec<u8>)> = self.table().hidden.get(&dir).map_or_else(Vec::new, |names| {
+            names
+                .iter()
+                .filter(|(n, _)| name.is_none_or(|wanted| wanted == n.as_os_str()))
+                .map(|(n, key)| (n.clone(), key.clone()))
                 .collect()
-        };
+        });
         let mut removed = Vec::new();
-        for (dir, name, key) in due {
+        for (name, key) in due {
             if let Some((_, id)) = self.ns.identify(dir, &name)?.filter(|(now, _)| *now == key) {
                 self.ns.remove(dir, &name, false)?;
                 removed.push(id);

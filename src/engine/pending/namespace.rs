@@ -183,7 +183,7 @@ impl Namespace for PendingNamespace {
         if self.0.named(parent, name).is_some() {
             return Err(Errno(libc::EEXIST));
         }
-        self.0.remove_hidden(Some(parent), Some(name))?;
+        self.0.remove_hidden(parent, Some(name))?;
         self.0.ns.make(parent, name, what, owner)
     }
 
@@ -212,7 +212,7 @@ impl Namespace for PendingNamespace {
             log::error!("link of a held file reached the namespace");
             return Err(Errno(libc::EIO));
         }
-        self.0.remove_hidden(Some(new_parent), Some(new_name))?;
+        self.0.remove_hidden(new_parent, Some(new_name))?;
         self.0.ns.link(id, new_parent, new_name)
     }
 
@@ -233,7 +233,7 @@ impl Namespace for PendingNamespace {
                     return Err(Errno(libc::ENOTEMPTY));
                 }
                 // Empty here: the backend's unlinks of its hidden names first.
-                p.remove_hidden(Some(dir), None)?;
+                p.remove_hidden(dir, None)?;
             }
         }
         p.ns.remove(parent, name, directory)
@@ -263,7 +263,7 @@ impl Namespace for PendingNamespace {
             return Err(Errno(libc::ENOENT));
         }
         // The target is free here: the backend's unlink of what it hid first.
-        p.remove_hidden(Some(new_parent), Some(new_name))?;
+        p.remove_hidden(new_parent, Some(new_name))?;
         if p.any_named() || p.any_hidden() {
             // A directory renamed over an empty one: empty on the backend may not be empty here.
             if let Some((_, target)) = p.ns.identify(new_parent, new_name)? {
@@ -271,7 +271,7 @@ impl Namespace for PendingNamespace {
                     return Err(Errno(libc::ENOTEMPTY));
                 }
                 if flags & libc::RENAME_EXCHANGE == 0 {
-                    p.remove_hidden(Some(target), None)?;
+                    p.remove_hidden(target, None)?;
                 }
             }
         }
