@@ -1,7 +1,7 @@
 //! The database file: opening it (with a clear error for what is not ours to write), its
 //! schema, and the `meta` table's values. Owns no file-system semantics (`super` does).
 //!
-//! Schema version 1 (`PRAGMA user_version`), readable with the `sqlite3` CLI:
+//! Schema version 2 (`PRAGMA user_version`), readable with the `sqlite3` CLI:
 //!
 //! - `meta(key, value)`: `generation` (bumped and committed at every open: keys made by one
 //!   open never match another's), `log_marker` (the intent log a crash left to replay).
@@ -12,13 +12,24 @@
 //! - `dentries(parent, name, child)`: one row per name.
 //! - `xattrs(id, name, value)`.
 //! - `units(file, unit, data)`: unit `unit` of file `file`, bytes [unit * U, unit * U + len);
-//!   a missing row is a hole.
+//!   a missing row is a hole. A rowid table with a unique index on `(file, unit)`: version 1
+//!   kept it `WITHOUT ROWID`, an index b-tree, whose rows hold at most ~1,000 bytes of a 4 KiB
+//!   page before the rest goes to an overflow page of its own, so a 1-4 KiB file took a whole
+//!   extra page; a rowid table keeps up to ~4,000 in the row, and new files' rows (higher
+//!   rowids) fill pages in order. Version 1 files are converted at a read-write open.
+//!
+//! Pages of 1 KiB (set when the file is made): measured against 2, 4 and 8 KiB on the
+//! config-store workload and seed 000's per-file case, the fewest bytes written
+//! (bench/results/2026-11-29-sqlite-layout), at some cost to large files' throughput.
 
 use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
+
+/// The page size of a database this coalescefs makes (an existing one keeps its own).
+pub const PAGE_BYTES: u32 = 1024;
 
 const CREATE: &str = "
 CREATE TABLE meta(key TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -34,9 +45,24 @@ CREATE TABLE dentries(parent INTEGER NOT NULL, name BLOB NOT NULL, child INTEGER
 CREATE INDEX dentries_by_child ON dentries(child);
 CREATE TABLE xattrs(id INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,
     PRIMARY KEY(id, name)) WITHOUT ROWID;
-CREATE TABLE units(file INTEGER NOT NULL, unit INTEGER NOT NULL, data BLOB NOT NULL,
-    PRIMARY KEY(file, unit)) WITHOUT ROWID;
+CREATE TABLE units(file INTEGER NOT NULL, unit INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE UNIQUE INDEX units_by_file ON units(file, unit);
 ";
+
+/// Version 1 to 2: `units` from an index b-tree to a rowid table (above), rows copied in key
+/// order; one transaction with the open's, so a crash leaves version 1 whole.
+const UNITS_FROM_VERSION_1: &str = "
+CREATE TABLE units_v2(file INTEGER NOT NULL, unit INTEGER NOT NULL, data BLOB NOT NULL);
+INSERT INTO units_v2(file, unit, data) SELECT file, unit, data FROM units ORDER BY file, unit;
+DROP TABLE units;
+ALTER TABLE units_v2 RENAME TO units;
+CREATE UNIQUE INDEX units_by_file ON units(file, unit);
+";
+
+/// The versions a read-only open reads: version 1's tables answer the same queries.
+fn readable(version: i64) -> bool {
+    version == 1 || version == SCHEMA_VERSION
+}
 
 /// Opens an existing database read-only (`-o ro`): its schema checked, nothing written, its
 /// generation read as it is. Returns the connection and the generation.
@@ -53,9 +79,9 @@ pub fn open_read_only(path: &Path) -> Result<(Connection, u64), String> {
     };
     let version: i64 =
         db.query_row("PRAGMA user_version", [], |row| row.get(0)).map_err(|e| fail("reading its version", e))?;
-    if version != SCHEMA_VERSION {
+    if !readable(version) {
         return Err(format!(
-            "SQLite database {shown} has schema version {version} (user_version), this coalescefs reads {SCHEMA_VERSION}: \
+            "SQLite database {shown} has schema version {version} (user_version), this coalescefs reads 1 and {SCHEMA_VERSION}: \
              it is another program's database, another version's, or was never mounted read-write"
         ));
     }
@@ -97,15 +123,15 @@ pub fn open(path: &Path) -> Result<(Connection, u64), String> {
     let tables: i64 = db
         .query_row("SELECT count(*) FROM sqlite_master", [], |row| row.get(0))
         .map_err(|e| fail("reading its schema", e))?;
-    if tables > 0 && version != SCHEMA_VERSION {
+    if tables > 0 && !readable(version) {
         return Err(format!(
-            "SQLite database {shown} has schema version {version} (user_version), this coalescefs reads {SCHEMA_VERSION}: \
+            "SQLite database {shown} has schema version {version} (user_version), this coalescefs reads 1 and {SCHEMA_VERSION}: \
              it is another program's database or another version's, and is left as it is"
         ));
     }
     if tables == 0 {
         // Before the first table: the page size is fixed then.
-        db.execute_batch("PRAGMA page_size = 4096").map_err(|e| fail("setting its page size", e))?;
+        db.execute_batch(&format!("PRAGMA page_size = {PAGE_BYTES}")).map_err(|e| fail("setting its page size", e))?;
     }
     let mode: String =
         db.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).map_err(|e| fail("setting WAL mode", e))?;
@@ -118,6 +144,11 @@ pub fn open(path: &Path) -> Result<(Connection, u64), String> {
     let made = (|| -> rusqlite::Result<u64> {
         if tables == 0 {
             db.execute_batch(CREATE)?;
+        } else if version == 1 {
+            log::info!("SQLite database {shown}: converting its units table to schema version {SCHEMA_VERSION}");
+            db.execute_batch(UNITS_FROM_VERSION_1)?;
+        }
+        if version != SCHEMA_VERSION {
             db.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
         }
         let generation: i64 = db

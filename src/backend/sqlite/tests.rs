@@ -225,3 +225,66 @@ fn a_long_write_without_a_sync_is_committed_in_bounded_transactions() {
     assert_eq!(committed_units() as u64, units);
     assert_eq!(read_all(&*data), pattern((units * UNIT) as usize));
 }
+
+/// A database of schema version 1 (`units` an index b-tree, `WITHOUT ROWID`) reads as it is
+/// read-only, and a read-write open converts it, rows whole, in the transaction that opens it.
+#[test]
+fn a_version_1_database_is_converted_at_a_read_write_open_and_read_as_it_is_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tree.db");
+    let big = pattern(3 * UNIT as usize + 100);
+    let small = pattern(1000);
+    {
+        let b = open(&dir);
+        for (name, bytes) in [("big", &big), ("small", &small)] {
+            let file = b.make(ROOT_ID, OsStr::new(name), NewObject::File { perm: 0o644 }, OWNER).unwrap();
+            write_whole(&*b.open(file.id, OpenMode { write: true, no_atime: false }).unwrap(), bytes);
+        }
+        b.sync_all().unwrap();
+        b.close_wal().unwrap();
+    }
+    let db = rusqlite::Connection::open(&path).unwrap();
+    db.execute_batch(
+        "BEGIN;
+         CREATE TABLE units_v1(file INTEGER NOT NULL, unit INTEGER NOT NULL, data BLOB NOT NULL,
+             PRIMARY KEY(file, unit)) WITHOUT ROWID;
+         INSERT INTO units_v1 SELECT file, unit, data FROM units;
+         DROP TABLE units;
+         ALTER TABLE units_v1 RENAME TO units;
+         PRAGMA user_version = 1;
+         COMMIT;",
+    )
+    .unwrap();
+    let units_sql = |db: &rusqlite::Connection| -> String {
+        db.query_row("SELECT sql FROM sqlite_master WHERE name = 'units'", [], |r| r.get(0)).unwrap()
+    };
+    let version = |db: &rusqlite::Connection| -> i64 { db.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap() };
+    assert!(units_sql(&db).contains("WITHOUT ROWID"));
+    let unit_rows: i64 = db.query_row("SELECT count(*) FROM units", [], |r| r.get(0)).unwrap();
+    drop(db);
+    let read_back = |b: &SqliteBackend| {
+        for (name, bytes) in [("big", &big), ("small", &small)] {
+            let file = b.lookup(ROOT_ID, OsStr::new(name)).unwrap();
+            assert_eq!(&read_all(&*b.open(file.id, OpenMode::default()).unwrap()), bytes, "{name}");
+        }
+    };
+
+    let b = SqliteBackend::open_read_only(&path, Some(UNIT), Arc::new(Metrics::default())).expect("read-only open");
+    read_back(&b);
+    drop(b);
+    let db = rusqlite::Connection::open(&path).unwrap();
+    assert_eq!(version(&db), 1, "a read-only open converted the file");
+    drop(db);
+
+    let b = open(&dir);
+    read_back(&b);
+    assert_eq!(b.integrity_check().unwrap(), "ok");
+    drop(b);
+    let db = rusqlite::Connection::open(&path).unwrap();
+    assert_eq!(version(&db), super::SCHEMA_VERSION);
+    assert!(!units_sql(&db).contains("WITHOUT ROWID"), "{}", units_sql(&db));
+    let converted: i64 = db.query_row("SELECT count(*) FROM units", [], |r| r.get(0)).unwrap();
+    assert_eq!(converted, unit_rows);
+    let page: i64 = db.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
+    assert_eq!(page, i64::from(super::schema::PAGE_BYTES), "a new database's page size");
+}
