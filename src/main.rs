@@ -35,7 +35,8 @@ Mount options (-o, comma-separated, repeatable):
   log=on|off|PATH    intent log: fsync, new files, names (default on: in the state directory)
   state=DIR          state directory (default /var/lib/coalescefs/<escaped BACKING_DIR>)
   log_size=SIZE      the intent log's ring (default 64M)
-  checkpoint_interval=DURATION  (default 30s)
+  checkpoint_interval=DURATION  the longest between checkpoints (default 300s)
+  checkpoint_idle=DURATION      a checkpoint once nothing was logged for this long (default 30s)
   log_threshold=SIZE, log_threshold_new=SIZE  most bytes one fsync logs (existing / new file)
   log_closes=auto|always|never  closes of new or changed small files the log takes (default
                      auto: those not in a burst of closes; the others write to BACKING_DIR)

@@ -56,6 +56,8 @@ pub struct MountOptions {
     pub log_size_bytes: u64,
     /// `checkpoint_interval=DURATION`: the longest between intent log checkpoints.
     pub checkpoint_interval: std::time::Duration,
+    /// `checkpoint_idle=DURATION`: a checkpoint once nothing has been logged for this long.
+    pub checkpoint_idle: std::time::Duration,
     /// `log_threshold=SIZE`: the most buffered bytes of a file that existed at the last
     /// checkpoint one fsync puts in the log.
     pub log_threshold_bytes: u64,
@@ -161,6 +163,20 @@ pub const LOG_SIZE_BYTES_DEFAULT: u64 = 64 << 20;
 
 pub const BUFFER_BYTES_DEFAULT: u64 = 256 << 20;
 
+/// The longest between two checkpoints while the log holds records: what a store's view may lag
+/// the mount by (another reader of a database, another machine after an S3 mount is lost), and
+/// how much a steady trickle of writes shares one checkpoint's fixed cost, ~74-95 KB on ext4
+/// whatever it carries (bench/results/2026-11-29-sqlite-layout). A configuration store that
+/// rewrites a file every 2 s paid 12.5 KiB a rewrite at 30 s (bench/results/2026-11-28-sporadic);
+/// five minutes is also PostgreSQL's `checkpoint_timeout`.
+pub const CHECKPOINT_INTERVAL_DEFAULT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// A checkpoint once nothing has been logged for this long: a burst (a package install, a
+/// commit) reaches the store soon after it ends, as with the 30 s timer before, while a trickle
+/// waits for `CHECKPOINT_INTERVAL_DEFAULT`. Also the longest a close's batch waits for the log's
+/// device to be flushed.
+pub const CHECKPOINT_IDLE_DEFAULT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Only this mount changes the backing directory while it is mounted (its lock on the directory
 /// keeps a second mount out), so what the kernel was told stays true until the mount itself
 /// changes it, and the kernel then learns of it. Every expiry costs a LOOKUP or GETATTR round
@@ -197,7 +213,8 @@ impl Default for MountOptions {
             log: LogPlace::Default,
             state_dir: None,
             log_size_bytes: LOG_SIZE_BYTES_DEFAULT,
-            checkpoint_interval: std::time::Duration::from_secs(30),
+            checkpoint_interval: CHECKPOINT_INTERVAL_DEFAULT,
+            checkpoint_idle: CHECKPOINT_IDLE_DEFAULT,
             log_threshold_bytes: LOG_THRESHOLD_BYTES_DEFAULT,
             log_threshold_new_bytes: LOG_THRESHOLD_NEW_BYTES_DEFAULT,
             log_closes: crate::engine::LogCloses::Auto,
@@ -433,6 +450,7 @@ fn apply_log_option(options: &mut MountOptions, arg: &OptionArg<'_>) -> Result<b
             }
         }
         "checkpoint_interval" => options.checkpoint_interval = arg.positive_duration()?,
+        "checkpoint_idle" => options.checkpoint_idle = arg.positive_duration()?,
         "burst_gap" => {
             let d = arg.duration()?;
             if d > std::time::Duration::from_secs(10) {

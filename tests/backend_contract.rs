@@ -53,6 +53,7 @@ fn config() -> EngineConfig {
             log_closes: LogCloses::Always,
             burst_gap: coalescefs::engine::burst::BURST_GAP,
             checkpoint_interval: Duration::from_secs(3600),
+            checkpoint_idle: Duration::from_secs(3600),
             io_timeout: Duration::from_secs(10),
         },
         page_cache: PageCache::Off,

@@ -107,6 +107,11 @@ fn unknown_option_and_bad_values() {
         2,
         "checkpoint_interval=0s: must be more than 0",
     );
+    assert_fails(
+        &coalescefs(&["mount", &b, &m, "-o", "checkpoint_idle=soon"]),
+        2,
+        "checkpoint_idle=soon: 'soon' is not a duration",
+    );
     assert_fails(&coalescefs(&["mount", &b, &m, "-o", "state=rel/dir"]), 2, "state=rel/dir: expected an absolute path");
     let inside = format!("log=on,state={b}/state");
     assert_fails(&coalescefs(&["mount", &b, &m, "-o", &inside]), 1, "inside the backing directory");

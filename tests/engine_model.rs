@@ -390,6 +390,7 @@ fn config_holding(log_closes: LogCloses) -> EngineConfig {
             log_closes,
             burst_gap: coalescefs::engine::burst::BURST_GAP,
             checkpoint_interval: Duration::from_secs(3600),
+            checkpoint_idle: Duration::from_secs(3600),
             io_timeout: Duration::from_secs(10),
         },
         page_cache: PageCache::Off,

@@ -641,7 +641,7 @@ def case_configstore(rewrites, systems=None):
     directories made (uncounted) and the store remounted cold, then `rewrites` rewrites, each a
     temporary file written, fsynced and renamed over the file, one at a time; every byte the
     store's device takes, to the end of the unmount (coalescefs's checkpoint included), per
-    rewrite, and rewrites per second. With the defaults (the log on, checkpoints every 30 s)."""
+    rewrite, and rewrites per second. With the defaults (the log on; a checkpoint 30 s after the last record logged, at most 300 s apart)."""
     systems = systems or CONFIG_SYSTEMS
 
     def run_for(name, opts):

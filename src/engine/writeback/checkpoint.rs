@@ -172,27 +172,51 @@ impl Writeback {
         self.sync_backend()
     }
 
-    /// Checkpoints when the log is half full, or the durability map holds more than
-    /// `DURABILITY_ENTRIES_BEFORE_CHECKPOINT` files, and every `checkpoint_interval` while the log
-    /// holds anything or a file waits for a backend sync to become eligible for it.
+    /// Checkpoints when the log is half full, the durability map holds more than
+    /// `DURABILITY_ENTRIES_BEFORE_CHECKPOINT` files or the held files more than
+    /// `HELD_BYTES_BEFORE_CHECKPOINT` bytes; and, while the log holds anything or a file waits
+    /// for a backend sync, once nothing has been logged for `checkpoint_idle` or at the latest
+    /// `checkpoint_interval` after the last one. A checkpoint's fixed cost (a journal commit of
+    /// the backing file system, a database commit) is the same whatever it carries, and a file
+    /// rewritten again before it is written once: a trickle of fsyncs shares one checkpoint
+    /// every `checkpoint_interval`, a burst reaches the store `checkpoint_idle` after it ends.
+    /// Between checkpoints, the batches of closes (which flush nothing) are flushed to the
+    /// log's device within `checkpoint_idle`.
     pub(super) fn checkpoint_loop(&self) {
         let log = self.log.as_ref().expect("the checkpointer runs with a log");
         // The first ones: their creation shares the backend's next sync with whatever comes.
         self.prepare_files();
-        let mut last = Instant::now();
-        while self.threads.pause_unless_stopped(Duration::from_millis(100).min(self.config.checkpoint_interval)) {
+        let tick = Duration::from_millis(100).min(self.config.checkpoint_interval).min(self.config.checkpoint_idle);
+        let mut last_checkpoint = Instant::now();
+        let mut last_flush = Instant::now();
+        let (mut seen_seq, mut last_logged) = (log.next_seq(), Instant::now());
+        while self.threads.pause_unless_stopped(tick) {
+            let seq = log.next_seq();
+            if seq != seen_seq {
+                (seen_seq, last_logged) = (seq, Instant::now());
+            }
             let entries = lock(&self.durability).len();
             let held_bytes = self.pending.as_ref().map_or(0, |held| held.bytes_held());
             let waiting = log.holds_batches() || entries > 0;
+            let quiet_since = last_logged.max(last_checkpoint);
             let due = log.used_fraction() > 0.5
                 || entries > DURABILITY_ENTRIES_BEFORE_CHECKPOINT
                 || held_bytes > HELD_BYTES_BEFORE_CHECKPOINT
-                || (waiting && last.elapsed() >= self.config.checkpoint_interval);
+                || (waiting
+                    && (last_checkpoint.elapsed() >= self.config.checkpoint_interval
+                        || quiet_since.elapsed() >= self.config.checkpoint_idle));
             if due {
                 if let Err(e) = self.checkpoint() {
                     log::warn!("checkpoint failed ({e}); the log keeps its records and it is tried again");
                 }
-                last = Instant::now();
+                (last_checkpoint, last_flush) = (Instant::now(), Instant::now());
+            } else if last_flush.elapsed() >= self.config.checkpoint_idle {
+                if let Err(e) = log.flush_written_batches() {
+                    log::warn!(
+                        "flushing the intent log's device failed ({e}); the next fsync or checkpoint tries again"
+                    );
+                }
+                last_flush = Instant::now();
             }
         }
     }

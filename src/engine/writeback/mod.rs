@@ -61,6 +61,9 @@ pub struct WritebackConfig {
     pub burst_gap: Duration,
     /// With the intent log: the longest between checkpoints while anything waits for one.
     pub checkpoint_interval: Duration,
+    /// With the intent log: a checkpoint once nothing has been logged for this long (and
+    /// anything waits for one); the longest a close's batch waits for a flush of the log.
+    pub checkpoint_idle: Duration,
     /// The longest a request waits for the backend without any progress (a flush that does
     /// not end, memory that is not freed) before it fails with EIO.
     pub io_timeout: Duration,

@@ -48,6 +48,7 @@ fn rig_on(store: MemoryBackend, buffer_units: u64, io_timeout: Duration, log: Op
         log_closes: LogCloses::Auto,
         burst_gap: crate::engine::burst::BURST_GAP,
         checkpoint_interval: Duration::from_secs(3600),
+        checkpoint_idle: Duration::from_secs(3600),
         io_timeout,
     };
     let wb = Writeback::new(faulty.clone(), faulty, config, metrics.clone(), log, None);
