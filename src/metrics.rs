@@ -246,6 +246,9 @@ pub struct Metrics {
     pub log_checkpoints: AtomicU64,
     /// Records applied to the backend from the log at mount, after a crash.
     pub log_replayed_records: AtomicU64,
+    /// Batches not replayed at mount because the store's replay watermark says it holds them
+    /// (a crash between a checkpoint's commit and the log's release; contract rule 7).
+    pub log_batches_below_watermark: AtomicU64,
     /// Descriptors the backend keeps open for objects the kernel has cached, and its bound.
     pub node_fds_open: AtomicU64,
     pub node_fds_limit: AtomicU64,
@@ -411,6 +414,11 @@ impl Metrics {
                 "log_replayed_records_total",
                 "Intent log records replayed at mount",
                 self.log_replayed_records.load(Relaxed),
+            ),
+            (
+                "log_batches_below_watermark_total",
+                "Intent log batches the store's replay watermark says it holds, not replayed at mount",
+                self.log_batches_below_watermark.load(Relaxed),
             ),
             ("node_fds_open", "Descriptors held for objects the kernel has cached", self.node_fds_open.load(Relaxed)),
             ("node_fds_limit", "The bound on descriptors held for cached objects", self.node_fds_limit.load(Relaxed)),

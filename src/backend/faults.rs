@@ -352,6 +352,16 @@ impl Namespace for FaultyBackend {
     fn key_at(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<Vec<u8>>> {
         self.ns.key_at(parent, name)
     }
+
+    fn set_replay_watermark(&self, first_batch: Option<u64>) -> SysResult<()> {
+        // A name change as far as faults go: `mutate` kills a process between two changes.
+        self.faults.check(FaultOp::Mutate, None)?;
+        self.ns.set_replay_watermark(first_batch)
+    }
+
+    fn replay_watermark(&self) -> SysResult<Option<u64>> {
+        self.ns.replay_watermark()
+    }
 }
 
 impl UnitStore for FaultyBackend {

@@ -48,6 +48,13 @@
 //! 6. **Whole units where partial writes are refused.** With `partial_writes` false the engine
 //!    hands `write_unit` every byte of the unit below the file's size; a store may refuse a
 //!    partial unit as a bug.
+//! 7. **A replay watermark commits with what it follows** (`Capabilities::keeps_replay_watermark`,
+//!    optional). `Namespace::set_replay_watermark` is made durable by the next sync that makes
+//!    every change before it durable, in the same atomic step, and never apart from them (a
+//!    database transaction). A checkpoint sets it to the first log batch it does not cover
+//!    before its sync; replay then starts there, so a crash between the store's sync and the
+//!    log's release does not apply the checkpoint's batches again. Not a file system's journal:
+//!    ext4 commits the xattr such a mark would be without waiting for overwritten data blocks.
 
 pub mod faults;
 pub mod local;
@@ -116,6 +123,9 @@ pub struct Capabilities {
     /// intent log needs it (its new files are made so at checkpoints): `Engine::new` refuses a
     /// log over a store without it.
     pub keeps_chosen_ids: bool,
+    /// The namespace keeps a replay watermark that commits with every change before it
+    /// (contract rule 7): replay starts from it.
+    pub keeps_replay_watermark: bool,
 }
 
 impl Capabilities {
@@ -250,6 +260,20 @@ pub trait Namespace: Send + Sync {
     /// The key of what `name` in the directory `parent` is now: `Ok(None)` only when nothing
     /// has the name (replay then takes it as free); a failure to look is an error.
     fn key_at(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<Vec<u8>>>;
+
+    /// Where `Capabilities::keeps_replay_watermark` (contract rule 7): records that every
+    /// intent log batch before `first_batch` is in the store once the next sync returns (None
+    /// forgets it). ENOSYS elsewhere.
+    fn set_replay_watermark(&self, first_batch: Option<u64>) -> SysResult<()> {
+        let _ = first_batch;
+        Err(Errno(libc::ENOSYS))
+    }
+
+    /// The replay watermark the store holds durably or in its open transaction (None where it
+    /// keeps none).
+    fn replay_watermark(&self) -> SysResult<Option<u64>> {
+        Ok(None)
+    }
 }
 
 /// A directory being read: `read(offset, max)` returns up to `max` entries from `offset` (0:

@@ -374,13 +374,7 @@ impl TestMount {
 
     /// A request to the daemon's control socket, answered with its reply.
     pub fn control(&self, request: &str) -> String {
-        use std::io::{Read, Write};
-        let mut stream =
-            std::os::unix::net::UnixStream::connect(self.runtime_dir().join("control.sock")).expect("control socket");
-        stream.write_all(format!("{request}\n").as_bytes()).unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).unwrap();
-        answer
+        control_in(&self.runtime_dir(), request)
     }
 
     /// Adds a fault rule (see src/backend/faults.rs); the mount must run with COALESCEFS_FAULTS.
@@ -562,6 +556,17 @@ pub fn kill_daemon_of(runtime: &Path, mnt: &Path) {
     kill_and_wait(pid);
     let out = coalescefs(&["umount", "--lazy", &path_str(mnt)]);
     assert!(out.status.success(), "{}", stderr_of(&out));
+}
+
+/// A request to the control socket of the daemon whose runtime directory is `runtime`,
+/// answered with its reply.
+pub fn control_in(runtime: &Path, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(runtime.join("control.sock")).expect("control socket");
+    stream.write_all(format!("{request}\n").as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
 }
 
 /// The daemon's log in its runtime directory (empty when there is none).

@@ -83,6 +83,7 @@ impl LocalBackend {
             keys_can_go_stale: true,
             sync_orders_names: true,
             keeps_chosen_ids: true,
+            keeps_replay_watermark: false,
         };
         Ok(LocalBackend {
             dir,

@@ -338,6 +338,7 @@ impl MemoryBackend {
             keys_can_go_stale: true,
             sync_orders_names: true,
             keeps_chosen_ids: true,
+            keeps_replay_watermark: false,
         };
         MemoryBackend { state: Arc::new(Mutex::new(state)), capabilities, gate: Arc::default() }
     }

@@ -250,6 +250,9 @@ impl S3Store {
             keys_can_go_stale: true,
             sync_orders_names: true,
             keeps_chosen_ids: true,
+            // Its namespace database could keep one; not claimed until its unit puts, commit and
+            // manifest are shown to make one atomic step with it.
+            keeps_replay_watermark: false,
         };
         let epoch = names.generation();
         Ok(S3Store {

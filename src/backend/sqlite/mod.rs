@@ -57,6 +57,10 @@ pub const TRANSACTION_MAX_BYTES: u64 = 32 << 20;
 /// The `meta` key of the crash marker: the intent log a crash left to replay.
 const LOG_MARKER_KEY: &str = "log_marker";
 
+/// The `meta` key of the replay watermark (contract rule 7): the first intent log batch the
+/// last committed checkpoint did not cover.
+const REPLAY_WATERMARK_KEY: &str = "replay_watermark";
+
 /// An inode row.
 #[derive(Clone, Debug)]
 struct Object {
@@ -642,6 +646,7 @@ impl SqliteBackend {
             keys_can_go_stale: true,
             sync_orders_names: true,
             keeps_chosen_ids: true,
+            keeps_replay_watermark: true,
         };
         Ok(SqliteBackend { inner: Arc::new(Mutex::new(inner)), capabilities, path: path.to_path_buf(), metrics })
     }

@@ -399,4 +399,31 @@ impl Namespace for SqliteBackend {
     fn key_at(&self, parent: ObjectId, name: &OsStr) -> SysResult<Option<Vec<u8>>> {
         Ok(self.identify(parent, name)?.map(|(key, _)| key))
     }
+
+    /// A row of `meta` in the open transaction: the commit that makes it durable makes every
+    /// change before it durable with it (contract rule 7).
+    fn set_replay_watermark(&self, first_batch: Option<u64>) -> SysResult<()> {
+        lock(&self.inner).change(|s| {
+            match first_batch {
+                Some(seq) => {
+                    s.db.execute(
+                        "INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)",
+                        params![REPLAY_WATERMARK_KEY, seq as i64],
+                    )
+                    .sql()?
+                }
+                None => s.db.execute("DELETE FROM meta WHERE key = ?1", [REPLAY_WATERMARK_KEY]).sql()?,
+            };
+            Ok(())
+        })
+    }
+
+    fn replay_watermark(&self) -> SysResult<Option<u64>> {
+        let s = lock(&self.inner);
+        let value: Option<i64> =
+            s.db.query_row("SELECT value FROM meta WHERE key = ?1", [REPLAY_WATERMARK_KEY], |r| r.get(0))
+                .optional()
+                .sql()?;
+        Ok(value.map(|v| v as u64))
+    }
 }

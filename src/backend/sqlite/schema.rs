@@ -4,7 +4,9 @@
 //! Schema version 2 (`PRAGMA user_version`), readable with the `sqlite3` CLI:
 //!
 //! - `meta(key, value)`: `generation` (bumped and committed at every open: keys made by one
-//!   open never match another's), `log_marker` (the intent log a crash left to replay).
+//!   open never match another's), `log_marker` (the intent log a crash left to replay),
+//!   `replay_watermark` (the first batch of that log the last checkpoint's commit did not
+//!   cover: replay starts there).
 //! - `inodes(id, birth, kind, mode, uid, gid, rdev, size, nlink, atime_s, atime_ns, mtime_s,
 //!   mtime_ns, ctime_s, ctime_ns, target)`: `mode` is the whole `st_mode`, `kind` its format
 //!   in words, `target` a symlink's. Ids are u64 stored as i64 (the engine's reserved range

@@ -5,8 +5,9 @@
 //! keeps that view for it while the daemon goes on writing), and nothing of a transaction the
 //! daemon has open. The pages are copied with SQLite's backup API in one step, without the
 //! lock: the mount is held up only for the commit, not for the copy. The copy is then made a
-//! tree of its own: the crash marker (the path of the mounted database's intent log) is taken
-//! out of it, so that mounting it never replays another tree's log into it, and it is left in
+//! tree of its own: the crash marker (the path of the mounted database's intent log) and the
+//! replay watermark (a place in that log) are taken out of it, so that mounting it never
+//! replays another tree's log into it nor skips a batch of its own, and it is left in
 //! rollback-journal mode (one file, no `-wal` beside it). It reaches its name only whole and
 //! synced, and never over an existing file.
 
@@ -14,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags};
 
-use super::{lock, SqliteBackend, LOG_MARKER_KEY};
+use super::{lock, SqliteBackend, LOG_MARKER_KEY, REPLAY_WATERMARK_KEY};
 
 impl SqliteBackend {
     /// Copies the tree the last commit left (everything synced before the call is in it) into
@@ -65,7 +66,7 @@ impl SqliteBackend {
 }
 
 /// The pages `reader`'s transaction sees, into a new database file at `to`, made a tree of
-/// its own (no crash marker, one file).
+/// its own (no crash marker nor replay watermark, one file).
 fn copy_to(reader: &Connection, to: &PathBuf) -> Result<(), String> {
     let shown = to.display();
     let mut copy = Connection::open(to).map_err(|e| format!("{shown}: {e}"))?;
@@ -83,6 +84,7 @@ fn copy_to(reader: &Connection, to: &PathBuf) -> Result<(), String> {
     if !mode.eq_ignore_ascii_case("delete") {
         return Err(format!("{shown}: the copy stayed in journal mode {mode}, not one file"));
     }
-    copy.execute("DELETE FROM meta WHERE key = ?1", [LOG_MARKER_KEY]).map_err(|e| format!("{shown}: {e}"))?;
+    copy.execute("DELETE FROM meta WHERE key IN (?1, ?2)", [LOG_MARKER_KEY, REPLAY_WATERMARK_KEY])
+        .map_err(|e| format!("{shown}: {e}"))?;
     copy.close().map_err(|(_, e)| format!("closing {shown}: {e}"))
 }

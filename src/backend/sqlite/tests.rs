@@ -288,3 +288,39 @@ fn a_version_1_database_is_converted_at_a_read_write_open_and_read_as_it_is_read
     let page: i64 = db.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
     assert_eq!(page, i64::from(super::schema::PAGE_BYTES), "a new database's page size");
 }
+
+/// Contract rule 7: the replay watermark stays in the open transaction until a sync commits
+/// it with every change before it; a crash before that keeps the last committed one.
+#[test]
+fn the_replay_watermark_commits_with_the_changes_before_it_and_never_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let b = open(&dir);
+        assert!(b.capabilities().keeps_replay_watermark);
+        assert_eq!(b.replay_watermark().unwrap(), None);
+        b.set_replay_watermark(Some(7)).unwrap();
+        b.sync_all().unwrap();
+        b.make(ROOT_ID, OsStr::new("after"), NewObject::File { perm: 0o644 }, OWNER).unwrap();
+        b.set_replay_watermark(Some(9)).unwrap();
+        assert_eq!(b.replay_watermark().unwrap(), Some(9), "the open transaction's own");
+        b.crash();
+    }
+    {
+        let b = open(&dir);
+        assert_eq!(b.replay_watermark().unwrap(), Some(7), "a watermark no sync committed survived a crash");
+        assert_eq!(b.lookup(ROOT_ID, OsStr::new("after")).unwrap_err().0, libc::ENOENT);
+        b.make(ROOT_ID, OsStr::new("before"), NewObject::File { perm: 0o644 }, OWNER).unwrap();
+        b.set_replay_watermark(Some(11)).unwrap();
+        let data = b.make(ROOT_ID, OsStr::new("data"), NewObject::File { perm: 0o644 }, OWNER).unwrap();
+        write_whole(&*b.open(data.id, OpenMode { write: true, no_atime: false }).unwrap(), &pattern(100));
+        // Any sync commits the transaction: a file's too.
+        b.open(data.id, OpenMode::default()).unwrap().sync(true).unwrap();
+        b.crash();
+    }
+    let b = open(&dir);
+    assert_eq!(b.replay_watermark().unwrap(), Some(11));
+    assert!(b.lookup(ROOT_ID, OsStr::new("before")).is_ok(), "the watermark committed without the change before it");
+    b.set_replay_watermark(None).unwrap();
+    b.sync_all().unwrap();
+    assert_eq!(b.replay_watermark().unwrap(), None);
+}

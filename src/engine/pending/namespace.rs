@@ -365,4 +365,12 @@ impl Namespace for PendingNamespace {
             None => self.0.ns.key_at(parent, name),
         }
     }
+
+    fn set_replay_watermark(&self, first_batch: Option<u64>) -> SysResult<()> {
+        self.0.ns.set_replay_watermark(first_batch)
+    }
+
+    fn replay_watermark(&self) -> SysResult<Option<u64>> {
+        self.0.ns.replay_watermark()
+    }
 }

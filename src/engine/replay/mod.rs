@@ -652,8 +652,52 @@ pub fn salvage_log(
     let metrics = Arc::new(Metrics::default());
     let name = device.describe();
     let (log, batches, lost) = IntentLog::salvage(device, metrics.clone()).map_err(|e| format!("{name}: {e}"))?;
+    let (batches, watermark) = after_watermark(ns, store, false, batches, &metrics)?;
     replay(ns, store, log, &batches, &metrics).map_err(|e| format!("replaying {name}: {e}"))?;
+    forget_watermark(ns, store, watermark)?;
     Ok(lost)
+}
+
+/// The batches replay applies: those from the store's replay watermark on, where it keeps one
+/// (contract rule 7: the checkpoint that set it committed everything before it, and a crash
+/// stopped the log's release). A log made just now is not the one the watermark counts in:
+/// nothing of it is skipped. Returns the watermark read, for `forget_watermark`.
+fn after_watermark(
+    ns: &dyn Namespace,
+    store: &dyn UnitStore,
+    created: bool,
+    batches: Vec<Batch>,
+    metrics: &Metrics,
+) -> Result<(Vec<Batch>, Option<u64>), String> {
+    if !store.capabilities().keeps_replay_watermark {
+        return Ok((batches, None));
+    }
+    let watermark = ns.replay_watermark().map_err(|e| format!("reading the store's replay watermark: {e}"))?;
+    let Some(first) = watermark.filter(|_| !created) else { return Ok((batches, watermark)) };
+    let (below, kept): (Vec<Batch>, Vec<Batch>) = batches.into_iter().partition(|b| b.seq < first);
+    if !below.is_empty() {
+        log::info!(
+            "replay: the store holds every batch before {first} (its last checkpoint committed them; the log's \
+             release did not happen): {} batches not replayed, {} replayed",
+            below.len(),
+            kept.len()
+        );
+        metrics.log_batches_below_watermark.fetch_add(below.len() as u64, Ordering::Relaxed);
+    }
+    Ok((kept, watermark))
+}
+
+/// After replay (the log empty): the watermark forgotten, durably, before the log takes a
+/// batch. A log that lost batches to a power cut (written unflushed, before a checkpoint
+/// committed them into the store) numbers its next batches below the watermark, which would
+/// then hide them from the next replay.
+fn forget_watermark(ns: &dyn Namespace, store: &dyn UnitStore, watermark: Option<u64>) -> Result<(), String> {
+    if watermark.is_none() {
+        return Ok(());
+    }
+    ns.set_replay_watermark(None)
+        .and_then(|()| store.sync_all())
+        .map_err(|e| format!("forgetting the store's replay watermark: {e}"))
 }
 
 /// Opens the intent log and applies what it holds after its checkpoint (see `replay`), so the
@@ -674,5 +718,8 @@ pub(super) fn recover_from_log(
         _ => format!("{name}: {e}"),
     })?;
     log.set_flushed_by_backend(flushed_by_backend);
-    replay(ns, store, log, &batches, metrics).map_err(|e| format!("replaying the intent log {name}: {e}"))
+    let (batches, watermark) = after_watermark(ns, store, setup.created, batches, metrics)?;
+    let log = replay(ns, store, log, &batches, metrics).map_err(|e| format!("replaying the intent log {name}: {e}"))?;
+    forget_watermark(ns, store, watermark)?;
+    Ok(log)
 }

@@ -71,6 +71,14 @@ impl Writeback {
         let flushed: Vec<(u64, u64)> =
             lock(&self.durability).iter().map(|(&ino, d)| (ino, d.backend_changes)).collect();
         self.prepare_files();
+        if self.store.capabilities().keeps_replay_watermark {
+            // Everything the batches before `release_before` hold is in the store now: the sync
+            // below commits that with it, so a crash before the log's release below replays
+            // from here, not the whole checkpoint again (contract rule 7).
+            self.ns.set_replay_watermark(Some(release_before)).inspect_err(|e| {
+                log::error!("recording the replay watermark in the store: {e}");
+            })?;
+        }
         self.sync_backend()?;
         let synced_at = Instant::now();
         log.checkpoint(release_before).map_err(|e| {
