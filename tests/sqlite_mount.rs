@@ -521,6 +521,11 @@ fn a_snapshot_while_mounted_is_the_whole_tree_in_a_database_of_its_own() {
     assert_eq!(check, "ok");
     let marker: i64 = db.query_row("SELECT count(*) FROM meta WHERE key = 'log_marker'", [], |r| r.get(0)).unwrap();
     assert_eq!(marker, 0, "the copy carries no crash marker");
+    let watermarks = |db: &rusqlite::Connection| -> i64 {
+        db.query_row("SELECT count(*) FROM meta WHERE key = 'replay_watermark'", [], |r| r.get(0)).unwrap()
+    };
+    assert_eq!(watermarks(&m.open_db()), 1, "the original holds a replay watermark: the next check tests nothing");
+    assert_eq!(watermarks(&db), 0, "the copy carries the original's replay watermark (a place in another log)");
     drop(db);
 
     // Never over a file, the copy's name taken or not.
