@@ -614,6 +614,14 @@ fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool) -> Exit
             None => {}
         }
     }
+    if let Some(db) = &database {
+        // The state directory's log goes: a place in it (the replay watermark) means nothing to
+        // the log the next mount makes.
+        use coalescefs::backend::{Namespace, UnitStore};
+        if let Err(e) = db.set_replay_watermark(None).and_then(|()| db.sync_all()) {
+            return fail(format!("forgetting the replay watermark of {}: {e}", backing.display()));
+        }
+    }
     if marker.is_some() {
         let cleared = match &database {
             Some(db) => {

@@ -402,6 +402,10 @@ fn forget_of_a_database_refuses_to_lose_logged_writes_unless_told_to_discard_the
     drop(f);
     let state = m.dir.path().join("state");
 
+    let watermark: i64 =
+        m.open_db().query_row("SELECT count(*) FROM meta WHERE key = 'replay_watermark'", [], |r| r.get(0)).unwrap();
+    assert_eq!(watermark, 1, "the checkpoint left no replay watermark: the check below tests nothing");
+
     let out = coalescefs(&["forget", &m.source(), "--state", &path_str(&state)]);
     assert!(!out.status.success(), "forget lost logged writes without --discard");
     assert!(stderr_of(&out).contains("--discard"), "{}", stderr_of(&out));
@@ -414,6 +418,9 @@ fn forget_of_a_database_refuses_to_lose_logged_writes_unless_told_to_discard_the
     let marker: i64 =
         m.open_db().query_row("SELECT count(*) FROM meta WHERE key = 'log_marker'", [], |r| r.get(0)).unwrap();
     assert_eq!(marker, 0, "the crash marker is cleared");
+    let watermark: i64 =
+        m.open_db().query_row("SELECT count(*) FROM meta WHERE key = 'replay_watermark'", [], |r| r.get(0)).unwrap();
+    assert_eq!(watermark, 0, "the replay watermark, a place in the log forgotten, is kept");
 
     m.mount(&[]);
     assert_eq!(fs::read(m.path("kept")).unwrap(), b"checkpointed");
