@@ -137,8 +137,10 @@ coalescefs recover sqlite:/srv/config.db --state /var/lib/config-state")]
     /// Not mounted: remove what coalescefs keeps for BACKING_DIR outside it (the state directory
     /// with the intent log, the runtime directory with the daemon's log)
     #[command(after_help = "Refused while the intent log holds batches BACKING_DIR does not have yet (a mount \
-replays them; so does `coalescefs recover`), unless --discard. The files of BACKING_DIR are not touched.\n\n\
-Example:\n  coalescefs forget /srv/data")]
+replays them; so does `coalescefs recover`), unless --discard. The files of BACKING_DIR are not touched. \
+For an s3:// source, -o endpoint=URL (as mounted) reaches the bucket, where the writer's lease this state \
+directory holds is released.\n\n\
+Examples:\n  coalescefs forget /srv/data\n  coalescefs forget s3://bucket/tree -o endpoint=http://127.0.0.1:8333 --discard")]
     Forget {
         /// The backing directory of the unmounted file system, or its sqlite:PATH
         #[arg(required_unless_present = "orphans")]
@@ -156,6 +158,9 @@ Example:\n  coalescefs forget /srv/data")]
         /// Remove them even if the log holds batches not replayed yet: those writes are lost
         #[arg(long)]
         discard: bool,
+        /// For an s3:// source: its endpoint= (and region=, io_timeout=), as mounted
+        #[arg(short = 'o', value_name = "OPTIONS")]
+        options: Option<String>,
     },
     /// Print shell completions (bash, zsh, fish, elvish, powershell)
     #[command(after_help = "Example:\n  coalescefs completions bash > /etc/bash_completion.d/coalescefs")]
@@ -233,8 +238,8 @@ fn main() -> ExitCode {
         Command::Snapshot { mountpoint, file } => run_snapshot(&mountpoint, &file),
         Command::Recover { backing_dir, state, log } => run_recover(&backing_dir, state, log),
         Command::Forget { orphans: true, remove, discard, .. } => run_forget_orphans(remove, discard),
-        Command::Forget { backing_dir, state, discard, .. } => {
-            run_forget(&backing_dir.expect("clap requires it without --orphans"), state, discard)
+        Command::Forget { backing_dir, state, discard, options, .. } => {
+            run_forget(&backing_dir.expect("clap requires it without --orphans"), state, discard, options.as_deref())
         }
         Command::Completions { shell } => {
             // Into memory first: clap_complete panics on a failed write (a closed pipe).
@@ -329,8 +334,8 @@ fn run_umount(target: &Path, lazy: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `recover` and `forget` open backing directories and SQLite databases, for now: an S3 source
-/// gets a message saying so, not "backing directory s3://... does not exist".
+/// `recover` opens backing directories and SQLite databases, for now: an S3 source gets a
+/// message saying so, not "backing directory s3://... does not exist".
 fn refuse_s3_source(source: &Path, command: &str, instead: &str) -> Result<(), String> {
     use coalescefs::backend::source::MountSource;
     match MountSource::parse(source)? {
@@ -538,9 +543,21 @@ fn run_forget_orphans(remove: bool, discard: bool) -> ExitCode {
     }
 }
 
-fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool) -> ExitCode {
-    if let Err(message) = refuse_s3_source(backing, "forget", "mount it and unmount it cleanly instead") {
-        return fail(message);
+fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool, options: Option<&str>) -> ExitCode {
+    if let Ok(coalescefs::backend::source::MountSource::S3(s3)) =
+        coalescefs::backend::source::MountSource::parse(backing)
+    {
+        let mut opts = options::MountOptions { state_dir, ..options::MountOptions::default() };
+        if let Err(UsageError(message)) = options.map_or(Ok(()), |text| options::parse_mount_options(text, &mut opts)) {
+            return fail(message);
+        }
+        return match daemon::forget_s3(backing, &s3, &opts, discard) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(message) => fail(message),
+        };
+    }
+    if options.is_some() {
+        return fail("forget takes -o only for an s3:// source (its endpoint)");
     }
     let database = match coalescefs::backend::source::MountSource::parse(backing) {
         Ok(coalescefs::backend::source::MountSource::Sqlite(db)) => Some(db),

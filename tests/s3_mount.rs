@@ -220,6 +220,60 @@ fn a_second_writing_mount_of_a_prefix_is_refused_here_and_from_another_machine()
     second.unmount();
 }
 
+/// `coalescefs forget s3://...` of a mount killed (its lease left in the bucket, its log holding
+/// an fsync the bucket lacks): refused without --discard, everything kept; with it, the state
+/// directory goes and the lease is released, so that another state directory mounts the prefix
+/// (before, only deleting the lease object by hand let it).
+#[test]
+fn forget_of_an_s3_source_releases_its_lease_and_refuses_to_lose_logged_writes_unless_told() {
+    let test = "forget_of_an_s3_source_releases_its_lease_and_refuses_to_lose_logged_writes_unless_told";
+    let Some(server) = server_or_skip(test) else { return };
+    server.client(BUCKET, Duration::from_secs(20));
+    let mut m = S3Mount::new(&server, "forgotten");
+    m.mount();
+    fs::write(m.path("checkpointed"), b"in the bucket").unwrap();
+    let out = coalescefs(&["sync", &path_str(&m.mnt)]);
+    assert!(out.status.success(), "coalescefs sync: {}", stderr_of(&out));
+    let mut f = fs::File::create(m.path("logged")).unwrap();
+    f.write_all(b"only in the log").unwrap();
+    f.sync_all().unwrap();
+    m.kill_daemon();
+    drop(f);
+    let lease_there = || keys(&server, "forgotten/").iter().any(|(k, _)| k == "forgotten/lease");
+    assert!(lease_there(), "a killed mount keeps its lease");
+    let forget = |extra: &[&str]| {
+        let options = format!("endpoint={},io_timeout=20s", m.endpoint);
+        Command::new(BIN)
+            .args(["forget", &m.source, "--state", &path_str(&m.state), "-o", &options])
+            .args(extra)
+            .envs(m.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .unwrap()
+    };
+
+    let out = forget(&[]);
+    assert!(!out.status.success(), "forget lost logged writes without --discard");
+    assert!(stderr_of(&out).contains("--discard"), "{}", stderr_of(&out));
+    assert!(m.state.join("intent.log").exists() && lease_there(), "a refused forget changed something");
+
+    let out = forget(&["--discard"]);
+    assert!(out.status.success(), "forget --discard: {}", stderr_of(&out));
+    assert!(!m.state.exists(), "the state directory is still there");
+    assert!(!lease_there(), "the lease is still in the bucket");
+    let mut other = m.elsewhere();
+    other.mount();
+    assert_eq!(fs::read(other.path("checkpointed")).unwrap(), b"in the bucket");
+    assert!(fs::metadata(other.path("logged")).is_err(), "the discarded write came back");
+    other.unmount();
+
+    // Without the endpoint it cannot reach the lease: said, nothing removed.
+    m.mount();
+    m.kill_daemon();
+    let out = coalescefs(&["forget", &m.source, "--state", &path_str(&m.state), "--discard"]);
+    assert!(!out.status.success() && stderr_of(&out).contains("endpoint"), "{}", stderr_of(&out));
+    assert!(m.state.exists(), "a forget that could not release the lease removed the state directory");
+}
+
 #[test]
 fn kill_9_of_the_daemon_loses_nothing_fsynced_and_the_same_state_directory_takes_its_lease_back() {
     let test = "kill_9_of_the_daemon_loses_nothing_fsynced_and_the_same_state_directory_takes_its_lease_back";

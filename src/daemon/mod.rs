@@ -7,9 +7,11 @@
 //! has not ended `ABORT_AFTER` later (a process keeps the mount busy, or a request waits on a
 //! backend that answers nothing), the FUSE connection is aborted, so the daemon always exits.
 
+mod forget;
 mod opening;
 mod process;
 
+pub use forget::forget_s3;
 pub use opening::open_backend;
 use opening::*;
 use process::*;

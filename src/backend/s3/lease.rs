@@ -115,6 +115,28 @@ impl Lease {
         Ok(Lease { objects, key, holder, source: source.to_owned() })
     }
 
+    /// `coalescefs forget`: deletes the lease of `layout`'s prefix if the state directory whose
+    /// lease id is `id` holds it (a mount of it killed, its state about to go). Returns who
+    /// holds it otherwise (None: nobody), left as it is.
+    pub fn forget(
+        objects: &dyn ObjectStore,
+        layout: &Layout,
+        id: &str,
+        source: &str,
+    ) -> Result<Option<LeaseHolder>, String> {
+        let key = layout.lease_key();
+        let fail = |e: super::objects::ObjectError| format!("{source}: the lease {key}: {e}");
+        let Some(there) = objects.get(&key, None).map_err(fail)? else { return Ok(None) };
+        match LeaseHolder::decode(&there) {
+            Some(holder) if holder.id == id => {
+                objects.delete(&key).map_err(fail)?;
+                Ok(None)
+            }
+            Some(holder) => Ok(Some(holder)),
+            None => Err(format!("{source}: {key} is there but is not a coalescefs lease: left as it is")),
+        }
+    }
+
     /// The id manifests name their writer by.
     pub fn id(&self) -> &str {
         &self.holder.id

@@ -1,0 +1,58 @@
+//! `coalescefs forget s3://BUCKET/PREFIX`: an S3 mount's state directory removed (its intent
+//! log, its namespace database, its lease id) and the writer's lease it holds in the bucket
+//! released, so that another state directory, here or on another machine, can mount the prefix.
+//! For a mount that will not come back (a replaced disk, a damaged log): what its log holds
+//! that the bucket lacks is lost, so that needs `--discard`.
+
+use super::*;
+
+pub fn forget_s3(
+    source: &Path,
+    s3: &backend::source::S3Source,
+    opts: &MountOptions,
+    discard: bool,
+) -> Result<(), String> {
+    let shown = s3.path_shown();
+    let runtime = RuntimeDir::of(source);
+    runtime.create().map_err(|e| format!("cannot create the runtime directory {}: {e}", runtime.path().display()))?;
+    // The runtime directory's lock: no mount of the source starts here while its state goes.
+    let state = StateDir::find_for_remote(source, runtime.path(), opts.state_dir.as_deref())?;
+    let state_path = state.path().to_path_buf();
+    if !state_path.is_dir() {
+        return Err(format!("{shown}: no state directory at {} (give --state DIR as mounted)", state_path.display()));
+    }
+    let log = state.log_path();
+    if log.exists() {
+        let refusal = match engine::intent_log::batches_to_replay_in_file(&log, &state_path) {
+            Ok(0) => None,
+            Ok(n) => Some(format!(
+                "{} holds {n} {} the bucket does not have yet: mount it once (the mount replays them), or give \
+                 --discard to lose them",
+                log.display(),
+                if n == 1 { "batch" } else { "batches" }
+            )),
+            Err(e) => Some(format!("{}: {e}; give --discard to lose what it holds", log.display())),
+        };
+        match refusal {
+            Some(message) if discard => eprintln!("coalescefs: discarding: {message}"),
+            Some(message) => return Err(message),
+            None => {}
+        }
+    }
+    if let Ok(id) = std::fs::read_to_string(state_path.join(backend::s3::lease::LEASE_ID_FILE)) {
+        let objects = s3_client(s3, opts)?;
+        let layout = backend::s3::layout::Layout::new(&s3.prefix);
+        match backend::s3::lease::Lease::forget(&*objects, &layout, id.trim(), &shown)? {
+            None => log::info!("{shown}: no lease of this state directory's left in the bucket"),
+            Some(holder) => eprintln!(
+                "coalescefs: {shown}: the lease is another mount's (host {}, state directory {}), left as it is",
+                holder.host, holder.state_dir
+            ),
+        }
+    }
+    backend::s3::remove_state_files(&state_path);
+    state::remove_state_files(&state_path)?;
+    std::fs::remove_dir(&state_path).map_err(|e| format!("removing {}: {e}", state_path.display()))?;
+    drop(state);
+    std::fs::remove_dir_all(runtime.path()).map_err(|e| format!("removing {}: {e}", runtime.path().display()))
+}
