@@ -122,10 +122,12 @@ replaces a file.\n\nExample:\n  coalescefs snapshot /etc/pve /backup/config-$(da
     },
     /// Not mounted: apply every intact batch of a damaged intent log, say which were lost, empty the log
     #[command(after_help = "Without --state or --log, the log the backing directory (or the database) names \
-after a crash, else the default state directory's.\n\nExamples:\n  coalescefs recover /srv/data\n  \
-coalescefs recover sqlite:/srv/config.db --state /var/lib/config-state")]
+after a crash, else the default state directory's. For an s3:// source, -o endpoint=URL (as mounted) \
+reaches the bucket; its state directory holds the namespace the batches go into.\n\nExamples:\n  \
+coalescefs recover /srv/data\n  coalescefs recover sqlite:/srv/config.db --state /var/lib/config-state\n  \
+coalescefs recover s3://bucket/tree -o endpoint=http://127.0.0.1:8333")]
     Recover {
-        /// The backing directory of the unmounted file system, or its sqlite:PATH
+        /// The backing directory of the unmounted file system, its sqlite:PATH or s3://BUCKET/PREFIX
         backing_dir: PathBuf,
         /// The state directory the log is in (as mounted with -o state=DIR)
         #[arg(long, value_name = "DIR", conflicts_with = "log")]
@@ -133,6 +135,9 @@ coalescefs recover sqlite:/srv/config.db --state /var/lib/config-state")]
         /// The log file itself (as mounted with -o log=PATH)
         #[arg(long, value_name = "PATH")]
         log: Option<PathBuf>,
+        /// For an s3:// source: its endpoint= (and region=, io_timeout=), as mounted
+        #[arg(short = 'o', value_name = "OPTIONS")]
+        options: Option<String>,
     },
     /// Not mounted: remove what coalescefs keeps for BACKING_DIR outside it (the state directory
     /// with the intent log, the runtime directory with the daemon's log)
@@ -236,7 +241,9 @@ fn main() -> ExitCode {
         Command::Stats { watch: Some(seconds), mountpoint, .. } => watch_stats(&mountpoint, seconds),
         Command::Sync { mountpoint } => run_sync(&mountpoint),
         Command::Snapshot { mountpoint, file } => run_snapshot(&mountpoint, &file),
-        Command::Recover { backing_dir, state, log } => run_recover(&backing_dir, state, log),
+        Command::Recover { backing_dir, state, log, options } => {
+            run_recover(&backing_dir, state, log, options.as_deref())
+        }
         Command::Forget { orphans: true, remove, discard, .. } => run_forget_orphans(remove, discard),
         Command::Forget { backing_dir, state, discard, options, .. } => {
             run_forget(&backing_dir.expect("clap requires it without --orphans"), state, discard, options.as_deref())
@@ -334,15 +341,18 @@ fn run_umount(target: &Path, lazy: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `recover` opens backing directories and SQLite databases, for now: an S3 source gets a
-/// message saying so, not "backing directory s3://... does not exist".
-fn refuse_s3_source(source: &Path, command: &str, instead: &str) -> Result<(), String> {
-    use coalescefs::backend::source::MountSource;
-    match MountSource::parse(source)? {
-        MountSource::S3(s3) => {
-            Err(format!("{command} of an S3 source ({}) is not supported yet; {instead}", s3.path_shown()))
-        }
-        MountSource::Local(_) | MountSource::Sqlite(_) => Ok(()),
+/// The options `recover` and `forget` take for an s3:// source (`-o endpoint=...`), with the
+/// state directory `--state` gave; refused for the other sources, which need none.
+fn unmounted_options(
+    options: Option<&str>,
+    state_dir: Option<PathBuf>,
+    s3: bool,
+) -> Result<options::MountOptions, String> {
+    let mut opts = options::MountOptions { state_dir, ..options::MountOptions::default() };
+    match options {
+        Some(_) if !s3 => Err("-o is for an s3:// source (its endpoint=, as mounted)".into()),
+        Some(text) => options::parse_mount_options(text, &mut opts).map(|()| opts).map_err(|UsageError(e)| e),
+        None => Ok(opts),
     }
 }
 
@@ -365,14 +375,22 @@ fn backing_of_mount(target: &Path) -> Result<(PathBuf, PathBuf), String> {
     Ok((mount_point, backing))
 }
 
-fn run_recover(backing: &Path, state_dir: Option<PathBuf>, log_path: Option<PathBuf>) -> ExitCode {
-    if let Err(message) = refuse_s3_source(backing, "recover", "mount it: the mount replays its intent log") {
-        return fail(message);
-    }
-    if let Ok(coalescefs::backend::source::MountSource::Sqlite(db)) =
-        coalescefs::backend::source::MountSource::parse(backing)
-    {
-        return run_recover_sqlite(&db, state_dir, log_path);
+fn run_recover(
+    backing: &Path,
+    state_dir: Option<PathBuf>,
+    log_path: Option<PathBuf>,
+    options: Option<&str>,
+) -> ExitCode {
+    use coalescefs::backend::source::MountSource;
+    let source = MountSource::parse(backing);
+    let opts = match unmounted_options(options, state_dir.clone(), matches!(source, Ok(MountSource::S3(_)))) {
+        Ok(opts) => opts,
+        Err(message) => return fail(message),
+    };
+    match source {
+        Ok(MountSource::Sqlite(db)) => return run_recover_sqlite(&db, state_dir, log_path),
+        Ok(MountSource::S3(s3)) => return run_recover_s3(backing, &s3, &opts, log_path),
+        _ => {}
     }
     let backing = match mounts::check_backing_dir(backing, false) {
         Ok(path) => path,
@@ -464,6 +482,44 @@ fn run_recover_sqlite(db: &Path, state_dir: Option<PathBuf>, log_path: Option<Pa
     report_recovery(&log_path, result)
 }
 
+/// `recover s3://...`: the mount opened as a mount would (its lease taken back, its namespace
+/// found), the log's intact batches applied into it (the bucket gets a manifest with them), the
+/// crash marker cleared and the lease released.
+fn run_recover_s3(
+    source: &Path,
+    s3: &coalescefs::backend::source::S3Source,
+    opts: &options::MountOptions,
+    log_path: Option<PathBuf>,
+) -> ExitCode {
+    let unmounted = match daemon::open_s3_unmounted(source, s3, opts) {
+        Ok(unmounted) => unmounted,
+        Err(message) => return fail(message),
+    };
+    let names = &unmounted.mount.names;
+    let marker = match names.log_marker() {
+        Ok(marker) => marker,
+        Err(e) => return fail(format!("reading the crash marker of {}: {e}", s3.path_shown())),
+    };
+    let (log_path, device) =
+        match log_to_recover(log_path, opts.state_dir.is_some(), &unmounted.state, marker.as_deref()) {
+            Ok(found) => found,
+            Err(message) => return fail(message),
+        };
+    let result = engine::salvage_log(&**names, &*unmounted.mount.store, Box::new(device));
+    if result.is_ok() && marker.as_deref().is_some_and(|marked| state::same_file(marked, &log_path)) {
+        if let Err(e) = names.set_log_marker(None) {
+            return fail(format!("clearing the crash marker of {}: {e}", s3.path_shown()));
+        }
+    }
+    // What the log held is in the bucket now: another state directory may mount.
+    if result.is_ok() {
+        if let Err(message) = unmounted.mount.lease.release() {
+            eprintln!("coalescefs: warning: {message}");
+        }
+    }
+    report_recovery(&log_path, result)
+}
+
 /// The log `recover` salvages, opened: the one asked for (`--log`), else the state directory's
 /// when `--state` was given, else the one the crash marker names, else the state directory's.
 fn log_to_recover(
@@ -544,20 +600,17 @@ fn run_forget_orphans(remove: bool, discard: bool) -> ExitCode {
 }
 
 fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool, options: Option<&str>) -> ExitCode {
-    if let Ok(coalescefs::backend::source::MountSource::S3(s3)) =
-        coalescefs::backend::source::MountSource::parse(backing)
-    {
-        let mut opts = options::MountOptions { state_dir, ..options::MountOptions::default() };
-        if let Err(UsageError(message)) = options.map_or(Ok(()), |text| options::parse_mount_options(text, &mut opts)) {
-            return fail(message);
-        }
+    use coalescefs::backend::source::MountSource;
+    let source = MountSource::parse(backing);
+    let opts = match unmounted_options(options, state_dir.clone(), matches!(source, Ok(MountSource::S3(_)))) {
+        Ok(opts) => opts,
+        Err(message) => return fail(message),
+    };
+    if let Ok(MountSource::S3(s3)) = source {
         return match daemon::forget_s3(backing, &s3, &opts, discard) {
             Ok(()) => ExitCode::SUCCESS,
             Err(message) => fail(message),
         };
-    }
-    if options.is_some() {
-        return fail("forget takes -o only for an s3:// source (its endpoint)");
     }
     let database = match coalescefs::backend::source::MountSource::parse(backing) {
         Ok(coalescefs::backend::source::MountSource::Sqlite(db)) => Some(db),

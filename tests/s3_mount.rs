@@ -274,6 +274,48 @@ fn forget_of_an_s3_source_releases_its_lease_and_refuses_to_lose_logged_writes_u
     assert!(m.state.exists(), "a forget that could not release the lease removed the state directory");
 }
 
+/// `coalescefs recover s3://...` (what a mount whose log is damaged names): the log's batches
+/// applied into the namespace and the bucket, the crash marker cleared and the lease released,
+/// so that another state directory mounts the prefix with the fsynced writes in it.
+#[test]
+fn recover_of_an_s3_source_puts_what_the_log_held_into_the_bucket_and_releases_the_lease() {
+    let test = "recover_of_an_s3_source_puts_what_the_log_held_into_the_bucket_and_releases_the_lease";
+    let Some(server) = server_or_skip(test) else { return };
+    server.client(BUCKET, Duration::from_secs(20));
+    let mut m = S3Mount::new(&server, "recovered");
+    m.mount();
+    let mut f = fs::File::create(m.path("logged")).unwrap();
+    for i in 0..10u8 {
+        f.write_all(&pattern(900, i)).unwrap();
+        f.sync_all().unwrap();
+    }
+    m.kill_daemon();
+    drop(f);
+    let options = format!("endpoint={},io_timeout=20s", m.endpoint);
+    let out = Command::new(BIN)
+        .args(["recover", &m.source, "--state", &path_str(&m.state), "-o", &options])
+        .envs(m.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "recover: {}", stderr_of(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("every batch intact and applied"), "{out:?}");
+    assert!(!keys(&server, "recovered/").iter().any(|(k, _)| k == "recovered/lease"), "the lease was kept");
+
+    let expected: Vec<u8> = (0..10u8).flat_map(|i| pattern(900, i)).collect();
+    let mut other = m.elsewhere();
+    other.mount();
+    assert_eq!(fs::read(other.path("logged")).unwrap(), expected, "the log's writes are not in the bucket");
+    other.unmount();
+    // The state directory recovered needs no replay: it mounts the bucket's newer tree.
+    m.mount();
+    assert!(!m.daemon_log().contains("replayed the intent log"), "{}", m.daemon_log());
+    assert_eq!(fs::read(m.path("logged")).unwrap(), expected);
+    m.unmount();
+
+    let out = coalescefs(&["recover", "/srv/nowhere", "-o", "endpoint=http://127.0.0.1:1"]);
+    assert!(!out.status.success() && stderr_of(&out).contains("s3://"), "{}", stderr_of(&out));
+}
+
 #[test]
 fn kill_9_of_the_daemon_loses_nothing_fsynced_and_the_same_state_directory_takes_its_lease_back() {
     let test = "kill_9_of_the_daemon_loses_nothing_fsynced_and_the_same_state_directory_takes_its_lease_back";

@@ -7,14 +7,14 @@
 //! has not ended `ABORT_AFTER` later (a process keeps the mount busy, or a request waits on a
 //! backend that answers nothing), the FUSE connection is aborted, so the daemon always exits.
 
-mod forget;
 mod opening;
 mod process;
+mod unmounted;
 
-pub use forget::forget_s3;
 pub use opening::open_backend;
 use opening::*;
 use process::*;
+pub use unmounted::{forget_s3, open_s3_unmounted, UnmountedS3};
 
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};

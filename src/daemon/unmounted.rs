@@ -1,8 +1,10 @@
-//! `coalescefs forget s3://BUCKET/PREFIX`: an S3 mount's state directory removed (its intent
-//! log, its namespace database, its lease id) and the writer's lease it holds in the bucket
-//! released, so that another state directory, here or on another machine, can mount the prefix.
-//! For a mount that will not come back (a replaced disk, a damaged log): what its log holds
-//! that the bucket lacks is lost, so that needs `--discard`.
+//! Commands on an S3 source that is not mounted. `coalescefs forget s3://BUCKET/PREFIX`: the
+//! mount's state directory removed (its intent log, its namespace database, its lease id) and
+//! the writer's lease it holds in the bucket released, so that another state directory, here
+//! or on another machine, can mount the prefix. For a mount that will not come back (a
+//! replaced disk): what its log holds that the bucket lacks is lost, so that needs
+//! `--discard`. `coalescefs recover s3://...` opens the mount as a mount would
+//! (`open_s3_unmounted`) for a damaged log's intact batches to be applied into it.
 
 use super::*;
 
@@ -55,4 +57,31 @@ pub fn forget_s3(
     std::fs::remove_dir(&state_path).map_err(|e| format!("removing {}: {e}", state_path.display()))?;
     drop(state);
     std::fs::remove_dir_all(runtime.path()).map_err(|e| format!("removing {}: {e}", runtime.path().display()))
+}
+
+/// An S3 source opened for `recover`: its lease taken (back), its namespace found, with the
+/// state directory (locked through the source's runtime directory, as a mount locks it).
+pub struct UnmountedS3 {
+    pub mount: backend::s3::S3Mount,
+    pub state: StateDir,
+}
+
+pub fn open_s3_unmounted(
+    source: &Path,
+    s3: &backend::source::S3Source,
+    opts: &MountOptions,
+) -> Result<UnmountedS3, String> {
+    let runtime = RuntimeDir::of(source);
+    runtime.create().map_err(|e| format!("cannot create the runtime directory {}: {e}", runtime.path().display()))?;
+    let mut state = StateDir::find_for_remote(source, runtime.path(), opts.state_dir.as_deref())?;
+    if !state.path().is_dir() {
+        return Err(format!(
+            "{}: no state directory at {} (give --state DIR as mounted)",
+            s3.path_shown(),
+            state.path().display()
+        ));
+    }
+    state.lock_if_present()?;
+    let mount = open_s3(s3, opts, &state, &Arc::new(metrics::Metrics::default()))?;
+    Ok(UnmountedS3 { mount, state })
 }
