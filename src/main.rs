@@ -147,7 +147,7 @@ For an s3:// source, -o endpoint=URL (as mounted) reaches the bucket, where the 
 directory holds is released.\n\n\
 Examples:\n  coalescefs forget /srv/data\n  coalescefs forget s3://bucket/tree -o endpoint=http://127.0.0.1:8333 --discard")]
     Forget {
-        /// The backing directory of the unmounted file system, or its sqlite:PATH
+        /// The backing directory of the unmounted file system, its sqlite:PATH or s3://BUCKET/PREFIX
         #[arg(required_unless_present = "orphans")]
         backing_dir: Option<PathBuf>,
         /// Instead: list the state and runtime directories whose backing directory is gone
