@@ -663,22 +663,7 @@ fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool, options
     let mut logs = vec![state.log_path()];
     logs.extend(marker.clone().filter(|marked| !state::same_file(marked, &state.log_path())));
     for log_path in logs.iter().filter(|path| path.exists()) {
-        let held = engine::intent_log::batches_to_replay_in_file(log_path, state.path());
-        let refusal = match held {
-            Ok(0) => None,
-            Ok(n) => Some(format!(
-                "{} holds {n} {} {} does not have yet: mount it once (the mount replays them) or run \
-                 `coalescefs recover`, or give --discard to lose them",
-                log_path.display(),
-                if n == 1 { "batch" } else { "batches" },
-                backing.display()
-            )),
-            Err(e) => Some(format!(
-                "{}: {e}; `coalescefs recover` applies what can be read, or give --discard to lose it",
-                log_path.display()
-            )),
-        };
-        match refusal {
+        match state::unreplayed_in_log(log_path, state.path(), &backing.display().to_string()) {
             Some(message) if discard => eprintln!("coalescefs: discarding: {message}"),
             Some(message) => return fail(message),
             None => {}

@@ -188,6 +188,25 @@ fn absolute_state_path(path: &Path) -> Result<PathBuf, String> {
 /// Removes what a mount keeps in the state directory `path` (its log, the log's replay map, the
 /// list of files made ahead, the lock), for `coalescefs forget`; the caller holds the
 /// directory's lock. Anything else stays.
+/// `forget`'s check of a log it would remove: None when `log` holds nothing a mount would
+/// replay into `store` (a backing directory, a database, an S3 source, as said), else why the
+/// forget is refused (it goes on only with --discard).
+pub fn unreplayed_in_log(log: &Path, state_dir: &Path, store: &str) -> Option<String> {
+    match crate::engine::intent_log::batches_to_replay_in_file(log, state_dir) {
+        Ok(0) => None,
+        Ok(n) => Some(format!(
+            "{} holds {n} {} {store} does not have yet: mount it once (the mount replays them) or run \
+             `coalescefs recover`, or give --discard to lose them",
+            log.display(),
+            if n == 1 { "batch" } else { "batches" },
+        )),
+        Err(e) => Some(format!(
+            "{}: {e}; `coalescefs recover` applies what can be read, or give --discard to lose it",
+            log.display()
+        )),
+    }
+}
+
 pub fn remove_state_files(path: &Path) -> Result<(), String> {
     let log = path.join(LOG_FILE_NAME);
     // A daemon that died writing the log's blocks on its device left it immutable.

@@ -15,27 +15,11 @@ pub fn forget_s3(
     discard: bool,
 ) -> Result<(), String> {
     let shown = s3.path_shown();
-    let runtime = RuntimeDir::of(source);
-    runtime.create().map_err(|e| format!("cannot create the runtime directory {}: {e}", runtime.path().display()))?;
-    // The runtime directory's lock: no mount of the source starts here while its state goes.
-    let state = StateDir::find_for_remote(source, runtime.path(), opts.state_dir.as_deref())?;
+    let (runtime, state) = existing_state(source, s3, opts)?;
     let state_path = state.path().to_path_buf();
-    if !state_path.is_dir() {
-        return Err(format!("{shown}: no state directory at {} (give --state DIR as mounted)", state_path.display()));
-    }
     let log = state.log_path();
     if log.exists() {
-        let refusal = match engine::intent_log::batches_to_replay_in_file(&log, &state_path) {
-            Ok(0) => None,
-            Ok(n) => Some(format!(
-                "{} holds {n} {} the bucket does not have yet: mount it once (the mount replays them), or give \
-                 --discard to lose them",
-                log.display(),
-                if n == 1 { "batch" } else { "batches" }
-            )),
-            Err(e) => Some(format!("{}: {e}; give --discard to lose what it holds", log.display())),
-        };
-        match refusal {
+        match state::unreplayed_in_log(&log, &state_path, &shown) {
             Some(message) if discard => eprintln!("coalescefs: discarding: {message}"),
             Some(message) => return Err(message),
             None => {}
@@ -59,6 +43,27 @@ pub fn forget_s3(
     std::fs::remove_dir_all(runtime.path()).map_err(|e| format!("removing {}: {e}", runtime.path().display()))
 }
 
+/// The source's runtime directory (made if absent) and its state directory, which must exist;
+/// the state directory holds the runtime directory's lock, as a mount's does, so that no mount
+/// of the source starts here meanwhile.
+fn existing_state(
+    source: &Path,
+    s3: &backend::source::S3Source,
+    opts: &MountOptions,
+) -> Result<(RuntimeDir, StateDir), String> {
+    let runtime = RuntimeDir::of(source);
+    runtime.create().map_err(|e| format!("cannot create the runtime directory {}: {e}", runtime.path().display()))?;
+    let state = StateDir::find_for_remote(source, runtime.path(), opts.state_dir.as_deref())?;
+    if !state.path().is_dir() {
+        return Err(format!(
+            "{}: no state directory at {} (give --state DIR as mounted)",
+            s3.path_shown(),
+            state.path().display()
+        ));
+    }
+    Ok((runtime, state))
+}
+
 /// An S3 source opened for `recover`: its lease taken (back), its namespace found, with the
 /// state directory (locked through the source's runtime directory, as a mount locks it).
 pub struct UnmountedS3 {
@@ -71,16 +76,7 @@ pub fn open_s3_unmounted(
     s3: &backend::source::S3Source,
     opts: &MountOptions,
 ) -> Result<UnmountedS3, String> {
-    let runtime = RuntimeDir::of(source);
-    runtime.create().map_err(|e| format!("cannot create the runtime directory {}: {e}", runtime.path().display()))?;
-    let mut state = StateDir::find_for_remote(source, runtime.path(), opts.state_dir.as_deref())?;
-    if !state.path().is_dir() {
-        return Err(format!(
-            "{}: no state directory at {} (give --state DIR as mounted)",
-            s3.path_shown(),
-            state.path().display()
-        ));
-    }
+    let (_runtime, mut state) = existing_state(source, s3, opts)?;
     state.lock_if_present()?;
     let mount = open_s3(s3, opts, &state, &Arc::new(metrics::Metrics::default()))?;
     Ok(UnmountedS3 { mount, state })
