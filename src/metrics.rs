@@ -189,6 +189,10 @@ pub struct Metrics {
     /// Bytes the engine read from the backend to complete a unit before writing it whole: only
     /// a store of whole units (partial_writes false) makes it read.
     pub backend_read_bytes_for_writes: AtomicU64,
+    /// The S3 store's packed segments put (each one PUT of many units' pieces).
+    pub s3_segments_put: AtomicU64,
+    /// Units the S3 store read and put whole because their pieces reached half of them.
+    pub s3_units_folded: AtomicU64,
     /// Truncates of a rewritten file the store was not given: the buffer held every byte past
     /// them, written over the store's blocks in place (`Writeback::file_data`).
     pub backend_truncates_written_over: AtomicU64,
@@ -312,6 +316,12 @@ impl Metrics {
                 "backend_read_bytes_for_writes_total",
                 "Bytes read from the backend to complete writes",
                 self.backend_read_bytes_for_writes.load(Relaxed),
+            ),
+            ("s3_segments_put_total", "Packed segments of unit pieces put (S3)", self.s3_segments_put.load(Relaxed)),
+            (
+                "s3_units_folded_total",
+                "Units read and put whole because their pieces reached half of them (S3)",
+                self.s3_units_folded.load(Relaxed),
             ),
             (
                 "backend_truncates_written_over_total",

@@ -16,6 +16,7 @@
 //! | `memory` | in memory | in memory, whole units only, durable at sync; for in-process tests, with crashes |
 //! | `faults` | wraps any | wraps any: fails or stalls calls as a test's plan says |
 //! | `sqlite` | tables of one database file | one row per file and unit, whole units only; a transaction per sync |
+//! | `s3` | the SQLite one, its database local | unit objects in a bucket, partial units packed into segments; a manifest per checkpoint |
 //!
 //! # The contract
 //!
@@ -103,6 +104,10 @@ pub struct Capabilities {
     /// `backend_read_bytes_for_writes`), and prefers the intent log for a partial unit an
     /// fsync must make durable.
     pub partial_writes: bool,
+    /// Its data reaches the store by requests of a fixed price whatever their size (an object
+    /// PUT: 40-120 KB of device writes on Ceph): the engine answers an fsync of up to half a
+    /// unit from the intent log rather than sync the store, as for a store of whole units.
+    pub syncs_cost_requests: bool,
     /// A write (and a size change) is durable when it returns: the engine skips a file's sync
     /// after flushing it (fsync, close of a logged file). The checkpoint still calls `sync_all`,
     /// which covers the namespace too.

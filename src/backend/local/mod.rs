@@ -76,6 +76,7 @@ impl LocalBackend {
             unit_source: geometry.unit_source,
             logical_block_bytes: geometry.logical_block_bytes,
             partial_writes: true,
+            syncs_cost_requests: false,
             durable_writes: false,
             atomic_unit_writes: false,
             copy_ranges: true,

@@ -331,6 +331,7 @@ impl MemoryBackend {
             unit_source: UnitSource::Store,
             logical_block_bytes: 512,
             partial_writes: false,
+            syncs_cost_requests: false,
             durable_writes: false,
             atomic_unit_writes: true,
             copy_ranges: false,

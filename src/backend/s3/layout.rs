@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! PREFIX/units/<file id>/<unit index>.<generation>   a unit's bytes, written whole, never overwritten
+//! PREFIX/segments/<id>                               pieces of many units, packed (`segments`)
 //! PREFIX/manifests/<seq>                              a checkpoint: header + the namespace database
 //! PREFIX/lease                                        the writing mount, put IfAbsent
 //! ```
@@ -43,6 +44,10 @@ impl Layout {
 
     pub fn units_prefix(&self) -> String {
         format!("{}units/", self.prefix)
+    }
+
+    pub fn segment_key(&self, id: u64) -> String {
+        format!("{}segments/{}", self.prefix, hex(id))
     }
 
     pub fn manifests_prefix(&self) -> String {

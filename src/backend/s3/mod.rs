@@ -13,6 +13,7 @@ pub mod faulty;
 pub mod layout;
 pub mod lease;
 pub mod objects;
+pub mod segments;
 pub mod store;
 
 use std::path::Path;

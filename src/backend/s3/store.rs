@@ -4,12 +4,14 @@
 //! objects and the checkpoint (a manifest per `sync_all`); must not decide anything the engine
 //! decides (what to flush, when to checkpoint).
 //!
-//! - A write puts the unit whole under a new generation (`PutCondition::IfAbsent`: an object
-//!   is never overwritten), then records (file, unit) -> (generation, length) in the
+//! - A write of a whole unit puts it under a new generation (`PutCondition::IfAbsent`: an
+//!   object is never overwritten), then records (file, unit) -> (generation, length) in the
 //!   namespace's open transaction, so a sync orders records with names (contract rule 1). The
-//!   generation it replaces is *dropped*, recorded too.
-//! - A read finds the record and GETs the range of the object that holds the bytes; no record
-//!   is a hole. A truncate drops the records past the end and shortens the one the end falls
+//!   generation it replaces is *dropped*, recorded too. A partial unit's ranges go into a
+//!   packed segment as pieces (`segments`), or the unit is folded whole when they would reach
+//!   half of it.
+//! - A read finds the record and GETs the range of the object that holds the bytes, then the
+//!   unit's pieces over it; no record and no piece is a hole. A truncate drops the records past the end and shortens the one the end falls
 //!   in (its object keeps its bytes; the record says how many count).
 //! - A checkpoint commits the database, puts `manifests/<seq>` IfAbsent holding the database's
 //!   bytes (what another machine needs to mount the bucket), and only then deletes the objects
@@ -17,6 +19,7 @@
 //!   object that is gone. A manifest already at its key means another writer: the checkpoint
 //!   fails (EIO, an error line) and nothing is overwritten.
 
+use std::ops::Range;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -25,6 +28,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::layout::{Layout, Manifest};
 use super::objects::{ObjectError, ObjectStore, PutCondition, PutOutcome};
+use super::segments::{Piece, Segments, Sink, MAX_PIECES_PER_UNIT};
 use crate::backend::sqlite::{ExternalData, FileHold, SqliteBackend};
 use crate::backend::{Capabilities, FileData, OpenMode, UnitSource, UnitStore, UnitWrite};
 use crate::engine::types::ObjectId;
@@ -54,10 +58,19 @@ CREATE TABLE IF NOT EXISTS s3_units(file INTEGER NOT NULL, unit INTEGER NOT NULL
     generation INTEGER NOT NULL, length INTEGER NOT NULL, PRIMARY KEY(file, unit)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS s3_dropped(file INTEGER NOT NULL, unit INTEGER NOT NULL,
     generation INTEGER NOT NULL, PRIMARY KEY(file, unit, generation)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS s3_pieces(file INTEGER NOT NULL, unit INTEGER NOT NULL, seq INTEGER NOT NULL,
+    start INTEGER NOT NULL, length INTEGER NOT NULL, segment INTEGER NOT NULL, offset INTEGER NOT NULL,
+    PRIMARY KEY(file, unit, seq)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS s3_pieces_by_segment ON s3_pieces(segment);
+CREATE TABLE IF NOT EXISTS s3_dropped_segments(segment INTEGER PRIMARY KEY);
 ";
 
-/// The records' side of the namespace: a file the namespace deletes drops its generations.
-pub struct UnitRecords;
+/// The records' side of the namespace: a file the namespace deletes drops its generations and
+/// pieces; a commit puts the open segment first.
+#[derive(Default)]
+pub struct UnitRecords {
+    segments: Arc<Segments>,
+}
 
 impl ExternalData for UnitRecords {
     fn tables(&self) -> &'static str {
@@ -71,13 +84,38 @@ impl ExternalData for UnitRecords {
         )?
         .execute([file as i64])?;
         db.prepare_cached("DELETE FROM s3_units WHERE file = ?1")?.execute([file as i64])?;
-        Ok(())
+        self.segments.delete_pieces(db, "file = ?1", &[file as i64])
+    }
+
+    fn before_commit(&self, db: &Connection) -> SysResult<()> {
+        self.segments.seal(db)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
 /// The namespace database at `path` with the unit records' tables, for an `S3Store`.
 pub fn open_namespace(path: &std::path::Path, metrics: Arc<Metrics>) -> Result<SqliteBackend, String> {
-    SqliteBackend::open_with(path, None, metrics, Some(Arc::new(UnitRecords)))
+    SqliteBackend::open_with(path, None, metrics, Some(Arc::new(UnitRecords::default())))
+}
+
+/// The generations this store gives out (unit objects' and segments'): the namespace
+/// database's open generation in the high half, never the same twice for one database file,
+/// and a counter.
+pub struct Generations {
+    epoch: u64,
+    counter: AtomicU64,
+}
+
+impl Generations {
+    /// A generation no object of this database has; `skip` moves further along the counter.
+    pub fn next(&self, skip: u64) -> u64 {
+        let n = self.counter.fetch_add(1 + skip, Relaxed) + skip;
+        assert!(n < 1 << 32, "more than 2^32 object writes in one mount");
+        self.epoch << 32 | n
+    }
 }
 
 /// A value of the `meta` table as a number.
@@ -124,12 +162,13 @@ struct Dropped {
     generation: u64,
 }
 
-/// What a checkpoint ships: the database as of manifest `seq`, the generations it no longer
-/// names, and the database's change count then.
+/// What a checkpoint ships: the database as of manifest `seq`, the generations and segments it
+/// no longer names, and the database's change count then.
 struct Snapshot {
     seq: u64,
     database: Vec<u8>,
     dropped: Vec<Dropped>,
+    dropped_segments: Vec<u64>,
     changes: u64,
 }
 
@@ -139,18 +178,13 @@ struct Shared {
     layout: Layout,
     metrics: Arc<Metrics>,
     unit_bytes: u64,
-    /// The high half of every generation this store gives out: the namespace database's open
-    /// generation, never the same twice for one database file.
-    epoch: u64,
-    counter: AtomicU64,
+    generations: Arc<Generations>,
+    segments: Arc<Segments>,
 }
 
 impl Shared {
-    /// A generation no unit object of this database has: its open's epoch and a counter.
     fn next_generation(&self, skip: u64) -> u64 {
-        let n = self.counter.fetch_add(1 + skip, Relaxed) + skip;
-        assert!(n < 1 << 32, "more than 2^32 unit writes in one mount");
-        self.epoch << 32 | n
+        self.generations.next(skip)
     }
 
     /// Puts the unit's bytes under a fresh generation; returns it.
@@ -175,10 +209,18 @@ impl Shared {
         Err(Errno(libc::EIO))
     }
 
-    /// The records of units `first..=last` of `file`, in unit order.
-    fn records(&self, file: u64, first: u64, last: u64) -> SysResult<Vec<Record>> {
+    /// What a read of `within` (bytes of `file`, clipped to its size) needs, from one view
+    /// of the database: the file's size, the records of the units it spans in unit order, and
+    /// their pieces that reach into it (applied over the records, in order).
+    fn view(&self, file: u64, within: Range<u64>) -> SysResult<(u64, Vec<Record>, Vec<Piece>)> {
+        let u = self.unit_bytes;
         self.names.records(|r| {
-            r.file_size(file)?;
+            let size = r.file_size(file)?;
+            let within = within.start..within.end.min(size);
+            if within.is_empty() {
+                return Ok((size, Vec::new(), Vec::new()));
+            }
+            let (first, last) = (within.start / u, (within.end - 1) / u);
             let mut stmt = sql(r.db().prepare_cached(
                 "SELECT unit, generation, length FROM s3_units WHERE file = ?1 AND unit BETWEEN ?2 AND ?3 ORDER BY unit",
             ))?;
@@ -189,8 +231,26 @@ impl Shared {
                     length: row.get::<_, i64>(2)? as u64,
                 })
             }))?;
-            sql(rows.collect::<rusqlite::Result<Vec<_>>>())
+            let records = sql(rows.collect::<rusqlite::Result<Vec<_>>>())?;
+            let pieces = self.segments.pieces(r.db(), file, first, last, u, within)?;
+            Ok((size, records, pieces))
         })
+    }
+
+    /// Fetches `range` of object `key` into `out`; false when the object is gone (a checkpoint
+    /// deleted it after the view was read: read again).
+    fn fetch(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> SysResult<bool> {
+        match self.objects.get(key, Some(range.clone())).map_err(object_errno)? {
+            Some(bytes) if bytes.len() == out.len() => {
+                out.copy_from_slice(&bytes);
+                Ok(true)
+            }
+            Some(bytes) => {
+                log::error!("s3 backend: {key}: {} bytes where its record promises {}", bytes.len(), out.len());
+                Err(Errno(libc::EIO))
+            }
+            None => Ok(false),
+        }
     }
 }
 
@@ -240,7 +300,13 @@ impl S3Store {
             unit_bytes: unit,
             unit_source: if unit_bytes.is_some() { UnitSource::Option } else { UnitSource::Store },
             logical_block_bytes: 4096,
-            partial_writes: false,
+            // Ranges of a unit go to a packed segment (`segments`) or fold it whole: the store
+            // decides, the engine reads nothing back for it.
+            partial_writes: true,
+            // Its data reaches the bucket by PUTs whatever their size: an fsync is answered
+            // from the intent log up to half a unit (issue 44: partial units stay in the log
+            // until they fill or a checkpoint writes them).
+            syncs_cost_requests: true,
             // A unit's object is in the bucket when its put returns, its record only in the
             // open transaction: the file's sync commits it.
             durable_writes: false,
@@ -254,17 +320,20 @@ impl S3Store {
             // manifest are shown to make one atomic step with it.
             keeps_replay_watermark: false,
         };
-        let epoch = names.generation();
+        let external = names.external();
+        let Some(records) = external.as_ref().and_then(|e| e.as_any().downcast_ref::<UnitRecords>()) else {
+            return Err(format!("{}: not opened as an S3 namespace (open_namespace)", names.path().display()));
+        };
+        let segments = records.segments.clone();
+        let generations = Arc::new(Generations { epoch: names.generation(), counter: AtomicU64::new(1) });
+        segments.connect(Sink {
+            objects: objects.clone(),
+            layout: layout.clone(),
+            metrics: metrics.clone(),
+            generations: generations.clone(),
+        });
         Ok(S3Store {
-            shared: Arc::new(Shared {
-                names,
-                objects,
-                layout,
-                metrics,
-                unit_bytes: unit,
-                epoch,
-                counter: AtomicU64::new(1),
-            }),
+            shared: Arc::new(Shared { names, objects, layout, metrics, unit_bytes: unit, generations, segments }),
             capabilities,
             writer,
             manifest_max_bytes: AtomicU64::new(MANIFEST_MAX_BYTES),
@@ -302,7 +371,10 @@ impl S3Store {
                 })
             }))?;
             let dropped = sql(rows.collect::<rusqlite::Result<Vec<_>>>())?;
-            Ok(Some(Snapshot { seq, database, dropped, changes: r.total_changes() }))
+            let mut stmt = sql(r.db().prepare_cached("SELECT segment FROM s3_dropped_segments"))?;
+            let rows = sql(stmt.query_map([], |row| Ok(row.get::<_, i64>(0)? as u64)))?;
+            let dropped_segments = sql(rows.collect::<rusqlite::Result<Vec<_>>>())?;
+            Ok(Some(Snapshot { seq, database, dropped, dropped_segments, changes: r.total_changes() }))
         })
     }
 }
@@ -327,7 +399,8 @@ impl UnitStore for S3Store {
     fn sync_all(&self) -> SysResult<()> {
         let shared = &self.shared;
         let mut at_last = self.checkpoint.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(Snapshot { seq, database, dropped, changes }) = self.prepare_manifest(*at_last)? else {
+        let Some(Snapshot { seq, database, dropped, dropped_segments, changes }) = self.prepare_manifest(*at_last)?
+        else {
             return Ok(());
         };
         let key = shared.layout.manifest_key(seq);
@@ -364,6 +437,13 @@ impl UnitStore for S3Store {
                 Err(e) => log::warn!("s3 backend: a dropped generation stays for the next checkpoint: {e}"),
             }
         }
+        let mut deleted_segments = Vec::new();
+        for &segment in &dropped_segments {
+            match shared.objects.delete(&shared.layout.segment_key(segment)) {
+                Ok(()) => deleted_segments.push(segment),
+                Err(e) => log::warn!("s3 backend: a dropped segment stays for the next checkpoint: {e}"),
+            }
+        }
         let forgotten = shared.names.records(|r| {
             let before = r.total_changes();
             r.change(|r| {
@@ -372,6 +452,10 @@ impl UnitStore for S3Store {
                     .prepare_cached("DELETE FROM s3_dropped WHERE file = ?1 AND unit = ?2 AND generation = ?3"))?;
                 for d in &deleted {
                     sql(stmt.execute(params![d.file as i64, d.unit as i64, d.generation as i64]))?;
+                }
+                let mut stmt = sql(r.db().prepare_cached("DELETE FROM s3_dropped_segments WHERE segment = ?1"))?;
+                for &segment in &deleted_segments {
+                    sql(stmt.execute([segment as i64]))?;
                 }
                 Ok(())
             })?;
@@ -408,20 +492,62 @@ struct S3FileData {
     _hold: FileHold,
 }
 
+impl S3FileData {
+    /// Puts `body` as the whole of `unit` (up to the file's end) under a fresh generation,
+    /// records it in place of the one before, and drops the unit's pieces.
+    fn write_whole(&self, unit: u64, body: &[u8]) -> SysResult<()> {
+        let shared = &self.shared;
+        let length = body.len() as u64;
+        let generation = shared.put_unit(self.id, unit, body)?;
+        let id = self.id;
+        let recorded = shared.names.records(|r| {
+            r.change(|r| {
+                r.file_size(id)?;
+                let db = r.db();
+                let old: Option<i64> =
+                    sql(sql(db.prepare_cached("SELECT generation FROM s3_units WHERE file = ?1 AND unit = ?2"))?
+                        .query_row(params![id as i64, unit as i64], |row| row.get(0))
+                        .optional())?;
+                if let Some(old) = old {
+                    sql(sql(db.prepare_cached(
+                        "INSERT OR IGNORE INTO s3_dropped(file, unit, generation) VALUES(?1, ?2, ?3)",
+                    ))?
+                    .execute(params![id as i64, unit as i64, old]))?;
+                }
+                sql(sql(db.prepare_cached(
+                    "INSERT OR REPLACE INTO s3_units(file, unit, generation, length) VALUES(?1, ?2, ?3, ?4)",
+                ))?
+                .execute(params![id as i64, unit as i64, generation as i64, length as i64]))?;
+                sql(shared.segments.delete_pieces(db, "file = ?1 AND unit = ?2", &[id as i64, unit as i64]))?;
+                r.set_file_size(id, unit * shared.unit_bytes + length, true)
+            })
+        });
+        if let Err(e) = recorded {
+            // Named by no record: take it back rather than leave it to no one.
+            let _ = shared.objects.delete(&shared.layout.unit_key(id, unit, generation));
+            return Err(e);
+        }
+        shared.metrics.backend_write_bytes.fetch_add(length, Relaxed);
+        shared.metrics.backend_write_requests.fetch_add(1, Relaxed);
+        shared.metrics.backend_write_sizes.record(length);
+        Ok(())
+    }
+}
+
 impl FileData for S3FileData {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> SysResult<usize> {
         let shared = &self.shared;
         let u = shared.unit_bytes;
-        // A record read, then its object fetched without the namespace locked: a checkpoint
-        // may delete a generation dropped in between. Its record has changed then; read again.
+        // A view read, then its objects fetched without the namespace locked: a checkpoint
+        // may delete a generation or segment dropped in between. The view has changed then;
+        // read it again.
         for _ in 0..3 {
-            let size = shared.names.records(|r| r.file_size(self.id))?;
+            let (size, records, pieces) = shared.view(self.id, offset..offset.saturating_add(buf.len() as u64))?;
             if offset >= size || buf.is_empty() {
                 return Ok(0);
             }
             let n = (buf.len() as u64).min(size - offset) as usize;
             let end = offset + n as u64;
-            let records = shared.records(self.id, offset / u, (end - 1) / u)?;
             let out = &mut buf[..n];
             out.fill(0);
             let mut missing = false;
@@ -432,17 +558,29 @@ impl FileData for S3FileData {
                     continue;
                 }
                 let key = shared.layout.unit_key(self.id, unit, generation);
-                match shared.objects.get(&key, Some(a - start..b - start)).map_err(object_errno)? {
-                    Some(bytes) if bytes.len() as u64 == b - a => {
-                        out[(a - offset) as usize..(b - offset) as usize].copy_from_slice(&bytes);
-                    }
-                    Some(bytes) => {
-                        log::error!("s3 backend: {key}: {} bytes where its record promises {}", bytes.len(), b - a);
-                        return Err(Errno(libc::EIO));
-                    }
+                if !shared.fetch(&key, a - start..b - start, &mut out[(a - offset) as usize..(b - offset) as usize])? {
+                    missing = true;
+                    break;
+                }
+            }
+            // Pieces are newer than their unit's object (a whole write drops them): over it.
+            for piece in &pieces {
+                if missing {
+                    break;
+                }
+                let start = piece.unit * u + piece.start;
+                let (a, b) = (start.max(offset), (start + piece.length).min(end));
+                if a >= b {
+                    continue;
+                }
+                let into = &mut out[(a - offset) as usize..(b - offset) as usize];
+                match &piece.held {
+                    Some(bytes) => into.copy_from_slice(&bytes[(a - start) as usize..(b - start) as usize]),
                     None => {
-                        missing = true;
-                        break;
+                        let at = piece.offset + (a - start);
+                        if !shared.fetch(&shared.layout.segment_key(piece.segment), at..at + (b - a), into)? {
+                            missing = true;
+                        }
                     }
                 }
             }
@@ -450,60 +588,69 @@ impl FileData for S3FileData {
                 return Ok(n);
             }
         }
-        log::error!("s3 backend: file {}: a unit object its record names is not in the bucket", self.id);
+        log::error!("s3 backend: file {}: an object its records name is not in the bucket", self.id);
         Err(Errno(libc::EIO))
     }
 
     fn write_unit(&self, unit: &UnitWrite<'_>) -> SysResult<()> {
         let shared = &self.shared;
-        assert_eq!(unit.unit_bytes, shared.unit_bytes, "a unit of another size than the store's");
+        let u = shared.unit_bytes;
+        assert_eq!(unit.unit_bytes, u, "a unit of another size than the store's");
         let limit = unit.limit();
-        assert!(unit.buf.len() as u64 >= limit, "a unit buffer shorter than the unit's bytes");
-        // The store's rule, at its boundary: a whole unit (up to the file's end) or nothing.
-        if !unit.ranges.covers(0, limit) {
-            log::error!("s3 backend: a partial unit for a store of whole units: {:?}", unit.ranges);
-            return Err(Errno(libc::EIO));
-        }
         if limit == 0 {
             return Ok(()); // wholly past the file's end: nothing of it is data
         }
-        let body = &unit.buf[..limit as usize];
-        let generation = shared.put_unit(self.id, unit.unit, body)?;
+        if unit.ranges.covers(0, limit) {
+            assert!(unit.buf.len() as u64 >= limit, "a whole unit's buffer shorter than the unit's bytes");
+            return self.write_whole(unit.unit, &unit.buf[..limit as usize]);
+        }
+        // A partial unit's buffer may end after its last dirty range (the engine's buffer for
+        // it grows as far as it was written).
+        let dirty: Vec<Range<u64>> =
+            unit.ranges.iter().map(|r| r.start..r.end.min(limit)).filter(|r| !r.is_empty()).collect();
+        assert!(
+            dirty.iter().all(|r| r.end <= unit.buf.len() as u64),
+            "a dirty range past its unit's buffer ({} bytes): {dirty:?}",
+            unit.buf.len()
+        );
+        let dirty_bytes: u64 = dirty.iter().map(|r| r.end - r.start).sum();
         let id = self.id;
-        let recorded = shared.names.records(|r| {
+        let (pieces, piece_bytes) = shared.names.records(|r| shared.segments.unit_load(r.db(), id, unit.unit))?;
+        if piece_bytes + dirty_bytes >= u / 2 || pieces + dirty.len() as u64 > MAX_PIECES_PER_UNIT {
+            // Mostly dirty, or in too many pieces: read what the store holds, put it whole.
+            let mut merged = vec![0u8; limit as usize];
+            let read = self.read_at(&mut merged, unit.start())?;
+            shared.metrics.backend_read_bytes_for_writes.fetch_add(read as u64, Relaxed);
+            shared.metrics.s3_units_folded.fetch_add(1, Relaxed);
+            for r in &dirty {
+                let (a, b) = (r.start as usize, r.end as usize);
+                merged[a..b].copy_from_slice(&unit.buf[a..b]);
+            }
+            return self.write_whole(unit.unit, &merged);
+        }
+        shared.names.records(|r| {
             r.change(|r| {
                 r.file_size(id)?;
-                let db = r.db();
-                let old: Option<i64> =
-                    sql(sql(db.prepare_cached("SELECT generation FROM s3_units WHERE file = ?1 AND unit = ?2"))?
-                        .query_row(params![id as i64, unit.unit as i64], |row| row.get(0))
-                        .optional())?;
-                if let Some(old) = old {
-                    sql(sql(db.prepare_cached(
-                        "INSERT OR IGNORE INTO s3_dropped(file, unit, generation) VALUES(?1, ?2, ?3)",
-                    ))?
-                    .execute(params![id as i64, unit.unit as i64, old]))?;
+                for range in &dirty {
+                    let bytes = &unit.buf[range.start as usize..range.end as usize];
+                    shared.segments.append(r.db(), id, unit.unit, range.start, bytes)?;
                 }
-                sql(sql(db.prepare_cached(
-                    "INSERT OR REPLACE INTO s3_units(file, unit, generation, length) VALUES(?1, ?2, ?3, ?4)",
-                ))?
-                .execute(params![id as i64, unit.unit as i64, generation as i64, limit as i64]))?;
                 r.set_file_size(id, unit.start() + limit, true)
-            })
-        });
-        if let Err(e) = recorded {
-            // Named by no record: take it back rather than leave it to no one.
-            let _ = shared.objects.delete(&shared.layout.unit_key(id, unit.unit, generation));
-            return Err(e);
-        }
-        shared.metrics.backend_write_bytes.fetch_add(limit, Relaxed);
-        shared.metrics.backend_write_requests.fetch_add(1, Relaxed);
-        shared.metrics.backend_write_sizes.record(limit);
-        Ok(())
+            })?;
+            if shared.segments.full() {
+                // Its pieces are recorded whatever happens here: a put that fails now is tried
+                // again before the next commit.
+                if let Err(e) = shared.segments.seal(r.db()) {
+                    log::warn!("s3 backend: a full segment stays open for the next commit: {e}");
+                }
+            }
+            Ok(())
+        })
     }
 
     fn set_size(&self, size: u64) -> SysResult<()> {
         let (id, u) = (self.id, self.shared.unit_bytes);
+        let segments = &self.shared.segments;
         self.shared.names.records(|r| {
             r.change(|r| {
                 r.file_size(id)?;
@@ -516,13 +663,15 @@ impl FileData for S3FileData {
                 .execute(params![id as i64, first_gone]))?;
                 sql(sql(db.prepare_cached("DELETE FROM s3_units WHERE file = ?1 AND unit >= ?2"))?
                     .execute(params![id as i64, first_gone]))?;
+                sql(segments.delete_pieces(db, "file = ?1 AND unit >= ?2", &[id as i64, first_gone]))?;
                 if size % u != 0 {
-                    // The object keeps its bytes; the record counts only those before the end.
+                    // The objects keep their bytes; the records count only those before the end.
                     let keep = (size % u) as i64;
                     sql(sql(db.prepare_cached(
                         "UPDATE s3_units SET length = ?3 WHERE file = ?1 AND unit = ?2 AND length > ?3",
                     ))?
                     .execute(params![id as i64, (size / u) as i64, keep]))?;
+                    sql(segments.cut_pieces(db, id, size / u, keep as u64))?;
                 }
                 r.set_file_size(id, size, false)
             })
@@ -541,10 +690,11 @@ impl FileData for S3FileData {
         self.shared
             .names
             .records(|r| {
-                let found: Option<i64> =
-                    sql(sql(r.db().prepare_cached("SELECT 1 FROM s3_units WHERE file = ?1 LIMIT 1"))?
-                        .query_row([self.id as i64], |row| row.get(0))
-                        .optional())?;
+                let found: Option<i64> = sql(sql(r.db().prepare_cached(
+                    "SELECT 1 FROM s3_units WHERE file = ?1 UNION ALL SELECT 1 FROM s3_pieces WHERE file = ?1 LIMIT 1",
+                ))?
+                .query_row([self.id as i64], |row| row.get(0))
+                .optional())?;
                 Ok(found.is_some())
             })
             .unwrap_or(true)

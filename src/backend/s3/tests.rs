@@ -9,7 +9,8 @@ use super::layout::{Layout, Manifest};
 use super::objects::{MemoryObjects, ObjectStore, PutCondition};
 use super::S3Mount;
 use crate::backend::test_support::read_all;
-use crate::backend::{FileData, Namespace, OpenMode, UnitStore};
+use crate::backend::{FileData, Namespace, OpenMode, UnitStore, UnitWrite};
+use crate::engine::buffer::RangeSet;
 use crate::engine::types::{NewObject, Owner, ROOT_ID};
 use crate::metrics::Metrics;
 
@@ -298,4 +299,132 @@ fn a_mount_with_another_unit_than_the_buckets_is_refused() {
         .err()
         .expect("refused");
     assert!(e.contains("units of 1048576"), "{e}");
+}
+
+/// Writes `bytes` at `offset` of the file as the engine flushes a partial unit: only that
+/// range of the unit dirty, the file's size at least its end, the unit's buffer as far as the
+/// range reaches (the engine's grows as written).
+fn write_piece(data: &dyn FileData, offset: u64, bytes: &[u8]) -> crate::sys::SysResult<()> {
+    let unit = offset / UNIT;
+    let start = offset % UNIT;
+    assert!(start + bytes.len() as u64 <= UNIT, "a piece within one unit");
+    let mut buf = vec![0u8; (start as usize + bytes.len()).next_multiple_of(4096)];
+    buf[start as usize..start as usize + bytes.len()].copy_from_slice(bytes);
+    let ranges = RangeSet::from(start..start + bytes.len() as u64);
+    let size = data.size()?.max(offset + bytes.len() as u64);
+    data.write_unit(&UnitWrite { unit, unit_bytes: UNIT, buf: &buf, ranges: &ranges, size })
+}
+
+fn bucket_bytes(objects: &Arc<dyn ObjectStore>, prefix: &str) -> u64 {
+    objects.list(prefix).unwrap().iter().map(|l| l.size).sum()
+}
+
+#[test]
+fn scattered_small_writes_go_into_one_segment_and_read_back_over_their_units() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let mut expected = pattern(8 * UNIT as usize, 10);
+    {
+        let m = mount(&objects, &state).unwrap();
+        let data = make_file(&m, "f", &expected);
+        m.store.sync_all().unwrap();
+        let units_before = keys(&objects, "tree/units/");
+        // 64 writes of 4 KiB, 8 into each unit, some over each other.
+        for i in 0..64u64 {
+            let offset = (i % 8) * UNIT + (i * 37_123) % (UNIT - 4096);
+            let bytes = pattern(4096, 100 + i as u8);
+            write_piece(&*data, offset, &bytes).unwrap();
+            expected[offset as usize..offset as usize + 4096].copy_from_slice(&bytes);
+        }
+        assert_eq!(read_all(&*data), expected, "pieces still in the open segment read over their units");
+        assert!(keys(&objects, "tree/segments/").is_empty(), "the open segment waits for a commit");
+        m.store.sync_all().unwrap();
+        assert_eq!(keys(&objects, "tree/units/"), units_before, "no unit put again");
+        let segments = keys(&objects, "tree/segments/");
+        assert_eq!(segments.len(), 1, "{segments:?}");
+        assert_eq!(bucket_bytes(&objects, "tree/segments/"), 64 * 4096, "only the dirty bytes");
+        assert_eq!(read_all(&*data), expected, "pieces read from the segment in the bucket");
+        m.lease.release().unwrap();
+    }
+    // Another machine, from the manifest alone.
+    let other = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &other).unwrap();
+    assert!(m.restored_from.is_some());
+    assert_eq!(read_file(&m, "f"), expected);
+}
+
+#[test]
+fn a_unit_whose_pieces_reach_half_of_it_is_put_whole_and_their_segment_goes() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    let mut expected = pattern(UNIT as usize, 20);
+    let data = make_file(&m, "f", &expected);
+    let piece = 64 << 10;
+    // Seven pieces of 64 KiB (448 KiB) stay pieces; the eighth reaches half the unit.
+    for i in 0..8u64 {
+        let bytes = pattern(piece, 30 + i as u8);
+        let offset = i * 2 * piece as u64;
+        write_piece(&*data, offset, &bytes).unwrap();
+        expected[offset as usize..offset as usize + piece].copy_from_slice(&bytes);
+        if i == 6 {
+            m.store.sync_all().unwrap();
+            assert_eq!(keys(&objects, "tree/segments/").len(), 1);
+        }
+    }
+    assert_eq!(keys(&objects, "tree/units/").len(), 2, "the unit put again whole (the old one until the manifest)");
+    assert_eq!(read_all(&*data), expected);
+    m.store.sync_all().unwrap();
+    assert!(keys(&objects, "tree/segments/").is_empty(), "a segment no piece names is deleted after the manifest");
+    assert_eq!(keys(&objects, "tree/units/").len(), 1, "the folded unit, the old generation deleted");
+    assert_eq!(read_all(&*data), expected);
+}
+
+#[test]
+fn a_truncate_cuts_pieces_and_bytes_past_it_read_as_zeros() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    let data = make_file(&m, "f", &pattern(2 * UNIT as usize, 40));
+    write_piece(&*data, 1000, &[7u8; 3000]).unwrap();
+    write_piece(&*data, UNIT + 5000, &[8u8; 3000]).unwrap();
+    m.store.sync_all().unwrap();
+    data.set_size(2000).unwrap();
+    data.set_size(2 * UNIT).unwrap();
+    let mut expected = pattern(2 * UNIT as usize, 40);
+    expected[1000..2000].fill(7);
+    expected[2000..].fill(0);
+    assert_eq!(read_all(&*data), expected, "the piece cut at the end, the other unit's dropped");
+    m.store.sync_all().unwrap();
+    assert_eq!(keys(&objects, "tree/segments/").len(), 1, "the cut piece still names its segment");
+    data.set_size(0).unwrap();
+    m.store.sync_all().unwrap();
+    assert!(keys(&objects, "tree/segments/").is_empty());
+    assert!(!data.holds_data());
+}
+
+#[test]
+fn a_segment_put_that_fails_fails_the_commit_and_the_next_one_puts_it() {
+    let memory: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let faulty = Arc::new(FaultyObjects::new(memory.clone()));
+    let objects: Arc<dyn ObjectStore> = faulty.clone();
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    let mut expected = pattern(UNIT as usize, 50);
+    let data = make_file(&m, "f", &expected);
+    m.store.sync_all().unwrap();
+    write_piece(&*data, 4096, &[9u8; 4096]).unwrap();
+    expected[4096..8192].fill(9);
+    faulty.set(FaultPlan { puts: Some("/segments/".into()), ..FaultPlan::default() });
+    assert_eq!(data.sync(false).unwrap_err().0, libc::EIO, "no commit of records naming a segment not put");
+    assert_eq!(m.store.sync_all().unwrap_err().0, libc::EIO);
+    assert_eq!(read_all(&*data), expected, "the piece is still read from memory");
+    faulty.heal();
+    m.store.sync_all().unwrap();
+    drop(data);
+    drop(m);
+    let other = tempfile::tempdir().unwrap();
+    memory.delete("tree/lease").unwrap();
+    let m = mount(&memory, &other).unwrap();
+    assert_eq!(read_file(&m, "f"), expected);
 }

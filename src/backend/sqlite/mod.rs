@@ -107,6 +107,14 @@ pub trait ExternalData: Send + Sync {
     fn tables(&self) -> &'static str;
     /// The namespace deleted `file` (no name, no lookup, no open handle left): its records go.
     fn file_deleted(&self, db: &Connection, file: ObjectId) -> rusqlite::Result<()>;
+    /// Called inside the open transaction just before it commits: what the records written in
+    /// it name must exist elsewhere before they are durable (the S3 store puts its open
+    /// segment). An error fails the commit, and the transaction stays open.
+    fn before_commit(&self, _db: &Connection) -> SysResult<()> {
+        Ok(())
+    }
+    /// For a unit store to find its own side among the namespace's (`SqliteBackend::external`).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 pub struct SqliteBackend {
@@ -245,6 +253,9 @@ impl Inner {
             return Err(Errno(libc::EIO));
         }
         if !self.db.is_autocommit() {
+            if let Some(external) = &self.external {
+                external.before_commit(&self.db)?;
+            }
             self.db.execute_batch("COMMIT").sql()?;
         }
         self.bytes_uncommitted = 0;
@@ -638,6 +649,7 @@ impl SqliteBackend {
             unit_source: if unit_bytes.is_some() { UnitSource::Option } else { UnitSource::Store },
             logical_block_bytes: 512,
             partial_writes: false,
+            syncs_cost_requests: false,
             durable_writes: false,
             atomic_unit_writes: true,
             copy_ranges: false,
@@ -649,6 +661,11 @@ impl SqliteBackend {
             keeps_replay_watermark: true,
         };
         Ok(SqliteBackend { inner: Arc::new(Mutex::new(inner)), capabilities, path: path.to_path_buf(), metrics })
+    }
+
+    /// The unit store's side of this database, when opened with one (`open_with`).
+    pub fn external(&self) -> Option<Arc<dyn ExternalData>> {
+        lock(&self.inner).external.clone()
     }
 
     pub fn path(&self) -> &Path {

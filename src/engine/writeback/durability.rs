@@ -666,8 +666,10 @@ impl Writeback {
     fn log_threshold(&self, created: bool) -> u64 {
         let threshold = if created { self.config.log_threshold_new_bytes } else { self.config.log_threshold_bytes };
         // A store that takes whole units only would read the rest of each partial unit and write
-        // it whole: logging up to half a unit costs less than that read and write.
-        if self.store.capabilities().partial_writes {
+        // it whole, and one whose syncs cost requests would pay one per fsync: logging up to half
+        // a unit costs less than either.
+        let capabilities = self.store.capabilities();
+        if capabilities.partial_writes && !capabilities.syncs_cost_requests {
             threshold
         } else {
             threshold.max(self.config.unit_bytes / 2)
