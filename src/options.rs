@@ -73,6 +73,9 @@ pub struct MountOptions {
     /// `xattr=on|off`: extended attributes served (the default), or refused as unsupported
     /// (see `fuse::FuseAdapter::xattrs`).
     pub xattrs: bool,
+    /// `fsync=log|backend`: an fsync answered by the intent log (the default) or by a checkpoint
+    /// (`engine::EngineConfig::fsync_checkpoints`).
+    pub fsync_backend: bool,
     /// `transport=auto|uring|dev`: how FUSE requests reach the daemon (see `transport`).
     pub transport: crate::transport::TransportChoice,
     /// `endpoint=http://HOST:PORT`: the S3 server of an `s3://` source.
@@ -221,6 +224,7 @@ impl Default for MountOptions {
             burst_gap: crate::engine::burst::BURST_GAP,
             log_raw: crate::engine::intent_log::raw::RawLog::Auto,
             xattrs: true,
+            fsync_backend: false,
             transport: crate::transport::TransportChoice::Auto,
             s3_endpoint: None,
             s3_region: None,
@@ -449,6 +453,13 @@ fn apply_log_option(options: &mut MountOptions, arg: &OptionArg<'_>) -> Result<b
                 _ => return Err(arg.refused("expected auto, always or never")),
             }
         }
+        "fsync" => {
+            options.fsync_backend = match arg.value()? {
+                "log" => false,
+                "backend" => true,
+                _ => return Err(arg.refused("expected log or backend")),
+            }
+        }
         "checkpoint_interval" => options.checkpoint_interval = arg.positive_duration()?,
         "checkpoint_idle" => options.checkpoint_idle = arg.positive_duration()?,
         "burst_gap" => {
@@ -672,6 +683,15 @@ mod tests {
         assert_eq!(req.options.log_raw, RawLog::Off);
         let err = parse_mount_args(&args(&["a", "b", "-o", "log_raw=on"])).unwrap_err();
         assert_eq!(err.0, "log_raw=on: expected auto or off");
+    }
+
+    #[test]
+    fn fsync_takes_log_or_backend() {
+        assert!(!parse_mount_args(&args(&["a", "b"])).unwrap().options.fsync_backend);
+        assert!(parse_mount_args(&args(&["a", "b", "-o", "fsync=backend"])).unwrap().options.fsync_backend);
+        assert!(!parse_mount_args(&args(&["a", "b", "-o", "fsync=log"])).unwrap().options.fsync_backend);
+        let err = parse_mount_args(&args(&["a", "b", "-o", "fsync=store"])).unwrap_err();
+        assert_eq!(err.0, "fsync=store: expected log or backend");
     }
 
     #[test]

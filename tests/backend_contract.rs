@@ -59,6 +59,7 @@ fn config() -> EngineConfig {
         page_cache: PageCache::Off,
         hidden_name: None,
         hidden_root_xattr: None,
+        fsync_checkpoints: false,
     }
 }
 
@@ -166,4 +167,56 @@ fn an_s3_put_that_fails_fails_the_fsync_and_loses_nothing_acknowledged() {
     assert_eq!(engine.fsync(opened.fh, false).unwrap_err().0, libc::EIO);
     engine.abandon();
     assert_eq!(read_after_crash(&store), second, "the last acknowledged bytes, not the refused ones");
+}
+
+/// `fsync=backend` over S3: an fsync returns once the bucket holds the bytes and a manifest
+/// naming them (a checkpoint), where by default the intent log answers it and the bucket gets
+/// nothing until the next checkpoint.
+#[test]
+fn with_fsync_backend_an_s3_fsync_puts_the_data_and_a_manifest_before_it_returns() {
+    use coalescefs::backend::s3::layout::Layout;
+    use coalescefs::backend::s3::objects::{MemoryObjects, ObjectStore};
+    use coalescefs::backend::s3::store::{open_namespace, S3Store};
+    use coalescefs::engine::types::ROOT_ID;
+    use coalescefs::engine::Caller;
+    use std::ffi::OsStr;
+
+    for fsync_checkpoints in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+        let metrics = Arc::new(Metrics::default());
+        let names = Arc::new(open_namespace(&dir.path().join("namespace.db"), metrics.clone()).unwrap());
+        let store = Arc::new(
+            S3Store::new(names, objects.clone(), Layout::new("t"), Some(UNIT), "test".into(), metrics).unwrap(),
+        );
+        let setup = LogSetup {
+            device: Box::new(Arc::new(MemoryLogDevice::new(64 * LOG_BLOCK_BYTES as u64, 512))),
+            created: true,
+            flushed_by_backend: false,
+        };
+        let mut cfg = config();
+        cfg.fsync_checkpoints = fsync_checkpoints;
+        let engine =
+            Engine::new(store.names().clone(), store.clone(), cfg, Arc::new(Metrics::default()), Some(setup)).unwrap();
+        let root = Caller { uid: 0, gid: 0 };
+        let (_, opened) = engine.create(ROOT_ID, OsStr::new("f"), 0o644, libc::O_RDWR, root).unwrap();
+        engine.write(opened.fh, 0, &vec![5u8; 3 * UNIT as usize], libc::O_RDWR, false, false).unwrap();
+        engine.fsync(opened.fh, false).unwrap();
+        let manifests = |objects: &Arc<dyn ObjectStore>| objects.list("t/manifests/").unwrap().len();
+        let units = |objects: &Arc<dyn ObjectStore>| objects.list("t/units/").unwrap().len();
+        if fsync_checkpoints {
+            assert_eq!((manifests(&objects), units(&objects)), (1, 3), "the fsync was a checkpoint");
+        } else {
+            assert_eq!(manifests(&objects), 0, "answered by the intent log, nothing in the bucket named yet");
+        }
+        // A 4 KiB write into a unit the bucket holds: a piece in a segment, and a manifest again.
+        engine.write(opened.fh, 4096, &[6u8; 4096], libc::O_RDWR, false, false).unwrap();
+        engine.fsync(opened.fh, false).unwrap();
+        if fsync_checkpoints {
+            assert_eq!(objects.list("t/segments/").unwrap().len(), 1, "the piece, packed");
+            assert_eq!(units(&objects), 3, "no unit put again for 4 KiB");
+        }
+        engine.release(opened.fh).unwrap();
+        engine.shut_down();
+    }
 }

@@ -396,6 +396,7 @@ fn config_holding(log_closes: LogCloses) -> EngineConfig {
         page_cache: PageCache::Off,
         hidden_name: None,
         hidden_root_xattr: None,
+        fsync_checkpoints: false,
     }
 }
 

@@ -264,6 +264,7 @@ fn engine_config(opts: &MountOptions, capabilities: &Capabilities, state: &State
         page_cache: opts.writeback_cache,
         hidden_name: state.hidden_name().map(std::ffi::OsString::from),
         hidden_root_xattr: Some(std::ffi::OsString::from(state::LOG_MARKER_XATTR)),
+        fsync_checkpoints: opts.fsync_backend,
     }
 }
 
@@ -388,6 +389,7 @@ fn options_in_effect(
         ("burst_gap_us", opts.burst_gap.as_micros().to_string()),
         ("log_raw", if opts.log_raw == RawLog::Auto && opts.log != LogPlace::Off { "auto" } else { "off" }.into()),
         ("xattr", if opts.xattrs { "on" } else { "off" }.into()),
+        ("fsync", if opts.fsync_backend { "backend" } else { "log" }.into()),
         ("transport", opts.transport.name().into()),
         ("cache_timeout_ms", opts.cache_timeout.as_millis().to_string()),
         ("io_timeout_ms", opts.io_timeout.as_millis().to_string()),

@@ -236,6 +236,9 @@ impl Engine {
 
     pub fn fsync(&self, fh: u64, data_only: bool) -> SysResult<()> {
         let open = self.open_file(fh)?;
+        if self.config.fsync_checkpoints && self.writeback.logging() {
+            return self.writeback.checkpoint();
+        }
         match &open.state {
             Some(state) => self.writeback.fsync(state, data_only),
             None => open.data.sync(data_only),

@@ -503,6 +503,9 @@ impl Engine {
 
     pub fn fsyncdir(&self, fh: u64, _data_only: bool) -> SysResult<()> {
         let dir = self.open_dir(fh)?;
+        if self.config.fsync_checkpoints && self.writeback.logging() {
+            return self.writeback.checkpoint();
+        }
         self.writeback.commit_held_in(dir.id)?;
         let names_before_seq = self.writeback.commit_queued_names_before_seq()?;
         self.ns.sync_dir(dir.id)?;
