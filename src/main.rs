@@ -41,6 +41,8 @@ Mount options (-o, comma-separated, repeatable):
   log_closes=auto|always|never  closes of new or changed small files the log takes (default
                      auto: those not in a burst of closes; the others write to BACKING_DIR)
   burst_gap=DURATION closes less than this apart are a burst (default 2ms)
+  fsync=log|backend  log (default): an fsync may be answered by the intent log; backend: every
+                     fsync is a checkpoint (an s3:// mount's objects and manifest in the bucket)
   log_raw=auto|off   auto: as root on ext4, the log file's blocks are written on its device, so a
                      commit changes no inode (the file is immutable while mounted); off: through it
   xattr=on|off       extended attributes (default on); off: refused as unsupported, and the kernel

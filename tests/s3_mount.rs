@@ -9,6 +9,7 @@ mod common;
 
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -30,6 +31,8 @@ struct S3Mount {
     mnt: PathBuf,
     state: PathBuf,
     mounted: bool,
+    /// More `-o` options (after a comma), e.g. `fsync=backend`.
+    extra_options: String,
 }
 
 impl S3Mount {
@@ -49,6 +52,7 @@ impl S3Mount {
             mnt,
             state,
             mounted: false,
+            extra_options: String::new(),
         }
     }
 
@@ -66,12 +70,17 @@ impl S3Mount {
             mnt,
             state,
             mounted: false,
+            extra_options: String::new(),
         }
     }
 
     fn try_mount(&mut self) -> std::process::Output {
-        let options =
-            format!("endpoint={},region=us-east-1,io_timeout=20s,state={}", self.endpoint, path_str(&self.state));
+        let options = format!(
+            "endpoint={},region=us-east-1,io_timeout=20s,state={}{}",
+            self.endpoint,
+            path_str(&self.state),
+            self.extra_options
+        );
         let out = Command::new(BIN)
             .args(["mount", &self.source, &path_str(&self.mnt), "-o", &options])
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -348,5 +357,115 @@ fn kill_9_of_the_daemon_loses_nothing_fsynced_and_the_same_state_directory_takes
     let mut other = m.elsewhere();
     other.mount();
     assert_eq!(fs::read(other.path("small.log")).unwrap(), expected);
+    other.unmount();
+}
+
+#[test]
+fn with_fsync_backend_an_fsynced_write_survives_the_loss_of_the_machine() {
+    let test = "with_fsync_backend_an_fsynced_write_survives_the_loss_of_the_machine";
+    let Some(server) = server_or_skip(test) else { return };
+    let client = server.client(BUCKET, Duration::from_secs(20));
+    let mut m = S3Mount::new(&server, "fsync-backend");
+    m.extra_options = ",fsync=backend".into();
+    m.mount();
+    // A whole unit and a 4 KiB rewrite inside it, each fsynced: the rewrite goes into a segment.
+    let mut expected = pattern(1 << 20, 3);
+    let mut f = fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(m.path("f")).unwrap();
+    f.write_all(&expected).unwrap();
+    f.sync_all().unwrap();
+    let piece = pattern(4096, 77);
+    f.write_all_at(&piece, 8192).unwrap();
+    f.sync_all().unwrap();
+    expected[8192..8192 + 4096].copy_from_slice(&piece);
+    drop(f);
+    m.kill_daemon();
+    let objects = keys(&server, "fsync-backend/");
+    assert!(objects.iter().any(|(k, _)| k.starts_with("fsync-backend/segments/")), "the rewrite packed: {objects:?}");
+
+    // This machine is gone (its state directory with it): its lease deleted by hand, as the
+    // refusal says, and another state directory mounts the bucket.
+    client.delete("fsync-backend/lease").unwrap();
+    let mut other = m.elsewhere();
+    other.mount();
+    assert!(other.daemon_log().contains("restored from manifest"), "{}", other.daemon_log());
+    assert!(fs::read(other.path("f")).unwrap() == expected, "every fsynced byte, from the bucket alone");
+    other.unmount();
+}
+
+#[test]
+fn a_server_that_goes_away_fails_requests_within_io_timeout_and_the_mount_recovers_when_it_returns() {
+    let test = "a_server_that_goes_away_fails_requests_within_io_timeout_and_the_mount_recovers_when_it_returns";
+    let Some(mut server) = server_or_skip(test) else { return };
+    // A fresh server's first write waits for a volume to be made: done before any timing.
+    server.client(BUCKET, Duration::from_secs(20)).put("warm", b"x", PutCondition::Always).unwrap();
+    let mut m = S3Mount::new(&server, "outage");
+    let io_timeout = Duration::from_secs(3);
+    m.extra_options = ",io_timeout=3s".into();
+    m.mount();
+    let before = pattern(100_000, 1);
+    fs::write(m.path("before"), &before).unwrap();
+    let sync = |m: &S3Mount| coalescefs(&["sync", &path_str(&m.mnt)]);
+    assert!(sync(&m).status.success(), "{}", m.daemon_log());
+
+    // Stopped (connections accepted, never answered): an fsync the store must answer (a new
+    // 2 MiB file, past the log's threshold) fails within a bound, and names still answer.
+    server.freeze();
+    let big = pattern(2 << 20, 2);
+    let mut f = fs::File::create(m.path("big")).unwrap();
+    f.write_all(&big).unwrap();
+    let began = std::time::Instant::now();
+    let failed = f.sync_all().expect_err("an fsync the bucket must answer succeeded with the server stopped");
+    let took = began.elapsed();
+    eprintln!("fsync with the server stopped: {failed} after {took:?}");
+    assert!(matches!(failed.raw_os_error(), Some(libc::EIO) | Some(libc::ETIMEDOUT)), "{failed}");
+    assert!(took <= 2 * io_timeout + Duration::from_secs(2), "no hang: {took:?}");
+    let listed = std::time::Instant::now();
+    assert_eq!(fs::read_dir(&m.mnt).unwrap().count(), 2, "before and big");
+    assert!(listed.elapsed() < io_timeout, "ls waited for the server");
+
+    // Back: the fsync succeeds, the bytes having stayed buffered. The first try may report the
+    // flush that timed out meanwhile (a refusal is reported to fsync once, SEMANTICS.md), and a
+    // SeaweedFS woken from a stop may time out a while longer: each try fails within the bound,
+    // and one succeeds within a minute.
+    server.signal(libc::SIGCONT);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let began = std::time::Instant::now();
+        match f.sync_all() {
+            Ok(()) => break,
+            Err(e) => {
+                eprintln!("fsync after the server woke: {e} after {:?}", began.elapsed());
+                assert!(began.elapsed() <= 2 * io_timeout + Duration::from_secs(2), "no hang: {:?}", began.elapsed());
+                assert!(std::time::Instant::now() < deadline, "no fsync within 60 s of the wake\n{}", m.daemon_log());
+            }
+        }
+    }
+    drop(f);
+
+    // Killed: a small fsync is the intent log's (local) and succeeds; a checkpoint fails until
+    // the server is back on the same port, then ships everything.
+    server.kill();
+    let small = pattern(4096, 3);
+    let mut s = fs::File::create(m.path("small")).unwrap();
+    s.write_all(&small).unwrap();
+    s.sync_all().expect("a small fsync needs only the local log");
+    drop(s);
+    let began = std::time::Instant::now();
+    let out = sync(&m);
+    assert!(!out.status.success(), "a checkpoint succeeded with the server gone");
+    assert!(began.elapsed() <= 4 * io_timeout + Duration::from_secs(5), "no hang: {:?}", began.elapsed());
+    server.start_again();
+    // A restarted SeaweedFS may answer 500 for a while as its volume loads.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !sync(&m).status.success() {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint within 60 s of the restart\n{}", m.daemon_log());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    m.unmount();
+    let mut other = m.elsewhere();
+    other.mount();
+    assert!(fs::read(other.path("before")).unwrap() == before);
+    assert!(fs::read(other.path("big")).unwrap() == big);
+    assert_eq!(fs::read(other.path("small")).unwrap(), small);
     other.unmount();
 }
