@@ -572,13 +572,10 @@ pub fn mount_request(
                     "unit={unit}: an S3 mount's unit is at least 1M (a PUT costs the server 40-120 KB whatever its size)"
                 )));
             }
-            if options.read_only {
-                return Err(UsageError("ro: an S3 source mounts read-write only, for now".into()));
-            }
             if options.backend != BackendKind::Local {
                 return Err(UsageError("backend=null: an S3 source keeps its data in the bucket".into()));
             }
-            if options.log == LogPlace::Off {
+            if options.log == LogPlace::Off && !options.read_only {
                 // Its namespace database's commits are this machine's only record of what
                 // the bucket's objects hold between checkpoints; fsync would have no log.
                 return Err(UsageError("log=off: an S3 mount keeps its intent log on".into()));

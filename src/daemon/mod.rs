@@ -409,7 +409,7 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     // intent log must be replayed by this state directory.
     let mut lease = HeldLease::default();
     let s3 = matches!(backend, Opened::S3ToOpen(_));
-    let backend = match open_store(backend, opts, &state, &metrics, &mut lease) {
+    let backend = match open_store(backend, opts, &state, runtime.path(), &metrics, &mut lease) {
         Ok(backend) => backend,
         Err(e) => {
             if s3 && made.state_dir.is_some() {
@@ -530,6 +530,10 @@ fn serve(prepared: Prepared, opts: &MountOptions, mut ready: ReadyReport) -> Exi
     });
     session_ended.store(true, std::sync::atomic::Ordering::Relaxed);
     let exit = shut_down(&engine, opts, &state, &marker, &runtime);
+    if store_name == Some("s3") && opts.read_only {
+        drop(engine);
+        backend::s3::remove_read_only_copy(runtime.path());
+    }
     match result {
         Ok(()) => log::info!("unmounted {}", mount_point.display()),
         Err(e) => log::info!("the session on {} ended: {e}", mount_point.display()),
@@ -597,16 +601,26 @@ fn start_engine(
 }
 
 /// Opens the database of a `sqlite:` or `s3://` store (a directory's was opened before the
-/// daemon detached); an S3 store's lease goes into `lease`.
+/// daemon detached); an S3 store's lease goes into `lease`. A read-only S3 mount takes none:
+/// its copy of the bucket's newest manifest goes in the runtime directory.
 fn open_store(
     backend: Opened,
     opts: &MountOptions,
     state: &state::StateDir,
+    runtime_dir: &Path,
     metrics: &Arc<crate::metrics::Metrics>,
     lease: &mut HeldLease,
 ) -> Result<Opened, String> {
     Ok(match backend {
         Opened::SqliteToOpen(path) => Opened::Sqlite(Arc::new(open_database(&path, opts, metrics)?)),
+        Opened::S3ToOpen(s3) if opts.read_only => {
+            let objects = opening::s3_client(&s3, opts)?;
+            let layout = backend::s3::layout::Layout::new(&s3.prefix);
+            let copy = runtime_dir.join(backend::s3::READ_ONLY_COPY_FILE);
+            let (names, store, _) =
+                backend::s3::open_read_only(objects, layout, &copy, &s3.path_shown(), metrics.clone())?;
+            Opened::S3 { names, store }
+        }
         Opened::S3ToOpen(s3) => {
             let mount = open_s3(&s3, opts, state, metrics)?;
             lease.hold(mount.lease, mount.names.clone());

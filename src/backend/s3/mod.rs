@@ -111,6 +111,46 @@ fn restore(objects: &dyn ObjectStore, layout: &Layout, seq: u64, db: &Path) -> R
     Ok(())
 }
 
+/// The file a read-only mount restores the bucket's newest manifest into, in its runtime
+/// directory (it is this mount's copy, not a writer's state).
+pub const READ_ONLY_COPY_FILE: &str = "namespace-read-only.db";
+
+/// A read-only mount of `layout`'s prefix: the bucket's newest manifest (a whole checkpoint of
+/// the writer's) restored into `db`, opened read-only, and the store over it. No lease is taken
+/// and nothing is put or deleted: the writer goes on meanwhile, and this mount serves the tree
+/// as of that checkpoint (objects a later checkpoint of the writer deletes read as EIO; mount
+/// again for a newer tree). Returns the manifest's number too.
+pub fn open_read_only(
+    objects: Arc<dyn ObjectStore>,
+    layout: Layout,
+    db: &Path,
+    source: &str,
+    metrics: Arc<Metrics>,
+) -> Result<(Arc<SqliteBackend>, Arc<S3Store>, u64), String> {
+    let seq = newest_manifest(&*objects, &layout)
+        .map_err(|e| format!("{source}: {e}"))?
+        .ok_or_else(|| format!("{source}: no checkpoint in the bucket yet, so nothing to mount read-only"))?;
+    restore(&*objects, &layout, seq, db).map_err(|e| format!("{source}: {e}"))?;
+    let unit_bytes = {
+        let conn = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(|e| format!("{}: {e}", db.display()))?;
+        store::meta_number(&conn, store::UNIT_BYTES_KEY)
+            .map_err(|e| format!("{}: {e}", db.display()))?
+            .ok_or_else(|| format!("{source}: manifest {seq} records no unit size"))?
+    };
+    let names = Arc::new(store::open_namespace_read_only(db, metrics.clone())?);
+    let store = Arc::new(S3Store::new(names.clone(), objects, layout, Some(unit_bytes), "read-only".into(), metrics)?);
+    log::info!("{source}: read-only, the tree of manifest {seq}");
+    Ok((names, store, seq))
+}
+
+/// Removes a read-only mount's copy of the namespace (at its unmount).
+pub fn remove_read_only_copy(runtime_dir: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(runtime_dir.join(format!("{READ_ONLY_COPY_FILE}{suffix}")));
+    }
+}
+
 /// The namespace, the store, and the manifest restored from.
 type Opened = (Arc<SqliteBackend>, Arc<S3Store>, Option<u64>);
 

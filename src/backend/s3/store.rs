@@ -101,6 +101,11 @@ pub fn open_namespace(path: &std::path::Path, metrics: Arc<Metrics>) -> Result<S
     SqliteBackend::open_with(path, None, metrics, Some(Arc::new(UnitRecords::default())))
 }
 
+/// The namespace database at `path` read-only, for an `S3Store` that serves a read-only mount.
+pub fn open_namespace_read_only(path: &std::path::Path, metrics: Arc<Metrics>) -> Result<SqliteBackend, String> {
+    SqliteBackend::open_read_only_with(path, None, metrics, Arc::new(UnitRecords::default()))
+}
+
 /// The generations this store gives out (unit objects' and segments'): the namespace
 /// database's open generation in the high half, never the same twice for one database file,
 /// and a counter.
@@ -398,6 +403,9 @@ impl UnitStore for S3Store {
 
     fn sync_all(&self) -> SysResult<()> {
         let shared = &self.shared;
+        if shared.names.read_only() {
+            return Ok(()); // a read-only mount's: nothing it could have changed to ship
+        }
         let mut at_last = self.checkpoint.lock().unwrap_or_else(|p| p.into_inner());
         let Some(Snapshot { seq, database, dropped, dropped_segments, changes }) = self.prepare_manifest(*at_last)?
         else {

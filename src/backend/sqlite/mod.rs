@@ -571,6 +571,17 @@ impl SqliteBackend {
         Self::open_mode(path, unit_bytes, metrics, None, true)
     }
 
+    /// `open_read_only`, as the namespace of a unit store that keeps file data elsewhere (an
+    /// S3 bucket mounted read-only).
+    pub fn open_read_only_with(
+        path: &Path,
+        unit_bytes: Option<u64>,
+        metrics: Arc<Metrics>,
+        external: Arc<dyn ExternalData>,
+    ) -> Result<SqliteBackend, String> {
+        Self::open_mode(path, unit_bytes, metrics, Some(external), true)
+    }
+
     fn open_mode(
         path: &Path,
         unit_bytes: Option<u64>,
@@ -686,6 +697,11 @@ impl SqliteBackend {
     pub fn records<T>(&self, f: impl FnOnce(&mut Records<'_>) -> SysResult<T>) -> SysResult<T> {
         let mut s = lock(&self.inner);
         f(&mut Records { s: &mut s })
+    }
+
+    /// Opened read-only (`-o ro`): every change fails with EROFS.
+    pub fn read_only(&self) -> bool {
+        lock(&self.inner).read_only
     }
 
     /// This open's generation (bumped and committed at every open, so never given out twice
