@@ -47,7 +47,23 @@ impl Layout {
     }
 
     pub fn segment_key(&self, id: u64) -> String {
-        format!("{}segments/{}", self.prefix, hex(id))
+        format!("{}{}", self.segments_prefix(), hex(id))
+    }
+
+    pub fn segments_prefix(&self) -> String {
+        format!("{}segments/", self.prefix)
+    }
+
+    /// The (file, unit, generation) a listed unit key names; None for anything else.
+    pub fn unit_of_key(&self, key: &str) -> Option<(u64, u64, u64)> {
+        let (file, rest) = key.strip_prefix(&self.units_prefix())?.split_once('/')?;
+        let (unit, generation) = rest.split_once('.')?;
+        Some((parse_hex(file)?, parse_hex(unit)?, parse_hex(generation)?))
+    }
+
+    /// The segment a listed segment key names; None for anything else.
+    pub fn segment_of_key(&self, key: &str) -> Option<u64> {
+        parse_hex(key.strip_prefix(&self.segments_prefix())?)
     }
 
     pub fn manifests_prefix(&self) -> String {
@@ -201,6 +217,10 @@ mod tests {
         assert_eq!(layout.manifest_seq("tree/manifests/junk"), None);
         assert_eq!(layout.manifest_seq("tree/manifests/000000000000000A"), None);
         assert_eq!(Layout::new("").lease_key(), "lease");
+        assert_eq!(layout.unit_of_key(&layout.unit_key(5, 2, 0x1_0000_0003)), Some((5, 2, 0x1_0000_0003)));
+        assert_eq!(layout.segment_of_key(&layout.segment_key(77)), Some(77));
+        assert_eq!(layout.unit_of_key("tree/units/0000000000000005/junk"), None);
+        assert_eq!(layout.segment_of_key("tree/units/0000000000000005"), None);
     }
 
     #[test]

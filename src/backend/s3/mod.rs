@@ -210,6 +210,13 @@ pub fn open(
             lease.id().to_owned(),
             metrics,
         )?);
+        // What a crashed writer put and never recorded: this mount holds the lease and has
+        // written nothing yet. A sweep that fails leaves them for the next mount.
+        match store.sweep_unnamed() {
+            Ok(0) => {}
+            Ok(n) => log::info!("{source}: deleted {n} objects no record names (put by a writer that crashed)"),
+            Err(e) => log::warn!("{source}: objects no record names stay until the next mount: {e}"),
+        }
         Ok((names, store, restore_from))
     })();
     match opened {

@@ -346,6 +346,52 @@ impl S3Store {
         })
     }
 
+    /// Deletes the unit objects and segments no record of the database names, dropped ones
+    /// included: objects a crashed writer put whose records never committed (a record is
+    /// committed only after its object is in the bucket). Only for a writer that holds the lease
+    /// and has written nothing yet; returns how many went. Keys it cannot read as its own stay.
+    pub fn sweep_unnamed(&self) -> Result<usize, String> {
+        let shared = &self.shared;
+        let layout = &shared.layout;
+        let listed = |prefix: String| shared.objects.list(&prefix).map_err(|e| format!("listing {prefix}: {e}"));
+        let units = listed(layout.units_prefix())?;
+        let segments = listed(layout.segments_prefix())?;
+        let named = |query: &str, key: &[i64]| -> Result<bool, String> {
+            shared
+                .names
+                .records(|r| {
+                    let found: Option<i64> = sql(sql(r.db().prepare_cached(query))?
+                        .query_row(rusqlite::params_from_iter(key), |row| row.get(0))
+                        .optional())?;
+                    Ok(found.is_some())
+                })
+                .map_err(|e| format!("the namespace database: {e}"))
+        };
+        let mut unnamed = Vec::new();
+        for object in units {
+            let Some((file, unit, generation)) = layout.unit_of_key(&object.key) else { continue };
+            let key = [file as i64, unit as i64, generation as i64];
+            if !named("SELECT 1 FROM s3_units WHERE file = ?1 AND unit = ?2 AND generation = ?3", &key)?
+                && !named("SELECT 1 FROM s3_dropped WHERE file = ?1 AND unit = ?2 AND generation = ?3", &key)?
+            {
+                unnamed.push(object.key);
+            }
+        }
+        for object in segments {
+            let Some(segment) = layout.segment_of_key(&object.key) else { continue };
+            let key = [segment as i64];
+            if !named("SELECT 1 FROM s3_pieces WHERE segment = ?1 LIMIT 1", &key)?
+                && !named("SELECT 1 FROM s3_dropped_segments WHERE segment = ?1", &key)?
+            {
+                unnamed.push(object.key);
+            }
+        }
+        for key in &unnamed {
+            shared.objects.delete(key).map_err(|e| format!("deleting {key}, which no record names: {e}"))?;
+        }
+        Ok(unnamed.len())
+    }
+
     /// The namespace this store keeps its records in.
     pub fn names(&self) -> &Arc<SqliteBackend> {
         &self.shared.names

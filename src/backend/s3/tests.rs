@@ -428,3 +428,33 @@ fn a_segment_put_that_fails_fails_the_commit_and_the_next_one_puts_it() {
     let m = mount(&memory, &other).unwrap();
     assert_eq!(read_file(&m, "f"), expected);
 }
+
+#[test]
+fn objects_a_crashed_writer_put_and_never_recorded_go_at_the_next_mount() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let mut expected = pattern(2 * UNIT as usize, 60);
+    {
+        let m = mount(&objects, &state).unwrap();
+        let data = make_file(&m, "f", &expected);
+        write_piece(&*data, 100, &[1u8; 2000]).unwrap();
+        expected[100..2100].fill(1);
+        m.store.sync_all().unwrap();
+        // Put, then the crash before their records commit: two units, and a segment (put as
+        // a full one would be, before the commit that never came).
+        write_whole(&*data, &pattern(2 * UNIT as usize, 61)).unwrap();
+        objects.put(&layout().segment_key(0xdead), &[3u8; 100], PutCondition::IfAbsent).unwrap();
+        m.names.crash();
+    }
+    let keys_before = keys(&objects, "tree/");
+    assert_eq!(keys_before.iter().filter(|k| k.starts_with("tree/units/")).count(), 4);
+    assert_eq!(keys_before.iter().filter(|k| k.starts_with("tree/segments/")).count(), 2);
+    // Not this store's keys: left alone.
+    objects.put("tree/units/notes.txt", b"someone's", PutCondition::Always).unwrap();
+    let m = mount(&objects, &state).unwrap();
+    assert_eq!(read_file(&m, "f"), expected, "what was committed reads back");
+    let units = keys(&objects, "tree/units/");
+    assert_eq!(units.len(), 3, "the two committed units and the foreign key: {units:?} (before: {keys_before:?})");
+    assert!(units.contains(&"tree/units/notes.txt".to_string()));
+    assert_eq!(keys(&objects, "tree/segments/").len(), 1, "the committed segment only");
+}
