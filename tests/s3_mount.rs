@@ -169,7 +169,10 @@ fn a_tree_reads_back_after_a_remount_and_from_an_empty_state_directory() {
     let objects = keys(&server, "tree/");
     let units: Vec<_> = objects.iter().filter(|(k, _)| k.starts_with("tree/units/")).collect();
     assert!(units.iter().all(|(_, size)| *size <= 1 << 20), "no object larger than the unit: {units:?}");
-    assert_eq!(units.iter().map(|(_, s)| s).sum::<u64>(), 1000 + (3 << 20) + 4097, "the files' bytes, once");
+    let segments: Vec<_> = objects.iter().filter(|(k, _)| k.starts_with("tree/segments/")).collect();
+    assert_eq!(units.iter().map(|(_, s)| s).sum::<u64>(), 3 << 20, "the whole units, once");
+    assert_eq!(segments.len(), 1, "the small file and the short last unit packed together: {objects:?}");
+    assert_eq!(segments.iter().map(|(_, s)| s).sum::<u64>(), 1000 + 4097, "their bytes, once");
     assert_eq!(objects.iter().filter(|(k, _)| k.starts_with("tree/manifests/")).count(), 1, "{objects:?}");
     assert!(!objects.iter().any(|(k, _)| k == "tree/lease"), "a clean unmount releases the lease");
 

@@ -131,9 +131,14 @@ impl Segments {
         Ok(())
     }
 
-    /// The open segment holds `SEGMENT_BYTES` or more: time to put it.
-    pub fn full(&self) -> bool {
-        self.open().as_ref().is_some_and(|s| s.bytes.len() >= SEGMENT_BYTES)
+    /// Puts the open segment once it holds `SEGMENT_BYTES`. Its pieces are recorded whatever
+    /// happens here: a put that fails now is tried again before the next commit.
+    pub fn seal_if_full(&self, db: &Connection) {
+        if self.open().as_ref().is_some_and(|s| s.bytes.len() >= SEGMENT_BYTES) {
+            if let Err(e) = self.seal(db) {
+                log::warn!("s3 backend: a full segment stays open for the next commit: {e}");
+            }
+        }
     }
 
     /// Puts the open segment, if any, so that the records naming it may commit. A put that

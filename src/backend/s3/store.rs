@@ -588,6 +588,33 @@ impl S3FileData {
     }
 }
 
+impl S3FileData {
+    /// `body` as the whole of `unit`, shorter than half a unit (the file ends in it): one piece
+    /// in the open segment in place of the unit's object and pieces, which it covers.
+    fn write_small_whole(&self, unit: u64, body: &[u8]) -> SysResult<()> {
+        let shared = &self.shared;
+        let id = self.id;
+        shared.names.records(|r| {
+            r.change(|r| {
+                r.file_size(id)?;
+                let db = r.db();
+                sql(sql(db.prepare_cached(
+                    "INSERT OR IGNORE INTO s3_dropped(file, unit, generation) \
+                     SELECT file, unit, generation FROM s3_units WHERE file = ?1 AND unit = ?2",
+                ))?
+                .execute(params![id as i64, unit as i64]))?;
+                sql(sql(db.prepare_cached("DELETE FROM s3_units WHERE file = ?1 AND unit = ?2"))?
+                    .execute(params![id as i64, unit as i64]))?;
+                sql(shared.segments.delete_pieces(db, "file = ?1 AND unit = ?2", &[id as i64, unit as i64]))?;
+                shared.segments.append(db, id, unit, 0, body)?;
+                r.set_file_size(id, unit * shared.unit_bytes + body.len() as u64, true)
+            })?;
+            shared.segments.seal_if_full(r.db());
+            Ok(())
+        })
+    }
+}
+
 impl FileData for S3FileData {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> SysResult<usize> {
         let shared = &self.shared;
@@ -656,7 +683,14 @@ impl FileData for S3FileData {
         }
         if unit.ranges.covers(0, limit) {
             assert!(unit.buf.len() as u64 >= limit, "a whole unit's buffer shorter than the unit's bytes");
-            return self.write_whole(unit.unit, &unit.buf[..limit as usize]);
+            let body = &unit.buf[..limit as usize];
+            // A small file (or a file's short last unit) is packed like a piece: a PUT of its
+            // own would cost the engine more than its bytes.
+            return if limit < u / 2 {
+                self.write_small_whole(unit.unit, body)
+            } else {
+                self.write_whole(unit.unit, body)
+            };
         }
         // A partial unit's buffer may end after its last dirty range (the engine's buffer for
         // it grows as far as it was written).
@@ -691,13 +725,7 @@ impl FileData for S3FileData {
                 }
                 r.set_file_size(id, unit.start() + limit, true)
             })?;
-            if shared.segments.full() {
-                // Its pieces are recorded whatever happens here: a put that fails now is tried
-                // again before the next commit.
-                if let Err(e) = shared.segments.seal(r.db()) {
-                    log::warn!("s3 backend: a full segment stays open for the next commit: {e}");
-                }
-            }
+            shared.segments.seal_if_full(r.db());
             Ok(())
         })
     }

@@ -51,7 +51,7 @@ fn read_file(m: &S3Mount, name: &str) -> Vec<u8> {
 }
 
 #[test]
-fn units_are_objects_written_whole_and_a_remount_reads_them_back() {
+fn units_are_objects_written_whole_short_last_units_packed_and_a_remount_reads_them_back() {
     let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
     let state = tempfile::tempdir().unwrap();
     let bytes = pattern(2 * UNIT as usize + 4000, 1);
@@ -62,9 +62,10 @@ fn units_are_objects_written_whole_and_a_remount_reads_them_back() {
         m.lease.release().unwrap();
     }
     let units = keys(&objects, "tree/units/");
-    assert_eq!(units.len(), 3, "{units:?}");
+    assert_eq!(units.len(), 2, "{units:?}");
     let sizes: Vec<u64> = objects.list("tree/units/").unwrap().iter().map(|l| l.size).collect();
-    assert_eq!(sizes, [UNIT, UNIT, 4000], "whole units, the last cut at the file's end");
+    assert_eq!(sizes, [UNIT, UNIT], "whole units");
+    assert_eq!(bucket_bytes(&objects, "tree/segments/"), 4000, "the short last unit packed into a segment");
     assert_eq!(keys(&objects, "tree/manifests/").len(), 1);
     assert!(objects.head("tree/lease").unwrap().is_none(), "released");
 
@@ -457,4 +458,32 @@ fn objects_a_crashed_writer_put_and_never_recorded_go_at_the_next_mount() {
     assert_eq!(units.len(), 3, "the two committed units and the foreign key: {units:?} (before: {keys_before:?})");
     assert!(units.contains(&"tree/units/notes.txt".to_string()));
     assert_eq!(keys(&objects, "tree/segments/").len(), 1, "the committed segment only");
+}
+
+#[test]
+fn small_files_share_a_segment_and_a_rewrite_replaces_the_piece() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..100).map(|i| (format!("f{i}"), pattern(1000 + 70 * i, i as u8))).collect();
+    for (name, bytes) in &files {
+        make_file(&m, name, bytes);
+    }
+    m.store.sync_all().unwrap();
+    assert!(keys(&objects, "tree/units/").is_empty(), "no object of its own for a small file");
+    assert_eq!(keys(&objects, "tree/segments/").len(), 1, "one PUT for them all");
+    let total: u64 = files.iter().map(|(_, b)| b.len() as u64).sum();
+    assert_eq!(bucket_bytes(&objects, "tree/segments/"), total);
+    // Each rewritten whole: its old piece goes; once no file's piece is in the first segment,
+    // it goes too (after the manifest that no longer names it).
+    for (i, (name, bytes)) in files.iter().enumerate() {
+        let id = m.names.lookup(ROOT_ID, OsStr::new(name)).unwrap().id;
+        let data = m.store.open(id, OpenMode { write: true, no_atime: false }).unwrap();
+        let new = pattern(bytes.len(), 200 ^ i as u8);
+        write_whole(&*data, &new).unwrap();
+        assert_eq!(read_all(&*data), new);
+    }
+    m.store.sync_all().unwrap();
+    assert_eq!(keys(&objects, "tree/segments/").len(), 1, "the rewrites' segment only: {:?}", keys(&objects, "tree/"));
+    assert_eq!(bucket_bytes(&objects, "tree/segments/"), total);
 }
