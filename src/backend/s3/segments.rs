@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use rusqlite::{params, params_from_iter, Connection};
 
 use super::layout::Layout;
-use super::objects::{ObjectError, ObjectStore, PutCondition, PutOutcome};
-use super::store::Generations;
+use super::objects::{ObjectStore, PutCondition, PutOutcome};
+use super::store::{object_errno, sql, Generations};
 use crate::metrics::Metrics;
 use crate::sys::{Errno, SysResult};
 
@@ -72,18 +72,6 @@ pub struct Piece {
 pub struct Segments {
     sink: OnceLock<Sink>,
     open: Mutex<Option<OpenSegment>>,
-}
-
-fn sql<T>(result: rusqlite::Result<T>) -> SysResult<T> {
-    result.map_err(|e| {
-        log::error!("s3 backend: the namespace database (segments): {e}");
-        Errno(libc::EIO)
-    })
-}
-
-fn object_errno(e: ObjectError) -> Errno {
-    log::error!("s3 backend: {e}");
-    e.to_errno()
 }
 
 impl Segments {

@@ -11,8 +11,9 @@
 //!   packed segment as pieces (`segments`), or the unit is folded whole when they would reach
 //!   half of it.
 //! - A read finds the record and GETs the range of the object that holds the bytes, then the
-//!   unit's pieces over it; no record and no piece is a hole. A truncate drops the records past the end and shortens the one the end falls
-//!   in (its object keeps its bytes; the record says how many count).
+//!   unit's pieces over it; no record and no piece is a hole. A truncate drops the records
+//!   past the end and shortens the one the end falls in (its object keeps its bytes; the
+//!   record says how many count), and cuts the pieces as it does.
 //! - A checkpoint commits the database, puts `manifests/<seq>` IfAbsent holding the database's
 //!   bytes (what another machine needs to mount the bucket), and only then deletes the objects
 //!   of dropped generations and the older manifests: a manifest in the bucket never names an
@@ -139,7 +140,8 @@ fn set_meta_number(db: &Connection, key: &str, value: u64) -> rusqlite::Result<(
     Ok(())
 }
 
-fn sql<T>(result: rusqlite::Result<T>) -> SysResult<T> {
+/// A database error as EIO, said in the daemon's log.
+pub(super) fn sql<T>(result: rusqlite::Result<T>) -> SysResult<T> {
     result.map_err(|e| {
         log::error!("s3 backend: the namespace database: {e}");
         Errno(libc::EIO)
@@ -147,7 +149,7 @@ fn sql<T>(result: rusqlite::Result<T>) -> SysResult<T> {
 }
 
 /// An object call's failure as the caller's errno, said in the daemon's log.
-fn object_errno(e: ObjectError) -> Errno {
+pub(super) fn object_errno(e: ObjectError) -> Errno {
     log::error!("s3 backend: {e}");
     e.to_errno()
 }
