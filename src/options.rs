@@ -37,6 +37,8 @@ pub struct MountOptions {
     pub buffer_bytes: u64,
     /// `flushers=N`: parallel flusher threads.
     pub flushers: usize,
+    /// `flushers=` was given (else a source may choose its own default).
+    pub flushers_given: bool,
     /// `flush_age=DURATION`: the longest a partial unit waits in memory.
     pub flush_age: std::time::Duration,
     /// `writeback_cache[=auto|on|off]`: how writes use the kernel's page cache.
@@ -208,6 +210,7 @@ impl Default for MountOptions {
             unit_bytes: None,
             buffer_bytes: BUFFER_BYTES_DEFAULT,
             flushers: default_flushers(),
+            flushers_given: false,
             flush_age: std::time::Duration::from_secs(5),
             writeback_cache: crate::engine::PageCache::Auto,
             metrics_address: None,
@@ -366,7 +369,10 @@ fn apply_write_path_option(options: &mut MountOptions, arg: &OptionArg<'_>) -> R
             options.unit_bytes = Some(crate::backend::local::geometry::check_unit_bytes(bytes).map_err(UsageError)?);
         }
         "buffer" => options.buffer_bytes = arg.size()?,
-        "flushers" => options.flushers = thread_count(arg.key, arg.value()?)?,
+        "flushers" => {
+            options.flushers = thread_count(arg.key, arg.value()?)?;
+            options.flushers_given = true;
+        }
         "flush_age" => options.flush_age = arg.duration()?,
         "writeback_cache" => {
             options.writeback_cache = match arg.value {
@@ -575,6 +581,9 @@ pub fn mount_request(
             if options.backend != BackendKind::Local {
                 return Err(UsageError("backend=null: an S3 source keeps its data in the bucket".into()));
             }
+            if !options.flushers_given {
+                options.flushers = crate::backend::s3::store::DEFAULT_FLUSHERS;
+            }
             if options.log == LogPlace::Off && !options.read_only {
                 // Its namespace database's commits are this machine's only record of what
                 // the bucket's objects hold between checkpoints; fsync would have no log.
@@ -764,6 +773,11 @@ mod tests {
         assert_eq!(req.options.s3_endpoint.as_deref(), Some("http://127.0.0.1:8333"));
         assert_eq!(req.options.s3_region.as_deref(), Some("eu-west-1"));
         assert_eq!(req.options.io_timeout, std::time::Duration::from_secs(10));
+        assert_eq!(req.options.flushers, crate::backend::s3::store::DEFAULT_FLUSHERS, "PUTs wait on the network");
+        assert_eq!(mount("s3://bkt/tree", "endpoint=http://h,flushers=3").unwrap().options.flushers, 3);
+        assert_eq!(parse_mount_args(&args(&["/srv/data", "/mnt"])).unwrap().options.flushers, default_flushers());
+        let req = mount("s3://bkt/tree", "endpoint=http://h,ro").unwrap();
+        assert_eq!((req.options.read_only, req.options.log.clone()), (true, LogPlace::Off), "a read-only S3 mount");
         let error = |source: &str, opts: &str| mount(source, opts).unwrap_err().0;
         assert!(error("s3://bkt/tree", "region=x").contains("needs the S3 server"));
         assert!(error("s3://bkt/tree", "endpoint=ftp://h").contains("http:// or https://"));

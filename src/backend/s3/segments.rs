@@ -6,8 +6,9 @@
 //!   open transaction: (file, unit, seq) -> bytes `[start, start + length)` of the unit, at
 //!   `offset` of segment `segment`. A unit's pieces apply over its unit object in `seq` order.
 //! - The open segment is put (`PREFIX/segments/<id>`, `If-None-Match: *`) before any commit of
-//!   the transaction that records its pieces (`UnitRecords::before_commit`), and as soon as it
-//!   holds `SEGMENT_BYTES`: no committed record ever names a segment the bucket lacks.
+//!   the transaction that records its pieces (`UnitRecords::before_commit`), and by the next
+//!   write once it holds `SEGMENT_BYTES` (`make_room`): no committed record ever names a segment
+//!   the bucket lacks.
 //! - A unit written whole drops its pieces; a unit whose pieces would reach half of it (or
 //!   `MAX_PIECES_PER_UNIT`) is *folded*: read, merged with the write and put whole (the store
 //!   decides this, at its boundary: the engine only says which ranges are dirty). A segment
@@ -119,14 +120,15 @@ impl Segments {
         Ok(())
     }
 
-    /// Puts the open segment once it holds `SEGMENT_BYTES`. Its pieces are recorded whatever
-    /// happens here: a put that fails now is tried again before the next commit.
-    pub fn seal_if_full(&self, db: &Connection) {
+    /// Room for more pieces: an open segment that holds `SEGMENT_BYTES` is put first. Called
+    /// before a write appends anything, so a put that fails fails that write alone (the engine
+    /// keeps its data and tries again): while the server is away the open segment stays
+    /// within `SEGMENT_BYTES` and one write's pieces, and memory within the write buffer's bound.
+    pub fn make_room(&self, db: &Connection) -> SysResult<()> {
         if self.open().as_ref().is_some_and(|s| s.bytes.len() >= SEGMENT_BYTES) {
-            if let Err(e) = self.seal(db) {
-                log::warn!("s3 backend: a full segment stays open for the next commit: {e}");
-            }
+            self.seal(db)?;
         }
+        Ok(())
     }
 
     /// Puts the open segment, if any, so that the records naming it may commit. A put that
@@ -171,6 +173,11 @@ impl Segments {
         log::debug!("s3 backend: segment {id:016x} put, {length} bytes");
         // Its pieces may all have gone while it was open.
         drop_if_unnamed(db, id)
+    }
+
+    /// How many bytes the open segment holds (none open: 0).
+    pub fn open_bytes(&self) -> usize {
+        self.open().as_ref().map_or(0, |s| s.bytes.len())
     }
 
     /// The bytes `range` of the open segment `id`; None once it is no longer open.

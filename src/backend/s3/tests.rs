@@ -23,7 +23,7 @@ fn layout() -> Layout {
 }
 
 fn mount(objects: &Arc<dyn ObjectStore>, state: &tempfile::TempDir) -> Result<S3Mount, String> {
-    super::open(objects.clone(), layout(), state.path(), None, SOURCE, Arc::new(Metrics::default()))
+    super::open(objects.clone(), layout(), state.path(), Some(UNIT), SOURCE, Arc::new(Metrics::default()))
 }
 
 fn write_whole(data: &dyn FileData, bytes: &[u8]) -> crate::sys::SysResult<()> {
@@ -490,4 +490,39 @@ fn small_files_share_a_segment_and_a_rewrite_replaces_the_piece() {
     m.store.sync_all().unwrap();
     assert_eq!(keys(&objects, "tree/segments/").len(), 1, "the rewrites' segment only: {:?}", keys(&objects, "tree/"));
     assert_eq!(bucket_bytes(&objects, "tree/segments/"), total);
+}
+
+#[test]
+fn while_segment_puts_fail_the_open_segment_stays_bounded_and_writes_fail() {
+    use super::segments::SEGMENT_BYTES;
+    let memory: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let faulty = Arc::new(FaultyObjects::new(memory.clone()));
+    let objects: Arc<dyn ObjectStore> = faulty.clone();
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    let units = 40u64;
+    let mut expected = pattern((units * UNIT) as usize, 70);
+    let data = make_file(&m, "f", &expected);
+    m.store.sync_all().unwrap();
+    faulty.set(FaultPlan { puts: Some("/segments/".into()), ..FaultPlan::default() });
+    let piece = 400 << 10;
+    let mut refused = 0;
+    for unit in 0..units {
+        let bytes = pattern(piece, unit as u8);
+        match write_piece(&*data, unit * UNIT, &bytes) {
+            Ok(()) => expected[(unit * UNIT) as usize..][..piece].copy_from_slice(&bytes),
+            Err(e) => {
+                assert_eq!(e.0, libc::EIO);
+                refused += 1;
+            }
+        }
+        assert!(m.store.open_segment_bytes() < SEGMENT_BYTES + piece, "{} bytes held", m.store.open_segment_bytes());
+    }
+    assert!(refused > 0, "a write once the open segment was full and could not be put");
+    assert_eq!(read_all(&*data), expected, "the pieces taken read back; the refused ones changed nothing");
+    faulty.heal();
+    m.store.sync_all().unwrap();
+    drop(data);
+    drop(m);
+    assert_eq!(read_from_another_machine(&memory, "f"), expected);
 }
