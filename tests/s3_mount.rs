@@ -168,11 +168,12 @@ fn a_tree_reads_back_after_a_remount_and_from_an_empty_state_directory() {
 
     let objects = keys(&server, "tree/");
     let units: Vec<_> = objects.iter().filter(|(k, _)| k.starts_with("tree/units/")).collect();
-    assert!(units.iter().all(|(_, size)| *size <= 1 << 20), "no object larger than the unit: {units:?}");
+    // The default unit, 4 MiB: big.img (3 MiB and 4097 bytes) is one object, over half a unit;
+    // the 1,000-byte file is a piece of a segment.
+    let sizes: Vec<u64> = units.iter().map(|(_, s)| *s).collect();
+    assert_eq!(sizes, [(3 << 20) + 4097], "big.img's one unit, whole: {units:?}");
     let segments: Vec<_> = objects.iter().filter(|(k, _)| k.starts_with("tree/segments/")).collect();
-    assert_eq!(units.iter().map(|(_, s)| s).sum::<u64>(), 3 << 20, "the whole units, once");
-    assert_eq!(segments.len(), 1, "the small file and the short last unit packed together: {objects:?}");
-    assert_eq!(segments.iter().map(|(_, s)| s).sum::<u64>(), 1000 + 4097, "their bytes, once");
+    assert_eq!(segments.iter().map(|(_, s)| *s).collect::<Vec<_>>(), [1000], "the small file, packed: {objects:?}");
     assert_eq!(objects.iter().filter(|(k, _)| k.starts_with("tree/manifests/")).count(), 1, "{objects:?}");
     assert!(!objects.iter().any(|(k, _)| k == "tree/lease"), "a clean unmount releases the lease");
 
@@ -335,13 +336,14 @@ fn kill_9_of_the_daemon_loses_nothing_fsynced_and_the_same_state_directory_takes
     server.client(BUCKET, Duration::from_secs(20));
     let mut m = S3Mount::new(&server, "crash");
     m.mount();
-    // Small fsyncs (the intent log's), a whole-unit file (the store's), and a rename.
+    // Small fsyncs (the intent log's), a file past the log's threshold (half a 4 MiB unit: the
+    // store's), and a rename.
     let mut small = fs::File::create(m.path("small.log")).unwrap();
     for i in 0..20u8 {
         small.write_all(&pattern(700, i)).unwrap();
         small.sync_all().unwrap();
     }
-    let big = pattern(2 << 20, 9);
+    let big = pattern(5 << 20, 9);
     let mut f = fs::File::create(m.path("big.tmp")).unwrap();
     f.write_all(&big).unwrap();
     f.sync_all().unwrap();
@@ -371,7 +373,7 @@ fn with_fsync_backend_an_fsynced_write_survives_the_loss_of_the_machine() {
     let mut m = S3Mount::new(&server, "fsync-backend");
     m.extra_options = ",fsync=backend".into();
     m.mount();
-    // A whole unit and a 4 KiB rewrite inside it, each fsynced: the rewrite goes into a segment.
+    // A 1 MiB file and a 4 KiB rewrite inside it, each fsynced: both go into segments.
     let mut expected = pattern(1 << 20, 3);
     let mut f = fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(m.path("f")).unwrap();
     f.write_all(&expected).unwrap();
@@ -411,9 +413,10 @@ fn a_server_that_goes_away_fails_requests_within_io_timeout_and_the_mount_recove
     assert!(sync(&m).status.success(), "{}", m.daemon_log());
 
     // Stopped (connections accepted, never answered): an fsync the store must answer (a new
-    // 2 MiB file, past the log's threshold) fails within a bound, and names still answer.
+    // 6 MiB file, past the log's threshold of half a 4 MiB unit) fails within a bound, and names
+    // still answer.
     server.freeze();
-    let big = pattern(2 << 20, 2);
+    let big = pattern(6 << 20, 2);
     let mut f = fs::File::create(m.path("big")).unwrap();
     f.write_all(&big).unwrap();
     let began = std::time::Instant::now();
