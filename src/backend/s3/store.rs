@@ -42,11 +42,13 @@ use crate::sys::{Errno, SysResult};
 pub const MIN_UNIT_BYTES: u64 = 1 << 20;
 /// The unit of a new bucket prefix when `-o unit=` gives none. On the Ceph cluster of
 /// `bench/results/2026-11-29-s3-ceph-unit`, 1 GiB written sequentially cost 1.529x at the OSDs
-/// in 4 MiB units and 1.584x in 1 MiB ones (RGW writes ~55 KB of metadata per object), at twice
-/// the MB/s; scattered writes go into segments whatever the unit.
+/// in 4 MiB units and 1.604x in 1 MiB ones (RGW writes ~60 KB of metadata per object), at 1.7x
+/// the MB/s; scattered writes go into segments whatever the unit (the sparse 1 GiB case costs
+/// more in 4 MiB units, 3.37x against 2.96x: the report says why).
 pub const DEFAULT_UNIT_BYTES: u64 = 4 << 20;
 /// Flushers of an S3 mount when `-o flushers=` gives none: each waits on a PUT's round trip,
-/// not a core (1 GiB sequential: 2 flushers 73 MB/s, 8 flushers 130, same report).
+/// not a core (1 GiB sequential in 1 MiB units: 2 flushers 89 MB/s, 8 flushers 114; in 4 MiB
+/// units 155 and 189; same report).
 pub const DEFAULT_FLUSHERS: usize = 8;
 
 /// The `meta` keys the store keeps in the namespace's database.
