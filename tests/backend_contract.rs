@@ -216,6 +216,11 @@ fn with_fsync_backend_an_s3_fsync_puts_the_data_and_a_manifest_before_it_returns
             assert_eq!(objects.list("t/segments/").unwrap().len(), 1, "the piece, packed");
             assert_eq!(units(&objects), 3, "no unit put again for 4 KiB");
         }
+        // An O_DSYNC write is a durability point of its own: a checkpoint too.
+        let before = objects.list("t/manifests/").unwrap();
+        engine.write(opened.fh, 8192, &[7u8; 4096], libc::O_RDWR | libc::O_DSYNC, false, false).unwrap();
+        let after = objects.list("t/manifests/").unwrap();
+        assert_eq!(after != before, fsync_checkpoints, "a new manifest exactly when fsync=backend: {after:?}");
         engine.release(opened.fh).unwrap();
         engine.shut_down();
     }

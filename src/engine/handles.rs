@@ -179,10 +179,20 @@ impl Engine {
         self.metrics.application_write_requests.fetch_add(1, Ordering::Relaxed);
         self.metrics.application_write_sizes.record(taken as u64);
         if flags & libc::O_DSYNC != 0 {
-            // O_SYNC and O_DSYNC writes are durable when they return.
-            self.writeback.fsync(state, flags & libc::O_SYNC != libc::O_SYNC)?;
+            // O_SYNC and O_DSYNC writes are durable when they return, as an fsync makes them.
+            if self.fsync_is_a_checkpoint() {
+                self.writeback.checkpoint()?;
+            } else {
+                self.writeback.fsync(state, flags & libc::O_SYNC != libc::O_SYNC)?;
+            }
         }
         Ok(taken as u32)
+    }
+
+    /// `fsync=backend` with the log on: every durability point the application asks for is a
+    /// checkpoint (without the log an fsync syncs the store anyway).
+    pub(crate) fn fsync_is_a_checkpoint(&self) -> bool {
+        self.config.fsync_checkpoints && self.writeback.logging()
     }
 
     /// close(2): the file's buffered data goes to the store (with the log, the close is a
@@ -236,7 +246,7 @@ impl Engine {
 
     pub fn fsync(&self, fh: u64, data_only: bool) -> SysResult<()> {
         let open = self.open_file(fh)?;
-        if self.config.fsync_checkpoints && self.writeback.logging() {
+        if self.fsync_is_a_checkpoint() {
             return self.writeback.checkpoint();
         }
         match &open.state {

@@ -84,9 +84,10 @@ pub struct EngineConfig {
     /// An extended attribute of the root the mount neither shows nor lets anyone change: the
     /// record of which intent log the backing directory needs after a crash.
     pub hidden_root_xattr: Option<OsString>,
-    /// `fsync=backend`: an fsync (of a file or a directory) is a checkpoint, answered once the
-    /// store holds everything written before it (an S3 mount's objects and manifest), not once
-    /// the intent log does. Without a log an fsync syncs the store anyway.
+    /// `fsync=backend`: an fsync (of a file or a directory, and an O_SYNC or O_DSYNC write) is a
+    /// checkpoint, answered once the store holds everything written before it (an S3 mount's
+    /// objects and manifest), not once the intent log does. Without a log an fsync syncs the
+    /// store anyway.
     pub fsync_checkpoints: bool,
 }
 

@@ -503,7 +503,7 @@ impl Engine {
 
     pub fn fsyncdir(&self, fh: u64, _data_only: bool) -> SysResult<()> {
         let dir = self.open_dir(fh)?;
-        if self.config.fsync_checkpoints && self.writeback.logging() {
+        if self.fsync_is_a_checkpoint() {
             return self.writeback.checkpoint();
         }
         self.writeback.commit_held_in(dir.id)?;
