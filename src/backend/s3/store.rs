@@ -88,13 +88,7 @@ impl ExternalData for UnitRecords {
     }
 
     fn file_deleted(&self, db: &Connection, file: ObjectId) -> rusqlite::Result<()> {
-        db.prepare_cached(
-            "INSERT OR IGNORE INTO s3_dropped(file, unit, generation) \
-             SELECT file, unit, generation FROM s3_units WHERE file = ?1",
-        )?
-        .execute([file as i64])?;
-        db.prepare_cached("DELETE FROM s3_units WHERE file = ?1")?.execute([file as i64])?;
-        self.segments.delete_pieces(db, "file = ?1", &[file as i64])
+        drop_data(db, &self.segments, "file = ?1", &[file as i64])
     }
 
     fn before_commit(&self, db: &Connection) -> SysResult<()> {
@@ -104,6 +98,20 @@ impl ExternalData for UnitRecords {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+}
+
+/// Drops the unit records and pieces `condition` selects (SQL over the `file` and `unit`
+/// columns, its parameters `values`): their generations, and segments no piece names any more,
+/// are deleted from the bucket after the next manifest.
+fn drop_data(db: &Connection, segments: &Segments, condition: &str, values: &[i64]) -> rusqlite::Result<()> {
+    db.prepare_cached(&format!(
+        "INSERT OR IGNORE INTO s3_dropped(file, unit, generation) \
+         SELECT file, unit, generation FROM s3_units WHERE {condition}"
+    ))?
+    .execute(rusqlite::params_from_iter(values))?;
+    db.prepare_cached(&format!("DELETE FROM s3_units WHERE {condition}"))?
+        .execute(rusqlite::params_from_iter(values))?;
+    segments.delete_pieces(db, condition, values)
 }
 
 /// The namespace database at `path` with the unit records' tables, for an `S3Store`.
@@ -616,14 +624,7 @@ impl S3FileData {
             r.change(|r| {
                 r.file_size(id)?;
                 let db = r.db();
-                sql(sql(db.prepare_cached(
-                    "INSERT OR IGNORE INTO s3_dropped(file, unit, generation) \
-                     SELECT file, unit, generation FROM s3_units WHERE file = ?1 AND unit = ?2",
-                ))?
-                .execute(params![id as i64, unit as i64]))?;
-                sql(sql(db.prepare_cached("DELETE FROM s3_units WHERE file = ?1 AND unit = ?2"))?
-                    .execute(params![id as i64, unit as i64]))?;
-                sql(shared.segments.delete_pieces(db, "file = ?1 AND unit = ?2", &[id as i64, unit as i64]))?;
+                sql(drop_data(db, &shared.segments, "file = ?1 AND unit = ?2", &[id as i64, unit as i64]))?;
                 shared.segments.append(db, id, unit, 0, body)?;
                 r.set_file_size(id, unit * shared.unit_bytes + body.len() as u64, true)
             })
@@ -753,14 +754,7 @@ impl FileData for S3FileData {
                 r.file_size(id)?;
                 let db = r.db();
                 let first_gone = size.div_ceil(u) as i64;
-                sql(sql(db.prepare_cached(
-                    "INSERT OR IGNORE INTO s3_dropped(file, unit, generation) \
-                     SELECT file, unit, generation FROM s3_units WHERE file = ?1 AND unit >= ?2",
-                ))?
-                .execute(params![id as i64, first_gone]))?;
-                sql(sql(db.prepare_cached("DELETE FROM s3_units WHERE file = ?1 AND unit >= ?2"))?
-                    .execute(params![id as i64, first_gone]))?;
-                sql(segments.delete_pieces(db, "file = ?1 AND unit >= ?2", &[id as i64, first_gone]))?;
+                sql(drop_data(db, segments, "file = ?1 AND unit >= ?2", &[id as i64, first_gone]))?;
                 if size % u != 0 {
                     // The objects keep their bytes; the records count only those before the end.
                     let keep = (size % u) as i64;
