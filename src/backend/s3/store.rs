@@ -20,6 +20,7 @@
 //!   object that is gone. A manifest already at its key means another writer: the checkpoint
 //!   fails (EIO, an error line) and nothing is overwritten.
 
+use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
@@ -377,33 +378,39 @@ impl S3Store {
         let listed = |prefix: String| shared.objects.list(&prefix).map_err(|e| format!("listing {prefix}: {e}"));
         let units = listed(layout.units_prefix())?;
         let segments = listed(layout.segments_prefix())?;
-        let named = |query: &str, key: &[i64]| -> Result<bool, String> {
-            shared
-                .names
-                .records(|r| {
-                    let found: Option<i64> = sql(sql(r.db().prepare_cached(query))?
-                        .query_row(rusqlite::params_from_iter(key), |row| row.get(0))
-                        .optional())?;
-                    Ok(found.is_some())
-                })
-                .map_err(|e| format!("the namespace database: {e}"))
-        };
+        // What the database names, read once under one lock (not a query per listed object).
+        let (named_units, named_segments) = shared
+            .names
+            .records(|r| {
+                let db = r.db();
+                let collect = |query: &str| -> SysResult<Vec<Vec<i64>>> {
+                    let mut stmt = sql(db.prepare_cached(query))?;
+                    let width = stmt.column_count();
+                    let rows = sql(stmt.query_map([], |row| (0..width).map(|i| row.get(i)).collect()))?;
+                    sql(rows.collect())
+                };
+                let units: HashSet<Vec<i64>> = collect(
+                    "SELECT file, unit, generation FROM s3_units UNION SELECT file, unit, generation FROM s3_dropped",
+                )?
+                .into_iter()
+                .collect();
+                let segments: HashSet<Vec<i64>> =
+                    collect("SELECT segment FROM s3_pieces UNION SELECT segment FROM s3_dropped_segments")?
+                        .into_iter()
+                        .collect();
+                Ok((units, segments))
+            })
+            .map_err(|e| format!("the namespace database: {e}"))?;
         let mut unnamed = Vec::new();
         for object in units {
             let Some((file, unit, generation)) = layout.unit_of_key(&object.key) else { continue };
-            let key = [file as i64, unit as i64, generation as i64];
-            if !named("SELECT 1 FROM s3_units WHERE file = ?1 AND unit = ?2 AND generation = ?3", &key)?
-                && !named("SELECT 1 FROM s3_dropped WHERE file = ?1 AND unit = ?2 AND generation = ?3", &key)?
-            {
+            if !named_units.contains(&vec![file as i64, unit as i64, generation as i64]) {
                 unnamed.push(object.key);
             }
         }
         for object in segments {
             let Some(segment) = layout.segment_of_key(&object.key) else { continue };
-            let key = [segment as i64];
-            if !named("SELECT 1 FROM s3_pieces WHERE segment = ?1 LIMIT 1", &key)?
-                && !named("SELECT 1 FROM s3_dropped_segments WHERE segment = ?1", &key)?
-            {
+            if !named_segments.contains(&vec![segment as i64]) {
                 unnamed.push(object.key);
             }
         }
