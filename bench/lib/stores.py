@@ -9,7 +9,9 @@ import os, subprocess, sys, threading, time
 from pmxcfs import PmxcfsStyle
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.path.join(REPO, "target", "release", "coalescefs")
+# COALESCEFS_BIN runs another build (an A/B of two builds in one session: bench/run rebuilds
+# target/release from the tree it runs in).
+BIN = os.environ.get("COALESCEFS_BIN") or os.path.join(REPO, "target", "release", "coalescefs")
 # The FUSE ceiling (issue 45): a server that discards writes, built beside coalescefs.
 SINK = os.path.join(REPO, "target", "release", "coalescefs-null-sink")
 MAX_PAGES_LIMIT = "/proc/sys/fs/fuse/max_pages_limit"

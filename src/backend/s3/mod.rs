@@ -62,6 +62,8 @@ pub fn newest_manifest(objects: &dyn ObjectStore, layout: &Layout) -> Result<Opt
 fn local_state(db: &Path) -> Result<(u64, Option<String>), String> {
     let fail = |e: rusqlite::Error| format!("the namespace database {}: {e}", db.display());
     let conn = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE).map_err(fail)?;
+    crate::backend::sqlite::leave_wal_at_close(&conn)
+        .map_err(|e| format!("the namespace database {}: {e}", db.display()))?;
     let seq = store::meta_number(&conn, store::MANIFEST_SEQ_KEY).map_err(fail)?.unwrap_or(0);
     let marker: Option<Vec<u8>> = rusqlite::OptionalExtension::optional(conn.query_row(
         "SELECT value FROM meta WHERE key = 'log_marker'",

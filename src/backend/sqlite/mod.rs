@@ -34,6 +34,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+pub use schema::leave_wal_at_close;
+
 use crate::backend::tree_keys::{key, parse_key};
 use crate::backend::{Capabilities, DirReader, FileData, Namespace, OpenMode, UnitSource, UnitStore, UnitWrite};
 use crate::engine::types::{
@@ -749,17 +751,21 @@ impl SqliteBackend {
     }
 
     /// At a clean stop: everything committed, and the WAL copied into the database file, so
-    /// that the file alone is the whole tree (to copy or back up unmounted). The WAL keeps its
-    /// size (RESTART, not TRUNCATE) and the next mount writes it over from its start: a WAL
-    /// that grows costs ext4 a journaled size change at every commit (about 15 KiB of a
-    /// checkpoint, bench/results/2026-11-28-sqlite-perfile).
+    /// that the file alone is the whole tree (to copy or back up unmounted). The WAL file stays
+    /// as long as it is (`schema::WAL_KEPT_BYTES` or what a transaction grew it to), and starts
+    /// over: after RESTART the next write transaction begins the WAL again at its start, so one
+    /// small write (`closed_at`) leaves it holding that alone. Without it the next open would
+    /// find the whole last cycle's frames valid and copy them into the database again.
     pub fn close_wal(&self) -> SysResult<()> {
         let mut s = lock(&self.inner);
         s.commit()?;
         let busy: i64 = s.db.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get(0)).sql()?;
         if busy != 0 {
             log::warn!("sqlite backend: the WAL of {} could not be emptied (a reader holds it)", self.path.display());
+            return Ok(());
         }
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        s.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('closed_at', ?1)", [now]).sql()?;
         Ok(())
     }
 

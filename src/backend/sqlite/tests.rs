@@ -324,3 +324,66 @@ fn the_replay_watermark_commits_with_the_changes_before_it_and_never_apart() {
     b.sync_all().unwrap();
     assert_eq!(b.replay_watermark().unwrap(), None);
 }
+
+/// The WAL file is written to its kept size once and then over in place, from one open to the
+/// next: a WAL that grows costs ext4 a journal commit at every commit. A clean close starts it
+/// over, so the next open finds nothing in it to copy into the database again; the database file
+/// alone is the whole tree after a clean close.
+#[test]
+fn the_wal_file_is_kept_at_its_size_from_one_open_to_the_next_and_the_database_alone_is_the_tree() {
+    use super::schema::{wal_path, WAL_KEPT_BYTES};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tree.db");
+    let wal_len = || std::fs::metadata(wal_path(&path)).map(|m| m.len()).ok();
+    // The frames the WAL holds (`wal_checkpoint`'s second column; PASSIVE copies them too).
+    let frames_in_wal = |b: &SqliteBackend| -> i64 {
+        super::lock(&b.inner).db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1)).unwrap()
+    };
+    let small = pattern(1500);
+    let ino_before = {
+        let b = open(&dir);
+        assert_eq!(wal_len(), Some(WAL_KEPT_BYTES), "a new database's WAL is made its kept size");
+        for i in 0..50 {
+            let file = b.make(ROOT_ID, OsStr::new(&format!("f{i}")), NewObject::File { perm: 0o644 }, OWNER).unwrap();
+            write_whole(&*b.open(file.id, OpenMode { write: true, no_atime: false }).unwrap(), &small);
+            b.sync_all().unwrap();
+        }
+        assert_eq!(wal_len(), Some(WAL_KEPT_BYTES), "50 commits write the WAL over, not past its end");
+        assert!(frames_in_wal(&b) > 100, "the 50 commits are in the WAL");
+        b.close_wal().unwrap();
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(wal_path(&path)).unwrap())
+    };
+    assert_eq!(wal_len(), Some(WAL_KEPT_BYTES), "the close leaves the WAL file as it was");
+    // The database file alone, copied without its WAL, is the whole tree.
+    let alone = tempfile::tempdir().unwrap();
+    std::fs::copy(&path, alone.path().join("tree.db")).unwrap();
+    {
+        let b = open(&alone);
+        let file = b.lookup(ROOT_ID, OsStr::new("f49")).unwrap();
+        assert_eq!(read_all(&*b.open(file.id, OpenMode::default()).unwrap()), small);
+    }
+    drop(open(&dir));
+    assert_eq!(wal_len(), Some(WAL_KEPT_BYTES), "a close without `close_wal` (a failed start) keeps it too");
+    let b = open(&dir);
+    let kept = std::fs::metadata(wal_path(&path)).unwrap();
+    assert_eq!(
+        (kept.len(), std::os::unix::fs::MetadataExt::ino(&kept)),
+        (WAL_KEPT_BYTES, ino_before),
+        "the next open writes the same file over"
+    );
+    let frames = frames_in_wal(&b);
+    assert!(frames < 10, "the open found the last mount's frames to copy again: {frames}");
+    assert_eq!(b.integrity_check().unwrap(), "ok");
+    // One transaction larger than the kept WAL grows it, and it keeps that size.
+    let big = pattern(3 << 20);
+    let file = b.make(ROOT_ID, OsStr::new("big"), NewObject::File { perm: 0o644 }, OWNER).unwrap();
+    write_whole(&*b.open(file.id, OpenMode { write: true, no_atime: false }).unwrap(), &big);
+    b.sync_all().unwrap();
+    let grown = wal_len().unwrap();
+    assert!(grown > WAL_KEPT_BYTES);
+    b.close_wal().unwrap();
+    drop(b);
+    assert_eq!(wal_len(), Some(grown));
+    let b = open(&dir);
+    assert_eq!(read_all(&*b.open(file.id, OpenMode::default()).unwrap()), big);
+}
