@@ -273,6 +273,11 @@ fn forget_of_an_s3_source_releases_its_lease_and_refuses_to_lose_logged_writes_u
     assert!(out.status.success(), "forget --discard: {}", stderr_of(&out));
     assert!(!m.state.exists(), "the state directory is still there");
     assert!(!lease_there(), "the lease is still in the bucket");
+    assert!(!m.runtime_dir().exists(), "forget left the runtime directory");
+    // Again, with nothing to forget: said, and the runtime directory it made to lock is gone too.
+    let out = forget(&[]);
+    assert!(!out.status.success() && stderr_of(&out).contains("no state directory"), "{}", stderr_of(&out));
+    assert!(!m.runtime_dir().exists(), "a refused forget left the runtime directory it made");
     let mut other = m.elsewhere();
     other.mount();
     assert_eq!(fs::read(other.path("checkpointed")).unwrap(), b"in the bucket");

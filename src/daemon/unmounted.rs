@@ -52,16 +52,29 @@ fn existing_state(
     opts: &MountOptions,
 ) -> Result<(RuntimeDir, StateDir), String> {
     let runtime = RuntimeDir::of(source);
+    let made_runtime = !runtime.path().is_dir();
     runtime.create().map_err(|e| format!("cannot create the runtime directory {}: {e}", runtime.path().display()))?;
-    let state = StateDir::find_for_remote(source, runtime.path(), opts.state_dir.as_deref())?;
-    if !state.path().is_dir() {
-        return Err(format!(
-            "{}: no state directory at {} (give --state DIR as mounted)",
-            s3.path_shown(),
-            state.path().display()
-        ));
+    let found = StateDir::find_for_remote(source, runtime.path(), opts.state_dir.as_deref()).and_then(|state| {
+        if state.path().is_dir() {
+            Ok(state)
+        } else {
+            Err(format!(
+                "{}: no state directory at {} (give --state DIR as mounted)",
+                s3.path_shown(),
+                state.path().display()
+            ))
+        }
+    });
+    match found {
+        Ok(state) => Ok((runtime, state)),
+        Err(e) => {
+            // Made only to hold the lock (the state directory, and its lock, dropped by now).
+            if made_runtime {
+                let _ = std::fs::remove_dir_all(runtime.path());
+            }
+            Err(e)
+        }
     }
-    Ok((runtime, state))
 }
 
 /// An S3 source opened for `recover`: its lease taken (back), its namespace found, with the
