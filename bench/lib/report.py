@@ -244,9 +244,11 @@ def steady_tables(c):
     sectors = sorted({int(label.split(" | ")[1]) for label in st})
     lines = []
     for sector in sectors:
+        sqlite = "coalescefs sqlite" in systems
         lines += ["", f"Device of {sector}-byte sectors, device bytes / file bytes (median):", "",
-                  "| size | files | " + " | ".join(systems) + " | target | met (coalescefs) |",
-                  "|---" * (4 + len(systems)) + "|"]
+                  "| size | files | " + " | ".join(systems) + " | target | met (coalescefs) |"
+                  + (" sqlite < native, sync per file (issue 43, to 64 KiB) |" if sqlite else ""),
+                  "|---" * (4 + len(systems) + sqlite) + "|"]
         for row in st[f"{systems[0]} | {sector}"]:
             kib = int(row.rstrip("K"))
             amp = {s: st[f"{s} | {sector}"][row]["write_bytes"] / st[f"{s} | {sector}"][row]["app_bytes"] for s in systems}
@@ -256,7 +258,9 @@ def steady_tables(c):
                 wanted.append((f"<= {STEADY_LIMITS[kib]}x", amp["coalescefs"] <= STEADY_LIMITS[kib]))
             lines.append(f"| {kib} KiB | {st[f'{systems[0]} | {sector}'][row]['files']} | "
                          + " | ".join(f"{amp[s]:.2f}x" for s in systems)
-                         + f" | {', '.join(w for w, _ in wanted)} | {'yes' if all(ok for _, ok in wanted) else '**no**'} |")
+                         + f" | {', '.join(w for w, _ in wanted)} | {'yes' if all(ok for _, ok in wanted) else '**no**'} |"
+                         + ((" " + ("yes" if amp["coalescefs sqlite"] < native else "**no**") if kib <= 64 else " -") + " |"
+                            if sqlite else ""))
     return lines
 
 
