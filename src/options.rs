@@ -37,7 +37,7 @@ pub struct MountOptions {
     pub buffer_bytes: u64,
     /// `flushers=N`: parallel flusher threads.
     pub flushers: usize,
-    /// `flushers=` was given (else a source may choose its own default).
+    /// `flushers=` was given (else the store's `Capabilities::preferred_flushers` decides).
     pub flushers_given: bool,
     /// `flush_age=DURATION`: the longest a partial unit waits in memory.
     pub flush_age: std::time::Duration,
@@ -581,9 +581,6 @@ pub fn mount_request(
             if options.backend != BackendKind::Local {
                 return Err(UsageError("backend=null: an S3 source keeps its data in the bucket".into()));
             }
-            if !options.flushers_given {
-                options.flushers = crate::backend::s3::store::DEFAULT_FLUSHERS;
-            }
             if options.log == LogPlace::Off && !options.read_only {
                 // Its namespace database's commits are this machine's only record of what
                 // the bucket's objects hold between checkpoints; fsync would have no log.
@@ -773,8 +770,9 @@ mod tests {
         assert_eq!(req.options.s3_endpoint.as_deref(), Some("http://127.0.0.1:8333"));
         assert_eq!(req.options.s3_region.as_deref(), Some("eu-west-1"));
         assert_eq!(req.options.io_timeout, std::time::Duration::from_secs(10));
-        assert_eq!(req.options.flushers, crate::backend::s3::store::DEFAULT_FLUSHERS, "PUTs wait on the network");
-        assert_eq!(mount("s3://bkt/tree", "endpoint=http://h,flushers=3").unwrap().options.flushers, 3);
+        assert!(!req.options.flushers_given, "the store's preference decides (`Capabilities::preferred_flushers`)");
+        let given = mount("s3://bkt/tree", "endpoint=http://h,flushers=3").unwrap().options;
+        assert_eq!((given.flushers, given.flushers_given), (3, true));
         assert_eq!(parse_mount_args(&args(&["/srv/data", "/mnt"])).unwrap().options.flushers, default_flushers());
         let req = mount("s3://bkt/tree", "endpoint=http://h,ro").unwrap();
         assert_eq!((req.options.read_only, req.options.log.clone()), (true, LogPlace::Off), "a read-only S3 mount");

@@ -163,6 +163,10 @@ fn a_tree_reads_back_after_a_remount_and_from_an_empty_state_directory() {
     server.client(BUCKET, Duration::from_secs(20));
     let mut m = S3Mount::new(&server, "tree");
     m.mount();
+    // The store's preferred flushers without `-o flushers=` (`Capabilities::preferred_flushers`).
+    let stats = coalescefs(&["stats", &path_str(&m.mnt)]);
+    let text = String::from_utf8_lossy(&stats.stdout);
+    assert!(text.lines().any(|l| l.starts_with("options: ") && l.contains(" flushers=8 ")), "{text}");
     make_tree(&m.mnt);
     m.unmount();
 

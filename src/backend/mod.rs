@@ -131,6 +131,10 @@ pub struct Capabilities {
     /// The namespace keeps a replay watermark that commits with every change before it
     /// (contract rule 7): replay starts from it.
     pub keeps_replay_watermark: bool,
+    /// The flusher threads the store wants when `-o flushers=` is not given (None: the
+    /// machine's default, one per CPU from 2 to 8). An object store's PUTs wait on the network,
+    /// not the CPU, so it wants more in flight.
+    pub preferred_flushers: Option<usize>,
 }
 
 impl Capabilities {

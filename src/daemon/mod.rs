@@ -243,6 +243,14 @@ fn log_path(opts: &MountOptions, state: &StateDir) -> Option<PathBuf> {
     }
 }
 
+/// `-o flushers=` when given, else what the store prefers, else the machine's default.
+fn flusher_count(opts: &MountOptions, capabilities: &Capabilities) -> usize {
+    match capabilities.preferred_flushers {
+        Some(preferred) if !opts.flushers_given => preferred,
+        _ => opts.flushers,
+    }
+}
+
 fn engine_config(opts: &MountOptions, capabilities: &Capabilities, state: &StateDir) -> engine::EngineConfig {
     engine::EngineConfig {
         // st_blksize = unit: stdio-buffered writers (Perl print, fwrite, cp) then write whole units.
@@ -251,7 +259,7 @@ fn engine_config(opts: &MountOptions, capabilities: &Capabilities, state: &State
             unit_bytes: capabilities.unit_bytes,
             logical_block_bytes: capabilities.logical_block_bytes,
             buffer_bytes: opts.buffer_bytes,
-            flushers: opts.flushers,
+            flushers: flusher_count(opts, capabilities),
             flush_age: opts.flush_age,
             log_threshold_bytes: opts.log_threshold_bytes,
             log_threshold_new_bytes: opts.log_threshold_new_bytes,
@@ -375,7 +383,7 @@ fn options_in_effect(
         ("unit_bytes", capabilities.unit_bytes.to_string()),
         ("logical_block_bytes", capabilities.logical_block_bytes.to_string()),
         ("buffer_bytes", opts.buffer_bytes.to_string()),
-        ("flushers", opts.flushers.to_string()),
+        ("flushers", flusher_count(opts, capabilities).to_string()),
         ("flush_age_ms", opts.flush_age.as_millis().to_string()),
         ("writeback_cache", page_cache.to_string()),
         ("max_write_bytes", max_write.to_string()),

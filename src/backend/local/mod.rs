@@ -85,6 +85,7 @@ impl LocalBackend {
             sync_orders_names: true,
             keeps_chosen_ids: true,
             keeps_replay_watermark: false,
+            preferred_flushers: None,
         };
         Ok(LocalBackend {
             dir,

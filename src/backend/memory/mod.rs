@@ -340,6 +340,7 @@ impl MemoryBackend {
             sync_orders_names: true,
             keeps_chosen_ids: true,
             keeps_replay_watermark: false,
+            preferred_flushers: None,
         };
         MemoryBackend { state: Arc::new(Mutex::new(state)), capabilities, gate: Arc::default() }
     }

@@ -672,6 +672,7 @@ impl SqliteBackend {
             sync_orders_names: true,
             keeps_chosen_ids: true,
             keeps_replay_watermark: true,
+            preferred_flushers: None,
         };
         Ok(SqliteBackend { inner: Arc::new(Mutex::new(inner)), capabilities, path: path.to_path_buf(), metrics })
     }
