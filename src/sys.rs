@@ -84,6 +84,20 @@ pub fn path_cstring(path: &std::path::Path) -> SysResult<CString> {
 
 pub const EMPTY: &CStr = c"";
 
+/// `statvfs(2)` of the file system holding `path`.
+pub fn statvfs(path: &std::path::Path) -> SysResult<libc::statvfs> {
+    let path = path_cstring(path)?;
+    // SAFETY: `st` is plain data that statvfs fills; `path` is a NUL-terminated string that
+    // outlives the call.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(path.as_ptr(), &raw mut st) != 0 {
+            return Err(Errno::last());
+        }
+        Ok(st)
+    }
+}
+
 pub fn openat(dir: RawFd, name: &CStr, flags: i32, mode: u32) -> SysResult<OwnedFd> {
     // SAFETY: `openat` reads only NUL-terminated C strings that outlive the call; the other
     // arguments are integers.

@@ -89,6 +89,7 @@ fn restore(objects: &dyn ObjectStore, layout: &Layout, seq: u64, db: &Path) -> R
     }
     let tmp = db.with_extension("db.restoring");
     let fail = |e: String| format!("restoring {} from {key}: {e}", db.display());
+    check_room(db, manifest.database.len() as u64).map_err(fail)?;
     std::fs::write(&tmp, &manifest.database).map_err(|e| fail(e.to_string()))?;
     {
         let conn = rusqlite::Connection::open(&tmp).map_err(|e| fail(e.to_string()))?;
@@ -109,6 +110,27 @@ fn restore(objects: &dyn ObjectStore, layout: &Layout, seq: u64, db: &Path) -> R
     std::fs::rename(&tmp, db).map_err(|e| fail(e.to_string()))?;
     if let Some(dir) = db.parent() {
         std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(|e| fail(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Refuses a restore of `bytes` into `db`'s directory unless its file system has room for the
+/// database, its restoring copy beside it and the WAL it is kept with: a read-only mount's copy
+/// lives in the runtime directory, memory on a tmpfs `/run`, and a namespace grows with the
+/// tree (about 150 bytes a file).
+fn check_room(db: &Path, bytes: u64) -> Result<(), String> {
+    let dir = db.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let st = crate::sys::statvfs(dir).map_err(|e| format!("statvfs of {}: {e}", dir.display()))?;
+    let available = st.f_bavail.saturating_mul(st.f_frsize);
+    let needed = bytes.saturating_mul(2) + crate::backend::sqlite::WAL_KEPT_BYTES;
+    if available < needed {
+        return Err(format!(
+            "the namespace database is {bytes} bytes and {} has {available} bytes free ({needed} needed: \
+             the copy, its temporary twin and a {} byte WAL): free room there (a read-only mount's \
+             copy is in its runtime directory, a writing mount's in its state directory, -o state=DIR)",
+            dir.display(),
+            crate::backend::sqlite::WAL_KEPT_BYTES
+        ));
     }
     Ok(())
 }

@@ -526,3 +526,15 @@ fn while_segment_puts_fail_the_open_segment_stays_bounded_and_writes_fail() {
     drop(m);
     assert_eq!(read_from_another_machine(&memory, "f"), expected);
 }
+
+/// A namespace restored where there is no room for it (a read-only mount's copy in a tmpfs
+/// `/run`) is refused before anything is written, with the sizes said.
+#[test]
+fn a_restore_without_room_for_the_namespace_is_refused_with_the_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("namespace.db");
+    assert_eq!(super::check_room(&db, 100_000), Ok(()));
+    let error = super::check_room(&db, u64::MAX / 4).unwrap_err();
+    assert!(error.contains(&format!("{} bytes", u64::MAX / 4)) && error.contains("bytes free"), "{error}");
+    assert!(!db.exists());
+}

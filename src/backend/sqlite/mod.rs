@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-pub use schema::leave_wal_at_close;
+pub use schema::{leave_wal_at_close, WAL_KEPT_BYTES};
 
 use crate::backend::tree_keys::{key, parse_key};
 use crate::backend::{Capabilities, DirReader, FileData, Namespace, OpenMode, UnitSource, UnitStore, UnitWrite};

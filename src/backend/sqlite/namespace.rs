@@ -296,16 +296,7 @@ impl Namespace for SqliteBackend {
     fn statfs(&self, _id: ObjectId) -> SysResult<StatFs> {
         // The file system the database is on, in its block size.
         let dir = self.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let path = crate::sys::path_cstring(dir)?;
-        // SAFETY: `st` is plain data that statvfs fills; `path` is a NUL-terminated string that
-        // outlives the call.
-        let st = unsafe {
-            let mut st: libc::statvfs = std::mem::zeroed();
-            if libc::statvfs(path.as_ptr(), &raw mut st) != 0 {
-                return Err(Errno::last());
-            }
-            st
-        };
+        let st = crate::sys::statvfs(dir)?;
         let files: i64 = lock(&self.inner).db.query_row("SELECT count(*) FROM inodes", [], |r| r.get(0)).sql()?;
         Ok(StatFs {
             blocks: st.f_blocks,
