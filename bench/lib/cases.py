@@ -501,7 +501,14 @@ def process_cpu_s(pid):
 class Server:
     """One FUSE server for the transport case, mounted at work/mnt: coalescefs (`coalescefs
     mount`, a backing directory in work) or the null sink (`coalescefs-null-sink`, in the
-    foreground, stopped by unmounting). `enable_uring` is on only while it mounts."""
+    foreground, stopped by unmounting). `enable_uring` is on only while it mounts.
+
+    Both servers run in a session of their own, as a daemon does (coalescefs's calls setsid):
+    with the kernel's autogroups on (`kernel.sched_autogroup_enabled`, Debian's default) a session
+    is a scheduling group, and a client in another group than the server is moved off the
+    server's CPU at every wake-up over io_uring (fstat 27-30 us against 9.4-10.9 in one group,
+    either server; bench/results/2026-11-29-transport-autogroup). A sink in the benchmark's own
+    session shared the client's group and measured 3x faster than the same code daemonized."""
 
     def __init__(self, work, kind, transport, options):
         self.kind, self.work = kind, work
@@ -521,7 +528,8 @@ class Server:
             else:
                 with open(self.sink_log, "w") as log:
                     self.sink = subprocess.Popen([SINK, self.mnt, "-o", ",".join([f"transport={transport}"] + options)],
-                                                 stdout=subprocess.PIPE, stderr=log, text=True)
+                                                 stdout=subprocess.PIPE, stderr=log, text=True,
+                                                 start_new_session=True)
                 cleanups.append(self.unmount)
                 line = self.sink.stdout.readline()
                 if not line:
