@@ -85,10 +85,9 @@ pub fn wal_path(path: &Path) -> std::path::PathBuf {
 }
 
 /// Makes the WAL file `WAL_KEPT_BYTES` long once, and keeps it: SQLite's persistent-WAL mode
-/// (the last connection's close leaves the file instead of deleting it).
-/// Only zeros past the file's end are written: SQLite reads the WAL up to its first invalid
-/// frame, and a zero frame is one, so a reader of the file (`sqlite3`, the snapshot) sees the
-/// same WAL before and after.
+/// (the last connection's close leaves the file instead of deleting it). Only zeros past the
+/// file's end are written: SQLite reads the WAL up to its first invalid frame, and a zero frame
+/// is one, so a reader of the file (`sqlite3`, the snapshot) sees the same WAL before and after.
 fn keep_wal(db: &Connection, path: &Path) -> std::io::Result<()> {
     leave_wal_at_close(db)?;
     let wal = std::fs::OpenOptions::new().write(true).open(wal_path(path))?;
