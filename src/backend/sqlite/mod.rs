@@ -767,6 +767,9 @@ impl SqliteBackend {
         }
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
         s.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('closed_at', ?1)", [now]).sql()?;
+        // And that row into the database file too: the daemon exits without closing the
+        // connection (whose close would copy it), and the file alone must be the database.
+        s.db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())).sql()?;
         Ok(())
     }
 

@@ -340,6 +340,7 @@ fn the_wal_file_is_kept_at_its_size_from_one_open_to_the_next_and_the_database_a
         super::lock(&b.inner).db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1)).unwrap()
     };
     let small = pattern(1500);
+    let alone = tempfile::tempdir().unwrap();
     let ino_before = {
         let b = open(&dir);
         assert_eq!(wal_len(), Some(WAL_KEPT_BYTES), "a new database's WAL is made its kept size");
@@ -351,12 +352,22 @@ fn the_wal_file_is_kept_at_its_size_from_one_open_to_the_next_and_the_database_a
         assert_eq!(wal_len(), Some(WAL_KEPT_BYTES), "50 commits write the WAL over, not past its end");
         assert!(frames_in_wal(&b) > 100, "the 50 commits are in the WAL");
         b.close_wal().unwrap();
+        // The daemon exits without closing its connection: the database file alone, copied
+        // now without its WAL, is the whole database, the row `close_wal` wrote included.
+        std::fs::copy(&path, alone.path().join("tree.db")).unwrap();
         std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(wal_path(&path)).unwrap())
     };
     assert_eq!(wal_len(), Some(WAL_KEPT_BYTES), "the close leaves the WAL file as it was");
-    // The database file alone, copied without its WAL, is the whole tree.
-    let alone = tempfile::tempdir().unwrap();
-    std::fs::copy(&path, alone.path().join("tree.db")).unwrap();
+    {
+        let copy = rusqlite::Connection::open(alone.path().join("tree.db")).unwrap();
+        let closed: Option<i64> = rusqlite::OptionalExtension::optional(copy.query_row(
+            "SELECT value FROM meta WHERE key = 'closed_at'",
+            [],
+            |r| r.get(0),
+        ))
+        .unwrap();
+        assert!(closed.is_some(), "closed_at is only in the WAL");
+    }
     {
         let b = open(&alone);
         let file = b.lookup(ROOT_ID, OsStr::new("f49")).unwrap();
