@@ -386,34 +386,28 @@ impl S3Store {
             .names
             .records(|r| {
                 let db = r.db();
-                let collect = |query: &str| -> SysResult<Vec<Vec<i64>>> {
-                    let mut stmt = sql(db.prepare_cached(query))?;
-                    let width = stmt.column_count();
-                    let rows = sql(stmt.query_map([], |row| (0..width).map(|i| row.get(i)).collect()))?;
-                    sql(rows.collect())
-                };
-                let units: HashSet<Vec<i64>> = collect(
+                let mut stmt = sql(db.prepare_cached(
                     "SELECT file, unit, generation FROM s3_units UNION SELECT file, unit, generation FROM s3_dropped",
-                )?
-                .into_iter()
-                .collect();
-                let segments: HashSet<Vec<i64>> =
-                    collect("SELECT segment FROM s3_pieces UNION SELECT segment FROM s3_dropped_segments")?
-                        .into_iter()
-                        .collect();
+                ))?;
+                let units: HashSet<(i64, i64, i64)> =
+                    sql(sql(stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?))))?.collect())?;
+                let mut stmt = sql(
+                    db.prepare_cached("SELECT segment FROM s3_pieces UNION SELECT segment FROM s3_dropped_segments")
+                )?;
+                let segments: HashSet<i64> = sql(sql(stmt.query_map([], |row| row.get(0)))?.collect())?;
                 Ok((units, segments))
             })
             .map_err(|e| format!("the namespace database: {e}"))?;
         let mut unnamed = Vec::new();
         for object in units {
             let Some((file, unit, generation)) = layout.unit_of_key(&object.key) else { continue };
-            if !named_units.contains(&vec![file as i64, unit as i64, generation as i64]) {
+            if !named_units.contains(&(file as i64, unit as i64, generation as i64)) {
                 unnamed.push(object.key);
             }
         }
         for object in segments {
             let Some(segment) = layout.segment_of_key(&object.key) else { continue };
-            if !named_segments.contains(&vec![segment as i64]) {
+            if !named_segments.contains(&(segment as i64)) {
                 unnamed.push(object.key);
             }
         }
