@@ -538,3 +538,29 @@ fn a_restore_without_room_for_the_namespace_is_refused_with_the_sizes() {
     assert!(error.contains(&format!("{} bytes", u64::MAX / 4)) && error.contains("bytes free"), "{error}");
     assert!(!db.exists());
 }
+
+/// A writing mount deletes the unit objects and segments no record names (what a killed writer
+/// put and never committed) and keeps every one the database names, dropped ones included.
+#[test]
+fn a_writing_mount_sweeps_the_objects_no_record_names_and_keeps_the_named_ones() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let bytes = pattern(2 * UNIT as usize + 4000, 3);
+    {
+        let m = mount(&objects, &state).unwrap();
+        make_file(&m, "f", &bytes);
+        m.store.sync_all().unwrap();
+        m.lease.release().unwrap();
+    }
+    let named: Vec<String> = [keys(&objects, "tree/units/"), keys(&objects, "tree/segments/")].concat();
+    assert_eq!(named.len(), 3, "two units and a segment: {named:?}");
+    let stray_unit = layout().unit_key(999, 0, 1);
+    let stray_segment = layout().segment_key(999_999);
+    for key in [&stray_unit, &stray_segment] {
+        objects.put(key, b"put by a writer killed before its commit", PutCondition::Always).unwrap();
+    }
+    let m = mount(&objects, &state).unwrap();
+    let after: Vec<String> = [keys(&objects, "tree/units/"), keys(&objects, "tree/segments/")].concat();
+    assert_eq!(after, named, "the strays swept, the named kept");
+    assert_eq!(read_file(&m, "f"), bytes);
+}
