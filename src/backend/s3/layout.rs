@@ -5,7 +5,8 @@
 //! ```text
 //! PREFIX/units/<file id>/<unit index>.<generation>   a unit's bytes, written whole, never overwritten
 //! PREFIX/segments/<id>                               pieces of many units, packed (`segments`)
-//! PREFIX/manifests/<seq>                              a checkpoint: header + the namespace database
+//! PREFIX/manifests/<seq>                              a checkpoint: header + the namespace database,
+//!                                                    or the pages where it differs from an earlier one
 //! PREFIX/lease                                        the writing mount, put IfAbsent
 //! ```
 //!
@@ -85,20 +86,34 @@ impl Layout {
     }
 }
 
-/// The first line of every manifest: the format and its version.
-const MANIFEST_MAGIC: &str = "coalescefs-s3-manifest 1";
+/// The first line of every manifest this build writes: the format and its version. Version 1
+/// (a whole database only) is still read.
+const MANIFEST_MAGIC: &str = "coalescefs-s3-manifest 2";
+const MANIFEST_MAGIC_V1: &str = "coalescefs-s3-manifest 1";
 /// The most a manifest's header may take; a reader fetches this much first.
 pub const MANIFEST_HEADER_MAX: usize = 4096;
 
+/// What a manifest carries of the namespace database.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Content {
+    /// The whole database.
+    Whole(Vec<u8>),
+    /// The pages (index from 0, bytes) where the database differs from manifest `base`'s;
+    /// the database they make is `database_bytes` long, its crc32c `database_crc32c`.
+    Pages { base: u64, page_bytes: u32, database_bytes: u64, database_crc32c: u32, pages: Vec<(u32, Vec<u8>)> },
+}
+
 /// A checkpoint manifest: a text header (the magic line, `key=value` lines, a blank line)
-/// followed by the namespace database's bytes, whose length and crc32c the header gives.
+/// followed by the namespace database's bytes, or by the pages where it differs from an
+/// earlier manifest's (`base=`): entries of a little-endian u32 page index and the page.
+/// The header gives the database's length and crc32c either way, and a page list's own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Manifest {
     pub seq: u64,
     /// The lease id of the mount that wrote it.
     pub writer: String,
     pub unit_bytes: u64,
-    pub database: Vec<u8>,
+    pub content: Content,
 }
 
 impl Manifest {
@@ -108,16 +123,45 @@ impl Manifest {
         let _ = writeln!(header, "seq={}", self.seq);
         let _ = writeln!(header, "writer={}", self.writer);
         let _ = writeln!(header, "unit_bytes={}", self.unit_bytes);
-        let _ = writeln!(header, "database_bytes={}", self.database.len());
-        let _ = writeln!(header, "database_crc32c={:08x}", crc32c::crc32c(&self.database));
+        let body = match &self.content {
+            Content::Whole(database) => {
+                let _ = writeln!(header, "database_bytes={}", database.len());
+                let _ = writeln!(header, "database_crc32c={:08x}", crc32c::crc32c(database));
+                None
+            }
+            Content::Pages { base, page_bytes, database_bytes, database_crc32c, pages } => {
+                assert!(*base < self.seq, "manifest {} over a later base {base}", self.seq);
+                let mut body = Vec::with_capacity(pages.len() * (4 + *page_bytes as usize));
+                for (index, page) in pages {
+                    assert_eq!(page.len(), *page_bytes as usize, "page {index} of manifest {}", self.seq);
+                    assert!(
+                        (u64::from(*index) + 1) * u64::from(*page_bytes) <= *database_bytes,
+                        "page {index} past the database's end"
+                    );
+                    body.extend_from_slice(&index.to_le_bytes());
+                    body.extend_from_slice(page);
+                }
+                let _ = writeln!(header, "database_bytes={database_bytes}");
+                let _ = writeln!(header, "database_crc32c={database_crc32c:08x}");
+                let _ = writeln!(header, "base={base}");
+                let _ = writeln!(header, "page_bytes={page_bytes}");
+                let _ = writeln!(header, "pages={}", pages.len());
+                let _ = writeln!(header, "pages_crc32c={:08x}", crc32c::crc32c(&body));
+                Some(body)
+            }
+        };
         header.push('\n');
         assert!(header.len() <= MANIFEST_HEADER_MAX, "a manifest header of {} bytes", header.len());
         let mut out = header.into_bytes();
-        out.extend_from_slice(&self.database);
+        match (&self.content, body) {
+            (Content::Whole(database), _) => out.extend_from_slice(database),
+            (_, Some(body)) => out.extend_from_slice(&body),
+            (_, None) => unreachable!("a page list encodes its body"),
+        }
         out
     }
 
-    /// The manifest in `bytes`, checked whole (length and checksum): an error says what is
+    /// The manifest in `bytes`, checked whole (lengths and checksums): an error says what is
     /// wrong, for the person whose mount it stops.
     pub fn decode(bytes: &[u8]) -> Result<Manifest, String> {
         let end = bytes
@@ -127,8 +171,9 @@ impl Manifest {
             .ok_or("no header (not a coalescefs manifest)")?;
         let header = std::str::from_utf8(&bytes[..end]).map_err(|_| "a header that is not text")?;
         let mut lines = header.lines();
-        if lines.next() != Some(MANIFEST_MAGIC) {
-            return Err(format!("not a manifest of this version (expected '{MANIFEST_MAGIC}')"));
+        let magic = lines.next();
+        if magic != Some(MANIFEST_MAGIC) && magic != Some(MANIFEST_MAGIC_V1) {
+            return Err(format!("not a manifest of a version this build reads (expected '{MANIFEST_MAGIC}')"));
         }
         let mut fields = std::collections::HashMap::new();
         for line in lines {
@@ -137,24 +182,86 @@ impl Manifest {
         }
         let field = |k: &str| fields.get(k).copied().ok_or_else(|| format!("no {k} in the header"));
         let number = |k: &str| field(k)?.parse::<u64>().map_err(|_| format!("{k} is not a number"));
-        let database = bytes[end + 2..].to_vec();
-        if database.len() as u64 != number("database_bytes")? {
-            return Err(format!(
-                "{} database bytes where the header says {}",
-                database.len(),
-                field("database_bytes")?
-            ));
-        }
-        let crc = u32::from_str_radix(field("database_crc32c")?, 16).map_err(|_| "a checksum that is not hex")?;
-        if crc32c::crc32c(&database) != crc {
-            return Err("the database's checksum does not match (a damaged manifest)".into());
-        }
+        let checksum = |k: &str| u32::from_str_radix(field(k)?, 16).map_err(|_| format!("{k} is not hex"));
+        let body = &bytes[end + 2..];
+        let content = if fields.contains_key("base") {
+            let page_bytes = u32::try_from(number("page_bytes")?)
+                .ok()
+                .filter(|p| p.is_power_of_two() && *p >= 512)
+                .ok_or("page_bytes is not a page size")?;
+            let count = number("pages")?;
+            let entry = 4 + u64::from(page_bytes);
+            if body.len() as u64 != count.saturating_mul(entry) {
+                return Err(format!("{} bytes of pages where the header says {count} of {page_bytes}", body.len()));
+            }
+            if crc32c::crc32c(body) != checksum("pages_crc32c")? {
+                return Err("the pages' checksum does not match (a damaged manifest)".into());
+            }
+            let database_bytes = number("database_bytes")?;
+            let mut pages = Vec::with_capacity(count as usize);
+            for chunk in body.chunks_exact(entry as usize) {
+                let index = u32::from_le_bytes(chunk[..4].try_into().expect("four bytes"));
+                if (u64::from(index) + 1) * u64::from(page_bytes) > database_bytes {
+                    return Err(format!("page {index} lies past the database's {database_bytes} bytes"));
+                }
+                pages.push((index, chunk[4..].to_vec()));
+            }
+            let base = number("base")?;
+            if base >= number("seq")? {
+                return Err(format!("a base ({base}) that is not older than the manifest"));
+            }
+            Content::Pages { base, page_bytes, database_bytes, database_crc32c: checksum("database_crc32c")?, pages }
+        } else {
+            if body.len() as u64 != number("database_bytes")? {
+                return Err(format!(
+                    "{} database bytes where the header says {}",
+                    body.len(),
+                    field("database_bytes")?
+                ));
+            }
+            if crc32c::crc32c(body) != checksum("database_crc32c")? {
+                return Err("the database's checksum does not match (a damaged manifest)".into());
+            }
+            Content::Whole(body.to_vec())
+        };
         Ok(Manifest {
             seq: number("seq")?,
             writer: field("writer")?.to_owned(),
             unit_bytes: number("unit_bytes")?,
-            database,
+            content,
         })
+    }
+
+    /// The manifest this one's pages apply over; None for a whole database.
+    pub fn base(&self) -> Option<u64> {
+        match self.content {
+            Content::Whole(_) => None,
+            Content::Pages { base, .. } => Some(base),
+        }
+    }
+
+    /// The database this manifest names: its own bytes, or its pages put over `base`'s
+    /// database (the one `base()` names), checked against the length and crc32c it gives.
+    pub fn into_database(self, base: Option<Vec<u8>>) -> Result<Vec<u8>, String> {
+        match self.content {
+            Content::Whole(database) => Ok(database),
+            Content::Pages { base: base_seq, page_bytes, database_bytes, database_crc32c, pages } => {
+                let mut database =
+                    base.ok_or_else(|| format!("manifest {}: no database {base_seq} to apply to", self.seq))?;
+                database.resize(usize::try_from(database_bytes).map_err(|_| "a database too large here")?, 0);
+                for (index, page) in pages {
+                    let start = index as usize * page_bytes as usize;
+                    database[start..start + page.len()].copy_from_slice(&page);
+                }
+                if crc32c::crc32c(&database) != database_crc32c {
+                    return Err(format!(
+                        "manifest {}'s pages over manifest {base_seq} do not make the database it names (checksum)",
+                        self.seq
+                    ));
+                }
+                Ok(database)
+            }
+        }
     }
 }
 
@@ -223,10 +330,13 @@ mod tests {
         assert_eq!(layout.segment_of_key("tree/units/0000000000000005"), None);
     }
 
+    fn whole(seq: u64, database: &[u8]) -> Manifest {
+        Manifest { seq, writer: "abc".into(), unit_bytes: 1 << 20, content: Content::Whole(database.to_vec()) }
+    }
+
     #[test]
     fn a_manifest_reads_back_whole_and_a_damaged_one_is_refused() {
-        let m =
-            Manifest { seq: 7, writer: "abc".into(), unit_bytes: 1 << 20, database: b"SQLite format 3\0...".to_vec() };
+        let m = whole(7, b"SQLite format 3\0...");
         let bytes = m.encode();
         assert_eq!(Manifest::decode(&bytes).unwrap(), m);
         let mut bad = bytes.clone();
@@ -234,6 +344,58 @@ mod tests {
         assert!(Manifest::decode(&bad).unwrap_err().contains("checksum"));
         assert!(Manifest::decode(&bytes[..bytes.len() - 1]).unwrap_err().contains("database bytes"));
         assert!(Manifest::decode(b"hello\n\nworld").is_err());
+        // What earlier builds wrote (version 1: a whole database) still reads.
+        let v1 = String::from_utf8(bytes).unwrap().replacen(MANIFEST_MAGIC, MANIFEST_MAGIC_V1, 1);
+        assert_eq!(Manifest::decode(v1.as_bytes()).unwrap(), m);
+    }
+
+    #[test]
+    fn a_manifest_of_pages_makes_the_database_over_its_base_and_checks_what_it_makes() {
+        let page = 512usize;
+        let old: Vec<u8> = (0..3 * page).map(|i| (i % 251) as u8).collect();
+        let mut new = old.clone();
+        new[page..2 * page].fill(7);
+        new.extend(std::iter::repeat_n(9u8, page)); // grown by a page
+        let pages = vec![(1u32, new[page..2 * page].to_vec()), (3, new[3 * page..].to_vec())];
+        let m = Manifest {
+            seq: 8,
+            writer: "abc".into(),
+            unit_bytes: 1 << 20,
+            content: Content::Pages {
+                base: 7,
+                page_bytes: page as u32,
+                database_bytes: new.len() as u64,
+                database_crc32c: crc32c::crc32c(&new),
+                pages,
+            },
+        };
+        let bytes = m.encode();
+        let read = Manifest::decode(&bytes).unwrap();
+        assert_eq!(read, m);
+        assert_eq!(read.base(), Some(7));
+        assert_eq!(read.clone().into_database(Some(old.clone())).unwrap(), new);
+        assert!(read.clone().into_database(None).unwrap_err().contains("no database 7"));
+        let mut other_base = old.clone();
+        other_base[0] ^= 1;
+        assert!(read.into_database(Some(other_base)).unwrap_err().contains("checksum"), "applied over the wrong base");
+        // A shorter database: the pages past its end go with the cut.
+        let shrunk = Manifest {
+            seq: 9,
+            writer: "abc".into(),
+            unit_bytes: 1 << 20,
+            content: Content::Pages {
+                base: 8,
+                page_bytes: page as u32,
+                database_bytes: page as u64,
+                database_crc32c: crc32c::crc32c(&new[..page]),
+                pages: Vec::new(),
+            },
+        };
+        assert_eq!(Manifest::decode(&shrunk.encode()).unwrap().into_database(Some(new.clone())).unwrap(), &new[..page]);
+        let mut bad = bytes.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert!(Manifest::decode(&bad).unwrap_err().contains("pages' checksum"));
+        assert!(Manifest::decode(&bytes[..bytes.len() - 1]).unwrap_err().contains("bytes of pages"));
     }
 
     #[test]

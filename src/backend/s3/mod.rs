@@ -5,8 +5,8 @@
 //! lease taken, the namespace database found in the state directory or recovered from the
 //! bucket's newest manifest, the store opened over it.
 //!
-//! Not yet: the packed segments of sparse writes, per-checkpoint deltas of the namespace (a
-//! manifest holds the whole database), read-only mounts of a bucket, `-o fsync=backend`.
+//! A manifest holds the whole database, or the pages where it differs from the manifest
+//! before it (`store::Shipped`); a mount from the bucket applies them over the last whole one.
 
 pub mod client;
 pub mod faulty;
@@ -74,23 +74,52 @@ fn local_state(db: &Path) -> Result<(u64, Option<String>), String> {
     Ok((seq, marker.map(|m| String::from_utf8_lossy(&m).into_owned())))
 }
 
-/// Writes manifest `seq`'s database as the state directory's namespace database: the crash
-/// marker of the writer that made it cleared (its intent log is not here), its generation
-/// moved on.
+/// The database manifest `seq` names: its own, or, for a manifest of pages, the whole manifest
+/// before it and every manifest of pages from there, each checked as it is applied. None when
+/// one of them is gone: a writer's newer whole manifest deleted it meanwhile.
+fn read_database(objects: &dyn ObjectStore, layout: &Layout, seq: u64) -> Result<Option<Vec<u8>>, String> {
+    let mut chain = Vec::new();
+    let mut next = Some(seq);
+    while let Some(seq) = next {
+        if chain.len() > store::MAX_PAGE_MANIFESTS as usize {
+            return Err(format!("manifest {seq} is more than {} manifests of pages after a whole one", chain.len()));
+        }
+        let key = layout.manifest_key(seq);
+        let Some(bytes) = objects.get(&key, None).map_err(|e| format!("reading the manifest {key}: {e}"))? else {
+            return Ok(None);
+        };
+        let manifest = Manifest::decode(&bytes).map_err(|e| format!("the manifest {key}: {e}"))?;
+        if manifest.seq != seq {
+            return Err(format!("the manifest {key} says it is number {}", manifest.seq));
+        }
+        next = manifest.base();
+        chain.push(manifest);
+    }
+    let mut database = None;
+    for manifest in chain.into_iter().rev() {
+        let key = layout.manifest_key(manifest.seq);
+        database = Some(manifest.into_database(database).map_err(|e| format!("the manifest {key}: {e}"))?);
+    }
+    Ok(Some(database.expect("a chain of at least one manifest")))
+}
+
+/// Writes manifest `seq`'s database as the state directory's namespace database (see
+/// `install`).
 fn restore(objects: &dyn ObjectStore, layout: &Layout, seq: u64, db: &Path) -> Result<(), String> {
     let key = layout.manifest_key(seq);
-    let bytes = objects
-        .get(&key, None)
-        .map_err(|e| format!("reading the manifest {key}: {e}"))?
-        .ok_or_else(|| format!("the manifest {key} went away while this mount read it: mount again"))?;
-    let manifest = Manifest::decode(&bytes).map_err(|e| format!("the manifest {key}: {e}"))?;
-    if manifest.seq != seq {
-        return Err(format!("the manifest {key} says it is number {}", manifest.seq));
-    }
+    let database = read_database(objects, layout, seq)?.ok_or_else(|| {
+        format!("the manifest {key} or one it builds on went away while this mount read it: mount again")
+    })?;
+    install(&database, &key, db)
+}
+
+/// Writes `database` (manifest `key`'s) as the namespace database `db`: the crash marker of the
+/// writer that made it cleared (its intent log is not here), its generation moved on.
+fn install(database: &[u8], key: &str, db: &Path) -> Result<(), String> {
     let tmp = db.with_extension("db.restoring");
     let fail = |e: String| format!("restoring {} from {key}: {e}", db.display());
-    check_room(db, manifest.database.len() as u64).map_err(fail)?;
-    std::fs::write(&tmp, &manifest.database).map_err(|e| fail(e.to_string()))?;
+    check_room(db, database.len() as u64).map_err(fail)?;
+    std::fs::write(&tmp, database).map_err(|e| fail(e.to_string()))?;
     {
         let conn = rusqlite::Connection::open(&tmp).map_err(|e| fail(e.to_string()))?;
         conn.execute_batch(&format!(
@@ -151,10 +180,28 @@ pub fn open_read_only(
     source: &str,
     metrics: Arc<Metrics>,
 ) -> Result<(Arc<SqliteBackend>, Arc<S3Store>, u64), String> {
-    let seq = newest_manifest(&*objects, &layout)
-        .map_err(|e| format!("{source}: {e}"))?
-        .ok_or_else(|| format!("{source}: no checkpoint in the bucket yet, so nothing to mount read-only"))?;
-    restore(&*objects, &layout, seq, db).map_err(|e| format!("{source}: {e}"))?;
+    // The writer goes on meanwhile: a whole manifest it puts deletes the ones before it, maybe
+    // while this mount reads them; then the newest is read again.
+    let mut tries = 0;
+    let seq = loop {
+        let seq = newest_manifest(&*objects, &layout)
+            .map_err(|e| format!("{source}: {e}"))?
+            .ok_or_else(|| format!("{source}: no checkpoint in the bucket yet, so nothing to mount read-only"))?;
+        tries += 1;
+        let key = layout.manifest_key(seq);
+        match read_database(&*objects, &layout, seq).map_err(|e| format!("{source}: {e}"))? {
+            Some(database) => {
+                install(&database, &key, db).map_err(|e| format!("{source}: {e}"))?;
+                break seq;
+            }
+            None if tries < 3 => log::info!("{source}: {key} or one it builds on went away; reading the newest again"),
+            None => {
+                return Err(format!(
+                    "{source}: the bucket's manifests went away {tries} times while this mount read them"
+                ))
+            }
+        }
+    };
     let unit_bytes = {
         let conn = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .map_err(|e| format!("{}: {e}", db.display()))?;

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::layout::{Layout, Manifest};
+use super::layout::{Content, Layout, Manifest};
 use super::objects::{ObjectError, ObjectStore, PutCondition, PutOutcome};
 use super::segments::{Piece, Segments, Sink, MAX_PIECES_PER_UNIT};
 use crate::backend::sqlite::{ExternalData, FileHold, SqliteBackend};
@@ -179,6 +179,94 @@ struct Record {
     length: u64,
 }
 
+/// The most manifests of pages that follow one whole database: a mount from the bucket reads
+/// at most one more than this many manifests.
+pub const MAX_PAGE_MANIFESTS: u32 = 64;
+
+/// What the bucket holds of the database since this mount's first manifest: enough to put
+/// only the pages that changed. Kept as a hash per page, not the database's bytes.
+struct Shipped {
+    /// The newest manifest in the bucket, which the next one's pages apply over.
+    seq: u64,
+    page_bytes: usize,
+    /// A 64-bit SipHash of each page of manifest `seq`'s database (keys random per mount).
+    page_hashes: Vec<u64>,
+    hasher: std::collections::hash_map::RandomState,
+    /// Manifests of pages since the last whole one, and their bytes.
+    page_manifests: u32,
+    page_manifest_bytes: u64,
+}
+
+/// The page size a database image gives in its header (bytes 16-17, big-endian; 1 means
+/// 65536), checked against its length.
+fn page_bytes_of(database: &[u8]) -> Option<usize> {
+    let raw = u16::from_be_bytes(database.get(16..18)?.try_into().ok()?);
+    let page = if raw == 1 { 65536 } else { usize::from(raw) };
+    (page.is_power_of_two() && page >= 512 && database.len() % page == 0).then_some(page)
+}
+
+fn page_hashes(database: &[u8], page_bytes: usize, hasher: &std::collections::hash_map::RandomState) -> Vec<u64> {
+    use std::hash::BuildHasher;
+    database.chunks_exact(page_bytes).map(|page| hasher.hash_one(page)).collect()
+}
+
+impl Shipped {
+    /// Manifest `seq`'s content over this one: the pages of `database` that changed, while
+    /// the manifests of pages since the last whole one stay fewer than `MAX_PAGE_MANIFESTS`
+    /// and their bytes below one database's (a mount from the bucket reads no more than
+    /// about two databases); else the whole database. Returns the state after it is put.
+    fn next(this: Option<&Shipped>, seq: u64, database: Vec<u8>) -> (Content, Shipped) {
+        let hasher = this.map(|s| s.hasher.clone()).unwrap_or_default();
+        let page_bytes = page_bytes_of(&database);
+        let hashes = page_bytes.map(|p| page_hashes(&database, p, &hasher)).unwrap_or_default();
+        let fresh = |content| {
+            let shipped = Shipped {
+                seq,
+                page_bytes: page_bytes.unwrap_or(0),
+                page_hashes: hashes.clone(),
+                hasher: hasher.clone(),
+                page_manifests: 0,
+                page_manifest_bytes: 0,
+            };
+            (content, shipped)
+        };
+        let Some((last, page_bytes)) = this.zip(page_bytes).filter(|(s, p)| s.page_bytes == *p) else {
+            return fresh(Content::Whole(database));
+        };
+        let changed: Vec<usize> =
+            (0..hashes.len()).filter(|&i| last.page_hashes.get(i).is_none_or(|old| *old != hashes[i])).collect();
+        let bytes = last.page_manifest_bytes + (changed.len() * (4 + page_bytes)) as u64;
+        if last.page_manifests + 1 > MAX_PAGE_MANIFESTS || bytes > database.len() as u64 {
+            return fresh(Content::Whole(database));
+        }
+        let pages = changed
+            .iter()
+            .map(|&i| {
+                (
+                    u32::try_from(i).expect("a SQLite page number fits u32"),
+                    database[i * page_bytes..][..page_bytes].to_vec(),
+                )
+            })
+            .collect();
+        let content = Content::Pages {
+            base: last.seq,
+            page_bytes: page_bytes as u32,
+            database_bytes: database.len() as u64,
+            database_crc32c: crc32c::crc32c(&database),
+            pages,
+        };
+        let shipped = Shipped {
+            seq,
+            page_bytes,
+            page_hashes: hashes,
+            hasher,
+            page_manifests: last.page_manifests + 1,
+            page_manifest_bytes: bytes,
+        };
+        (content, shipped)
+    }
+}
+
 /// One dropped generation: its object goes once a manifest without it is in the bucket.
 #[derive(Clone, Copy, Debug)]
 struct Dropped {
@@ -285,8 +373,9 @@ pub struct S3Store {
     capabilities: Capabilities,
     /// The lease id of this mount, named in its manifests.
     writer: String,
-    /// One checkpoint at a time; the database's change count at the last manifest.
-    checkpoint: Mutex<Option<u64>>,
+    /// One checkpoint at a time; the database's change count at the last manifest, and what
+    /// the bucket holds of the database since this mount's first.
+    checkpoint: Mutex<(Option<u64>, Option<Shipped>)>,
     /// `MANIFEST_MAX_BYTES`; smaller in tests, which cannot make 5 GiB.
     manifest_max_bytes: AtomicU64,
 }
@@ -367,7 +456,7 @@ impl S3Store {
             capabilities,
             writer,
             manifest_max_bytes: AtomicU64::new(MANIFEST_MAX_BYTES),
-            checkpoint: Mutex::new(None),
+            checkpoint: Mutex::new((None, None)),
         })
     }
 
@@ -481,13 +570,16 @@ impl UnitStore for S3Store {
         if shared.names.read_only() {
             return Ok(()); // a read-only mount's: nothing it could have changed to ship
         }
-        let mut at_last = self.checkpoint.lock().unwrap_or_else(|p| p.into_inner());
+        let mut checkpoint = self.checkpoint.lock().unwrap_or_else(|p| p.into_inner());
+        let (at_last, shipped) = &mut *checkpoint;
         let Some(Snapshot { seq, database, dropped, dropped_segments, changes }) = self.prepare_manifest(*at_last)?
         else {
             return Ok(());
         };
         let key = shared.layout.manifest_key(seq);
-        let body = Manifest { seq, writer: self.writer.clone(), unit_bytes: shared.unit_bytes, database }.encode();
+        let (content, next_shipped) = Shipped::next(shipped.as_ref(), seq, database);
+        let whole = matches!(content, Content::Whole(_));
+        let body = Manifest { seq, writer: self.writer.clone(), unit_bytes: shared.unit_bytes, content }.encode();
         let max = self.manifest_max_bytes.load(Relaxed);
         if body.len() as u64 > max {
             log::error!(
@@ -507,10 +599,15 @@ impl UnitStore for S3Store {
                 return Err(Errno(libc::EIO));
             }
         }
+        *shipped = Some(next_shipped);
         shared.metrics.backend_write_bytes.fetch_add(body.len() as u64, Relaxed);
         shared.metrics.backend_write_requests.fetch_add(1, Relaxed);
         shared.metrics.backend_write_sizes.record(body.len() as u64);
-        log::debug!("s3 backend: checkpoint manifest {key}, {} bytes", body.len());
+        log::debug!(
+            "s3 backend: checkpoint manifest {key}, {} bytes ({})",
+            body.len(),
+            if whole { "the whole database" } else { "the pages that changed" }
+        );
 
         // The manifest in the bucket names none of these: their objects may go now.
         let mut deleted = Vec::new();
@@ -553,7 +650,11 @@ impl UnitStore for S3Store {
                 None
             }
         };
-        // Older manifests name objects just deleted: only the newest one is a tree.
+        // Manifests before a whole one name objects just deleted, and no later manifest's
+        // pages apply over them: the tree is the newest whole manifest and the pages after it.
+        if !whole {
+            return Ok(());
+        }
         match shared.objects.list(&shared.layout.manifests_prefix()) {
             Ok(listed) => {
                 for old in listed.iter().filter(|l| shared.layout.manifest_seq(&l.key).is_some_and(|s| s < seq)) {

@@ -5,7 +5,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 
 use super::faulty::{FaultPlan, FaultyObjects};
-use super::layout::{Layout, Manifest};
+use super::layout::{Content, Layout, Manifest};
 use super::objects::{MemoryObjects, ObjectStore, PutCondition};
 use super::S3Mount;
 use crate::backend::test_support::read_all;
@@ -109,7 +109,9 @@ fn dropped_generations_go_only_after_the_manifest_that_no_longer_names_them() {
     let after = keys(&objects, "tree/units/");
     assert_eq!(after.len(), 1);
     assert_ne!(after, first);
-    assert_eq!(keys(&objects, "tree/manifests/").len(), 1, "older manifests go with the objects they name");
+    let manifests = keys(&objects, "tree/manifests/");
+    assert_eq!(manifests.len(), 2, "the whole database, then the pages that changed over it: {manifests:?}");
+    assert_eq!(manifest(&objects, &manifests[1]).base(), Some(1));
     let id = m.names.lookup(ROOT_ID, OsStr::new("f")).unwrap().id;
     m.names.remove(ROOT_ID, OsStr::new("f"), false).unwrap();
     drop(data);
@@ -138,6 +140,83 @@ fn a_manifest_over_one_puts_bound_fails_the_checkpoint_and_deletes_nothing() {
     m.store.sync_all().unwrap();
     assert_ne!(keys(&objects, "tree/manifests/"), manifests);
     assert_eq!(keys(&objects, "tree/units/").len(), 1);
+}
+
+fn manifest(objects: &Arc<dyn ObjectStore>, key: &str) -> Manifest {
+    Manifest::decode(&objects.get(key, None).unwrap().unwrap()).unwrap()
+}
+
+#[test]
+fn manifests_of_pages_follow_a_whole_one_and_another_machine_reads_the_tree_through_them() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    // Enough files that the database is many pages, then one more file per checkpoint.
+    for i in 0..2000 {
+        make_file(&m, &format!("base-{i}"), &pattern(100, i as u8));
+    }
+    m.store.sync_all().unwrap();
+    for i in 0..10 {
+        make_file(&m, &format!("later-{i}"), &pattern(300 + i, i as u8));
+        m.store.sync_all().unwrap();
+    }
+    let manifests = keys(&objects, "tree/manifests/");
+    assert_eq!(manifests.len(), 11, "{manifests:?}");
+    let whole = manifest(&objects, &manifests[0]);
+    let Content::Whole(database) = &whole.content else { panic!("the mount's first manifest is whole") };
+    for (i, key) in manifests.iter().enumerate().skip(1) {
+        let later = manifest(&objects, key);
+        assert_eq!(later.base(), Some(i as u64), "{key} applies over the one before it");
+        let size = objects.head(key).unwrap().unwrap() as usize;
+        assert!(size * 20 < database.len(), "{key}: {size} bytes against a {} byte database", database.len());
+    }
+    assert_eq!(read_from_another_machine(&objects, "later-9"), pattern(309, 9));
+    assert_eq!(read_from_another_machine(&objects, "base-17"), pattern(100, 17));
+}
+
+#[test]
+fn a_whole_manifest_comes_again_before_the_pages_outgrow_it_and_the_ones_before_it_go() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    let checkpoints = 2 * super::store::MAX_PAGE_MANIFESTS as usize + 10;
+    let mut wholes = 0;
+    for i in 0..checkpoints {
+        make_file(&m, &format!("f{i}"), &pattern(50, i as u8));
+        m.store.sync_all().unwrap();
+        let manifests = keys(&objects, "tree/manifests/");
+        assert!(manifests.len() <= super::store::MAX_PAGE_MANIFESTS as usize + 1, "{}", manifests.len());
+        let first = manifest(&objects, &manifests[0]);
+        assert_eq!(first.base(), None, "the oldest manifest kept is a whole database");
+        let newest = manifest(&objects, manifests.last().unwrap());
+        if newest.base().is_none() {
+            wholes += 1;
+            assert_eq!(manifests.len(), 1, "a whole manifest deletes the ones before it");
+        }
+    }
+    assert!(wholes >= 3, "whole manifests again as the pages add up: {wholes} in {checkpoints} checkpoints");
+    let last = format!("f{}", checkpoints - 1);
+    assert_eq!(read_from_another_machine(&objects, &last), pattern(50, (checkpoints - 1) as u8));
+}
+
+#[test]
+fn a_mount_that_finds_a_manifest_its_pages_build_on_gone_says_so_and_takes_nothing() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    make_file(&m, "f", b"one");
+    m.store.sync_all().unwrap();
+    make_file(&m, "g", b"two");
+    m.store.sync_all().unwrap();
+    let manifests = keys(&objects, "tree/manifests/");
+    assert_eq!(manifests.len(), 2);
+    objects.delete(&manifests[0]).unwrap();
+    drop(m);
+    objects.delete("tree/lease").unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let e = mount(&objects, &other).err().expect("refused");
+    assert!(e.contains("went away"), "{e}");
+    assert!(!other.path().join(super::NAMESPACE_FILE).exists(), "no namespace made from part of a chain");
 }
 
 #[test]
@@ -250,7 +329,8 @@ fn read_from_another_machine(objects: &Arc<dyn ObjectStore>, name: &str) -> Vec<
 #[test]
 fn a_damaged_manifest_stops_the_mount_that_would_restore_it() {
     let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
-    let m = Manifest { seq: 3, writer: "w".into(), unit_bytes: UNIT, database: b"not a database".to_vec() };
+    let m =
+        Manifest { seq: 3, writer: "w".into(), unit_bytes: UNIT, content: Content::Whole(b"not a database".to_vec()) };
     let mut bytes = m.encode();
     *bytes.last_mut().unwrap() ^= 0xff;
     objects.put(&layout().manifest_key(3), &bytes, PutCondition::Always).unwrap();
