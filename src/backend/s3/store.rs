@@ -367,6 +367,60 @@ impl Shared {
     }
 }
 
+/// Two pieces of one segment at most this far apart are fetched by one GET, the bytes between
+/// them read and thrown away: less than a GET's round trip costs.
+const PIECE_GAP_FETCHED: u64 = 64 << 10;
+
+/// Bytes of segments fetched for one read: per segment, spans in offset order.
+struct Fetched {
+    spans: std::collections::HashMap<u64, Vec<(u64, Vec<u8>)>>,
+}
+
+impl Fetched {
+    /// `len` bytes at `at` of `segment`, which a span fetched holds.
+    fn bytes(&self, segment: u64, at: u64, len: u64) -> &[u8] {
+        let spans = &self.spans[&segment];
+        let i = spans.partition_point(|(start, _)| *start <= at) - 1;
+        let (start, bytes) = &spans[i];
+        let from = (at - start) as usize;
+        assert!(from + len as usize <= bytes.len(), "segment {segment}: {len} bytes at {at} outside the span fetched");
+        &bytes[from..from + len as usize]
+    }
+}
+
+impl Shared {
+    /// Fetches the segment ranges `wanted` names, merging the ranges of one segment that lie
+    /// within `PIECE_GAP_FETCHED` of each other into one GET; None when a segment is gone.
+    fn fetch_spans(&self, wanted: impl Iterator<Item = (u64, Range<u64>)>) -> SysResult<Option<Fetched>> {
+        let mut by_segment: std::collections::HashMap<u64, Vec<Range<u64>>> = std::collections::HashMap::new();
+        for (segment, range) in wanted {
+            by_segment.entry(segment).or_default().push(range);
+        }
+        let mut spans = std::collections::HashMap::new();
+        for (segment, mut ranges) in by_segment {
+            ranges.sort_by_key(|r| r.start);
+            let mut merged: Vec<Range<u64>> = Vec::new();
+            for r in ranges {
+                match merged.last_mut() {
+                    Some(last) if r.start <= last.end + PIECE_GAP_FETCHED => last.end = last.end.max(r.end),
+                    _ => merged.push(r),
+                }
+            }
+            let key = self.layout.segment_key(segment);
+            let mut fetched = Vec::with_capacity(merged.len());
+            for span in merged {
+                let mut bytes = vec![0u8; (span.end - span.start) as usize];
+                if !self.fetch(&key, span.clone(), &mut bytes)? {
+                    return Ok(None);
+                }
+                fetched.push((span.start, bytes));
+            }
+            spans.insert(segment, fetched);
+        }
+        Ok(Some(Fetched { spans }))
+    }
+}
+
 /// The S3 backend's unit store, over the SQLite namespace it shares a database with.
 pub struct S3Store {
     shared: Arc<Shared>,
@@ -766,30 +820,31 @@ impl FileData for S3FileData {
                     break;
                 }
             }
-            // Pieces are newer than their unit's object (a whole write drops them): over it.
-            for piece in &pieces {
-                if missing {
-                    break;
-                }
+            if missing {
+                continue;
+            }
+            // Pieces are newer than their unit's object (a whole write drops them): over it, in
+            // their order. Their bytes in the bucket are fetched first, one GET per run of
+            // nearby pieces of one segment (a checkpoint packs a unit's pieces side by side).
+            let clipped = |piece: &Piece| {
                 let start = piece.unit * u + piece.start;
                 let (a, b) = (start.max(offset), (start + piece.length).min(end));
-                if a >= b {
-                    continue;
-                }
+                (a < b).then_some((start, a, b))
+            };
+            let wanted = pieces.iter().filter(|p| p.held.is_none()).filter_map(|p| {
+                let (start, a, b) = clipped(p)?;
+                Some((p.segment, p.offset + (a - start)..p.offset + (b - start)))
+            });
+            let Some(fetched) = shared.fetch_spans(wanted)? else { continue };
+            for piece in &pieces {
+                let Some((start, a, b)) = clipped(piece) else { continue };
                 let into = &mut out[(a - offset) as usize..(b - offset) as usize];
                 match &piece.held {
                     Some(bytes) => into.copy_from_slice(&bytes[(a - start) as usize..(b - start) as usize]),
-                    None => {
-                        let at = piece.offset + (a - start);
-                        if !shared.fetch(&shared.layout.segment_key(piece.segment), at..at + (b - a), into)? {
-                            missing = true;
-                        }
-                    }
+                    None => into.copy_from_slice(fetched.bytes(piece.segment, piece.offset + (a - start), b - a)),
                 }
             }
-            if !missing {
-                return Ok(n);
-            }
+            return Ok(n);
         }
         log::error!("s3 backend: file {}: an object its records name is not in the bucket", self.id);
         Err(Errno(libc::EIO))
