@@ -193,6 +193,10 @@ pub struct Metrics {
     pub s3_segments_put: AtomicU64,
     /// Units the S3 store read and put whole because their pieces reached half of them.
     pub s3_units_folded: AtomicU64,
+    /// The S3 store's checkpoint manifests put holding the whole namespace database.
+    pub s3_manifests_whole: AtomicU64,
+    /// ... and those holding only the pages changed since the manifest before.
+    pub s3_manifests_pages: AtomicU64,
     /// Truncates of a rewritten file the store was not given: the buffer held every byte past
     /// them, written over the store's blocks in place (`Writeback::file_data`).
     pub backend_truncates_written_over: AtomicU64,
@@ -322,6 +326,16 @@ impl Metrics {
                 "s3_units_folded_total",
                 "Units read and put whole because their pieces reached half of them (S3)",
                 self.s3_units_folded.load(Relaxed),
+            ),
+            (
+                "s3_manifests_whole_total",
+                "Checkpoint manifests put holding the whole namespace database (S3)",
+                self.s3_manifests_whole.load(Relaxed),
+            ),
+            (
+                "s3_manifests_pages_total",
+                "Checkpoint manifests put holding only the pages changed since the one before (S3)",
+                self.s3_manifests_pages.load(Relaxed),
             ),
             (
                 "backend_truncates_written_over_total",

@@ -654,6 +654,8 @@ impl UnitStore for S3Store {
             }
         }
         *shipped = Some(next_shipped);
+        let kind = if whole { &shared.metrics.s3_manifests_whole } else { &shared.metrics.s3_manifests_pages };
+        kind.fetch_add(1, Relaxed);
         shared.metrics.backend_write_bytes.fetch_add(body.len() as u64, Relaxed);
         shared.metrics.backend_write_requests.fetch_add(1, Relaxed);
         shared.metrics.backend_write_sizes.record(body.len() as u64);

@@ -150,7 +150,8 @@ fn manifest(objects: &Arc<dyn ObjectStore>, key: &str) -> Manifest {
 fn manifests_of_pages_follow_a_whole_one_and_another_machine_reads_the_tree_through_them() {
     let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
     let state = tempfile::tempdir().unwrap();
-    let m = mount(&objects, &state).unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let m = super::open(objects.clone(), layout(), state.path(), Some(UNIT), SOURCE, metrics.clone()).unwrap();
     // Enough files that the database is many pages, then one more file per checkpoint.
     for i in 0..2000 {
         make_file(&m, &format!("base-{i}"), &pattern(100, i as u8));
@@ -162,6 +163,8 @@ fn manifests_of_pages_follow_a_whole_one_and_another_machine_reads_the_tree_thro
     }
     let manifests = keys(&objects, "tree/manifests/");
     assert_eq!(manifests.len(), 11, "{manifests:?}");
+    let counted = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((counted(&metrics.s3_manifests_whole), counted(&metrics.s3_manifests_pages)), (1, 10));
     let whole = manifest(&objects, &manifests[0]);
     let Content::Whole(database) = &whole.content else { panic!("the mount's first manifest is whole") };
     for (i, key) in manifests.iter().enumerate().skip(1) {
