@@ -248,6 +248,18 @@ impl Manifest {
             Content::Pages { base: base_seq, page_bytes, database_bytes, database_crc32c, pages } => {
                 let mut database =
                     base.ok_or_else(|| format!("manifest {}: no database {base_seq} to apply to", self.seq))?;
+                // The header is not under a checksum: its length is bounded before it sizes
+                // anything. A database grows only by pages the list carries.
+                let most = database.len() as u64 + pages.len() as u64 * u64::from(page_bytes);
+                if database_bytes > most {
+                    return Err(format!(
+                        "manifest {} names a database of {database_bytes} bytes, more than its {} pages over \
+                         manifest {base_seq}'s {} bytes make",
+                        self.seq,
+                        pages.len(),
+                        database.len()
+                    ));
+                }
                 database.resize(usize::try_from(database_bytes).map_err(|_| "a database too large here")?, 0);
                 for (index, page) in pages {
                     let start = index as usize * page_bytes as usize;
@@ -392,6 +404,17 @@ mod tests {
             },
         };
         assert_eq!(Manifest::decode(&shrunk.encode()).unwrap().into_database(Some(new.clone())).unwrap(), &new[..page]);
+        // A length in the header (no checksum covers it) past what the pages can make is
+        // refused before it sizes anything.
+        let mut huge = shrunk.clone();
+        if let Content::Pages { database_bytes, .. } = &mut huge.content {
+            *database_bytes = 1 << 40;
+        }
+        assert!(Manifest::decode(&huge.encode())
+            .unwrap()
+            .into_database(Some(new.clone()))
+            .unwrap_err()
+            .contains("more than"));
         let mut bad = bytes.clone();
         *bad.last_mut().unwrap() ^= 1;
         assert!(Manifest::decode(&bad).unwrap_err().contains("pages' checksum"));
