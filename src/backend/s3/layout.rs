@@ -123,11 +123,12 @@ impl Manifest {
         let _ = writeln!(header, "seq={}", self.seq);
         let _ = writeln!(header, "writer={}", self.writer);
         let _ = writeln!(header, "unit_bytes={}", self.unit_bytes);
-        let body = match &self.content {
+        let page_list;
+        let body: &[u8] = match &self.content {
             Content::Whole(database) => {
                 let _ = writeln!(header, "database_bytes={}", database.len());
                 let _ = writeln!(header, "database_crc32c={:08x}", crc32c::crc32c(database));
-                None
+                database
             }
             Content::Pages { base, page_bytes, database_bytes, database_crc32c, pages } => {
                 assert!(*base < self.seq, "manifest {} over a later base {base}", self.seq);
@@ -147,17 +148,14 @@ impl Manifest {
                 let _ = writeln!(header, "page_bytes={page_bytes}");
                 let _ = writeln!(header, "pages={}", pages.len());
                 let _ = writeln!(header, "pages_crc32c={:08x}", crc32c::crc32c(&body));
-                Some(body)
+                page_list = body;
+                &page_list
             }
         };
         header.push('\n');
         assert!(header.len() <= MANIFEST_HEADER_MAX, "a manifest header of {} bytes", header.len());
         let mut out = header.into_bytes();
-        match (&self.content, body) {
-            (Content::Whole(database), _) => out.extend_from_slice(database),
-            (_, Some(body)) => out.extend_from_slice(&body),
-            (_, None) => unreachable!("a page list encodes its body"),
-        }
+        out.extend_from_slice(body);
         out
     }
 
