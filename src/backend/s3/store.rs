@@ -188,7 +188,8 @@ pub const MAX_PAGE_MANIFESTS: u32 = 64;
 struct Shipped {
     /// The newest manifest in the bucket, which the next one's pages apply over.
     seq: u64,
-    page_bytes: usize,
+    /// None when the database's header gave no page size (then only whole manifests).
+    page_bytes: Option<usize>,
     /// A 64-bit SipHash of each page of manifest `seq`'s database (keys random per mount).
     page_hashes: Vec<u64>,
     hasher: std::collections::hash_map::RandomState,
@@ -218,52 +219,37 @@ impl Shipped {
     fn next(this: Option<&Shipped>, seq: u64, database: Vec<u8>) -> (Content, Shipped) {
         let hasher = this.map(|s| s.hasher.clone()).unwrap_or_default();
         let page_bytes = page_bytes_of(&database);
-        let hashes = page_bytes.map(|p| page_hashes(&database, p, &hasher)).unwrap_or_default();
-        let fresh = |content| {
-            let shipped = Shipped {
-                seq,
-                page_bytes: page_bytes.unwrap_or(0),
-                page_hashes: hashes.clone(),
-                hasher: hasher.clone(),
-                page_manifests: 0,
-                page_manifest_bytes: 0,
-            };
-            (content, shipped)
+        let page_hashes = page_bytes.map(|p| page_hashes(&database, p, &hasher)).unwrap_or_default();
+        // The pages that changed over the last manifest, while a manifest of them stays within
+        // the bounds; None: the whole database.
+        let over_last = this.zip(page_bytes).filter(|(last, p)| last.page_bytes == Some(*p)).and_then(|(last, p)| {
+            let changed: Vec<usize> = (0..page_hashes.len())
+                .filter(|&i| last.page_hashes.get(i).is_none_or(|old| *old != page_hashes[i]))
+                .collect();
+            let bytes = last.page_manifest_bytes + (changed.len() * (4 + p)) as u64;
+            (last.page_manifests < MAX_PAGE_MANIFESTS && bytes <= database.len() as u64)
+                .then_some((last, p, changed, bytes))
+        });
+        let (content, page_manifests, page_manifest_bytes) = match over_last {
+            None => (Content::Whole(database), 0, 0),
+            Some((last, p, changed, bytes)) => {
+                let pages = changed
+                    .into_iter()
+                    .map(|i| {
+                        (u32::try_from(i).expect("a SQLite page number fits u32"), database[i * p..][..p].to_vec())
+                    })
+                    .collect();
+                let content = Content::Pages {
+                    base: last.seq,
+                    page_bytes: p as u32,
+                    database_bytes: database.len() as u64,
+                    database_crc32c: crc32c::crc32c(&database),
+                    pages,
+                };
+                (content, last.page_manifests + 1, bytes)
+            }
         };
-        let Some((last, page_bytes)) = this.zip(page_bytes).filter(|(s, p)| s.page_bytes == *p) else {
-            return fresh(Content::Whole(database));
-        };
-        let changed: Vec<usize> =
-            (0..hashes.len()).filter(|&i| last.page_hashes.get(i).is_none_or(|old| *old != hashes[i])).collect();
-        let bytes = last.page_manifest_bytes + (changed.len() * (4 + page_bytes)) as u64;
-        if last.page_manifests + 1 > MAX_PAGE_MANIFESTS || bytes > database.len() as u64 {
-            return fresh(Content::Whole(database));
-        }
-        let pages = changed
-            .iter()
-            .map(|&i| {
-                (
-                    u32::try_from(i).expect("a SQLite page number fits u32"),
-                    database[i * page_bytes..][..page_bytes].to_vec(),
-                )
-            })
-            .collect();
-        let content = Content::Pages {
-            base: last.seq,
-            page_bytes: page_bytes as u32,
-            database_bytes: database.len() as u64,
-            database_crc32c: crc32c::crc32c(&database),
-            pages,
-        };
-        let shipped = Shipped {
-            seq,
-            page_bytes,
-            page_hashes: hashes,
-            hasher,
-            page_manifests: last.page_manifests + 1,
-            page_manifest_bytes: bytes,
-        };
-        (content, shipped)
+        (content, Shipped { seq, page_bytes, page_hashes, hasher, page_manifests, page_manifest_bytes })
     }
 }
 
