@@ -339,22 +339,29 @@ impl Shared {
     /// Fetches `range` of object `key` into `out`; false when the object is gone (a checkpoint
     /// deleted it after the view was read: read again).
     fn fetch(&self, key: &str, range: Range<u64>, out: &mut [u8]) -> SysResult<bool> {
-        match self.objects.get(key, Some(range.clone())).map_err(object_errno)? {
-            Some(bytes) if bytes.len() == out.len() => {
-                out.copy_from_slice(&bytes);
-                Ok(true)
-            }
+        let Some(bytes) = self.fetch_range(key, range)? else { return Ok(false) };
+        out.copy_from_slice(&bytes);
+        Ok(true)
+    }
+
+    /// `range` of object `key`, as the GET returned it (no copy); None when the object is gone.
+    /// Fewer bytes than the range is an error: a record promised them.
+    fn fetch_range(&self, key: &str, range: Range<u64>) -> SysResult<Option<Vec<u8>>> {
+        let wanted = range.end - range.start;
+        match self.objects.get(key, Some(range)).map_err(object_errno)? {
+            Some(bytes) if bytes.len() as u64 == wanted => Ok(Some(bytes)),
             Some(bytes) => {
-                log::error!("s3 backend: {key}: {} bytes where its record promises {}", bytes.len(), out.len());
+                log::error!("s3 backend: {key}: {} bytes where its record promises {wanted}", bytes.len());
                 Err(Errno(libc::EIO))
             }
-            None => Ok(false),
+            None => Ok(None),
         }
     }
 }
 
 /// Two pieces of one segment at most this far apart are fetched by one GET, the bytes between
-/// them read and thrown away: less than a GET's round trip costs.
+/// them read and thrown away: less than a GET's round trip costs. A span is at most the
+/// segment (`SEGMENT_BYTES` and the last unit's pieces appended), held for one read.
 const PIECE_GAP_FETCHED: u64 = 64 << 10;
 
 /// Bytes of segments fetched for one read: per segment, spans in offset order.
@@ -395,11 +402,9 @@ impl Shared {
             let key = self.layout.segment_key(segment);
             let mut fetched = Vec::with_capacity(merged.len());
             for span in merged {
-                let mut bytes = vec![0u8; (span.end - span.start) as usize];
-                if !self.fetch(&key, span.clone(), &mut bytes)? {
-                    return Ok(None);
-                }
-                fetched.push((span.start, bytes));
+                let start = span.start;
+                let Some(bytes) = self.fetch_range(&key, span)? else { return Ok(None) };
+                fetched.push((start, bytes));
             }
             spans.insert(segment, fetched);
         }
