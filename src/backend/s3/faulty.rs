@@ -1,6 +1,7 @@
 //! An object store that fails on purpose, around any other: for the S3 backend's failure
 //! paths in-process (a put that fails must give EIO and lose nothing acknowledged). A test
-//! says which calls fail (by kind and a piece of the key) and heals it later.
+//! says which calls fail (by kind and a piece of the key) and heals it later, and may count the
+//! GETs it passes on of keys with a given piece (how many requests a read made).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -21,11 +22,20 @@ pub struct FaultyObjects {
     inner: Arc<dyn ObjectStore>,
     plan: Mutex<FaultPlan>,
     failed: AtomicU64,
+    /// The piece of a key whose GETs are counted, and how many passed on.
+    counted_piece: Mutex<Option<String>>,
+    counted_gets: AtomicU64,
 }
 
 impl FaultyObjects {
     pub fn new(inner: Arc<dyn ObjectStore>) -> FaultyObjects {
-        FaultyObjects { inner, plan: Mutex::new(FaultPlan::default()), failed: AtomicU64::new(0) }
+        FaultyObjects {
+            inner,
+            plan: Mutex::new(FaultPlan::default()),
+            failed: AtomicU64::new(0),
+            counted_piece: Mutex::new(None),
+            counted_gets: AtomicU64::new(0),
+        }
     }
 
     pub fn set(&self, plan: FaultPlan) {
@@ -40,6 +50,17 @@ impl FaultyObjects {
     /// How many calls failed on purpose so far.
     pub fn failed(&self) -> u64 {
         self.failed.load(Relaxed)
+    }
+
+    /// Counts from now on (from zero) the GETs passed on of keys containing `piece`.
+    pub fn count_gets_of(&self, piece: &str) {
+        *self.counted_piece.lock().unwrap_or_else(|p| p.into_inner()) = Some(piece.to_owned());
+        self.counted_gets.store(0, Relaxed);
+    }
+
+    /// How many GETs `count_gets_of` counted.
+    pub fn counted_gets(&self) -> u64 {
+        self.counted_gets.load(Relaxed)
     }
 
     fn check(&self, kind: &str, key: &str, pick: impl Fn(&FaultPlan) -> bool) -> ObjectResult<()> {
@@ -67,6 +88,9 @@ impl ObjectStore for FaultyObjects {
 
     fn get(&self, key: &str, range: Option<Range<u64>>) -> ObjectResult<Option<Vec<u8>>> {
         self.check("GET", key, |p| matches(&p.gets, key))?;
+        if matches(&self.counted_piece.lock().unwrap_or_else(|p| p.into_inner()), key) {
+            self.counted_gets.fetch_add(1, Relaxed);
+        }
         self.inner.get(key, range)
     }
 

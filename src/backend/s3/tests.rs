@@ -444,46 +444,9 @@ fn scattered_small_writes_go_into_one_segment_and_read_back_over_their_units() {
     assert_eq!(read_file(&m, "f"), expected);
 }
 
-/// Counts the GETs of keys under a prefix, passing everything through.
-struct CountingGets {
-    inner: MemoryObjects,
-    prefix: &'static str,
-    gets: std::sync::atomic::AtomicU64,
-}
-
-impl ObjectStore for CountingGets {
-    fn put(
-        &self,
-        key: &str,
-        body: &[u8],
-        condition: PutCondition,
-    ) -> super::objects::ObjectResult<super::objects::PutOutcome> {
-        self.inner.put(key, body, condition)
-    }
-    fn get(&self, key: &str, range: Option<std::ops::Range<u64>>) -> super::objects::ObjectResult<Option<Vec<u8>>> {
-        if key.starts_with(self.prefix) {
-            self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        self.inner.get(key, range)
-    }
-    fn head(&self, key: &str) -> super::objects::ObjectResult<Option<u64>> {
-        self.inner.head(key)
-    }
-    fn delete(&self, key: &str) -> super::objects::ObjectResult<()> {
-        self.inner.delete(key)
-    }
-    fn list(&self, prefix: &str) -> super::objects::ObjectResult<Vec<super::objects::Listed>> {
-        self.inner.list(prefix)
-    }
-}
-
 #[test]
 fn a_units_pieces_side_by_side_in_a_segment_are_read_by_one_get() {
-    let counting = Arc::new(CountingGets {
-        inner: MemoryObjects::default(),
-        prefix: "tree/segments/",
-        gets: std::sync::atomic::AtomicU64::new(0),
-    });
+    let counting = Arc::new(FaultyObjects::new(Arc::new(MemoryObjects::default())));
     let objects: Arc<dyn ObjectStore> = counting.clone();
     let state = tempfile::tempdir().unwrap();
     let m = mount(&objects, &state).unwrap();
@@ -499,9 +462,9 @@ fn a_units_pieces_side_by_side_in_a_segment_are_read_by_one_get() {
     }
     m.store.sync_all().unwrap();
     assert_eq!(keys(&objects, "tree/segments/").len(), 1);
-    let before = counting.gets.load(std::sync::atomic::Ordering::Relaxed);
+    counting.count_gets_of("tree/segments/");
     assert_eq!(read_all(&*data), expected, "the pieces over the unit, in their order");
-    let gets = counting.gets.load(std::sync::atomic::Ordering::Relaxed) - before;
+    let gets = counting.counted_gets();
     assert_eq!(gets, 1, "one GET for 100 pieces side by side in one segment");
     // A read of one piece's bytes fetches that piece alone, right.
     let offset = (5 * 7_919 * 1024) % (UNIT - 1024);
