@@ -50,17 +50,22 @@ fn read_file(m: &S3Mount, name: &str) -> Vec<u8> {
     read_all(&*m.store.open(attr.id, OpenMode::default()).unwrap())
 }
 
-#[test]
-fn units_are_objects_written_whole_short_last_units_packed_and_a_remount_reads_them_back() {
+/// A bucket holding file `f` of two whole units and 4,000 bytes more (`pattern(.., seed)`),
+/// checkpointed by a mount of `state` that then let its lease go.
+fn bucket_with_one_file(seed: u8) -> (Arc<dyn ObjectStore>, tempfile::TempDir, Vec<u8>) {
     let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
     let state = tempfile::tempdir().unwrap();
-    let bytes = pattern(2 * UNIT as usize + 4000, 1);
-    {
-        let m = mount(&objects, &state).unwrap();
-        make_file(&m, "f", &bytes);
-        m.store.sync_all().unwrap();
-        m.lease.release().unwrap();
-    }
+    let bytes = pattern(2 * UNIT as usize + 4000, seed);
+    let m = mount(&objects, &state).unwrap();
+    make_file(&m, "f", &bytes);
+    m.store.sync_all().unwrap();
+    m.lease.release().unwrap();
+    (objects, state, bytes)
+}
+
+#[test]
+fn units_are_objects_written_whole_short_last_units_packed_and_a_remount_reads_them_back() {
+    let (objects, state, bytes) = bucket_with_one_file(1);
     let units = keys(&objects, "tree/units/");
     assert_eq!(units.len(), 2, "{units:?}");
     let sizes: Vec<u64> = objects.list("tree/units/").unwrap().iter().map(|l| l.size).collect();
@@ -655,15 +660,7 @@ fn a_restore_without_room_for_the_namespace_is_refused_with_the_sizes() {
 /// put and never committed) and keeps every one the database names, dropped ones included.
 #[test]
 fn a_writing_mount_sweeps_the_objects_no_record_names_and_keeps_the_named_ones() {
-    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
-    let state = tempfile::tempdir().unwrap();
-    let bytes = pattern(2 * UNIT as usize + 4000, 3);
-    {
-        let m = mount(&objects, &state).unwrap();
-        make_file(&m, "f", &bytes);
-        m.store.sync_all().unwrap();
-        m.lease.release().unwrap();
-    }
+    let (objects, state, bytes) = bucket_with_one_file(3);
     let named: Vec<String> = [keys(&objects, "tree/units/"), keys(&objects, "tree/segments/")].concat();
     assert_eq!(named.len(), 3, "two units and a segment: {named:?}");
     let stray_unit = layout().unit_key(999, 0, 1);
