@@ -27,6 +27,7 @@ struct S3Mount {
     dir: tempfile::TempDir,
     source: String,
     endpoint: String,
+    region: String,
     env: Vec<(String, String)>,
     mnt: PathBuf,
     state: PathBuf,
@@ -44,6 +45,7 @@ impl S3Mount {
         S3Mount {
             source: format!("s3://{BUCKET}/{prefix}"),
             endpoint: server.endpoint.clone(),
+            region: server.region.clone(),
             env: vec![
                 ("AWS_ACCESS_KEY_ID".into(), server.access_key.clone()),
                 ("AWS_SECRET_ACCESS_KEY".into(), server.secret_key.clone()),
@@ -66,6 +68,7 @@ impl S3Mount {
             dir,
             source: self.source.clone(),
             endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
             env: self.env.clone(),
             mnt,
             state,
@@ -76,8 +79,9 @@ impl S3Mount {
 
     fn try_mount(&mut self) -> std::process::Output {
         let options = format!(
-            "endpoint={},region=us-east-1,io_timeout=20s,state={}{}",
+            "endpoint={},region={},io_timeout=20s,state={}{}",
             self.endpoint,
+            self.region,
             path_str(&self.state),
             self.extra_options
         );
