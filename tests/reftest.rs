@@ -190,3 +190,42 @@ proptest! {
         });
     }
 }
+
+/// The same over the S3 backend (a prefix on the test's S3 server: SeaweedFS, or Ceph's RGW under
+/// `tests/ceph/run`): finally the state directory is lost, as with the machine, and a mount from
+/// the bucket alone shows exactly the model. Fewer cases (REFTEST_S3_CASES, default 8): each
+/// mounts three times over the network. The options of the reruns in scripts/test do not apply
+/// (S3 refuses `log=off`); they skip it.
+#[test]
+fn an_s3_mount_matches_the_model_after_every_step_and_a_mount_from_the_bucket_alone_after_it() {
+    let test = "an_s3_mount_matches_the_model_after_every_step_and_a_mount_from_the_bucket_alone_after_it";
+    let Some(server) = common::s3::server_or_skip(test) else { return };
+    let cases = std::env::var("REFTEST_S3_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(8);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases,
+        max_shrink_iters: 50,
+        // A failure prints its shrunk case; a test outside proptest! has no source file to persist it beside.
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let outcome = runner.run(&proptest::collection::vec(op_strategy(), 1..40), |ops| {
+        run_case(
+            &ops,
+            // An S3 mount's unit is at least 1 MiB (the mount refuses less): files span fewer
+            // units than the 64 KiB ones elsewhere, and the pieces packed into segments matter.
+            |options| {
+                let options: Vec<&str> = options.iter().map(|&o| if o == "unit=64K" { "unit=1M" } else { o }).collect();
+                TestMount::over_s3(&server, "reftest", &options)
+            },
+            |m, model| {
+                m.lose_state_directory();
+                m.mount();
+                check(m, model, usize::MAX, &Op::Remount);
+            },
+        );
+        Ok(())
+    });
+    if let Err(failure) = outcome {
+        panic!("{failure}");
+    }
+}

@@ -81,6 +81,18 @@ pub struct TestMount {
     owns_backing: bool,
     /// Mounted from `sqlite:` this database file (in the backing directory) instead.
     pub database: Option<PathBuf>,
+    /// Mounted from a prefix of an S3 bucket instead (`s3://BUCKET/PREFIX`).
+    s3: Option<S3Source>,
+}
+
+/// What a mount of a prefix of a bucket on a test's S3 server needs beside its options.
+struct S3Source {
+    source: String,
+    /// `endpoint=...,region=...,state=...`: the server, and a state directory in the mount's own
+    /// temporary directory.
+    options: String,
+    /// The server's keys: the daemon takes them from its environment only.
+    env: Vec<(String, String)>,
 }
 
 /// Removes the default state directory of a backing directory (its intent log, 64 MiB) and
@@ -182,6 +194,7 @@ impl TestMount {
             mounted: false,
             owns_backing,
             database: None,
+            s3: None,
         };
         m.mount();
         m
@@ -205,15 +218,67 @@ impl TestMount {
             without_file_handles: false,
             mounted: false,
             owns_backing: true,
+            s3: None,
         };
         m.mount();
         m
     }
 
+    /// A mount of a prefix of its own (the name of its temporary directory) in `bucket` on
+    /// `server` (which makes the bucket if missing), its state directory in that temporary
+    /// directory.
+    pub fn over_s3(server: &s3::S3Server, bucket: &str, options: &[&str]) -> TestMount {
+        let dir = tempfile::Builder::new().prefix("coalescefs-test-").tempdir().expect("tempdir");
+        let backing = dir.path().join("backing");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&backing).unwrap();
+        std::fs::create_dir(&mnt).unwrap();
+        server.client(bucket, std::time::Duration::from_secs(30));
+        let prefix = dir.path().file_name().unwrap().to_str().unwrap().to_owned();
+        let s3 = S3Source {
+            source: format!("s3://{bucket}/{prefix}"),
+            options: format!(
+                "endpoint={},region={},state={}",
+                server.endpoint,
+                server.region,
+                path_str(&dir.path().join("state"))
+            ),
+            env: vec![
+                ("AWS_ACCESS_KEY_ID".into(), server.access_key.clone()),
+                ("AWS_SECRET_ACCESS_KEY".into(), server.secret_key.clone()),
+            ],
+        };
+        let mut m = TestMount {
+            database: None,
+            _dir: dir,
+            backing,
+            mnt,
+            options: options.iter().map(std::string::ToString::to_string).collect(),
+            env: Vec::new(),
+            fd_limit: None,
+            without_file_handles: false,
+            mounted: false,
+            owns_backing: true,
+            s3: Some(s3),
+        };
+        m.mount();
+        m
+    }
+
+    /// The state directory of an S3 mount goes, as a machine's would be lost: its next mount
+    /// builds the tree from the bucket alone.
+    pub fn lose_state_directory(&mut self) {
+        assert!(!self.mounted && self.s3.is_some());
+        remove_state_dir(&self.state_dir());
+    }
+
     /// What the runtime and state directories are keyed by: the backing directory, or the
     /// database file.
     fn source_path(&self) -> &Path {
-        self.database.as_deref().unwrap_or(&self.backing)
+        match &self.s3 {
+            Some(s3) => Path::new(&s3.source),
+            None => self.database.as_deref().unwrap_or(&self.backing),
+        }
     }
 
     /// `build`, with a daemon that cannot use file handles (see `without_file_handles`); None
@@ -228,17 +293,25 @@ impl TestMount {
 
     pub fn mount(&mut self) {
         assert!(!self.mounted);
-        let source = match &self.database {
-            Some(db) => format!("sqlite:{}", path_str(db)),
-            None => path_str(&self.backing),
+        let source = match (&self.s3, &self.database) {
+            (Some(s3), _) => s3.source.clone(),
+            (None, Some(db)) => format!("sqlite:{}", path_str(db)),
+            (None, None) => path_str(&self.backing),
         };
         let mut args = vec!["mount".to_string(), source, path_str(&self.mnt)];
-        if !self.options.is_empty() {
+        let mut options = self.options.clone();
+        if let Some(s3) = &self.s3 {
+            options.push(s3.options.clone());
+        }
+        if !options.is_empty() {
             args.push("-o".into());
-            args.push(self.options.join(","));
+            args.push(options.join(","));
         }
         let mut command = Command::new(BIN);
         command.args(&args).envs(self.env.iter().cloned());
+        if let Some(s3) = &self.s3 {
+            command.envs(s3.env.iter().cloned());
+        }
         if let Some(limit) = self.fd_limit {
             use std::os::unix::process::CommandExt;
             let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
@@ -327,7 +400,10 @@ impl TestMount {
 
     /// The daemon's state directory (the intent log's file; see src/state.rs), by default.
     pub fn state_dir(&self) -> PathBuf {
-        state_dir(self.source_path())
+        match &self.s3 {
+            Some(_) => self._dir.path().join("state"),
+            None => state_dir(self.source_path()),
+        }
     }
 
     /// The intent log's file with `log=on`.
