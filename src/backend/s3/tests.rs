@@ -673,3 +673,139 @@ fn a_writing_mount_sweeps_the_objects_no_record_names_and_keeps_the_named_ones()
     assert_eq!(after, named, "the strays swept, the named kept");
     assert_eq!(read_file(&m, "f"), bytes);
 }
+
+/// Every object of a bucket, keys and bytes.
+type Objects = Vec<(String, Vec<u8>)>;
+
+/// Every object of `objects`, with its bytes.
+fn snapshot(objects: &Arc<dyn ObjectStore>) -> Objects {
+    keys(objects, "").into_iter().map(|key| (key.clone(), objects.get(&key, None).unwrap().unwrap())).collect()
+}
+
+/// A bucket as a read-only mount sees it while the writer goes on: at the first GET of a
+/// manifest, every object is replaced by `later` (the writer's newer state: a whole manifest,
+/// the ones before it deleted), or, with `always_gone`, every manifest reads as gone. Counts
+/// the manifest GETs.
+struct WriterMovesOn {
+    inner: Arc<dyn ObjectStore>,
+    later: std::sync::Mutex<Option<Objects>>,
+    always_gone: bool,
+    manifest_gets: std::sync::atomic::AtomicU64,
+}
+
+impl ObjectStore for WriterMovesOn {
+    fn put(
+        &self,
+        key: &str,
+        body: &[u8],
+        condition: PutCondition,
+    ) -> super::objects::ObjectResult<super::objects::PutOutcome> {
+        self.inner.put(key, body, condition)
+    }
+
+    fn get(&self, key: &str, range: Option<std::ops::Range<u64>>) -> super::objects::ObjectResult<Option<Vec<u8>>> {
+        if key.contains("/manifests/") {
+            self.manifest_gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if self.always_gone {
+                return Ok(None);
+            }
+            if let Some(later) = self.later.lock().unwrap().take() {
+                for listed in self.inner.list("")? {
+                    self.inner.delete(&listed.key)?;
+                }
+                for (key, bytes) in later {
+                    self.inner.put(&key, &bytes, PutCondition::Always)?;
+                }
+            }
+        }
+        self.inner.get(key, range)
+    }
+
+    fn head(&self, key: &str) -> super::objects::ObjectResult<Option<u64>> {
+        self.inner.head(key)
+    }
+
+    fn delete(&self, key: &str) -> super::objects::ObjectResult<()> {
+        self.inner.delete(key)
+    }
+
+    fn list(&self, prefix: &str) -> super::objects::ObjectResult<Vec<super::objects::Listed>> {
+        self.inner.list(prefix)
+    }
+}
+
+/// A read-only mount lists the newest manifest (of pages), and before it reads it the writer
+/// puts a whole one and deletes those before it: the mount reads the newest again and serves
+/// the writer's newer tree.
+#[test]
+fn a_read_only_mount_whose_manifests_go_while_it_reads_them_reads_the_newest_again() {
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let writer = mount(&objects, &state).unwrap();
+    make_file(&writer, "first", &pattern(100, 1));
+    writer.store.sync_all().unwrap();
+    make_file(&writer, "second", &pattern(200, 2));
+    writer.store.sync_all().unwrap();
+    let listed_first = keys(&objects, "tree/manifests/");
+    assert_eq!(listed_first.len(), 2, "a whole manifest and one of pages: {listed_first:?}");
+    let before = snapshot(&objects);
+    // The writer goes on until a whole manifest has replaced those two.
+    let mut made = 0;
+    let newest = loop {
+        made += 1;
+        make_file(&writer, &format!("later-{made}"), &pattern(300, made as u8));
+        writer.store.sync_all().unwrap();
+        let manifests = keys(&objects, "tree/manifests/");
+        if manifests.len() == 1 && !listed_first.contains(&manifests[0]) {
+            break manifest(&objects, &manifests[0]).seq;
+        }
+        assert!(made <= 2 * super::store::MAX_PAGE_MANIFESTS as usize, "no whole manifest after {made} checkpoints");
+    };
+    let later = snapshot(&objects);
+
+    let seen: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    for (key, bytes) in before {
+        seen.put(&key, &bytes, PutCondition::Always).unwrap();
+    }
+    let moving = Arc::new(WriterMovesOn {
+        inner: seen,
+        later: std::sync::Mutex::new(Some(later)),
+        always_gone: false,
+        manifest_gets: Default::default(),
+    });
+    let copy = tempfile::tempdir().unwrap();
+    let (names, store, seq) = super::open_read_only(
+        moving.clone(),
+        layout(),
+        &copy.path().join(super::READ_ONLY_COPY_FILE),
+        SOURCE,
+        Arc::new(Metrics::default()),
+    )
+    .unwrap();
+    assert_eq!(seq, newest, "the writer's newest manifest, read after the one listed first went");
+    // The first try read the listed manifest (gone by then), the second the newest whole one.
+    assert_eq!(moving.manifest_gets.load(std::sync::atomic::Ordering::Relaxed), 2);
+    let attr = names.lookup(ROOT_ID, OsStr::new(&format!("later-{made}"))).unwrap();
+    assert_eq!(read_all(&*store.open(attr.id, OpenMode::default()).unwrap()), pattern(300, made as u8));
+}
+
+/// A read-only mount whose manifests keep going while it reads them stops after three tries
+/// and says so, rather than looping.
+#[test]
+fn a_read_only_mount_gives_up_after_its_manifests_went_away_three_times() {
+    let (objects, _state, _) = bucket_with_one_file(4);
+    let gone = Arc::new(WriterMovesOn {
+        inner: objects,
+        later: std::sync::Mutex::new(None),
+        always_gone: true,
+        manifest_gets: Default::default(),
+    });
+    let copy = tempfile::tempdir().unwrap();
+    let db = copy.path().join(super::READ_ONLY_COPY_FILE);
+    let e = super::open_read_only(gone.clone(), layout(), &db, SOURCE, Arc::new(Metrics::default()))
+        .err()
+        .expect("refused");
+    assert!(e.contains("went away 3 times"), "{e}");
+    assert_eq!(gone.manifest_gets.load(std::sync::atomic::Ordering::Relaxed), 3);
+    assert!(!db.exists(), "nothing restored");
+}
