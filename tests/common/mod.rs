@@ -272,8 +272,8 @@ impl TestMount {
         remove_state_dir(&self.state_dir());
     }
 
-    /// What the runtime and state directories are keyed by: the backing directory, or the
-    /// database file.
+    /// What the runtime and state directories are keyed by: the backing directory, the
+    /// database file, or the `s3://` source.
     fn source_path(&self) -> &Path {
         match &self.s3 {
             Some(s3) => Path::new(&s3.source),
