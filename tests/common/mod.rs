@@ -202,54 +202,49 @@ impl TestMount {
 
     /// A mount of a SQLite database (`sqlite:PATH`), made in the mount's own directory.
     pub fn over_sqlite(options: &[&str]) -> TestMount {
-        let dir = tempfile::Builder::new().prefix("coalescefs-test-").tempdir().expect("tempdir");
-        let backing = dir.path().join("backing");
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&backing).unwrap();
-        std::fs::create_dir(&mnt).unwrap();
-        let mut m = TestMount {
-            database: Some(backing.join("tree.db")),
-            _dir: dir,
-            backing,
-            mnt,
-            options: options.iter().map(std::string::ToString::to_string).collect(),
-            env: Vec::new(),
-            fd_limit: None,
-            without_file_handles: false,
-            mounted: false,
-            owns_backing: true,
-            s3: None,
-        };
-        m.mount();
-        m
+        Self::in_own_directory(options, |dir| (Some(dir.join("backing").join("tree.db")), None))
     }
 
     /// A mount of a prefix of its own (the name of its temporary directory) in `bucket` on
     /// `server` (which makes the bucket if missing), its state directory in that temporary
     /// directory.
     pub fn over_s3(server: &s3::S3Server, bucket: &str, options: &[&str]) -> TestMount {
+        server.client(bucket, std::time::Duration::from_secs(30));
+        Self::in_own_directory(options, |dir| {
+            let prefix = dir.file_name().unwrap().to_str().unwrap();
+            let s3 = S3Source {
+                source: format!("s3://{bucket}/{prefix}"),
+                options: format!(
+                    "endpoint={},region={},state={}",
+                    server.endpoint,
+                    server.region,
+                    path_str(&dir.join("state"))
+                ),
+                env: vec![
+                    ("AWS_ACCESS_KEY_ID".into(), server.access_key.clone()),
+                    ("AWS_SECRET_ACCESS_KEY".into(), server.secret_key.clone()),
+                ],
+            };
+            (None, Some(s3))
+        })
+    }
+
+    /// A mount made in a temporary directory of its own (`backing` and `mnt` in it), of the
+    /// store `store` names for that directory: a database file or an S3 prefix (neither: the
+    /// backing directory).
+    fn in_own_directory(
+        options: &[&str],
+        store: impl FnOnce(&Path) -> (Option<PathBuf>, Option<S3Source>),
+    ) -> TestMount {
         let dir = tempfile::Builder::new().prefix("coalescefs-test-").tempdir().expect("tempdir");
         let backing = dir.path().join("backing");
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&backing).unwrap();
         std::fs::create_dir(&mnt).unwrap();
-        server.client(bucket, std::time::Duration::from_secs(30));
-        let prefix = dir.path().file_name().unwrap().to_str().unwrap().to_owned();
-        let s3 = S3Source {
-            source: format!("s3://{bucket}/{prefix}"),
-            options: format!(
-                "endpoint={},region={},state={}",
-                server.endpoint,
-                server.region,
-                path_str(&dir.path().join("state"))
-            ),
-            env: vec![
-                ("AWS_ACCESS_KEY_ID".into(), server.access_key.clone()),
-                ("AWS_SECRET_ACCESS_KEY".into(), server.secret_key.clone()),
-            ],
-        };
+        let (database, s3) = store(dir.path());
         let mut m = TestMount {
-            database: None,
+            database,
+            s3,
             _dir: dir,
             backing,
             mnt,
@@ -259,7 +254,6 @@ impl TestMount {
             without_file_handles: false,
             mounted: false,
             owns_backing: true,
-            s3: Some(s3),
         };
         m.mount();
         m
