@@ -138,14 +138,16 @@ fn check(m: &TestMount, model: &Model, step: usize, op: &Op) {
     }
 }
 
-/// One case: `ops` on a fresh mount (`mount` makes it with the given options), checked after
-/// every step; then, unmounted, `finally` checks what the store holds.
-fn run_case(ops: &[Op], mount: impl Fn(&[&str]) -> TestMount, finally: impl Fn(&mut TestMount, &Model)) {
-    // Small units, so that files span many of them; a long flush_age, so that only the
-    // operations themselves move data out of the buffer.
+/// Small units, so that files span many of them (the store may ask for larger ones).
+const SMALL_UNIT: &str = "unit=64K";
+
+/// One case: `ops` on a fresh mount (`mount` makes it with `unit` and the other options),
+/// checked after every step; then, unmounted, `finally` checks what the store holds.
+fn run_case(ops: &[Op], unit: &str, mount: impl Fn(&[&str]) -> TestMount, finally: impl Fn(&mut TestMount, &Model)) {
+    // A long flush_age, so that only the operations themselves move data out of the buffer.
     // REFTEST_OPTIONS adds mount options (scripts/test runs it again with writeback_cache).
     let extra = std::env::var("REFTEST_OPTIONS").unwrap_or_default();
-    let mut options = vec!["unit=64K", "flush_age=3600s"];
+    let mut options = vec![unit, "flush_age=3600s"];
     options.extend(extra.split(',').filter(|o| !o.is_empty()));
     let mut m = mount(&options);
     let mut model = Model::new();
@@ -169,7 +171,7 @@ proptest! {
     #[test]
     fn mount_matches_the_model_after_every_step(ops in proptest::collection::vec(op_strategy(), 1..40)) {
         // Finally the backing directory itself holds exactly the model.
-        run_case(&ops, TestMount::with_options, |m, model| {
+        run_case(&ops, SMALL_UNIT, TestMount::with_options, |m, model| {
             for (name, content) in model {
                 assert_eq!(&fs::read(m.backing_path(name)).unwrap(), content, "the backing file {name}");
             }
@@ -180,7 +182,7 @@ proptest! {
     /// database shows exactly the model, and the database checks clean.
     #[test]
     fn a_sqlite_mount_matches_the_model_after_every_step(ops in proptest::collection::vec(op_strategy(), 1..40)) {
-        run_case(&ops, TestMount::over_sqlite, |m, model| {
+        run_case(&ops, SMALL_UNIT, TestMount::over_sqlite, |m, model| {
             let db = rusqlite::Connection::open(m.database.as_ref().unwrap()).unwrap();
             let integrity: String = db.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
             assert_eq!(integrity, "ok");
@@ -213,10 +215,8 @@ fn an_s3_mount_matches_the_model_after_every_step_and_a_mount_from_the_bucket_al
             &ops,
             // An S3 mount's unit is at least 1 MiB (the mount refuses less): files span fewer
             // units than the 64 KiB ones elsewhere, and the pieces packed into segments matter.
-            |options| {
-                let options: Vec<&str> = options.iter().map(|&o| if o == "unit=64K" { "unit=1M" } else { o }).collect();
-                TestMount::over_s3(&server, "reftest", &options)
-            },
+            "unit=1M",
+            |options| TestMount::over_s3(&server, "reftest", options),
             |m, model| {
                 m.lose_state_directory();
                 m.mount();
