@@ -68,6 +68,26 @@ fn small_fsyncs_go_to_the_log_and_a_killed_daemon_loses_none_of_them() {
     assert!(fs::read(m.path("f")).unwrap() == expected, "contents differ");
 }
 
+/// Every close(2) sends a FUSE FLUSH, also of a duplicate (a forked child's copy closed at its
+/// exec is one): the close of a copy writes a new file's batch to the log unflushed, and the fsync
+/// that follows only flushes it. That fsync is the log's too, and counted as one.
+#[test]
+fn an_fsync_after_the_close_of_a_duplicate_is_answered_and_counted_by_the_log() {
+    if !in_a_process_of_its_own("an_fsync_after_the_close_of_a_duplicate_is_answered_and_counted_by_the_log") {
+        return;
+    }
+    let mut m = TestMount::with_options(&["unit=64K", "checkpoint_interval=3600s"]);
+    let mut f = File::create(m.path("f")).unwrap();
+    f.write_all(&pattern(1000, 5)).unwrap();
+    drop(f.try_clone().unwrap());
+    f.sync_all().unwrap();
+    assert_eq!(m.counter("log_fsyncs_total"), 1, "the log answered the fsync");
+    kill_daemon(&mut m);
+    drop(f);
+    m.mount();
+    assert_eq!(fs::read(m.path("f")).unwrap(), pattern(1000, 5), "the fsynced write, replayed");
+}
+
 /// What close acknowledged survives a daemon crash with the log as without it: for a file with
 /// records in the log, close syncs (through the log), so a replay cannot take its bytes back
 /// to the last fsynced ones.

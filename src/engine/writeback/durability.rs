@@ -262,8 +262,16 @@ impl Writeback {
                     }
                     return None;
                 }
-                // An earlier close may have written its last commit without a flush.
-                Ok(Commit::Unchanged) if flushed => return Some(self.commit_queued_names()),
+                // An earlier close may have written its last commit without a flush (also the
+                // close of a duplicate, or of a forked child's copy at its exec): this fsync's
+                // flush of the log makes it durable, and it is the log's as much as a commit.
+                Ok(Commit::Unchanged) if flushed => {
+                    let answered = self.commit_queued_names_before_seq();
+                    if report == ErrorReport::Sync && matches!(answered, Ok(Some(_))) {
+                        self.metrics.log_fsyncs.fetch_add(1, Relaxed);
+                    }
+                    return Some(answered.map(drop));
+                }
                 Ok(Commit::Unnamed | Commit::Unchanged) => return Some(Ok(())),
                 Ok(Commit::Committed) => {
                     // Made on the backend by a checkpoint that does not release these records,
