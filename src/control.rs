@@ -2,7 +2,9 @@
 //! (`control.sock`, readable by the daemon's user only, see `runtime`) for `coalescefs stats`,
 //! `sync` and `snapshot` (and, when fault injection is on, `inject` and `clear`), and an
 //! optional Prometheus endpoint (`-o metrics=ADDR:PORT`). Both serve one short answer per
-//! connection, one connection at a time, with a timeout: neither can hold the daemon up.
+//! connection, one connection at a time, with a timeout: neither can hold the daemon up. The
+//! requests that wait for the backend (`sync`, `snapshot`) are answered in turn by a thread of
+//! their own, so that `stats` answers while a long checkpoint runs.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -31,6 +33,10 @@ fn waits_for_the_backend(command: &str) -> bool {
     command == "sync" || command.starts_with("snapshot ")
 }
 
+/// Requests that wait for the backend, queued behind the one being answered; more are refused
+/// with a message rather than held open without bound.
+const BACKEND_REQUESTS_QUEUED: usize = 16;
+
 pub fn serve_control_socket(
     path: &Path,
     metrics: Arc<Metrics>,
@@ -40,9 +46,15 @@ pub fn serve_control_socket(
 ) -> std::io::Result<()> {
     let _ = std::fs::remove_file(path); // a dead daemon's socket; the backing lock is ours
     let listener = UnixListener::bind(path)?;
+    let (to_backend, backend_requests) = std::sync::mpsc::sync_channel::<(UnixStream, String)>(BACKEND_REQUESTS_QUEUED);
+    std::thread::Builder::new().name("control-sync".into()).spawn(move || {
+        for (stream, command) in backend_requests {
+            let _ = (&stream).write_all(answer_backend_request(&command, &sync_all, &snapshot).as_bytes());
+        }
+    })?;
     std::thread::Builder::new().name("control".into()).spawn(move || {
         for stream in listener.incoming().flatten() {
-            let _ = answer_control(stream, &metrics, &sync_all, &snapshot, faults.as_deref());
+            let _ = answer_control(stream, &metrics, &to_backend, faults.as_deref());
         }
     })?;
     Ok(())
@@ -51,8 +63,7 @@ pub fn serve_control_socket(
 fn answer_control(
     stream: UnixStream,
     metrics: &Arc<Metrics>,
-    sync_all: &SyncAll,
-    snapshot: &Snapshot,
+    to_backend: &std::sync::mpsc::SyncSender<(UnixStream, String)>,
     faults: Option<&Faults>,
 ) -> std::io::Result<()> {
     stream.set_read_timeout(Some(IO_TIMEOUT))?;
@@ -65,18 +76,22 @@ fn answer_control(
         let refused = format!("error: a request is one line of at most {REQUEST_MAX_BYTES} bytes\n");
         return (&stream).write_all(refused.as_bytes());
     };
+    // `sync` as the quick requests are matched, trimmed; a snapshot's path as given.
+    let backend_request =
+        if command.trim() == "sync" { Some("sync") } else { Some(command).filter(|c| c.starts_with("snapshot ")) };
+    if let Some(request) = backend_request {
+        let refused = "error: too many sync and snapshot requests are waiting for the backend; ask again later\n";
+        return match to_backend.try_send((stream, request.to_string())) {
+            Ok(()) => Ok(()),
+            Err(std::sync::mpsc::TrySendError::Full((stream, _))) => (&stream).write_all(refused.as_bytes()),
+            Err(std::sync::mpsc::TrySendError::Disconnected((stream, _))) => {
+                (&stream).write_all(b"error: the daemon is stopping\n")
+            }
+        };
+    }
     let answer = match command.trim() {
         "stats" => metrics.render_text(),
         "metrics" => metrics.render_prometheus(),
-        "sync" => match sync_all() {
-            Ok(()) => "ok\n".to_string(),
-            Err(e) => format!("error: {e}\n"),
-        },
-        // The path as given, spaces kept: the client sent it absolute, on one line.
-        _ if command.starts_with("snapshot /") => match snapshot(Path::new(&command["snapshot ".len()..])) {
-            Ok(made) => format!("ok {made}\n"),
-            Err(e) => format!("error: {e}\n"),
-        },
         request if request == "clear" || request.starts_with("inject ") => match faults {
             Some(faults) => match faults.control(request) {
                 Ok(()) => "ok\n".to_string(),
@@ -87,6 +102,18 @@ fn answer_control(
         other => format!("error: unknown request '{other}'\n"),
     };
     (&stream).write_all(answer.as_bytes())
+}
+
+/// `sync` and `snapshot PATH`: answered when the backend has done what they ask, however long
+/// that takes (the client waits without a timeout, see `ask`).
+fn answer_backend_request(command: &str, sync_all: &SyncAll, snapshot: &Snapshot) -> String {
+    let answered = match command.strip_prefix("snapshot ") {
+        // The path as given, spaces kept: the client sent it absolute, on one line.
+        Some(path) if path.starts_with('/') => snapshot(Path::new(path)).map(|made| format!("ok {made}\n")),
+        Some(path) => Err(format!("a snapshot's path must be absolute, not '{path}'")),
+        None => sync_all().map(|()| "ok\n".to_string()),
+    };
+    answered.unwrap_or_else(|e| format!("error: {e}\n"))
 }
 
 /// The client side, for `coalescefs stats`, `sync` and `snapshot`.
@@ -132,6 +159,43 @@ pub fn serve_prometheus(listener: TcpListener, metrics: Arc<Metrics>) -> std::io
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+    /// A sync waits for the backend as long as it takes; `stats` is answered meanwhile, and a
+    /// second sync waits behind the first rather than beside it.
+    #[test]
+    fn stats_are_answered_while_a_sync_waits_for_the_backend() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("control.sock");
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let released = std::sync::Mutex::new(released);
+        let syncs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = syncs.clone();
+        let sync_all: SyncAll = Box::new(move || {
+            counted.fetch_add(1, Relaxed);
+            released.lock().unwrap().recv().map_err(|e| e.to_string())
+        });
+        let snapshot: Snapshot = Box::new(|_| Ok(String::new()));
+        serve_control_socket(&socket, Arc::new(Metrics::default()), sync_all, snapshot, None).unwrap();
+        let syncing: Vec<_> = (0..2)
+            .map(|_| {
+                let socket = socket.clone();
+                std::thread::spawn(move || ask(&socket, "sync").unwrap())
+            })
+            .collect();
+        while syncs.load(Relaxed) == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let stats = ask(&socket, "stats").unwrap();
+        assert!(stats.contains("log_fsyncs_total"), "{stats}");
+        assert_eq!(syncs.load(Relaxed), 1, "the second sync began beside the first");
+        release.send(()).unwrap();
+        release.send(()).unwrap();
+        for sync in syncing {
+            assert_eq!(sync.join().unwrap(), "ok\n");
+        }
+        assert_eq!(syncs.load(Relaxed), 2);
+        assert!(ask(&socket, "snapshot relative").unwrap().contains("must be absolute"));
+    }
 
     /// A request cut off at the bound is refused whole: a snapshot is never made at a path cut
     /// short.
