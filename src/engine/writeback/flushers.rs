@@ -249,7 +249,7 @@ impl Writeback {
                         let older = flown.ranges.minus(&newer.ranges);
                         for r in older.iter() {
                             let (a, b) = (r.start as usize, r.end as usize);
-                            newer.buf.range_mut(a..b).copy_from_slice(&flown.buf.as_slice()[a..b]);
+                            newer.buf.write_at(a, &flown.buf.as_slice()[a..b]);
                             newer.ranges.insert(r.clone());
                         }
                         newer.epoch = newer.epoch.min(flown.epoch);
@@ -302,6 +302,7 @@ impl Writeback {
     pub(super) fn age_loop(&self) {
         let tick = (self.config.flush_age / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
         while self.threads.pause_unless_stopped(tick) {
+            crate::engine::buffer::unmap_cold();
             let files = self.open_files();
             let now = Instant::now();
             for file in files {
@@ -352,7 +353,7 @@ pub(crate) fn write_unit_to(
         for r in write.ranges.iter() {
             let (a, b) = (r.start as usize, (r.end.min(limit)) as usize);
             if a < b {
-                merged.range_mut(a..b).copy_from_slice(&write.buf[a..b]);
+                merged.write_at(a, &write.buf[a..b]);
             }
         }
         let whole = RangeSet::from(0..limit);
@@ -385,7 +386,7 @@ pub(crate) fn write_range(
         let piece_end = end.min(unit_start + unit_bytes);
         let mut buf = AlignedBuf::zeroed(unit_bytes as usize);
         let (from, to) = ((pos - unit_start) as usize, (piece_end - unit_start) as usize);
-        buf.range_mut(from..to).copy_from_slice(&bytes[(pos - offset) as usize..(piece_end - offset) as usize]);
+        buf.write_at(from, &bytes[(pos - offset) as usize..(piece_end - offset) as usize]);
         let ranges = RangeSet::from(from as u64..to as u64);
         write_unit_to(
             store,

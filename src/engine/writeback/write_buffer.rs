@@ -368,10 +368,7 @@ impl Writeback {
             let in_flight = inner.in_flight.contains_key(&unit);
             let dirty = inner.dirty.get_mut(&unit).expect("inserted above");
             let (from, to) = (pos - unit_start, piece_end - unit_start);
-            dirty
-                .buf
-                .range_mut(from as usize..to as usize)
-                .copy_from_slice(&bytes[(pos - offset) as usize..(piece_end - offset) as usize]);
+            dirty.buf.write_at(from as usize, &bytes[(pos - offset) as usize..(piece_end - offset) as usize]);
             dirty.ranges.insert(from..to);
             if !dirty.logged.is_empty() {
                 dirty.logged = dirty.logged.minus(&RangeSet::from(from..to));
