@@ -34,10 +34,11 @@ const FIRST_CAPACITY_BYTES: usize = 16 << 10;
 /// O_DIRECT write reaches the device as one request: from 4 KiB pages a device that takes 128
 /// segments per request (a loop device, many SSDs) receives a 1 MiB unit as two 512 KiB
 /// requests. Without huge pages (disabled, or memory too fragmented) the same chunks hold 4 KiB
-/// pages. A free slot is reused before a new chunk is mapped, and chunks with no slot in use
-/// through a whole tick of the age timer are unmapped beyond `WARM_CHUNK_BYTES` per slot size
-/// (`unmap_cold`), so resident memory stays within the peak of slots in use over the last two
-/// seconds plus 8 MiB per size.
+/// pages. A free slot is reused before a new chunk is mapped. Empty chunks beyond
+/// `WARM_CHUNK_BYTES` per slot size are unmapped once they stayed empty through a tick of the age
+/// timer (`unmap_cold`), or at once when a chunk of another size is mapped: mapped memory stays
+/// within the slots in use plus 8 MiB per size, and for a second or two after a peak the chunks
+/// of that peak's size, which the next units of that size take before any new one is mapped.
 pub struct AlignedBuf {
     /// Null while the unit holds no memory (`capacity` 0).
     ptr: *mut u8,
@@ -203,6 +204,11 @@ mod chunks {
             chunk_holding(&mut class.chunks, slot).slots_in_use += 1;
             return (slot as *mut u8, written);
         }
+        // Empty chunks of other sizes go first, however recently emptied: memory a unit of
+        // another size gave back would otherwise sit beside this one's until the next sweep,
+        // and mapped memory stay within what is in use plus the warm chunks.
+        unmap_empty(&mut classes, None);
+        let class = classes.get_mut(&slot_len).expect("made above");
         let len = slot_len.max(HUGE_PAGE_BYTES);
         let base = map_huge_aligned(len);
         class.free_slots.extend((1..len / slot_len).rev().map(|i| (base + i * slot_len, 0)));
@@ -228,12 +234,17 @@ mod chunks {
 
     /// Unmaps the chunks that stayed empty since the sweep before this one, beyond the
     /// `WARM_CHUNK_BYTES` per slot size emptied last. Called on a timer (the write buffer's
-    /// age loop, every second at most): a stream of writes takes and frees units faster than
+    /// age loop, at least once a second): a stream of writes takes and frees units faster than
     /// that, and unmapped as soon as they were empty, 4 MiB units streaming at 1 GB/s mapped a
     /// fresh chunk for two units in five, each page faulted in and zeroed by the kernel again.
     pub fn unmap_cold() {
         let sweep = SWEEPS.fetch_add(1, Relaxed);
-        let mut classes = SIZE_CLASSES.lock().unwrap_or_else(|e| e.into_inner());
+        unmap_empty(&mut SIZE_CLASSES.lock().unwrap_or_else(|e| e.into_inner()), Some(sweep));
+    }
+
+    /// Unmaps empty chunks beyond the warm ones of each size: those emptied before sweep
+    /// `emptied_before`, or all of them.
+    fn unmap_empty(classes: &mut BTreeMap<usize, SizeClass>, emptied_before: Option<u64>) {
         for class in classes.values_mut() {
             let mut empty: Vec<(u64, usize, usize)> = class
                 .chunks
@@ -245,7 +256,7 @@ mod chunks {
             let mut warm_bytes = 0;
             for (emptied_in_sweep, base, len) in empty {
                 warm_bytes += len;
-                if warm_bytes <= WARM_CHUNK_BYTES || emptied_in_sweep >= sweep {
+                if warm_bytes <= WARM_CHUNK_BYTES || emptied_before.is_some_and(|sweep| emptied_in_sweep >= sweep) {
                     continue;
                 }
                 class.free_slots.retain(|&(s, _)| !(base..base + len).contains(&s));
@@ -486,6 +497,17 @@ mod tests {
         let mut again = AlignedBuf::zeroed(unit);
         again.range_mut(0..1);
         assert!(again.as_slice().iter().all(|&x| x == 0), "the slots it left come back zeroed");
+    }
+
+    /// Memory a unit of one size gave back does not sit beside new chunks of another size until
+    /// the next sweep: mapping a chunk first unmaps the empty ones beyond the warm allowance.
+    #[test]
+    fn a_new_chunk_of_one_size_first_unmaps_the_empty_chunks_of_another() {
+        let (gone, coming) = (3 << 20, 5 << 20); // sizes no other test takes
+        let bufs: Vec<AlignedBuf> = (0..5).map(|_| whole(gone)).collect();
+        drop(bufs);
+        let _new = whole(coming);
+        assert_eq!(chunks_of(gone), 2, "two empty 3 MiB chunks are the warm allowance, the rest went");
     }
 
     /// A slot comes back as its unit left it; the next unit to take it finds zeros wherever it
