@@ -477,3 +477,24 @@ fn a_log_of_another_size_is_refused() {
         Ok(_) => panic!("opened with the wrong size"),
     }
 }
+
+#[test]
+fn a_log_just_made_is_not_read_back_and_is_the_empty_log_its_zeros_read_as() {
+    for block_bytes in [512, 4096] {
+        let device = device::MemoryLogDevice::new(64 * 4096, block_bytes);
+        let sb = Superblock {
+            block_bytes: block_bytes as u32,
+            generation: 0,
+            area_blocks: 64 * 4096 / block_bytes as u64 - SUPERBLOCK_COPIES,
+            checkpoint_seq: 1,
+            checkpoint_block: 0,
+        };
+        device.write_at(0, &sb.encode()).unwrap();
+        let area =
+            DeviceArea::new(&device, SUPERBLOCK_COPIES * block_bytes as u64, sb.area_blocks * block_bytes as u64);
+        let made = read_log_unless_made(true, &area, &sb).unwrap();
+        assert!(area.window.borrow().1.is_empty(), "a log just made was read back");
+        assert_eq!(made, read_log(&area, &sb).unwrap(), "what a made log is taken to hold is what its zeros read as");
+        assert!(!area.window.borrow().1.is_empty());
+    }
+}
