@@ -214,8 +214,8 @@ fn usage_error(err: UsageError) -> ExitCode {
 /// log). A daemon that kept serving after one thread declared its state wrong could write that
 /// state to the backend; a dead one leaves the backend and the intent log as a crash does, and
 /// the next mount replays the log (`a_panic_in_a_flusher_ends_the_daemon_and_the_next_mount_replays`).
-/// Cargo.toml's `panic = "abort"` says the same for release builds; this hook makes it hold in
-/// every build of the binary (test builds unwind), so no lock is ever seen poisoned.
+/// The hook is the policy in every build of the binary (Cargo.toml says why not `panic =
+/// "abort"` as well), so no lock is ever seen poisoned.
 fn abort_on_panic() {
     let report = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {

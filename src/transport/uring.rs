@@ -608,7 +608,7 @@ impl<FS: fuser::Filesystem> Queue<FS> {
             std::slice::from_raw_parts(start as *const u8, start_offset + payload_bytes)
         };
         debug_assert_eq!(request.as_ptr() as usize % 8, 0);
-        // No catch_unwind: the panic policy (Cargo.toml, `panic = "abort"`) ends the daemon at a
+        // No catch_unwind: the panic policy (main.rs, `abort_on_panic`) ends the daemon at a
         // panic, as kill -9 would, and the next mount replays the log; a queue left serving on
         // state a failed invariant declared wrong is what the policy rules out.
         if let Err(e) = self.dispatcher.dispatch(request, sink.clone()) {
