@@ -17,7 +17,9 @@ OWNERS = [(0, 0), (1000, 1000), (65534, 65534), (1000, 100)]
 def run(*args, cwd=None, env=None, check=True):
     r = subprocess.run(list(args), cwd=cwd, env=env, capture_output=True, text=True)
     if check and r.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} (in {cwd}): exit {r.returncode}: {r.stderr.strip()[-2000:]}")
+        # git merge says its conflicts on stdout.
+        said = r.stderr.strip() or r.stdout.strip()
+        raise RuntimeError(f"{' '.join(args)} (in {cwd}): exit {r.returncode}: {said[-2000:]}")
     return r
 
 
@@ -180,6 +182,10 @@ def git_rework(repo, seed=2):
     rng = random.Random(seed)
     tracked = git(repo, "ls-files", "-z").stdout.split("\0")
     tracked = [t for t in tracked if t and not os.path.islink(os.path.join(repo, t))]
+    # Its slices below take 500 files; in a smaller tree the merge conflicts (a tree of 500
+    # entries, 430 files: content conflicts where rename detection pairs the moved files).
+    if len(tracked) < 500:
+        raise ValueError(f"git_rework works on 500 of the tree's files, and {repo} has {len(tracked)} (1,000 entries or more)")
     rng.shuffle(tracked)
     git(repo, "checkout", "-q", "-b", "topic")
     for rel in tracked[:300]:
