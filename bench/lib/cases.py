@@ -371,7 +371,7 @@ def case_requestsize(quick):
     """Seed 001: throughput against the FUSE request size, unit 4 MiB, max_pages_limit raised.
     The null backend is the ceiling; the local backend shows whole units whatever the request."""
     sizes = ["128k", "16m"] if quick else ["128k", "256k", "1m", "4m", "16m"]
-    total_mib = 128 if quick else 1024
+    total_mib = 64 if quick else 1024
     configs = []
     for store_kind in ("null", "local"):
         for jobs in (1, 4):
@@ -508,20 +508,21 @@ class Server:
     is a scheduling group, and a client in another group than the server is moved off the
     server's CPU at every wake-up over io_uring (fstat 27-30 us against 9.4-10.9 in one group,
     either server; bench/results/2026-11-29-transport-autogroup). A sink in the benchmark's own
-    session shared the client's group and measured 3x faster than the same code daemonized."""
+    session shared the client's group and measured 3x faster than the same code daemonized.
+    `binary`: another coalescefs build than BIN (bench/builds-large-writes mounts two)."""
 
-    def __init__(self, work, kind, transport, options):
-        self.kind, self.work = kind, work
+    def __init__(self, work, kind, transport, options, binary=None):
+        self.kind, self.work, self.binary = kind, work, binary or BIN
         self.mnt, self.backing, self.state = (os.path.join(work, d) for d in ("mnt", "backing", "state"))
         os.makedirs(self.mnt), os.makedirs(self.backing)
         self.sink, self.sink_log = None, os.path.join(work, "sink.log")
         restore = uring_enabled_while_mounting() if transport == "uring" else None
         try:
             if kind == "coalescefs":
-                sh(BIN, "mount", self.backing, self.mnt, "-o",
+                sh(self.binary, "mount", self.backing, self.mnt, "-o",
                    ",".join([f"transport={transport}", f"state={self.state}"] + options))
                 cleanups.append(self.unmount)
-                out = sh(BIN, "stats", self.mnt, capture=True)
+                out = sh(self.binary, "stats", self.mnt, capture=True)
                 self.transport = next((l.split(":", 1)[1].strip() for l in out.splitlines()
                                        if l.startswith("transport:")), "?")
                 self.pid = int(next(l.split()[1] for l in out.splitlines() if l.startswith("daemon_pid ")))
@@ -542,7 +543,7 @@ class Server:
 
     def ring_requests(self):
         if self.kind == "coalescefs":
-            out = sh(BIN, "stats", self.mnt, capture=True)
+            out = sh(self.binary, "stats", self.mnt, capture=True)
             return next((int(l.split()[1]) for l in out.splitlines() if l.startswith("fuse_ring_requests_total ")), 0)
         return None  # the sink says it when it exits: see unmount
 
@@ -551,9 +552,9 @@ class Server:
         if self.unmount in cleanups:
             cleanups.remove(self.unmount)
         if self.kind == "coalescefs":
-            if sh(BIN, "umount", self.mnt, check=False).returncode != 0:
-                sh(BIN, "umount", "--lazy", self.mnt, check=False)
-            sh(BIN, "forget", "--discard", "--state", self.state, self.backing, check=False)
+            if sh(self.binary, "umount", self.mnt, check=False).returncode != 0:
+                sh(self.binary, "umount", "--lazy", self.mnt, check=False)
+            sh(self.binary, "forget", "--discard", "--state", self.state, self.backing, check=False)
             return None
         if sh("umount", self.mnt, check=False).returncode != 0:
             sh("umount", "-l", self.mnt, check=False)
