@@ -183,7 +183,7 @@ def git_rework(repo, seed=2):
     tracked = git(repo, "ls-files", "-z").stdout.split("\0")
     tracked = [t for t in tracked if t and not os.path.islink(os.path.join(repo, t))]
     # Its slices below take 500 files; in a smaller tree the merge conflicts (a tree of 500
-    # entries, 430 files: content conflicts where rename detection pairs the moved files).
+    # entries, 456 files: content conflicts where rename detection pairs the moved files).
     if len(tracked) < 500:
         raise ValueError(f"git_rework works on 500 of the tree's files, and {repo} has {len(tracked)} (1,000 entries or more)")
     rng.shuffle(tracked)
