@@ -1490,6 +1490,52 @@ fn a_held_file_renamed_into_a_new_directory_stays_held_and_comes_back_with_it() 
     assert!(!m.path("d/f").exists(), "the old name came back");
 }
 
+/// git writes an object with core.fsync so: a temporary file written and fsynced (the log
+/// holds it), hard-linked to its final name, the temporary name unlinked. The link keeps the
+/// file held: no backend file, so no journal commit, until the checkpoint. After a kill -9 the
+/// next mount has the file at its final name alone, whole, and a link left beside its first
+/// name comes back as two names of one file; a checkpoint makes both names on the backend.
+#[test]
+fn a_held_file_linked_into_place_stays_held_and_comes_back_at_its_names() {
+    use std::os::unix::fs::MetadataExt;
+    if !in_a_process_of_its_own("a_held_file_linked_into_place_stays_held_and_comes_back_at_its_names") {
+        return;
+    }
+    let options = ["log_closes=always", "checkpoint_interval=3600s"];
+    let mut m = TestMount::with_options(&options);
+    write_and_fsync(&m.path("tmp_obj_1"), &pattern(1500, 4));
+    fs::hard_link(m.path("tmp_obj_1"), m.path("obj1")).unwrap();
+    fs::remove_file(m.path("tmp_obj_1")).unwrap();
+    write_and_fsync(&m.path("tmp_obj_2"), &pattern(2500, 5));
+    fs::hard_link(m.path("tmp_obj_2"), m.path("obj2")).unwrap();
+    let (linked, first) = (fs::metadata(m.path("obj2")).unwrap(), fs::metadata(m.path("tmp_obj_2")).unwrap());
+    assert_eq!((linked.ino(), linked.nlink()), (first.ino(), 2), "two names of one file");
+    assert_eq!(fs::metadata(m.path("obj1")).unwrap().nlink(), 1);
+    for name in ["obj1", "obj2", "tmp_obj_2"] {
+        assert!(!m.backing_path(name).exists(), "{name} was made on the backend: the link did not keep it held");
+    }
+    assert_eq!(m.counter("pending_files_made_total"), 0, "no held file made before the checkpoint");
+    // The link's record is durable with the file's next fsync, as ext4 makes it with its next commit.
+    File::open(m.path("obj2")).unwrap().sync_all().unwrap();
+    kill_daemon(&mut m);
+    m.mount();
+    assert!(fs::read(m.path("obj1")).unwrap() == pattern(1500, 4), "obj1 differs");
+    assert!(!m.path("tmp_obj_1").exists(), "the unlinked temporary name came back");
+    let (linked, first) = (fs::metadata(m.path("obj2")).unwrap(), fs::metadata(m.path("tmp_obj_2")).unwrap());
+    assert_eq!((linked.ino(), linked.nlink()), (first.ino(), 2), "the link came back as another file");
+    assert!(fs::read(m.path("obj2")).unwrap() == pattern(2500, 5), "obj2 differs");
+    // Held again, linked again, then made by a checkpoint with both its names.
+    write_and_fsync(&m.path("tmp_obj_3"), &pattern(3500, 6));
+    fs::hard_link(m.path("tmp_obj_3"), m.path("obj3")).unwrap();
+    assert!(!m.backing_path("obj3").exists(), "obj3 was made on the backend at its link");
+    let out = coalescefs(&["sync", &path_str(&m.mnt)]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let (linked, first) =
+        (fs::metadata(m.backing_path("obj3")).unwrap(), fs::metadata(m.backing_path("tmp_obj_3")).unwrap());
+    assert_eq!((linked.ino(), linked.nlink()), (first.ino(), 2), "the checkpoint made two files or one name");
+    assert!(fs::read(m.backing_path("obj3")).unwrap() == pattern(3500, 6), "the backend's obj3 differs");
+}
+
 /// `coalescefs sync` is a checkpoint: the backend holds everything, and the log is empty, so a
 /// crash right after it has nothing to replay.
 #[test]

@@ -173,6 +173,9 @@ impl Engine {
 
     pub fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
         self.checked_name(new_parent, new_name, true)?;
+        if let Some(attr) = self.link_held(id, new_parent, new_name)? {
+            return Ok(self.finish_attr(attr));
+        }
         self.make_real(id)?;
         let attr = self.ns.link(id, new_parent, new_name)?;
         // The log records one name per file: a second one only a backend sync makes durable.
@@ -182,6 +185,35 @@ impl Engine {
         let record = self.writeback.logging().then(|| self.link_record(id, new_parent, new_name)).flatten();
         self.writeback.note_names_changed(record, None, &[id]);
         Ok(self.finish_attr(attr))
+    }
+
+    /// A hard link of a held file the log knows, kept held: its Link record under the file's
+    /// held key, and the checkpoint makes the file with all its names. git links each object
+    /// it wrote and fsynced (core.fsync) into place, then unlinks the temporary name: made on
+    /// the backend for the link, each object cost a journal commit, synced with its directory,
+    /// and a barrier in the log. Into its own directories, or one replay can make it in; None
+    /// for anything else, which the caller makes on the backend first.
+    fn link_held(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Option<Attr>> {
+        let Some(held) = &self.pending else { return Ok(None) };
+        if !matches!(held.status(id), Held::Logged(_)) {
+            return Ok(None);
+        }
+        if !held.parents_of(id).contains(&new_parent) && !self.writeback.may_name_held_file(new_parent) {
+            return Ok(None);
+        }
+        let parent = self.ns.log_key(new_parent)?;
+        // Under the gate, as a rename: a checkpoint makes the file with the names it has then.
+        let _gate = held.names_gate.read();
+        let (attr, key) = match held.link(id, new_parent, new_name) {
+            Ok(linked) => linked,
+            // Made on the backend meanwhile (a flush grew it past the log's bound).
+            Err(Errno(libc::ENOENT)) if !held.is_held(id) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let record = Record::Link { file: key, parent, name: new_name.as_encoded_bytes().to_vec() };
+        // Queued: a link is durable at the next fsync of the file or its directory, as on ext4.
+        self.writeback.note_names_changed(Some(record), None, &[]);
+        Ok(Some(attr))
     }
 
     /// For the intent log: the record of a regular file's or a directory's creation, queued when
@@ -405,7 +437,8 @@ impl Engine {
     fn unlink_held(&self, id: ObjectId, parent: ObjectId, name: &OsStr) -> SysResult<Option<Record>> {
         let held = self.pending.as_ref().expect("held files exist with the log");
         let logged = held.unlink(parent, name)?;
-        if self.writeback.is_lingering(id) {
+        // Its last name gone (a held file may have hard links).
+        if self.writeback.is_lingering(id) && held.parents_of(id).is_empty() {
             self.writeback.forget_file(id);
         }
         self.writeback.note_names_changed(None, None, &[id]);

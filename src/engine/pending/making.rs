@@ -4,6 +4,14 @@
 
 use super::*;
 
+/// The directories `names` are in, each once.
+fn distinct_parents(names: &[(ObjectId, OsString)]) -> Vec<ObjectId> {
+    let mut parents: Vec<ObjectId> = names.iter().map(|(parent, _)| *parent).collect();
+    parents.sort_unstable();
+    parents.dedup();
+    parents
+}
+
 impl Pending {
     /// Makes the held file `id` on the backend now, at its name, with its attributes and bytes,
     /// under its id, if `when` says so of its body. Ok(None): not held, unlinked, or `when`
@@ -21,11 +29,13 @@ impl Pending {
         when: impl Fn(&Body) -> bool,
         durably: Option<&dyn Fn(Vec<Record>) -> SysResult<()>>,
     ) -> SysResult<Option<Made>> {
-        let parent = self.with_held(id, |_, body| body.name.as_ref().map(|(parent, _)| *parent)).flatten();
-        match parent {
-            Some(parent) => self.keeping_times_of(&[parent], || self.make_with(id, when, durably, true)),
-            None => self.make_with(id, when, durably, true),
+        let mut parents = self.parents_of(id);
+        parents.sort_unstable();
+        parents.dedup();
+        if parents.is_empty() {
+            return self.make_with(id, when, durably, true);
         }
+        self.keeping_times_of(&parents, || self.make_with(id, when, durably, true))
     }
 
     /// `make_if`; with `durably`, the file and its name are synced on the backend and then
@@ -46,7 +56,8 @@ impl Pending {
             return Ok(None);
         }
         // Unlinked: nothing can name it on the backend, and its bytes go with its last handle.
-        let Some((parent, name)) = body.name.clone() else { return Ok(None) };
+        let Some((parent, name)) = body.names.first().cloned() else { return Ok(None) };
+        let names = body.names.clone();
         let owner = Owner { uid: body.attr.uid, gid: body.attr.gid };
         // A backend file it was renamed over may still hold the name, hidden: it goes first.
         self.remove_hidden(parent, Some(&name))?;
@@ -56,7 +67,15 @@ impl Pending {
             self.ns.make_with_id(id, parent, &name, body.attr.perm, owner)?
         };
         assert_eq!(made.id, id, "the backend keeps the id it is given");
+        // Its hard links, each where the file's name was made: the names it has now.
+        let mut linked = 0;
         let written = (|| {
+            for (link_parent, link_name) in &names[1..] {
+                self.remove_hidden(*link_parent, Some(link_name))?;
+                self.ns.link(id, *link_parent, link_name)?;
+                self.ns.forget(id, 1); // the link's lookup: the make's stands for the kernel's
+                linked += 1;
+            }
             let data = self.store.open(id, OpenMode { write: true, no_atime: false })?;
             if !body.bytes.is_empty() {
                 crate::engine::writeback::write_range(&*self.store, &*data, 0, &body.bytes, &self.metrics)?;
@@ -66,8 +85,10 @@ impl Pending {
             self.ns.setattr(id, &SetAttr { times, ..SetAttr::default() })?;
             if let Some(commit) = durably {
                 data.sync(false)?;
-                self.ns.sync_dir(parent)?;
-                commit(self.made_durably_records(&file.key, parent, &name, &made)?)?;
+                for dir in distinct_parents(&names) {
+                    self.ns.sync_dir(dir)?;
+                }
+                commit(self.made_durably_records(&file.key, &names, &made)?)?;
             }
             Ok(data)
         })();
@@ -75,7 +96,9 @@ impl Pending {
             Ok(data) => data,
             Err(e) => {
                 // Taken back: the file stays held, whole, and the backend keeps no half of it.
-                let _ = self.ns.remove(parent, &name, false);
+                for (made_parent, made_name) in names.iter().take(1 + linked) {
+                    let _ = self.ns.remove(*made_parent, made_name, false);
+                }
                 self.ns.forget(id, 1);
                 return Err(e);
             }
@@ -92,13 +115,8 @@ impl Pending {
         if let (None, Some(created_before_seq)) = (durably, body.created_before_seq) {
             // Made by a checkpoint or for a flush (nothing else makes a logged file without a
             // barrier), marked before its body is let go: whoever finds it made finds it marked.
-            let unreleased = Unreleased {
-                key: file.key.clone(),
-                parent,
-                name: name.clone(),
-                attr: made.clone(),
-                created_before_seq,
-            };
+            let unreleased =
+                Unreleased { key: file.key.clone(), names: names.clone(), attr: made.clone(), created_before_seq };
             lock(&self.made_unbarred).insert(id, unreleased);
         }
         body.real = Some(data);
@@ -106,8 +124,10 @@ impl Pending {
         body.bytes = Vec::new();
         let mut table = self.table();
         table.by_id.remove(&id);
-        table.unname(parent, &name);
-        self.repin(&mut table, parent);
+        for (named_parent, named) in &names {
+            table.unname(*named_parent, named);
+            self.repin(&mut table, *named_parent);
+        }
         drop(table);
         self.metrics.pending_files_made.fetch_add(1, Relaxed);
         Ok(Some(Made { parent, name, attr: made }))
@@ -115,28 +135,28 @@ impl Pending {
 
     /// What the log is told of a held file made on the backend durably: a Barrier under its
     /// held key (replay leaves its earlier records alone: the backend holds all of it), and its
-    /// creation under its backend key, as for any file created since the checkpoint. Without
-    /// that Create, replay could not follow the file's later renames and unlinks once the
-    /// backend lost it (the power-cut test found a file renamed over and then unlinked made
-    /// again: the Create of the file it replaced was replayed, its replacement's rename not).
+    /// creation under its backend key at its first name (a Link for each other one), as for
+    /// any file created since the checkpoint. Without that Create, replay could not follow the
+    /// file's later renames and unlinks once the backend lost it (the power-cut test found a
+    /// file renamed over and then unlinked made again: the Create of the file it replaced was
+    /// replayed, its replacement's rename not).
     pub(super) fn made_durably_records(
         &self,
         key: &[u8],
-        parent: ObjectId,
-        name: &OsStr,
+        names: &[(ObjectId, OsString)],
         made: &Attr,
     ) -> SysResult<Vec<Record>> {
-        Ok(vec![
-            Record::Barrier { file: key.to_vec() },
-            Record::Create {
-                file: self.ns.log_key(made.id)?,
-                parent: self.ns.log_key(parent)?,
-                name: name.as_encoded_bytes().to_vec(),
-                mode: made.mode(),
-                uid: made.uid,
-                gid: made.gid,
-            },
-        ])
+        let file = self.ns.log_key(made.id)?;
+        let mut records = vec![Record::Barrier { file: key.to_vec() }];
+        for (i, (parent, name)) in names.iter().enumerate() {
+            let (parent, name) = (self.ns.log_key(*parent)?, name.as_encoded_bytes().to_vec());
+            records.push(if i == 0 {
+                Record::Create { file: file.clone(), parent, name, mode: made.mode(), uid: made.uid, gid: made.gid }
+            } else {
+                Record::Link { file: file.clone(), parent, name }
+            });
+        }
+        Ok(records)
     }
 
     /// Makes a held file the log has not seen on the backend now (for an operation the
@@ -186,11 +206,7 @@ impl Pending {
         let due = |body: &Body| body.created_before_seq.is_none_or(|seq| seq <= released_before);
         for chunk in files.chunks(FILES_MADE_PER_GATE) {
             // Where the files are now: a rename between chunks may have moved one.
-            let mut dirs: Vec<ObjectId> = chunk
-                .iter()
-                .filter_map(|(_, id)| self.with_held(*id, |_, body| body.name.as_ref().map(|(parent, _)| *parent)))
-                .flatten()
-                .collect();
+            let mut dirs: Vec<ObjectId> = chunk.iter().flat_map(|(_, id)| self.parents_of(*id)).collect();
             dirs.sort_unstable();
             dirs.dedup();
             self.chunk_under_the_gate(&dirs, || {
@@ -267,8 +283,10 @@ impl Pending {
         // on before a commit of the records, its own.
         let Some(file) = lock(&self.made_unbarred).get(&id).cloned() else { return Ok(false) };
         self.store.open(id, OpenMode { write: true, no_atime: false })?.sync(false)?;
-        self.ns.sync_dir(file.parent)?;
-        commit(self.made_durably_records(&file.key, file.parent, &file.name, &file.attr)?)?;
+        for dir in distinct_parents(&file.names) {
+            self.ns.sync_dir(dir)?;
+        }
+        commit(self.made_durably_records(&file.key, &file.names, &file.attr)?)?;
         let mut made = lock(&self.made_unbarred);
         if made.get(&id).is_some_and(|now| now.key == file.key && now.created_before_seq == file.created_before_seq) {
             made.remove(&id);

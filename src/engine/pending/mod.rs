@@ -9,9 +9,10 @@
 //! files it holds (lookup, getattr, readdir, open, read, write, rename, unlink) and passes
 //! everything else through. The engine decides which files it holds (`Engine::make`), makes
 //! their close and fsync a log commit (`Writeback::commit_pending`), and asks for a file to be
-//! made on the backend before anything it does not model (a second name, an extended
-//! attribute, preallocation, a rename over another file): at once for a file the log has not
-//! seen, through a checkpoint for one it has.
+//! made on the backend before anything it does not model (an extended attribute, preallocation,
+//! a rename over another file, a second name for a file the log has not seen): at once for a
+//! file the log has not seen, durably for one it has. A file the log knows may take more names
+//! (`link`): the checkpoint makes it with all of them.
 //!
 //! Ids and keys: a held file gets an id from `PENDING_ID_BASE` on (the backend keeps it when it
 //! makes the file, `Namespace::make_with_id`), and a log key no backend gives out
@@ -26,8 +27,8 @@
 //! nothing on the backend, and a crash never finds the name gone with neither file there (the
 //! backend's unlink before the rename's batch left that window; the crash harness hit it).
 //!
-//! Invariants: a held file's name was free on the backend (or hidden) when the file took it
-//! (made or renamed there), so a held name never hides a live backend one; a held file's body
+//! Invariants: a held file's names were free on the backend (or hidden) when the file took
+//! each (made, renamed or linked there), so a held name never hides a live backend one; a held file's body
 //! is the truth for it until `real` is set, after which every call goes to the backend; a
 //! hidden name's Unlink record was committed before anything but the checkpoint removes it
 //! from the backend.
@@ -106,8 +107,9 @@ pub enum Commit {
 }
 
 struct Body {
-    /// Its directory and name; None once unlinked.
-    name: Option<(ObjectId, OsString)>,
+    /// Its names, each a directory and a name: the one it was made with (or renamed to) first,
+    /// then those hard links gave it (`Pending::link`); empty once the last is unlinked.
+    names: Vec<(ObjectId, OsString)>,
     attr: Attr,
     bytes: Vec<u8>,
     /// Lookups the kernel and the engine hold, handed to the backend when it makes the file.
@@ -254,8 +256,8 @@ pub struct Pending {
 #[derive(Clone)]
 struct Unreleased {
     key: Vec<u8>,
-    parent: ObjectId,
-    name: OsString,
+    /// Its names when it was made, the first the one it was made with (see `Body::names`).
+    names: Vec<(ObjectId, OsString)>,
     attr: Attr,
     /// Its Create record's batch ends before this: the checkpoint that releases that batch
     /// releases the file (later records of it, under a key no Create names, replay skips).
@@ -354,7 +356,7 @@ impl Pending {
     ) -> Option<T> {
         let file = self.named(parent, name)?;
         let mut body = file.body();
-        if body.real.is_some() || !body.name.as_ref().is_some_and(|(p, n)| *p == parent && n == name) {
+        if body.real.is_some() || !body.names.iter().any(|(p, n)| *p == parent && n == name) {
             return None;
         }
         Some(f(&file, &mut body))
@@ -553,7 +555,7 @@ impl Pending {
             ctime: t,
         };
         let body = Body {
-            name: Some((parent, name.to_os_string())),
+            names: vec![(parent, name.to_os_string())],
             attr: attr.clone(),
             bytes: Vec::new(),
             lookups: 1,
@@ -573,13 +575,13 @@ impl Pending {
         let mut attr = body.attr.clone();
         attr.size = body.bytes.len() as u64;
         attr.blocks = attr.size.div_ceil(512);
-        attr.nlink = u32::from(body.name.is_some());
+        attr.nlink = body.names.len() as u32;
         attr
     }
 
     /// Lets go of a held file nothing names or holds (open handles keep its body alive).
     fn drop_if_gone(&self, file: &PendingFile, body: &mut Body) {
-        if body.name.is_none() && body.lookups == 0 {
+        if body.names.is_empty() && body.lookups == 0 {
             self.table().by_id.remove(&file.id);
             self.bytes_held.fetch_sub(body.bytes.len() as u64, Relaxed);
             body.bytes = Vec::new();
@@ -614,11 +616,47 @@ impl Pending {
             self.repin(&mut table, parent);
             self.repin(&mut table, new_parent);
             drop(table);
-            body.name = Some((new_parent, new_name.to_os_string()));
+            let renamed = body.names.iter_mut().find(|(p, n)| *p == parent && n == name).expect("held at the name");
+            *renamed = (new_parent, new_name.to_os_string());
             body.attr.ctime = now();
             body.created_before_seq.map(|_| file.key.clone())
         })
         .ok_or(Errno(libc::ENOENT))
+    }
+
+    /// Gives a held file the log knows one more name, `new_name` in `new_parent` (free here and
+    /// on the backend, else EEXIST): a hard link, which the checkpoint makes with the file;
+    /// counts one lookup, as `Namespace::link`. Returns its attributes and log key; ENOENT when it is not held (made on the backend
+    /// meanwhile: the caller links it there). The caller logs the Link under that key, which
+    /// replay follows as it follows a held file's renames.
+    pub fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<(Attr, Vec<u8>)> {
+        if self.named(new_parent, new_name).is_some() || self.backend_has(new_parent, new_name)? {
+            return Err(Errno(libc::EEXIST));
+        }
+        if self.ns.getattr(new_parent)?.kind != Kind::Directory {
+            return Err(Errno(libc::ENOTDIR));
+        }
+        self.with_held(id, |file, body| {
+            debug_assert!(body.created_before_seq.is_some(), "only a file the log knows is linked held");
+            if body.names.is_empty() {
+                return Err(Errno(libc::ENOENT)); // linkat of an open file unlinked: as ext4
+            }
+            let mut table = self.table();
+            table.name(new_parent, new_name, file.id);
+            table.touch(new_parent);
+            self.repin(&mut table, new_parent);
+            drop(table);
+            body.names.push((new_parent, new_name.to_os_string()));
+            body.attr.ctime = now();
+            body.lookups += 1; // the kernel's, for the entry the link answers with
+            Ok((Self::attr_of(body), file.key.clone()))
+        })
+        .unwrap_or(Err(Errno(libc::ENOENT)))
+    }
+
+    /// The directories the held file `id` is named in (none: not held, or unlinked).
+    pub fn parents_of(&self, id: ObjectId) -> Vec<ObjectId> {
+        self.with_held(id, |_, body| body.names.iter().map(|(parent, _)| *parent).collect()).unwrap_or_default()
     }
 
     /// Unlinks a held file. Returns its log key if the log knows it (see `rename`).
@@ -629,7 +667,7 @@ impl Pending {
             table.touch(parent);
             self.repin(&mut table, parent);
             drop(table);
-            body.name = None;
+            body.names.retain(|(p, n)| !(*p == parent && n == name));
             body.attr.ctime = now();
             let logged = body.created_before_seq.map(|_| file.key.clone());
             self.drop_if_gone(file, body);
@@ -656,7 +694,7 @@ impl Pending {
         if body.real.is_some() {
             return Ok(Commit::NotHeld);
         }
-        let Some((parent, name)) = body.name.clone() else { return Ok(Commit::Unnamed) };
+        let Some((parent, name)) = body.names.first().cloned() else { return Ok(Commit::Unnamed) };
         let first = body.created_before_seq.is_none();
         if first && body.bytes.len() as u64 > max_unlogged_bytes {
             return Ok(Commit::TooLarge);

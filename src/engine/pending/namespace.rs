@@ -208,7 +208,7 @@ impl Namespace for PendingNamespace {
             return Err(Errno(libc::EEXIST));
         }
         if self.0.is_held(id) {
-            // The engine makes the file on the backend first (`Engine::make_real`).
+            // The engine links it held (`Pending::link`) or makes it on the backend first.
             log::error!("link of a held file reached the namespace");
             return Err(Errno(libc::EIO));
         }
@@ -343,7 +343,7 @@ impl Namespace for PendingNamespace {
     }
 
     fn describe(&self, id: ObjectId) -> Option<String> {
-        if let Some(named) = self.0.with_held(id, |_, body| body.name.clone()) {
+        if let Some(named) = self.0.with_held(id, |_, body| body.names.first().cloned()) {
             let (parent, name) = named?;
             let dir = self.0.ns.describe(parent).unwrap_or_else(|| format!("inode {parent}"));
             return Some(format!("{dir}/{} (not yet on the backend)", name.to_string_lossy()));

@@ -34,7 +34,7 @@ pub(super) fn put_back(later: &[&Record], object: &[u8], parent: &[u8], name: &[
     later.iter().any(|r| put_by(r) == Some((object, parent, name)))
 }
 
-/// A new file's last logged name: its directory's key and the name.
+/// A name of a new file the log held: its directory's key and the name.
 pub(super) type LastName<'a> = (&'a [u8], &'a [u8]);
 
 /// Where each file's last Barrier is (its records before it are on the backend durably).
@@ -61,22 +61,40 @@ pub(super) fn with_contents(records: &[&Record], last_barrier: &HashMap<&[u8], u
         .collect()
 }
 
-/// Where each new file the log held ends (None: unlinked, or made on the backend durably, its
-/// records barred: `make_logged_now`).
-pub(super) fn held_file_ends<'a>(records: &[&'a Record]) -> HashMap<&'a [u8], Option<LastName<'a>>> {
-    let mut held_ends: HashMap<&[u8], Option<LastName<'_>>> = HashMap::new();
+/// The names each new file the log held ends with, the one it was made with (or renamed to)
+/// first, then those its hard links gave it (empty: unlinked from all, or made on the backend
+/// durably, its records barred: `make_logged_now`). Records of a key no Create names (a
+/// checkpoint released the Create and made the file) are not followed.
+pub(super) fn held_file_ends<'a>(records: &[&'a Record]) -> HashMap<&'a [u8], Vec<LastName<'a>>> {
+    let mut held_ends: HashMap<&[u8], Vec<LastName<'_>>> = HashMap::new();
     for r in records {
         match r {
             Record::Create { file, parent, name, .. } if is_pending_key(file) => {
-                held_ends.insert(file, Some((parent, name)));
+                held_ends.insert(file, vec![(parent, name)]);
             }
-            Record::Rename { file, to_parent, to_name, .. } if is_pending_key(file) => {
-                if let Some(end) = held_ends.get_mut(file.as_slice()) {
-                    *end = Some((to_parent, to_name));
+            Record::Rename { file, from_parent, from_name, to_parent, to_name, .. } if is_pending_key(file) => {
+                if let Some(names) = held_ends.get_mut(file.as_slice()) {
+                    let from = (from_parent.as_slice(), from_name.as_slice());
+                    match names.iter_mut().find(|n| **n == from) {
+                        Some(renamed) => *renamed = (to_parent, to_name),
+                        None => log::debug!("replay: {} renamed from a name it did not have", r.describe()),
+                    }
                 }
             }
-            Record::Unlink { file, .. } | Record::Barrier { file } if is_pending_key(file) => {
-                held_ends.insert(file, None);
+            Record::Link { file, parent, name } if is_pending_key(file) => {
+                if let Some(names) = held_ends.get_mut(file.as_slice()) {
+                    names.push((parent, name));
+                }
+            }
+            Record::Unlink { file, parent, name, .. } if is_pending_key(file) => {
+                if let Some(names) = held_ends.get_mut(file.as_slice()) {
+                    names.retain(|n| *n != (parent.as_slice(), name.as_slice()));
+                } else {
+                    held_ends.insert(file, Vec::new());
+                }
+            }
+            Record::Barrier { file } if is_pending_key(file) => {
+                held_ends.insert(file, Vec::new());
             }
             _ => {}
         }
@@ -94,7 +112,7 @@ pub(super) fn is_directory(mode: u32) -> bool {
 pub(super) fn needed_directories(
     records: &[&Record],
     with_contents: &HashSet<Vec<u8>>,
-    held_ends: &HashMap<&[u8], Option<LastName<'_>>>,
+    held_ends: &HashMap<&[u8], Vec<LastName<'_>>>,
 ) -> HashSet<Vec<u8>> {
     let restored = |file: &[u8]| with_contents.contains(file) || is_pending_key(file);
     let mut needed: HashSet<Vec<u8>> = HashSet::new();
@@ -194,4 +212,77 @@ pub(super) fn last_moves_away(records: &[&Record]) -> HashMap<Place, usize> {
         }
     }
     last
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held_key(n: u8) -> Vec<u8> {
+        let mut key = b"CFSn".to_vec();
+        key.resize(20, n);
+        assert!(is_pending_key(&key));
+        key
+    }
+
+    fn link(file: &[u8], name: &str) -> Record {
+        Record::Link { file: file.to_vec(), parent: b"dir".to_vec(), name: name.into() }
+    }
+
+    fn unlink(file: &[u8], name: &str) -> Record {
+        Record::Unlink { file: file.to_vec(), parent: b"dir".to_vec(), name: name.into(), directory: false }
+    }
+
+    /// A held file's names follow its links, renames and unlinks (git's link into place, then
+    /// the temporary name's unlink, leaves the final name alone); its last unlink, or a Barrier
+    /// (made durably), leaves none; records of a key no Create names are not followed.
+    #[test]
+    fn a_held_file_ends_with_the_names_its_links_renames_and_unlinks_leave() {
+        let (a, b, c) = (held_key(1), held_key(2), held_key(3));
+        let create = |file: &[u8], name: &str| Record::Create {
+            file: file.to_vec(),
+            parent: b"dir".to_vec(),
+            name: name.into(),
+            mode: libc::S_IFREG | 0o644,
+            uid: 0,
+            gid: 0,
+        };
+        let rename = |file: &[u8], from: &str, to: &str| Record::Rename {
+            file: file.to_vec(),
+            from_parent: b"dir".to_vec(),
+            from_name: from.into(),
+            to_parent: b"other".to_vec(),
+            to_name: to.into(),
+            replaced: Vec::new(),
+        };
+        let records = [
+            create(&a, "tmp_a"),
+            link(&a, "obj_a"),
+            unlink(&a, "tmp_a"),
+            create(&b, "tmp_b"),
+            link(&b, "obj_b"),
+            rename(&b, "tmp_b", "moved_b"),
+            create(&c, "c"),
+            link(&c, "c2"),
+            unlink(&c, "c"),
+            unlink(&c, "c2"),
+            link(&held_key(4), "released"),
+        ];
+        let records: Vec<&Record> = records.iter().collect();
+        let ends = held_file_ends(&records);
+        let names = |key: &[u8]| -> Vec<(Vec<u8>, Vec<u8>)> {
+            ends[key].iter().map(|(parent, name)| (parent.to_vec(), name.to_vec())).collect()
+        };
+        assert_eq!(names(&a), [(b"dir".to_vec(), b"obj_a".to_vec())]);
+        assert_eq!(
+            names(&b),
+            [(b"other".to_vec(), b"moved_b".to_vec()), (b"dir".to_vec(), b"obj_b".to_vec())],
+            "the rename moves the name it names, the first"
+        );
+        assert!(names(&c).is_empty(), "unlinked from both names");
+        assert!(!ends.contains_key(held_key(4).as_slice()), "a link of a file whose Create was released");
+        let barred = [create(&a, "tmp_a"), link(&a, "obj_a"), Record::Barrier { file: a.clone() }];
+        let barred: Vec<&Record> = barred.iter().collect();
+        assert!(held_file_ends(&barred)[a.as_slice()].is_empty(), "made durably: replay leaves it");
+    }
 }

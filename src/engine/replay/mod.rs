@@ -610,35 +610,69 @@ impl<'r> Replay<'r> {
         Ok(())
     }
 
-    /// New files the log held, last: each is made at the name its records leave it with (or
-    /// taken there, made by a checkpoint), which the records before may have freed (the unlink
-    /// of a backend file a held one was renamed over), then given its bytes and attributes.
+    /// New files the log held, last: each is made at the first name its records leave it with
+    /// (or taken at any of them, made by a checkpoint), which the records before may have
+    /// freed (the unlink of a backend file a held one was renamed over), then given its bytes
+    /// and attributes, then linked at its other names.
     fn apply_to_held_files(
         &mut self,
         records: &[&Record],
-        held_ends: &HashMap<&[u8], Option<LastName<'_>>>,
+        held_ends: &HashMap<&[u8], Vec<LastName<'_>>>,
     ) -> SysResult<()> {
-        for (key, end) in held_ends {
-            if let Some((parent, name)) = end {
+        for (key, names) in held_ends {
+            for (parent, name) in names {
                 if self.adopt(key, parent, name)? {
-                    log::debug!("replay: new file {} found made at its last name", describe_key(key));
+                    log::debug!("replay: new file {} found made at one of its last names", describe_key(key));
+                    break;
                 }
             }
         }
         for (i, r) in records.iter().enumerate().filter(|(_, r)| is_pending_key(r.file())) {
-            let Some((parent, name)) = held_ends.get(r.file()).copied().flatten() else {
+            let Some(&(parent, name)) = held_ends.get(r.file()).and_then(|names| names.first()) else {
                 log::debug!("replay {i}: a new file the log saw unlinked or made durably: {}", r.describe());
                 continue;
             };
             let applied = match r {
                 Record::Create { file, mode, uid, gid, .. } => self.create(file, parent, name, *mode, *uid, *gid)?,
-                r if r.is_namespace() => false, // its renames: made at its last name
+                r if r.is_namespace() => false, // its renames and links: made at its last names
                 r => self.apply(i, r)?,
             };
             self.applied += u64::from(applied);
             log::debug!("replay {i}: new file, {}: {}", if applied { "applied" } else { "skipped" }, r.describe());
         }
+        for (key, names) in held_ends.iter().filter(|(_, names)| names.len() > 1) {
+            for (parent, name) in names {
+                self.link_held_name(key, parent, name)?;
+            }
+        }
         Ok(())
+    }
+
+    /// A hard link a new file the log held ends with: made at `name` in `parent` unless the
+    /// name holds it already (a checkpoint made it with the file); one that holds another
+    /// object is left to it, as a Create leaves it.
+    fn link_held_name(&mut self, key: &[u8], parent: &[u8], name: &[u8]) -> SysResult<()> {
+        let shown = String::from_utf8_lossy(name).into_owned();
+        let Some(id) = self.object(key, Kind::File)? else { return Ok(()) };
+        let Some(dir) = self.directory(parent)? else {
+            self.not_restored.push(format!("{shown} (a hard link): its directory is gone"));
+            return Ok(());
+        };
+        match self.ns.key_at(dir, name_of(name))? {
+            Some(holder) if Some(holder.as_slice()) == self.current_key(key) => Ok(()),
+            Some(_) => {
+                self.not_restored.push(format!("{shown} (a hard link): the name holds a later file"));
+                Ok(())
+            }
+            None => {
+                self.keep_time_of(dir);
+                self.ns.link(id, dir, name_of(name))?;
+                self.ns.forget(id, 1);
+                self.applied += 1;
+                log::debug!("replay: new file {} linked as {shown}", describe_key(key));
+                Ok(())
+            }
+        }
     }
 }
 

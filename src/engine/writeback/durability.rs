@@ -56,6 +56,12 @@ impl Writeback {
         hold
     }
 
+    /// Whether a held file may take a name in `parent` (a hard link): one the backend holds
+    /// durably, or that the log can make again (`logged_path`), where replay can make it.
+    pub fn may_name_held_file(&self, parent: u64) -> bool {
+        self.pending.is_some() && logged_path(&lock(&self.durability), parent)
+    }
+
     /// Whether a close goes to the log (`LogCloses`), given whether it comes in a burst.
     fn logs_close(&self, in_burst: bool) -> bool {
         match self.config.log_closes {
