@@ -211,7 +211,7 @@ impl Engine {
             Err(e) => return Err(e),
         };
         let record = Record::Link { file: key, parent, name: new_name.as_encoded_bytes().to_vec() };
-        // Queued: a link is durable at the next fsync of the file or its directory, as on ext4.
+        // Queued: durable with the log's next batch, as ext4 makes a link with its next commit.
         self.writeback.note_names_changed(Some(record), None, &[]);
         Ok(Some(attr))
     }

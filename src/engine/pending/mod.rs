@@ -28,10 +28,10 @@
 //! backend's unlink before the rename's batch left that window; the crash harness hit it).
 //!
 //! Invariants: a held file's names were free on the backend (or hidden) when the file took
-//! each (made, renamed or linked there), so a held name never hides a live backend one; a held file's body
-//! is the truth for it until `real` is set, after which every call goes to the backend; a
-//! hidden name's Unlink record was committed before anything but the checkpoint removes it
-//! from the backend.
+//! each (made, renamed or linked there), so a held name never hides a live backend one; a held
+//! file's body is the truth for it until `real` is set, after which every call goes to the
+//! backend; a hidden name's Unlink record was committed before anything but the checkpoint
+//! removes it from the backend.
 //!
 //! Here: the table of held files and what changes it (make, rename, unlink, commit); in
 //! `making.rs`, making them on the backend (one now, or all at a checkpoint); in `namespace.rs`
@@ -626,9 +626,10 @@ impl Pending {
 
     /// Gives a held file the log knows one more name, `new_name` in `new_parent` (free here and
     /// on the backend, else EEXIST): a hard link, which the checkpoint makes with the file;
-    /// counts one lookup, as `Namespace::link`. Returns its attributes and log key; ENOENT when it is not held (made on the backend
-    /// meanwhile: the caller links it there). The caller logs the Link under that key, which
-    /// replay follows as it follows a held file's renames.
+    /// counts one lookup, as `Namespace::link`. Returns its attributes and log key; ENOENT
+    /// when it is not held (made on the backend meanwhile: the caller links it there). The
+    /// caller logs the Link under that key, which replay follows as it follows a held file's
+    /// renames.
     pub fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<(Attr, Vec<u8>)> {
         if self.named(new_parent, new_name).is_some() || self.backend_has(new_parent, new_name)? {
             return Err(Errno(libc::EEXIST));
