@@ -16,6 +16,11 @@ use super::{lock, AttrChanges, Caller, Engine, ListedEntry};
 use crate::backend::OpenMode;
 use crate::sys::{Errno, SysResult};
 
+/// The names a held file takes before a further link makes it on the backend (where the
+/// backing file system's own limit, EMLINK, applies at the link): the checkpoint makes each
+/// name, and replay each again, so their number is bounded here rather than by the backend.
+const HELD_NAMES_MAX: usize = 32;
+
 /// Directory entries read from the backend for one readdir request: about what a 4 KiB
 /// request holds when names are short (a readdirplus request holds fewer).
 const READDIR_BATCH: usize = 128;
@@ -198,7 +203,10 @@ impl Engine {
         if !matches!(held.status(id), Held::Logged(_)) {
             return Ok(None);
         }
-        if !held.parents_of(id).contains(&new_parent) && !self.writeback.may_name_held_file(new_parent) {
+        let parents = held.parents_of(id);
+        if parents.len() >= HELD_NAMES_MAX
+            || !parents.contains(&new_parent) && !self.writeback.may_name_held_file(new_parent)
+        {
             return Ok(None);
         }
         let parent = self.ns.log_key(new_parent)?;
