@@ -430,9 +430,18 @@ impl Filesystem for FuseAdapter {
         let _served = self.metrics.fuse_requests.start(FuseOp::Write);
         let drop_set_id_bits = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         let from_page_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
-        match self.engine.write(fh.0, offset, data, flags.0, drop_set_id_bits, from_page_cache) {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(fuse_errno(e)),
+        // The engine may answer a large write before copying it in (`Engine::write_answering`).
+        let mut unanswered = Some(reply);
+        let result =
+            self.engine.write_answering(fh.0, offset, data, flags.0, drop_set_id_bits, from_page_cache, &mut |taken| {
+                if let Some(reply) = unanswered.take() {
+                    reply.written(taken);
+                }
+            });
+        match (unanswered, result) {
+            (Some(reply), Ok(n)) => reply.written(n),
+            (Some(reply), Err(e)) => reply.error(fuse_errno(e)),
+            (None, result) => assert!(result.is_ok(), "a write failed after it was answered: {result:?}"),
         }
     }
 

@@ -168,17 +168,38 @@ impl Engine {
         drop_set_id_bits: bool,
         from_page_cache: bool,
     ) -> SysResult<u32> {
+        self.write_answering(fh, offset, bytes, flags, drop_set_id_bits, from_page_cache, &mut |_| {})
+    }
+
+    /// As [`Engine::write`], with `answer` called with the bytes taken once the write cannot
+    /// fail, possibly before they are copied in (see [`Writeback::write`]): the FUSE adapter
+    /// answers the kernel there. When it is not called, the caller answers with the result.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_answering(
+        &self,
+        fh: u64,
+        offset: u64,
+        bytes: &[u8],
+        flags: i32,
+        drop_set_id_bits: bool,
+        from_page_cache: bool,
+        answer: &mut dyn FnMut(u32),
+    ) -> SysResult<u32> {
         let open = self.open_file(fh)?;
         let state = open.state()?;
         if drop_set_id_bits {
             self.drop_set_id_bits(open.id)?;
         }
         open.written_through.store(true, Ordering::Relaxed);
-        let taken = self.writeback.write(state, offset, bytes, from_page_cache)?;
+        // An O_DSYNC write is answered after its fsync, below.
+        let synced = flags & libc::O_DSYNC != 0;
+        let mut answer_early = |taken: usize| answer(taken as u32);
+        let early: Option<&mut dyn FnMut(usize)> = if synced { None } else { Some(&mut answer_early) };
+        let taken = self.writeback.write(state, offset, bytes, from_page_cache, early)?;
         self.metrics.application_write_bytes.fetch_add(taken as u64, Ordering::Relaxed);
         self.metrics.application_write_requests.fetch_add(1, Ordering::Relaxed);
         self.metrics.application_write_sizes.record(taken as u64);
-        if flags & libc::O_DSYNC != 0 {
+        if synced {
             // O_SYNC and O_DSYNC writes are durable when they return, as an fsync makes them.
             if self.fsync_is_a_checkpoint() {
                 self.writeback.checkpoint()?;

@@ -83,6 +83,11 @@ const HELD_BYTES_BEFORE_CHECKPOINT: u64 = 64 << 20;
 /// backend directly and takes none.
 const FILES_MADE_AHEAD: usize = 16;
 
+/// A write at least this large is answered before it is copied into the buffer when it can be
+/// (`Writeback::write`): its copy is long enough for the kernel's next request to overlap it.
+/// Below it the copy costs less than holding the file's lock across the answer.
+const ACKNOWLEDGE_BEFORE_COPY_MIN_BYTES: u64 = 128 << 10;
+
 /// Bytes allocated in each file made ahead: the unit, at most 1 MiB (a file made alone is small
 /// more often than not, and what it does not use waits for the next checkpoint to be given back).
 fn bytes_made_ahead(unit_bytes: u64) -> u64 {
@@ -149,6 +154,22 @@ struct DirtyUnit {
     /// kept through later retries: once the writer has heard of that failure or a later one,
     /// the bytes may be discarded to make room.
     refused_since: Option<u64>,
+}
+
+impl DirtyUnit {
+    /// A unit the buffer has taken memory for, nothing written to it yet.
+    fn empty(unit_bytes: u64, epoch: u64) -> DirtyUnit {
+        DirtyUnit {
+            buf: AlignedBuf::zeroed(unit_bytes as usize),
+            ranges: RangeSet::default(),
+            epoch,
+            dirtied_at: Instant::now(),
+            wanted: false,
+            logged: RangeSet::default(),
+            refused: false,
+            refused_since: None,
+        }
+    }
 }
 
 struct FlushingUnit {

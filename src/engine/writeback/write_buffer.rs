@@ -324,17 +324,48 @@ impl Writeback {
     /// `from_page_cache`: the kernel writing back its cache, not an application's write(2).
     /// Returns how many bytes were taken: all of them, or fewer when buffer memory ran out part
     /// way (the next write then hears why).
-    pub fn write(&self, file: &Arc<FileState>, offset: u64, bytes: &[u8], from_page_cache: bool) -> SysResult<usize> {
+    ///
+    /// `acknowledge`, given for a write that may be answered before its bytes are in (not
+    /// O_DSYNC): a large write whose units' memory is free at once is answered (`acknowledge`
+    /// called with all its bytes) before they are copied in, the file's lock held from before the
+    /// answer to after the copy, so that nothing reads, flushes or logs the range in between.
+    /// The copy cannot fail, so the answer stands. Over /dev/fuse the kernel then hands the
+    /// writer's next request to another thread while this one copies: a stream of large writes
+    /// pays the kernel's copy into the request and ours into the unit side by side, not one
+    /// after the other.
+    pub fn write(
+        &self,
+        file: &Arc<FileState>,
+        offset: u64,
+        bytes: &[u8],
+        from_page_cache: bool,
+        acknowledge: Option<&mut dyn FnMut(usize)>,
+    ) -> SysResult<usize> {
         if from_page_cache {
             self.keep_the_kernels_mtime(file);
         }
         let unit_bytes = self.config.unit_bytes;
         let end = offset + bytes.len() as u64;
+        if let Some(acknowledge) = acknowledge.filter(|_| bytes.len() as u64 >= ACKNOWLEDGE_BEFORE_COPY_MIN_BYTES) {
+            let units = offset / unit_bytes..=(end - 1) / unit_bytes;
+            if let Some(mut inner) = self.lock_with_units_buffered(file, units) {
+                acknowledge(bytes.len());
+                let mut pos = offset;
+                while pos < end {
+                    let piece_end = end.min((pos / unit_bytes + 1) * unit_bytes);
+                    let piece = &bytes[(pos - offset) as usize..(piece_end - offset) as usize];
+                    self.put_piece(file, &mut inner, pos, piece, from_page_cache);
+                    pos = piece_end;
+                }
+                return Ok(bytes.len());
+            }
+            // Memory is short: the units are taken one by one below, waiting for the flushers
+            // as they need, each copied before the answer.
+        }
         let mut pos = offset;
         while pos < end {
             let unit = pos / unit_bytes;
-            let unit_start = unit * unit_bytes;
-            let piece_end = end.min(unit_start + unit_bytes);
+            let piece_end = end.min((unit + 1) * unit_bytes);
             let mut inner = lock(&file.inner);
             if !inner.dirty.contains_key(&unit) {
                 drop(inner);
@@ -350,48 +381,95 @@ impl Writeback {
                     self.release_unit_memory(false); // another writer made it meanwhile
                 } else {
                     let epoch = inner.epoch;
-                    inner.dirty.insert(
-                        unit,
-                        DirtyUnit {
-                            buf: AlignedBuf::zeroed(unit_bytes as usize),
-                            ranges: RangeSet::default(),
-                            epoch,
-                            dirtied_at: Instant::now(),
-                            wanted: false,
-                            logged: RangeSet::default(),
-                            refused: false,
-                            refused_since: None,
-                        },
-                    );
+                    inner.dirty.insert(unit, DirtyUnit::empty(unit_bytes, epoch));
                 }
             }
-            let in_flight = inner.in_flight.contains_key(&unit);
-            let dirty = inner.dirty.get_mut(&unit).expect("inserted above");
-            let (from, to) = (pos - unit_start, piece_end - unit_start);
-            dirty.buf.write_at(from as usize, &bytes[(pos - offset) as usize..(piece_end - offset) as usize]);
-            dirty.ranges.insert(from..to);
-            if !dirty.logged.is_empty() {
-                dirty.logged = dirty.logged.minus(&RangeSet::from(from..to));
-            }
-            let full = dirty.ranges.covers(0, unit_bytes);
-            if full && !dirty.wanted {
-                dirty.wanted = true;
-                if !in_flight {
-                    self.push_job(file, unit);
-                }
-            }
-            inner.size = inner.size.max(piece_end);
-            // The kernel's own writeback of its cache is not a new write: in that mode the
-            // kernel keeps the times and sends them itself.
-            if !from_page_cache {
-                inner.last_write = Some(crate::sys::coarse_now());
-                inner.times_set = None;
-                inner.times_pending = false;
-                inner.times_logged = false;
-            }
+            let piece = &bytes[(pos - offset) as usize..(piece_end - offset) as usize];
+            self.put_piece(file, &mut inner, pos, piece, from_page_cache);
             pos = piece_end;
         }
         Ok(bytes.len())
+    }
+
+    /// The file's lock, with every unit of `units` in the write buffer, or None (nothing
+    /// taken) when that needs memory the buffer does not have free at once: the caller is
+    /// about to answer a write before copying it, and must not wait for the flushers while
+    /// holding memory they may need, nor with its answer late.
+    fn lock_with_units_buffered<'file>(
+        &self,
+        file: &'file FileState,
+        units: std::ops::RangeInclusive<u64>,
+    ) -> Option<MutexGuard<'file, FileInner>> {
+        let unit_bytes = self.config.unit_bytes;
+        let mut reserved = 0u64;
+        loop {
+            let mut inner = lock(&file.inner);
+            let missing: Vec<u64> = units.clone().filter(|unit| !inner.dirty.contains_key(unit)).collect();
+            if missing.len() as u64 <= reserved {
+                let epoch = inner.epoch;
+                for unit in &missing {
+                    inner.dirty.insert(*unit, DirtyUnit::empty(unit_bytes, epoch));
+                }
+                for _ in missing.len() as u64..reserved {
+                    self.release_unit_memory(false); // another writer made it meanwhile
+                }
+                return Some(inner);
+            }
+            drop(inner);
+            while reserved < missing.len() as u64 {
+                if !self.try_acquire_unit_memory() {
+                    for _ in 0..reserved {
+                        self.release_unit_memory(false);
+                    }
+                    return None;
+                }
+                reserved += 1;
+            }
+        }
+    }
+
+    /// One unit's memory from the budget if it is free now, without waiting.
+    fn try_acquire_unit_memory(&self) -> bool {
+        let mut used = lock(&self.budget.used_bytes);
+        if *used + self.config.unit_bytes > self.budget.limit_bytes {
+            return false;
+        }
+        *used += self.config.unit_bytes;
+        self.metrics.buffer_bytes_used.store(*used, Relaxed);
+        true
+    }
+
+    /// Copies `piece` (within one unit, which is in the buffer) in at `pos`, and notes what
+    /// the write changed: the unit's ranges and log state, its flush when it is whole, the
+    /// file's size and times.
+    fn put_piece(&self, file: &Arc<FileState>, inner: &mut FileInner, pos: u64, piece: &[u8], from_page_cache: bool) {
+        let unit_bytes = self.config.unit_bytes;
+        let unit = pos / unit_bytes;
+        let (from, to) = (pos - unit * unit_bytes, pos - unit * unit_bytes + piece.len() as u64);
+        assert!(to <= unit_bytes, "a piece of {} bytes at {pos} crosses its unit of {unit_bytes}", piece.len());
+        let in_flight = inner.in_flight.contains_key(&unit);
+        let dirty = inner.dirty.get_mut(&unit).expect("the unit is in the buffer");
+        dirty.buf.write_at(from as usize, piece);
+        dirty.ranges.insert(from..to);
+        if !dirty.logged.is_empty() {
+            dirty.logged = dirty.logged.minus(&RangeSet::from(from..to));
+        }
+        let full = dirty.ranges.covers(0, unit_bytes);
+        if full && !dirty.wanted {
+            dirty.wanted = true;
+            if !in_flight {
+                self.push_job(file, unit);
+            }
+        }
+        inner.size = inner.size.max(pos + piece.len() as u64);
+        // The kernel's own writeback of its cache is not a new write: in that mode the
+        // kernel keeps the times and sends them itself.
+        if !from_page_cache {
+            inner.last_write = Some(crate::sys::coarse_now());
+            inner.times_set = None;
+            inner.times_pending = false;
+            inner.times_logged = false;
+        }
     }
 
     /// Under the kernel's writeback cache the kernel keeps a regular file's times: it stamps
