@@ -46,11 +46,16 @@ pub struct AlignedBuf {
     len: usize,
     /// The memory it holds, from its start: a slot of this size.
     capacity: usize,
-    /// Every byte at or past this is still zero: writes go through `range_mut`, which moves it.
-    /// A slot goes back to its chunk zeroed up to here only, so a unit that held a 6-byte
-    /// file costs a page of zeroing, not the whole slot (a 1 MiB memset per small file was 2 %
-    /// of the daemon's time extracting a source tree, and faulted in every page of the slot).
+    /// The unit's bytes end here: every byte at or past it reads as zero, whatever the slot
+    /// holds there. Writes go through `write_at` and `range_mut`, which move it; a truncate
+    /// inside the unit (`zero_from`) moves it back.
     touched: usize,
+    /// The slot's bytes at or past this are zero in memory (at least `touched`): what this unit
+    /// and the slot's earlier units wrote ends here. Nothing is zeroed until the unit's bytes
+    /// reach into that stale memory, and then only the stretch they do not write themselves: a
+    /// slot goes back to its chunk as it is (a 1 MiB memset per small file was 2 % of the
+    /// daemon's time extracting a source tree), and a unit streamed in pieces zeroes nothing.
+    stale_end: usize,
 }
 
 // SAFETY: the buffer owns its slot alone (no other value points into it, see `chunks`), and its raw
@@ -65,31 +70,34 @@ impl AlignedBuf {
     /// A unit of `len` bytes, all zero, holding no memory yet.
     pub fn zeroed(len: usize) -> AlignedBuf {
         assert!(len > 0 && len % BUFFER_ALIGN_BYTES == 0, "unit buffers are whole pages: {len}");
-        AlignedBuf { ptr: std::ptr::null_mut(), len, capacity: 0, touched: 0 }
+        AlignedBuf { ptr: std::ptr::null_mut(), len, capacity: 0, touched: 0, stale_end: 0 }
     }
 
-    /// The bytes the unit holds memory for, from its start: everything ever written to it
-    /// (and zeros after), never less than the end of any range given to `range_mut`. Bytes
-    /// past it read as zeros.
+    /// The unit's bytes from its start to the end of the furthest write (or `range_mut`)
+    /// since its last truncate: everything written to it, and zeros between. Bytes past it
+    /// read as zeros.
     pub fn as_slice(&self) -> &[u8] {
-        if self.capacity == 0 {
+        if self.touched == 0 {
             return &[];
         }
-        // SAFETY: `ptr` is a slot of `capacity` bytes taken from `chunks::take`, owned by this
-        // buffer alone and initialised (zeroed when taken, then written), and the slice borrows
-        // `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.capacity) }
+        // SAFETY: `touched <= capacity`, and `ptr` is a slot of `capacity` bytes taken from
+        // `chunks::take`, owned by this buffer alone; its first `touched` bytes are initialised
+        // (written, or zeroed by `span_mut` where stale), and the slice borrows `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.touched) }
     }
 
-    /// Zeroes every byte from `at` on (a truncate inside the unit): only what was written.
+    /// The memory the unit holds, from its start.
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Every byte from `at` on reads as zero (a truncate inside the unit). Nothing is
+    /// zeroed now: the bytes stay in the slot as stale memory, zeroed if a later write
+    /// reaches past them without writing them.
     pub fn zero_from(&mut self, at: usize) {
         assert!(at <= self.len, "{at} outside a unit of {}", self.len);
-        if at < self.touched {
-            // SAFETY: `at < touched <= capacity`, so the range [at, touched) lies within this
-            // buffer's own slot; `&mut self` excludes any other borrow of it.
-            unsafe { std::ptr::write_bytes(self.ptr.add(at), 0, self.touched - at) };
-            self.touched = at;
-        }
+        self.touched = self.touched.min(at);
     }
 
     /// The bytes of `range`, to write (they hold what was written there before, or zeros);
@@ -98,8 +106,8 @@ impl AlignedBuf {
         self.span_mut(range, false)
     }
 
-    /// Copies `bytes` in at `at`. Unlike `range_mut`, a slot taken for it is not zeroed where
-    /// the copy lands: a unit written whole (a stream of large writes) is never zeroed at all.
+    /// Copies `bytes` in at `at`. Unlike `range_mut`, the stale memory where the copy lands
+    /// is not zeroed first: a unit written whole or in order is never zeroed at all.
     pub fn write_at(&mut self, at: usize, bytes: &[u8]) {
         self.span_mut(at..at + bytes.len(), true).copy_from_slice(bytes);
     }
@@ -109,19 +117,34 @@ impl AlignedBuf {
     fn span_mut(&mut self, range: Range<usize>, overwritten: bool) -> &mut [u8] {
         assert!(range.start <= range.end && range.end <= self.len, "{range:?} outside a unit of {}", self.len);
         if range.end > self.capacity {
-            self.grow_to_hold(range.end, if overwritten { range.clone() } else { 0..0 });
+            self.grow_to_hold(range.end, range.len());
+        }
+        // The unit's bytes now reach `range.end`: the stale memory between its old end and
+        // there must read as zero, except what the caller is about to write.
+        let zero_to = if overwritten { range.start } else { range.end };
+        let stale = self.touched..zero_to.min(self.stale_end);
+        if !stale.is_empty() {
+            // SAFETY: `stale.end <= stale_end <= capacity`: the range lies within this buffer's
+            // own slot; `&mut self` excludes any other borrow of it.
+            unsafe { std::ptr::write_bytes(self.ptr.add(stale.start), 0, stale.len()) };
         }
         self.touched = self.touched.max(range.end);
+        self.stale_end = self.stale_end.max(self.touched);
         // SAFETY: `grow_to_hold` made `range.end <= capacity`, so the range lies within this
         // buffer's own initialised slot, and the slice's lifetime is tied to `&mut self`.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start) }
     }
 
-    /// Moves to a slot of at least `end` bytes: 16 KiB, then fourfold steps up to the unit.
-    /// The slot comes back as its last unit left it (`chunks::give_back` zeroes nothing): what
-    /// that unit wrote is zeroed here, except where `overwritten` (about to be written) lies.
-    fn grow_to_hold(&mut self, end: usize, overwritten: Range<usize>) {
+    /// Moves to a slot of at least `end` bytes: 16 KiB, then fourfold steps up to the unit,
+    /// or the whole unit at once for a write of a quarter of it or more (a stream of writes
+    /// smaller than the unit otherwise moved its first ones from slot to slot). What the unit
+    /// holds moves along; the slot's other bytes stay as its last unit left them (stale,
+    /// `stale_end`).
+    fn grow_to_hold(&mut self, end: usize, write_bytes: usize) {
         let mut capacity = FIRST_CAPACITY_BYTES.min(self.len).max(self.capacity);
+        if write_bytes >= self.len / 4 {
+            capacity = self.len;
+        }
         while capacity < end {
             capacity = (capacity * 4).min(self.len);
         }
@@ -131,33 +154,24 @@ impl AlignedBuf {
             self.len
         );
         let (ptr, left_by_last_unit) = chunks::take(capacity);
-        debug_assert!(left_by_last_unit <= capacity && overwritten.end <= capacity);
-        // Every byte at or past `touched` must read as zero once the caller's copy is in: of
-        // what the last unit left, zero all but `overwritten`.
-        let left = self.touched..left_by_last_unit.max(self.touched);
-        let before = left.start..overwritten.start.clamp(left.start, left.end);
-        let after = overwritten.end.clamp(left.start, left.end)..left.end;
-        for stale in [before, after] {
-            // SAFETY: `stale` lies within [0, left_by_last_unit) of the fresh slot of `capacity >=
-            // left_by_last_unit` bytes, which only this buffer holds now.
-            unsafe { std::ptr::write_bytes(ptr.add(stale.start), 0, stale.len()) };
-        }
+        assert!(left_by_last_unit <= capacity, "a slot of {capacity} left written to {left_by_last_unit}");
         if self.capacity > 0 {
             // SAFETY: `ptr` is a fresh slot of `capacity >= touched` bytes, distinct from our own,
             // whose first `touched` bytes are ours to read; the two slots never overlap (each is
             // handed out once).
             unsafe { std::ptr::copy_nonoverlapping(self.ptr, ptr, self.touched) };
-            chunks::give_back(self.ptr, self.capacity, self.touched);
+            chunks::give_back(self.ptr, self.capacity, self.stale_end);
         }
         self.ptr = ptr;
         self.capacity = capacity;
+        self.stale_end = left_by_last_unit.max(self.touched);
     }
 }
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.capacity > 0 {
-            chunks::give_back(self.ptr, self.capacity, self.touched);
+            chunks::give_back(self.ptr, self.capacity, self.stale_end);
         }
     }
 }
@@ -216,11 +230,11 @@ mod chunks {
         (base as *mut u8, 0) // fresh anonymous memory is zero already
     }
 
-    /// Returns a slot; `touched`: its bytes past this were never written (still zero). Not
-    /// zeroed here: a stream of units written whole never needs it (a 4 MiB memset per unit
-    /// was a sixth of the daemon's time streaming 16 MiB writes into the null backend).
-    pub(super) fn give_back(ptr: *mut u8, slot_len: usize, touched: usize) {
-        assert!(touched <= slot_len, "{touched} bytes written in a slot of {slot_len}");
+    /// Returns a slot; `written_to`: its bytes past this are zero. Not zeroed here: a stream
+    /// of units written whole never needs it (a 4 MiB memset per unit was a sixth of the
+    /// daemon's time streaming 16 MiB writes into the null backend).
+    pub(super) fn give_back(ptr: *mut u8, slot_len: usize, written_to: usize) {
+        assert!(written_to <= slot_len, "{written_to} bytes written in a slot of {slot_len}");
         let slot = ptr as usize;
         let mut classes = SIZE_CLASSES.lock().unwrap_or_else(|e| e.into_inner());
         let class = classes.get_mut(&slot_len).expect("a unit buffer returns to the size it came from");
@@ -229,7 +243,7 @@ mod chunks {
         if chunk.slots_in_use == 0 {
             chunk.emptied_in_sweep = SWEEPS.load(Relaxed);
         }
-        class.free_slots.push((slot, touched));
+        class.free_slots.push((slot, written_to));
     }
 
     /// Unmaps the chunks that stayed empty since the sweep before this one, beyond the
@@ -453,6 +467,7 @@ mod tests {
         assert!(b.as_slice()[..100].iter().all(|&x| x == 0xff));
         assert!(b.as_slice()[100..].iter().all(|&x| x == 0), "the tail reads as zeros");
         b.range_mut(unit - 10..unit).fill(0x11);
+        assert!(b.as_slice()[100..unit - 10].iter().all(|&x| x == 0), "what the truncate cut reads as zeros");
         drop(b);
         let again: Vec<AlignedBuf> = (0..16).map(|_| whole(unit)).collect();
         assert!(again.iter().all(|b| b.as_slice().iter().all(|&x| x == 0)), "every slot taken is zero");
@@ -480,23 +495,33 @@ mod tests {
         let mut b = AlignedBuf::zeroed(unit);
         assert!(b.as_slice().is_empty(), "no memory before the first write");
         b.range_mut(0..10).copy_from_slice(b"small file");
-        assert_eq!(b.as_slice().len(), FIRST_CAPACITY_BYTES, "a small write takes the smallest slot");
+        assert_eq!(b.capacity(), FIRST_CAPACITY_BYTES, "a small write takes the smallest slot");
+        assert_eq!(b.as_slice().len(), 10, "the unit's bytes end where its writes do");
         b.range_mut(20_000..20_010).fill(7);
-        assert_eq!(b.as_slice().len(), 64 << 10, "fourfold");
+        assert_eq!(b.capacity(), 64 << 10, "fourfold");
         b.range_mut(3 << 20..(3 << 20) + 1).fill(9);
-        assert_eq!(b.as_slice().len(), 4 << 20, "as many fourfold steps as the write needs");
+        assert_eq!(b.capacity(), 4 << 20, "as many fourfold steps as the write needs");
         assert_eq!(&b.as_slice()[..10], b"small file", "what was written moves along");
         assert!(b.as_slice()[10..20_000].iter().all(|&x| x == 0));
         assert!(b.as_slice()[20_000..20_010].iter().all(|&x| x == 7));
         assert_eq!(b.as_slice()[3 << 20], 9);
         b.range_mut(unit - 1..unit).fill(1);
-        assert_eq!(b.as_slice().len(), unit, "never past the unit");
+        assert_eq!((b.capacity(), b.as_slice().len()), (unit, unit), "never past the unit");
         assert_eq!(b.as_slice().as_ptr() as usize % HUGE_PAGE_BYTES, 0);
         assert!(b.as_slice()[(3 << 20) + 1..unit - 1].iter().all(|&x| x == 0));
         drop(b);
         let mut again = AlignedBuf::zeroed(unit);
-        again.range_mut(0..1);
-        assert!(again.as_slice().iter().all(|&x| x == 0), "the slots it left come back zeroed");
+        again.range_mut(unit - 1..unit);
+        assert!(again.as_slice().iter().all(|&x| x == 0), "the slot it left reads as zeros to the next unit");
+        drop(again);
+        let mut streamed = AlignedBuf::zeroed(unit);
+        streamed.write_at(0, &vec![4; unit / 4]);
+        assert_eq!(streamed.capacity(), unit, "a write of a quarter of the unit takes the whole unit's slot");
+        streamed.write_at(unit / 2, &[5; 10]);
+        assert!(
+            streamed.as_slice()[unit / 4..unit / 2].iter().all(|&x| x == 0),
+            "stale memory skipped over reads as zeros"
+        );
     }
 
     /// Memory a unit of one size gave back does not sit beside new chunks of another size until
@@ -522,10 +547,19 @@ mod tests {
         drop(first);
         let mut second = AlignedBuf::zeroed(unit);
         second.write_at(300_000, &[7; 10]);
-        assert_eq!(second.as_slice().len(), unit, "took the slot the first unit left");
+        assert_eq!(second.capacity(), unit, "took the slot the first unit left");
+        assert_eq!(second.as_slice().len(), 300_010, "the unit's bytes end where its write does");
         assert!(second.as_slice()[..300_000].iter().all(|&x| x == 0), "before the write");
         assert!(second.as_slice()[300_000..300_010].iter().all(|&x| x == 7));
-        assert!(second.as_slice()[300_010..].iter().all(|&x| x == 0), "after the write");
+        second.write_at(unit - 16, &[8; 16]);
+        assert!(second.as_slice()[300_010..unit - 16].iter().all(|&x| x == 0), "between the writes");
+        second.zero_from(300_005);
+        second.write_at(300_020, &[6; 4]);
+        assert_eq!(
+            &second.as_slice()[300_000..300_024],
+            &[&[7u8; 5][..], &[0; 15], &[6; 4]].concat()[..],
+            "a truncate's tail"
+        );
         second.write_at(0, &[9; 16]);
         assert_eq!(&second.as_slice()[..16], &[9; 16]);
         drop(second);
