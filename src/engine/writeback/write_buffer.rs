@@ -232,10 +232,16 @@ impl Writeback {
             }
             used = self.budget.freed.wait_timeout(used, Duration::from_millis(50)).unwrap().0;
         }
-        *used += unit;
+        self.count_unit_taken(&mut used);
+        Ok(())
+    }
+
+    /// Counts one more unit's memory as used, under the budget's lock (`used`), where the caller
+    /// found room for it.
+    fn count_unit_taken(&self, used: &mut u64) {
+        *used += self.config.unit_bytes;
         assert!(*used <= self.budget.limit_bytes, "buffer memory {} past its bound {}", *used, self.budget.limit_bytes);
         self.metrics.buffer_bytes_used.store(*used, Relaxed);
-        Ok(())
     }
 
     /// Counts a unit's memory as refused by the backend (`err`), once.
@@ -434,8 +440,7 @@ impl Writeback {
         if *used + self.config.unit_bytes > self.budget.limit_bytes {
             return false;
         }
-        *used += self.config.unit_bytes;
-        self.metrics.buffer_bytes_used.store(*used, Relaxed);
+        self.count_unit_taken(&mut used);
         true
     }
 
@@ -445,7 +450,8 @@ impl Writeback {
     fn put_piece(&self, file: &Arc<FileState>, inner: &mut FileInner, pos: u64, piece: &[u8], from_page_cache: bool) {
         let unit_bytes = self.config.unit_bytes;
         let unit = pos / unit_bytes;
-        let (from, to) = (pos - unit * unit_bytes, pos - unit * unit_bytes + piece.len() as u64);
+        let from = pos - unit * unit_bytes;
+        let to = from + piece.len() as u64;
         assert!(to <= unit_bytes, "a piece of {} bytes at {pos} crosses its unit of {unit_bytes}", piece.len());
         let in_flight = inner.in_flight.contains_key(&unit);
         let dirty = inner.dirty.get_mut(&unit).expect("the unit is in the buffer");
