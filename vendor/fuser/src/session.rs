@@ -567,7 +567,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                             req.reply::<ReplyEmpty>().ok();
                             return Ok(());
                         } else {
-                            req.dispatch(self)
+                            crate::read_buf::dispatching(&buf[..size], || req.dispatch(self))
                         }
                     }
                     // Quit loop on illegal request
