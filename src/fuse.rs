@@ -15,6 +15,7 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use crate::engine::buffer::WriteBytes;
 use crate::engine::types::{Attr, Kind, TimeToSet, TimesToSet, Timestamp, XattrReply};
 use crate::engine::{AttrChanges, Caller, Engine, Opened, PageCache};
 use crate::metrics::{FuseOp, Metrics};
@@ -432,12 +433,27 @@ impl Filesystem for FuseAdapter {
         let from_page_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         // The engine may answer a large write before copying it in (`Engine::write_answering`).
         let mut unanswered = Some(reply);
-        let result =
-            self.engine.write_answering(fh.0, offset, data, flags.0, drop_set_id_bits, from_page_cache, &mut |taken| {
+        let bytes = if crate::transport::payload_pages_given(data) {
+            // SAFETY: the transport gives this payload's pages up (`payload_pages_given`): its
+            // own private anonymous memory, untouched by the kernel and unread by anything
+            // until it is filled again after this write.
+            unsafe { WriteBytes::pages_given(data) }
+        } else {
+            WriteBytes::copied(data)
+        };
+        let result = self.engine.write_answering(
+            fh.0,
+            offset,
+            bytes,
+            flags.0,
+            drop_set_id_bits,
+            from_page_cache,
+            &mut |taken| {
                 if let Some(reply) = unanswered.take() {
                     reply.written(taken);
                 }
-            });
+            },
+        );
         match (unanswered, result) {
             (Some(reply), Ok(n)) => reply.written(n),
             (Some(reply), Err(e)) => reply.error(fuse_errno(e)),

@@ -208,6 +208,8 @@ pub struct Metrics {
     pub buffer_bytes_used: AtomicU64,
     pub buffer_bytes_limit: AtomicU64,
     pub buffer_waits: AtomicU64,
+    /// Written bytes a unit took page for page from the request instead of copying them.
+    pub write_pages_exchanged_bytes: AtomicU64,
     /// Buffer memory held by units the backend refused (still buffered, retried with backoff).
     pub buffer_refused_bytes: AtomicU64,
     /// Written bytes the backend refused and the buffer discarded after their writer was told.
@@ -354,6 +356,11 @@ impl Metrics {
             ("buffer_bytes_used", "Write buffer memory in use", self.buffer_bytes_used.load(Relaxed)),
             ("buffer_bytes_limit", "Write buffer memory bound", self.buffer_bytes_limit.load(Relaxed)),
             ("buffer_waits_total", "Writes that waited for buffer memory", self.buffer_waits.load(Relaxed)),
+            (
+                "write_pages_exchanged_bytes_total",
+                "Written bytes a unit took page for page from the request (FUSE over io_uring) instead of copying",
+                self.write_pages_exchanged_bytes.load(Relaxed),
+            ),
             (
                 "buffer_refused_bytes",
                 "Buffer memory held by data the backend refused, retried with backoff",

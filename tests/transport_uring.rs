@@ -1,6 +1,7 @@
 //! FUSE over io_uring (`transport=uring`) on a real mount: file I/O answered over the rings,
 //! and a daemon killed while its rings hold requests leaves a mount that `coalescefs umount`
-//! clears and a remount replays.
+//! clears and a remount replays. And what both transports share: a write of whole units takes
+//! its request's pages.
 //!
 //! The kernel offers the transport only while /sys/module/fuse/parameters/enable_uring is on
 //! (off by default): each test turns it on and puts back what it found, also when it fails.
@@ -190,6 +191,62 @@ fn a_daemon_killed_while_its_rings_hold_requests_leaves_a_mount_that_umount_clea
     assert_eq!(fs::read(m.path("kept")).unwrap(), b"made durable by fsync");
     assert!(m.counter("log_replayed_records_total") > 0);
     assert!(stats_text(&m).contains("transport: uring"));
+}
+
+#[test]
+fn whole_units_written_over_the_rings_take_the_requests_pages_and_read_back_as_written() {
+    let Some(_uring) = UringEnabled::new("whole_units_written_over_the_rings_take_the_requests_pages") else {
+        return;
+    };
+    whole_units_take_the_requests_pages_and_read_back_as_written("transport=uring");
+}
+
+#[test]
+fn whole_units_written_over_dev_fuse_take_the_requests_pages_and_read_back_as_written() {
+    whole_units_take_the_requests_pages_and_read_back_as_written("transport=dev");
+}
+
+/// unit=1M, and O_DIRECT writes of 1 MiB at 1 MiB boundaries (a request holds one): each such
+/// write's unit takes its request's pages (a ring entry's payload, or fuser's read buffer)
+/// instead of copying them.
+fn whole_units_take_the_requests_pages_and_read_back_as_written(transport: &str) {
+    let mut m = TestMount::with_options(&["allow_other", transport, "unit=1M"]);
+    const MIB: usize = 1 << 20;
+    let pattern = |seed: u32, len: usize| -> Vec<u8> {
+        (0..len as u32).map(|i| (i.wrapping_add(seed << 20).wrapping_mul(2_654_435_761) >> 11) as u8).collect()
+    };
+    let mut model = vec![0u8; 8 * MIB];
+    let direct =
+        fs::OpenOptions::new().create(true).write(true).custom_flags(libc::O_DIRECT).open(m.path("f")).unwrap();
+    let exchanged_before = m.counter("write_pages_exchanged_bytes_total");
+    let write_direct = |model: &mut Vec<u8>, at: usize, bytes: Vec<u8>| {
+        let aligned = AlignedBuffer::copy_of(&bytes);
+        std::os::unix::fs::FileExt::write_all_at(&direct, aligned.bytes(), at as u64).unwrap();
+        model[at..at + bytes.len()].copy_from_slice(&bytes);
+    };
+    for i in 0..8 {
+        write_direct(&mut model, i * MIB, pattern(i as u32, MIB));
+    }
+    // A unit that took pages, written whole again while still buffered, and one written in
+    // part over them (a copy into the taken pages), then made durable through the log.
+    write_direct(&mut model, 2 * MIB, pattern(100, MIB));
+    write_direct(&mut model, 3 * MIB + 8192, pattern(101, 3 * 4096));
+    fs::File::open(m.path("f")).unwrap().sync_all().unwrap();
+    let exchanged = m.counter("write_pages_exchanged_bytes_total") - exchanged_before;
+    assert!(exchanged >= 9 * MIB as u64, "only {exchanged} bytes' pages taken for nine whole-unit writes");
+    // Buffered writes into units that took pages: a few bytes, and past a truncate.
+    let buffered = fs::OpenOptions::new().write(true).open(m.path("f")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&buffered, b"in the middle", (5 * MIB + 77) as u64).unwrap();
+    model[5 * MIB + 77..5 * MIB + 90].copy_from_slice(b"in the middle");
+    buffered.set_len((6 * MIB + 1000) as u64).unwrap();
+    model.truncate(6 * MIB + 1000);
+    model.resize(8 * MIB, 0);
+    write_direct(&mut model, 7 * MIB, pattern(102, MIB));
+    drop(buffered);
+    drop(direct);
+    assert!(fs::read(m.path("f")).unwrap() == model, "read back differs from what was written");
+    m.remount();
+    assert!(fs::read(m.path("f")).unwrap() == model, "read back after a remount differs from what was written");
 }
 
 /// Page-aligned bytes for O_DIRECT.

@@ -19,6 +19,57 @@ const WARM_CHUNK_BYTES: usize = 8 << 20;
 /// The smallest memory a unit holds; it grows fourfold from here as writes reach past it.
 const FIRST_CAPACITY_BYTES: usize = 16 << 10;
 
+/// A piece of a write this long or longer whose pages are given (`WriteBytes::pages_given`) is
+/// taken page for page rather than copied: three `mremap` calls (a few microseconds each, and
+/// a TLB flush) against a copy of a megabyte or more (100-300 us here).
+const EXCHANGE_MIN_BYTES: usize = 1 << 20;
+
+/// The bytes of a write, and whether the unit may take their pages instead of copying them.
+#[derive(Clone, Copy)]
+pub struct WriteBytes<'a> {
+    bytes: &'a [u8],
+    /// See [`WriteBytes::pages_given`].
+    pages_given: bool,
+}
+
+impl<'a> WriteBytes<'a> {
+    /// Bytes the write buffer copies.
+    pub fn copied(bytes: &'a [u8]) -> WriteBytes<'a> {
+        WriteBytes { bytes, pages_given: false }
+    }
+
+    /// Bytes whose pages the write buffer may take: where a piece of at least
+    /// `EXCHANGE_MIN_BYTES` covers whole pages of both its unit and `bytes`, the unit's pages
+    /// there and the bytes' pages change places (`exchange_pages`), and no byte is copied.
+    ///
+    /// # Safety
+    /// `bytes` lies in private anonymous memory (`mmap` with MAP_PRIVATE | MAP_ANONYMOUS) that
+    /// the caller owns: nothing else (another thread, the kernel, an I/O in flight) touches it
+    /// until the write returns, nothing reads it afterwards, and the caller accepts that it
+    /// then holds anything (another unit's stale bytes). Only the page mappings change: the
+    /// range stays mapped, readable and writable.
+    pub unsafe fn pages_given(bytes: &'a [u8]) -> WriteBytes<'a> {
+        WriteBytes { bytes, pages_given: true }
+    }
+
+    pub fn as_slice(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The bytes of `range`, given as these are.
+    pub fn piece(&self, range: Range<usize>) -> WriteBytes<'a> {
+        WriteBytes { bytes: &self.bytes[range], pages_given: self.pages_given }
+    }
+}
+
 /// A zeroed, page-aligned byte buffer of one unit, mapped straight from the kernel, never
 /// from the malloc heap (which keeps freed units: the memory bound is about resident memory).
 ///
@@ -110,6 +161,29 @@ impl AlignedBuf {
     /// is not zeroed first: a unit written whole or in order is never zeroed at all.
     pub fn write_at(&mut self, at: usize, bytes: &[u8]) {
         self.span_mut(at..at + bytes.len(), true).copy_from_slice(bytes);
+    }
+
+    /// Puts `bytes` in at `at` as `write_at` does, but by exchanging pages where they are given
+    /// and the piece is whole pages on both sides, at least `EXCHANGE_MIN_BYTES`: the unit's
+    /// pages there (its stale or overwritten bytes) go to the caller's memory. True when the
+    /// pages were exchanged, false when the bytes were copied.
+    pub fn write_taking(&mut self, at: usize, bytes: WriteBytes<'_>) -> bool {
+        let source = bytes.as_slice();
+        let exchangeable = bytes.pages_given
+            && source.len() >= EXCHANGE_MIN_BYTES
+            && source.len() % pages::PAGE_BYTES == 0
+            && at % pages::PAGE_BYTES == 0
+            && source.as_ptr() as usize % pages::PAGE_BYTES == 0;
+        let target = self.span_mut(at..at + source.len(), true);
+        // SAFETY: `target` is this buffer's own slot memory (anonymous, private, page-aligned
+        // chunks: `chunks::map_huge_aligned`), borrowed mutably so nothing else sees it during
+        // the exchange; `source` is private anonymous memory the caller gave up for the write
+        // (`WriteBytes::pages_given`'s contract); both are whole pages of the same length.
+        if exchangeable && unsafe { pages::exchange(target.as_mut_ptr(), source.as_ptr().cast_mut(), source.len()) } {
+            return true;
+        }
+        target.copy_from_slice(source);
+        false
     }
 
     /// `range` within the buffer, grown to hold it; `overwritten`: the caller writes all of it
@@ -330,6 +404,171 @@ mod chunks {
     }
 }
 
+/// Exchanging the pages of two ranges of memory, so that a unit takes a write's pages instead
+/// of copying them.
+mod pages {
+    use std::cell::Cell;
+
+    pub(super) const PAGE_BYTES: usize = 4096;
+
+    thread_local! {
+        /// A range of address space of this thread's own, at a huge-page boundary, that an
+        /// exchange moves one side's pages through; (address, length), or null before the first.
+        static SCRATCH: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
+    }
+
+    /// Moves the pages of `[from, from + len)` over `[to, to + len)` (whose own pages are
+    /// freed), leaving `from` mapped and empty (MREMAP_DONTUNMAP: it reads as zeros until
+    /// written). Never leaves a hole in the address space that another thread's mmap could
+    /// take between two calls, which a plain move would.
+    ///
+    /// # Safety
+    /// Both ranges are private anonymous memory, whole pages, and nothing else uses them.
+    unsafe fn move_pages(from: usize, to: usize, len: usize) -> bool {
+        let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP;
+        // SAFETY: per this function's contract; MREMAP_FIXED replaces `to`'s mapping in one
+        // step, MREMAP_DONTUNMAP keeps `from` mapped.
+        let moved = unsafe { libc::mremap(from as *mut libc::c_void, len, len, flags, to as *mut libc::c_void) };
+        moved != libc::MAP_FAILED
+    }
+
+    /// This thread's scratch range of at least `len` bytes, at a huge-page boundary (so that a
+    /// move between huge-page-aligned ranges moves whole page-table entries of 2 MiB).
+    fn scratch(len: usize) -> Option<usize> {
+        let (address, mapped) = SCRATCH.get();
+        if mapped >= len {
+            return Some(address);
+        }
+        if mapped > 0 {
+            // SAFETY: the old scratch range is this thread's alone and holds nothing in use.
+            unsafe { libc::munmap(address as *mut libc::c_void, mapped) };
+            SCRATCH.set((0, 0));
+        }
+        let len = len.next_multiple_of(super::HUGE_PAGE_BYTES);
+        let reserved = len + super::HUGE_PAGE_BYTES;
+        // SAFETY: a new private anonymous mapping at an address of the kernel's choice; no
+        // access rights until an exchange moves pages in, and checked below.
+        let start = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                reserved,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if start == libc::MAP_FAILED {
+            return None;
+        }
+        let start = start as usize;
+        let address = start.next_multiple_of(super::HUGE_PAGE_BYTES);
+        // SAFETY: the parts of the fresh reservation outside [address, address + len).
+        unsafe {
+            if address > start {
+                libc::munmap(start as *mut libc::c_void, address - start);
+            }
+            let end = start + reserved;
+            if end > address + len {
+                libc::munmap((address + len) as *mut libc::c_void, end - address - len);
+            }
+        }
+        SCRATCH.set((address, len));
+        Some(address)
+    }
+
+    /// Exchanges the pages of `[a, a + len)` and `[b, b + len)`: afterwards `a` holds what `b`
+    /// held and `b` what `a` held, with no byte copied. False when the kernel refused a step
+    /// (too many mappings, out of memory): then `a` reads as zeros or as before, and `b` as
+    /// before, and the caller copies instead.
+    ///
+    /// # Safety
+    /// Both ranges are private anonymous memory, page-aligned, whole pages, disjoint, and
+    /// nothing else uses either during the call.
+    pub(super) unsafe fn exchange(a: *mut u8, b: *mut u8, len: usize) -> bool {
+        let (a, b) = (a as usize, b as usize);
+        assert!(
+            a % PAGE_BYTES == 0 && b % PAGE_BYTES == 0 && len % PAGE_BYTES == 0 && len > 0,
+            "an exchange of whole pages: {a:#x} {b:#x} {len}"
+        );
+        assert!(a + len <= b || b + len <= a, "an exchange of overlapping ranges {a:#x} {b:#x} {len}");
+        let Some(scratch) = scratch(len) else { return false };
+        // SAFETY: the three moves, per this function's contract, and the scratch range is this
+        // thread's own. After the first, `a` is empty and its pages in the scratch range; after
+        // the second, `a` holds `b`'s pages and `b` is empty; after the third, `b` holds `a`'s
+        // old pages and the scratch range is empty again (still mapped: ours for the next).
+        unsafe {
+            if !move_pages(a, scratch, len) {
+                return false;
+            }
+            if !move_pages(b, a, len) {
+                return false; // `a` reads as zeros; its old pages wait in the scratch range
+            }
+            // `a` is done; if the last step fails `b` reads as zeros, which its owner gave up.
+            move_pages(scratch, b, len);
+        }
+        true
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// `len` bytes at `offset` past a huge-page boundary, in a mapping advised to use huge
+        /// pages (as the unit chunks and the ring payloads are), every page touched.
+        fn map(len: usize, offset: usize) -> (*mut u8, usize, usize) {
+            let mapped = offset + len + 2 * (2 << 20);
+            // SAFETY: a fresh private anonymous mapping, checked.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    mapped,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            let at = (p as usize).next_multiple_of(2 << 20) + offset;
+            // SAFETY: [at, at + len) lies within the fresh mapping; madvise is advice only.
+            unsafe {
+                libc::madvise(at as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+                std::ptr::write_bytes(at as *mut u8, 1, len);
+            }
+            (at as *mut u8, p as usize, mapped)
+        }
+
+        #[test]
+        fn exchanged_ranges_hold_each_others_bytes_and_stay_mapped() {
+            // Whole huge pages on both sides, half of one (the huge page split), and 4 KiB.
+            let cases =
+                [(4 << 20, 0, 0), (1 << 20, 1 << 20, 0), (1 << 20, 0, 1 << 20), (3 << 20, 0, 4096), (4096, 0, 0)];
+            for (len, offset_a, offset_b) in cases {
+                let ((a, map_a, len_a), (b, map_b, len_b)) = (map(len, offset_a), map(len, offset_b));
+                // SAFETY: both ranges lie in mappings of our own, `len` bytes each.
+                let (sa, sb) =
+                    unsafe { (std::slice::from_raw_parts_mut(a, len), std::slice::from_raw_parts_mut(b, len)) };
+                for (i, (x, y)) in sa.iter_mut().zip(sb.iter_mut()).enumerate() {
+                    (*x, *y) = ((i % 251) as u8, (i % 241) as u8 ^ 0x5a);
+                }
+                // SAFETY: as above, disjoint and used by nothing else.
+                assert!(unsafe { exchange(a, b, len) });
+                for (i, (x, y)) in sa.iter().zip(sb.iter()).enumerate() {
+                    assert_eq!((*x, *y), ((i % 241) as u8 ^ 0x5a, (i % 251) as u8), "byte {i} of {len}");
+                }
+                sa[len - 1] = 7; // still mapped and writable on both sides
+                sb[0] = 9;
+                // SAFETY: the mappings made above, unmapped once.
+                unsafe {
+                    libc::munmap(map_a as *mut libc::c_void, len_a);
+                    libc::munmap(map_b as *mut libc::c_void, len_b);
+                }
+            }
+        }
+    }
+}
+
 /// Sorted, disjoint, non-adjacent byte ranges (offsets within one unit).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RangeSet {
@@ -537,6 +776,49 @@ mod tests {
 
     /// A slot comes back as its unit left it; the next unit to take it finds zeros wherever it
     /// did not write itself, whether it took the slot by `write_at` or by `range_mut`.
+    #[test]
+    fn a_piece_whose_pages_are_given_is_taken_whole_and_reads_as_if_copied() {
+        let unit = 4 << 20;
+        let mut earlier = AlignedBuf::zeroed(unit);
+        earlier.write_at(0, &vec![0xee; unit]); // the slot the next unit takes is left written
+        drop(earlier);
+        let given_len = 3 << 20;
+        // SAFETY: a fresh private anonymous mapping of our own, checked, unmapped below.
+        let given = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                given_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(given, libc::MAP_FAILED);
+        // SAFETY: the mapping above, `given_len` bytes, ours alone.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(given.cast::<u8>(), given_len) };
+        let pattern: Vec<u8> = (0..given_len).map(|i| (i % 253) as u8).collect();
+        bytes.copy_from_slice(&pattern);
+        let mut buf = AlignedBuf::zeroed(unit);
+        // SAFETY: private anonymous memory of this test's own, not read again until unmapped.
+        let taken = buf.write_taking(1 << 20, unsafe { WriteBytes::pages_given(&bytes[..1 << 20]) });
+        assert!(taken, "1 MiB of whole pages given: taken, not copied");
+        assert_eq!(buf.as_slice().len(), 2 << 20);
+        assert!(buf.as_slice()[..1 << 20].iter().all(|&b| b == 0), "the earlier unit's bytes before the piece");
+        assert!(buf.as_slice()[1 << 20..] == pattern[..1 << 20]);
+        // The given first megabyte now holds the slot's pages; the rest is as written. Too
+        // short, or not on a page boundary in the unit: copied.
+        let rest = 1 << 20;
+        // SAFETY: as above.
+        assert!(!buf.write_taking(3 << 20, unsafe { WriteBytes::pages_given(&bytes[rest..rest + (64 << 10)]) }));
+        // SAFETY: as above.
+        assert!(!buf.write_taking(100, unsafe { WriteBytes::pages_given(&bytes[rest..rest + (1 << 20)]) }));
+        assert!(buf.as_slice()[100..(1 << 20) + 100] == pattern[rest..rest + (1 << 20)]);
+        assert!(buf.as_slice()[3 << 20..(3 << 20) + (64 << 10)] == pattern[rest..rest + (64 << 10)]);
+        // SAFETY: the mapping made above, unmapped once.
+        unsafe { libc::munmap(given, given_len) };
+    }
+
     #[test]
     fn a_slot_left_written_reads_as_zeros_outside_what_its_next_unit_writes() {
         // No other test takes slots of this size, and neither write here passes through a

@@ -6,6 +6,7 @@ use std::ffi::OsStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::buffer::WriteBytes;
 use super::types::{Attr, Kind, NewObject, ObjectId};
 use super::writeback::{ErrorReport, FileState};
 use super::{lock, Caller, Engine, Opened, PageCache};
@@ -168,18 +169,20 @@ impl Engine {
         drop_set_id_bits: bool,
         from_page_cache: bool,
     ) -> SysResult<u32> {
+        let bytes = WriteBytes::copied(bytes);
         self.write_answering(fh, offset, bytes, flags, drop_set_id_bits, from_page_cache, &mut |_| {})
     }
 
     /// As [`Engine::write`], with `answer` called with the bytes taken once the write cannot
     /// fail, possibly before they are copied in (see [`Writeback::write`]): the FUSE adapter
     /// answers the kernel there. When it is not called, the caller answers with the result.
+    /// `bytes` may give their pages for the units to take (`WriteBytes::pages_given`).
     #[allow(clippy::too_many_arguments)]
     pub fn write_answering(
         &self,
         fh: u64,
         offset: u64,
-        bytes: &[u8],
+        bytes: WriteBytes<'_>,
         flags: i32,
         drop_set_id_bits: bool,
         from_page_cache: bool,

@@ -130,6 +130,10 @@ fn entries_per_queue(queue_count: usize, payload_capacity: usize) -> usize {
 /// the payload) and the payload, one anonymous mapping. While registered the kernel writes into
 /// it (on this queue's thread, in task work run when the thread enters the kernel), so no Rust
 /// reference to it lives across a ring wait; only raw pointers are kept.
+///
+/// The payload starts at a huge-page boundary and is advised MADV_HUGEPAGE, as the write
+/// buffer's units are: a write's whole units then take the payload's pages by moving 2 MiB
+/// page-table entries (`WriteBytes::pages_given`), and the payload gets the units' in return.
 struct EntryMemory {
     base: *mut u8,
     mapped_bytes: usize,
@@ -142,26 +146,46 @@ unsafe impl Send for EntryMemory {}
 // SAFETY: as for Send; shared references only hand out raw pointers.
 unsafe impl Sync for EntryMemory {}
 
+/// Transparent huge pages are 2 MiB with 4 KiB base pages (x86-64, arm64).
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+
 impl EntryMemory {
     fn new(payload_capacity: usize) -> io::Result<EntryMemory> {
         assert!(payload_capacity % 4096 == 0, "payload {payload_capacity} not whole pages");
         let mapped_bytes = HEADER_AREA_BYTES + payload_capacity;
+        let reserved = mapped_bytes + HUGE_PAGE_BYTES;
         // SAFETY: an anonymous private mapping at an address of the kernel's choice touches no
         // existing memory; the result is checked before use.
-        let base = unsafe {
+        let start = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                mapped_bytes,
+                reserved,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
         };
-        if base == libc::MAP_FAILED {
+        if start == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(EntryMemory { base: base.cast(), mapped_bytes, payload_capacity })
+        let start = start as usize;
+        let payload = (start + HEADER_AREA_BYTES).next_multiple_of(HUGE_PAGE_BYTES);
+        let base = payload - HEADER_AREA_BYTES;
+        // SAFETY: the parts of the fresh mapping outside [base, base + mapped_bytes), which
+        // nothing refers to; madvise is advice only (without huge pages the payload works the
+        // same on 4 KiB pages).
+        unsafe {
+            if base > start {
+                libc::munmap(start as *mut libc::c_void, base - start);
+            }
+            let end = start + reserved;
+            if end > base + mapped_bytes {
+                libc::munmap((base + mapped_bytes) as *mut libc::c_void, end - base - mapped_bytes);
+            }
+            libc::madvise(payload as *mut libc::c_void, payload_capacity, libc::MADV_HUGEPAGE);
+        }
+        Ok(EntryMemory { base: base as *mut u8, mapped_bytes, payload_capacity })
     }
 
     fn header(&self) -> *mut ReqHeader {
@@ -611,7 +635,12 @@ impl<FS: fuser::Filesystem> Queue<FS> {
         // No catch_unwind: the panic policy (main.rs, `abort_on_panic`) ends the daemon at a
         // panic, as kill -9 would, and the next mount replays the log; a queue left serving on
         // state a failed invariant declared wrong is what the policy rules out.
-        if let Err(e) = self.dispatcher.dispatch(request, sink.clone()) {
+        // The payload is the entry's own mapping, which the kernel fills again only after our
+        // COMMIT, after dispatch: a write's handler may take its pages.
+        let payload = entry.memory.payload();
+        if let Err(e) =
+            super::with_payload_given(payload, payload_bytes, || self.dispatcher.dispatch(request, sink.clone()))
+        {
             log::error!("ring queue {}: {e}: EIO", shared.qid);
             answer_error(&sink, unique, libc::EIO);
         }

@@ -32,7 +32,7 @@ mod write_buffer;
 
 pub(crate) use flushers::write_range;
 
-use super::buffer::{AlignedBuf, RangeSet};
+use super::buffer::{AlignedBuf, RangeSet, WriteBytes};
 use super::burst::Bursts;
 use super::intent_log::format::Record;
 use super::intent_log::{IntentLog, LogError};

@@ -99,7 +99,7 @@ fn an_open_reads_the_stores_size_again_when_a_state_ended_after_it_read_it() {
                 // Read before a concurrent writer's flush landed its bytes; then that
                 // writer's state ends, idle.
                 let other = r.wb.open_file(f.id, || Ok(0)).unwrap();
-                r.wb.write(&other, 0, &[5; 5000], false, None).unwrap();
+                r.wb.write_copied(&other, 0, &[5; 5000], false, None).unwrap();
                 assert!(r.wb.release_file(&other), "closed with its bytes buffered, the state lingers");
                 r.wb.flush_file(&other, None, ErrorReport::Sync).unwrap();
                 r.wb.drop_if_idle(&other);
@@ -126,7 +126,7 @@ fn an_open_reads_the_stores_size_again_when_a_state_ended_after_it_read_it() {
 fn a_full_unit_goes_to_the_store_at_once_and_a_partial_one_waits() {
     let r = rig(8, Duration::from_secs(10));
     let f = r.file("f");
-    r.wb.write(&f, 0, &vec![1; UNIT as usize + 100], false, None).unwrap();
+    r.wb.write_copied(&f, 0, &vec![1; UNIT as usize + 100], false, None).unwrap();
     r.wait_until("the full unit's flush", || r.stored("f").len() == UNIT as usize);
     assert_eq!(r.metrics.units_flushed_full.load(Relaxed), 1);
     std::thread::sleep(Duration::from_millis(50));
@@ -141,9 +141,9 @@ fn a_unit_written_again_while_in_flight_is_flushed_again_after_it_with_the_newer
     let r = rig(8, Duration::from_secs(10));
     let f = r.file("f");
     r.faults.control("inject write=stall:60s*1").unwrap();
-    r.wb.write(&f, 0, &vec![1; UNIT as usize], false, None).unwrap(); // full: in flight, stalled
+    r.wb.write_copied(&f, 0, &vec![1; UNIT as usize], false, None).unwrap(); // full: in flight, stalled
     r.wait_until("the unit in flight", || !lock(&f.inner).in_flight.is_empty());
-    r.wb.write(&f, 10, &[2; 10], false, None).unwrap();
+    r.wb.write_copied(&f, 10, &[2; 10], false, None).unwrap();
     {
         let inner = lock(&f.inner);
         assert_eq!(
@@ -164,7 +164,7 @@ fn a_refused_flush_keeps_the_data_and_is_reported_only_while_the_retries_fail() 
     let r = rig(8, Duration::from_secs(10));
     let f = r.file("f");
     r.faults.control("inject write=ENOSPC*2").unwrap();
-    r.wb.write(&f, 0, &[7; 100], false, None).unwrap();
+    r.wb.write_copied(&f, 0, &[7; 100], false, None).unwrap();
     assert_eq!(r.wb.flush_file(&f, None, ErrorReport::Close), Err(Errno(libc::ENOSPC)), "close hears of it");
     assert_eq!(r.metrics.buffer_refused_bytes.load(Relaxed), UNIT, "the refused unit is counted as held");
     {
@@ -172,7 +172,7 @@ fn a_refused_flush_keeps_the_data_and_is_reported_only_while_the_retries_fail() 
         assert!(inner.retry_at.is_some_and(|at| at > Instant::now()), "a retry waits out a backoff");
         assert!(inner.dirty[&0].refused && inner.dirty[&0].ranges.bytes() == 100, "the data stays buffered");
     }
-    r.wb.write(&f, 100, &[8; 10], false, None).expect("a write does not report a refused flush");
+    r.wb.write_copied(&f, 100, &[8; 10], false, None).expect("a write does not report a refused flush");
     // fsync tries again at once, past the backoff: refused once more, it fails on its own
     // account (close's report did not use it up)...
     assert_eq!(r.wb.flush_file(&f, Some(true), ErrorReport::Sync), Err(Errno(libc::ENOSPC)));
@@ -190,17 +190,21 @@ fn discarded_refused_bytes_are_reported_to_close_and_fsync_once_each() {
     let r = rig(1, Duration::from_secs(10));
     let f = r.file("f");
     r.faults.control("inject write=EIO").unwrap();
-    r.wb.write(&f, 0, &vec![1; UNIT as usize], false, None).unwrap(); // full: flushed, refused
+    r.wb.write_copied(&f, 0, &vec![1; UNIT as usize], false, None).unwrap(); // full: flushed, refused
     r.wait_until("the refusal", || r.metrics.buffer_refused_bytes.load(Relaxed) == UNIT);
     let g = r.file("g");
-    assert_eq!(r.wb.write(&g, 0, &[1; 10], false, None), Err(Errno(libc::EIO)), "f's writer not told: nothing may go");
     assert_eq!(
-        r.wb.write(&f, UNIT, &[1; 10], false, None),
+        r.wb.write_copied(&g, 0, &[1; 10], false, None),
+        Err(Errno(libc::EIO)),
+        "f's writer not told: nothing may go"
+    );
+    assert_eq!(
+        r.wb.write_copied(&f, UNIT, &[1; 10], false, None),
         Err(Errno(libc::EIO)),
         "f's own write fails: now it is told"
     );
     // Still refusing: no retry of f's unit can free the room first.
-    r.wb.write(&g, 0, &[1; 10], false, None).expect("room made by discarding f's told refusal");
+    r.wb.write_copied(&g, 0, &[1; 10], false, None).expect("room made by discarding f's told refusal");
     assert_eq!(r.metrics.buffer_discarded_bytes.load(Relaxed), UNIT);
     r.faults.control("clear").unwrap();
     assert_eq!(r.wb.flush_file(&f, None, ErrorReport::Close), Err(Errno(libc::EIO)), "close hears of the loss");
@@ -213,12 +217,12 @@ fn a_writer_fails_at_once_when_all_the_memory_is_refused_data() {
     let r = rig(2, Duration::from_secs(10));
     let f = r.file("f");
     r.faults.control("inject write=EIO").unwrap();
-    r.wb.write(&f, 0, &vec![1; 2 * UNIT as usize], false, None).unwrap(); // two full units, both refused
+    r.wb.write_copied(&f, 0, &vec![1; 2 * UNIT as usize], false, None).unwrap(); // two full units, both refused
     r.wait_until("both refusals", || r.metrics.buffer_refused_bytes.load(Relaxed) == 2 * UNIT);
     let g = r.file("g");
     let started = Instant::now();
     assert_eq!(
-        r.wb.write(&g, 0, &[1; 10], false, None),
+        r.wb.write_copied(&g, 0, &[1; 10], false, None),
         Err(Errno(libc::EIO)),
         "nothing can come free: the store's error"
     );
@@ -227,7 +231,7 @@ fn a_writer_fails_at_once_when_all_the_memory_is_refused_data() {
     // still refuses: room can come from nothing else (once it takes writes again, a retry of f's
     // units racing g's write may free it, and CI once saw nothing discarded).
     assert_eq!(r.wb.flush_file(&f, None, ErrorReport::Close), Err(Errno(libc::EIO)));
-    r.wb.write(&g, 0, &[1; 10], false, None).expect("room made by discarding told refusals");
+    r.wb.write_copied(&g, 0, &[1; 10], false, None).expect("room made by discarding told refusals");
     assert!(r.metrics.buffer_discarded_bytes.load(Relaxed) > 0);
     r.faults.control("clear").unwrap();
     assert!(*lock(&r.wb.budget.used_bytes) <= 2 * UNIT);
@@ -239,7 +243,7 @@ fn a_retry_of_refused_data_under_way_does_not_make_a_writer_wait_for_it() {
     let r = rig(2, Duration::from_secs(10));
     let f = r.file("f");
     r.faults.control("inject write=ENOSPC").unwrap();
-    r.wb.write(&f, 0, &vec![1; 2 * UNIT as usize], false, None).unwrap(); // two full units, both refused
+    r.wb.write_copied(&f, 0, &vec![1; 2 * UNIT as usize], false, None).unwrap(); // two full units, both refused
     r.wait_until("both refusals", || r.metrics.buffer_refused_bytes.load(Relaxed) == 2 * UNIT);
     // The retries hang (a slow full disk): an fsync sends both, and waits for them.
     r.faults.control("clear").unwrap();
@@ -252,7 +256,7 @@ fn a_retry_of_refused_data_under_way_does_not_make_a_writer_wait_for_it() {
     assert_eq!(r.metrics.buffer_refused_bytes.load(Relaxed), 2 * UNIT, "still refused while retried");
     let g = r.file("g");
     let started = Instant::now();
-    assert_eq!(r.wb.write(&g, 0, &[1; 10], false, None), Err(Errno(libc::ENOSPC)), "the store's last error");
+    assert_eq!(r.wb.write_copied(&g, 0, &[1; 10], false, None), Err(Errno(libc::ENOSPC)), "the store's last error");
     assert!(started.elapsed() < Duration::from_secs(2), "at once, not after io_timeout");
     r.faults.control("clear").unwrap();
     retry.join().unwrap().expect("the retries succeed once the store takes them");
@@ -268,14 +272,14 @@ fn a_writer_short_of_memory_hears_of_a_full_store_without_waiting_out_the_backof
     let r = rig(8, Duration::from_secs(10));
     let f = r.file("f");
     r.faults.control("inject write=ENOSPC").unwrap();
-    r.wb.write(&f, 0, &vec![1; 7 * UNIT as usize], false, None).unwrap(); // seven full units, refused
+    r.wb.write_copied(&f, 0, &vec![1; 7 * UNIT as usize], false, None).unwrap(); // seven full units, refused
     r.wait_until("seven refusals", || r.metrics.buffer_refused_bytes.load(Relaxed) == 7 * UNIT);
     let backoff = lock(&f.inner).retry_at.expect("a backoff").saturating_duration_since(Instant::now());
     assert!(backoff > Duration::from_secs(3), "seven failures back off for {backoff:?}");
-    r.wb.write(&f, 7 * UNIT, &[2; 10], false, None).unwrap(); // partial, never tried: the buffer is full
+    r.wb.write_copied(&f, 7 * UNIT, &[2; 10], false, None).unwrap(); // partial, never tried: the buffer is full
     let g = r.file("g");
     let started = Instant::now();
-    assert_eq!(r.wb.write(&g, 0, &[1; 10], false, None), Err(Errno(libc::ENOSPC)));
+    assert_eq!(r.wb.write_copied(&g, 0, &[1; 10], false, None), Err(Errno(libc::ENOSPC)));
     assert!(started.elapsed() < Duration::from_secs(2), "at once, not after the backoff");
     assert!(lock(&f.inner).dirty[&7].refused, "the untried unit was tried, and refused");
 }
@@ -285,9 +289,9 @@ fn a_writer_waiting_on_a_stalled_store_fails_after_io_timeout() {
     let r = rig(2, Duration::from_millis(300));
     let f = r.file("f");
     r.faults.control("inject write=stall:60s").unwrap();
-    r.wb.write(&f, 0, &vec![1; 2 * UNIT as usize], false, None).unwrap(); // two units in flight, stalled
+    r.wb.write_copied(&f, 0, &vec![1; 2 * UNIT as usize], false, None).unwrap(); // two units in flight, stalled
     let started = Instant::now();
-    assert_eq!(r.wb.write(&f, 2 * UNIT, &[1; 10], false, None), Err(Errno(libc::EIO)));
+    assert_eq!(r.wb.write_copied(&f, 2 * UNIT, &[1; 10], false, None), Err(Errno(libc::EIO)));
     let waited = started.elapsed();
     assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(5), "waited {waited:?}");
     assert_eq!(r.wb.flush_file(&f, None, ErrorReport::Close), Err(Errno(libc::EIO)), "a close waits boundedly too");
@@ -297,8 +301,8 @@ fn a_writer_waiting_on_a_stalled_store_fails_after_io_timeout() {
 fn truncate_drops_buffered_bytes_past_the_new_size_and_frees_their_units() {
     let r = rig(8, Duration::from_secs(10));
     let f = r.file("f");
-    r.wb.write(&f, 0, &[1; 100], false, None).unwrap();
-    r.wb.write(&f, 3 * UNIT, &[2; 100], false, None).unwrap();
+    r.wb.write_copied(&f, 0, &[1; 100], false, None).unwrap();
+    r.wb.write_copied(&f, 3 * UNIT, &[2; 100], false, None).unwrap();
     assert_eq!(*lock(&r.wb.budget.used_bytes), 2 * UNIT);
     r.wb.set_size(&f, 50).unwrap();
     assert_eq!(*lock(&r.wb.budget.used_bytes), UNIT, "the unit past the size is freed");
@@ -325,15 +329,15 @@ fn a_store_of_whole_units_gets_small_fsyncs_through_the_log() {
     for (store, through_log) in [(MemoryBackend::new(UNIT), true), (MemoryBackend::with_partial_writes(UNIT), false)] {
         let r = rig_on(store, 4, Duration::from_secs(10), Some(memory_log()));
         let f = r.file("f");
-        r.wb.write(&f, 0, &[4; UNIT as usize], false, None).unwrap();
+        r.wb.write_copied(&f, 0, &[4; UNIT as usize], false, None).unwrap();
         r.wb.fsync(&f, false).unwrap(); // a whole unit: to the store
         r.wb.checkpoint().unwrap(); // the file's flush synced: the log may stand for the store again
-        r.wb.write(&f, 100, &[5; 1000], false, None).unwrap();
+        r.wb.write_copied(&f, 100, &[5; 1000], false, None).unwrap();
         r.wb.fsync(&f, false).unwrap();
         assert_eq!(r.metrics.units_flushed_partial.load(Relaxed) == 0, through_log, "through the log: {through_log}");
         assert_eq!(r.metrics.backend_read_bytes_for_writes.load(Relaxed), 0, "no unit was read to be written whole");
         if through_log {
-            r.wb.write(&f, 4000, &[6; UNIT as usize / 2 + 1], false, None).unwrap();
+            r.wb.write_copied(&f, 4000, &[6; UNIT as usize / 2 + 1], false, None).unwrap();
             r.wb.fsync(&f, false).unwrap();
             assert_eq!(r.metrics.units_flushed_partial.load(Relaxed), 1, "more than half a unit goes to the store");
             assert!(r.metrics.backend_read_bytes_for_writes.load(Relaxed) > 0, "whole: the rest read first");
@@ -349,7 +353,7 @@ fn a_large_write_is_answered_before_its_copy_and_nothing_sees_the_file_in_betwee
     let seen_size = std::thread::scope(|scope| {
         let mut reader = None;
         let taken =
-            r.wb.write(
+            r.wb.write_copied(
                 &f,
                 0,
                 &bytes,
@@ -375,11 +379,11 @@ fn a_small_write_or_one_short_of_free_memory_is_answered_after_its_copy() {
     let r = rig(4, Duration::from_secs(10));
     let f = r.file("f");
     let mut answered = false;
-    r.wb.write(&f, 0, &[1; 100], false, Some(&mut |_| answered = true)).unwrap();
+    r.wb.write_copied(&f, 0, &[1; 100], false, Some(&mut |_| answered = true)).unwrap();
     assert!(!answered, "a small write");
     // Eight units, the buffer holds four: taken unit by unit as the flushers free them.
     let bytes = vec![2u8; ACKNOWLEDGE_BEFORE_COPY_MIN_BYTES as usize];
-    assert_eq!(r.wb.write(&f, 0, &bytes, false, Some(&mut |_| answered = true)).unwrap(), bytes.len());
+    assert_eq!(r.wb.write_copied(&f, 0, &bytes, false, Some(&mut |_| answered = true)).unwrap(), bytes.len());
     assert!(!answered, "memory for its units was not free at once");
     r.wb.flush_file(&f, Some(true), ErrorReport::Sync).unwrap();
     assert_eq!(r.stored("f"), bytes);

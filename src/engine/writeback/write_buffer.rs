@@ -343,7 +343,7 @@ impl Writeback {
         &self,
         file: &Arc<FileState>,
         offset: u64,
-        bytes: &[u8],
+        bytes: WriteBytes<'_>,
         from_page_cache: bool,
         acknowledge: Option<&mut dyn FnMut(usize)>,
     ) -> SysResult<usize> {
@@ -359,7 +359,7 @@ impl Writeback {
                 let mut pos = offset;
                 while pos < end {
                     let piece_end = end.min((pos / unit_bytes + 1) * unit_bytes);
-                    let piece = &bytes[(pos - offset) as usize..(piece_end - offset) as usize];
+                    let piece = bytes.piece((pos - offset) as usize..(piece_end - offset) as usize);
                     self.put_piece(file, &mut inner, pos, piece, from_page_cache);
                     pos = piece_end;
                 }
@@ -390,11 +390,24 @@ impl Writeback {
                     inner.dirty.insert(unit, DirtyUnit::empty(unit_bytes, epoch));
                 }
             }
-            let piece = &bytes[(pos - offset) as usize..(piece_end - offset) as usize];
+            let piece = bytes.piece((pos - offset) as usize..(piece_end - offset) as usize);
             self.put_piece(file, &mut inner, pos, piece, from_page_cache);
             pos = piece_end;
         }
         Ok(bytes.len())
+    }
+
+    /// `write` of bytes the buffer copies: the in-process tests' form.
+    #[cfg(test)]
+    pub fn write_copied(
+        &self,
+        file: &Arc<FileState>,
+        offset: u64,
+        bytes: &[u8],
+        from_page_cache: bool,
+        acknowledge: Option<&mut dyn FnMut(usize)>,
+    ) -> SysResult<usize> {
+        self.write(file, offset, WriteBytes::copied(bytes), from_page_cache, acknowledge)
     }
 
     /// The file's lock, with every unit of `units` in the write buffer, or None (nothing
@@ -447,7 +460,14 @@ impl Writeback {
     /// Copies `piece` (within one unit, which is in the buffer) in at `pos`, and notes what
     /// the write changed: the unit's ranges and log state, its flush when it is whole, the
     /// file's size and times.
-    fn put_piece(&self, file: &Arc<FileState>, inner: &mut FileInner, pos: u64, piece: &[u8], from_page_cache: bool) {
+    fn put_piece(
+        &self,
+        file: &Arc<FileState>,
+        inner: &mut FileInner,
+        pos: u64,
+        piece: WriteBytes<'_>,
+        from_page_cache: bool,
+    ) {
         let unit_bytes = self.config.unit_bytes;
         let unit = pos / unit_bytes;
         let from = pos - unit * unit_bytes;
@@ -455,7 +475,9 @@ impl Writeback {
         assert!(to <= unit_bytes, "a piece of {} bytes at {pos} crosses its unit of {unit_bytes}", piece.len());
         let in_flight = inner.in_flight.contains_key(&unit);
         let dirty = inner.dirty.get_mut(&unit).expect("the unit is in the buffer");
-        dirty.buf.write_at(from as usize, piece);
+        if dirty.buf.write_taking(from as usize, piece) {
+            self.metrics.write_pages_exchanged_bytes.fetch_add(piece.len() as u64, Relaxed);
+        }
         dirty.ranges.insert(from..to);
         if !dirty.logged.is_empty() {
             dirty.logged = dirty.logged.minus(&RangeSet::from(from..to));
