@@ -41,6 +41,42 @@ impl From<std::io::Error> for Errno {
 
 pub type SysResult<T> = Result<T, Errno>;
 
+/// `len` bytes of new private anonymous memory placed so that its byte `aligned_at` lies on an
+/// `align` boundary (a huge page's, for memory whose pages move whole: the write buffer's
+/// units, the requests whose pages they take); `prot` and `extra_flags` as for mmap(2). Returns
+/// its first byte's address; it is the caller's to unmap.
+pub fn map_anonymous_aligned(
+    len: usize,
+    aligned_at: usize,
+    align: usize,
+    prot: libc::c_int,
+    extra_flags: libc::c_int,
+) -> std::io::Result<usize> {
+    assert!(align.is_power_of_two() && aligned_at <= len && len > 0, "{len} bytes, byte {aligned_at} at {align}");
+    let reserved = len + align;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags;
+    // SAFETY: a new anonymous mapping at an address of the kernel's choice touches no existing
+    // memory; the result is checked before use.
+    let start = unsafe { libc::mmap(std::ptr::null_mut(), reserved, prot, flags, -1, 0) };
+    if start == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let start = start as usize;
+    let first = (start + aligned_at).next_multiple_of(align) - aligned_at;
+    let end = start + reserved;
+    // SAFETY: the parts of the fresh reservation [start, end) outside [first, first + len),
+    // which nothing refers to.
+    unsafe {
+        if first > start {
+            libc::munmap(start as *mut libc::c_void, first - start);
+        }
+        if end > first + len {
+            libc::munmap((first + len) as *mut libc::c_void, end - first - len);
+        }
+    }
+    Ok(first)
+}
+
 /// `-1` means look at errno; anything else is the result.
 pub fn check(ret: libc::c_int) -> SysResult<libc::c_int> {
     if ret == -1 {
@@ -243,6 +279,21 @@ pub fn coarse_now() -> std::time::SystemTime {
 mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn an_aligned_mapping_puts_the_byte_asked_for_on_the_boundary_and_is_usable_whole() {
+        for (len, aligned_at) in [(4096, 0), (3 << 20, 4096), ((1 << 20) + 8192, 80 + 4016)] {
+            let prot = libc::PROT_READ | libc::PROT_WRITE;
+            let first = map_anonymous_aligned(len, aligned_at, 2 << 20, prot, 0).unwrap();
+            assert_eq!((first + aligned_at) % (2 << 20), 0, "{len} {aligned_at}");
+            // SAFETY: the mapping just made, `len` bytes, ours alone; unmapped once.
+            unsafe {
+                std::ptr::write_bytes(first as *mut u8, 7, len);
+                assert_eq!(*((first + len - 1) as *const u8), 7);
+                libc::munmap(first as *mut libc::c_void, len);
+            }
+        }
+    }
 
     /// A getattr asks for a file's holes while its writer goes on: the walk must answer, never
     /// stop the daemon (an assert that SEEK_DATA moves past the hole SEEK_HOLE found did, under

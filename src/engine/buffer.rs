@@ -370,36 +370,12 @@ mod chunks {
 
     /// `len` bytes of anonymous memory at a huge-page boundary, advised to use huge pages.
     fn map_huge_aligned(len: usize) -> usize {
-        let mapped_len = len + HUGE_PAGE_BYTES;
-        // SAFETY: an anonymous private mapping with a null hint creates new memory and touches none
-        // that exists; the result is checked against MAP_FAILED below.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert!(ptr != libc::MAP_FAILED, "out of memory for a {len}-byte chunk of unit buffers");
-        let start = ptr as usize;
-        let base = start.next_multiple_of(HUGE_PAGE_BYTES);
-        // SAFETY: the ranges unmapped are the parts of the fresh mapping [start, start +
-        // mapped_len) outside [base, base + len), which nothing else refers to; madvise on [base,
-        // base + len) is advice only.
-        unsafe {
-            if base > start {
-                libc::munmap(ptr, base - start);
-            }
-            let end = base + len;
-            if start + mapped_len > end {
-                libc::munmap(end as *mut libc::c_void, start + mapped_len - end);
-            }
-            // Advice only: without huge pages the chunk works the same, on 4 KiB pages.
-            libc::madvise(base as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
-        }
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let base = crate::sys::map_anonymous_aligned(len, 0, HUGE_PAGE_BYTES, prot, 0)
+            .unwrap_or_else(|e| panic!("out of memory for a {len}-byte chunk of unit buffers: {e}"));
+        // SAFETY: advice only, on the mapping just made: without huge pages the chunk works
+        // the same, on 4 KiB pages.
+        unsafe { libc::madvise(base as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
         base
     }
 }
@@ -445,34 +421,9 @@ mod pages {
             SCRATCH.set((0, 0));
         }
         let len = len.next_multiple_of(super::HUGE_PAGE_BYTES);
-        let reserved = len + super::HUGE_PAGE_BYTES;
-        // SAFETY: a new private anonymous mapping at an address of the kernel's choice; no
-        // access rights until an exchange moves pages in, and checked below.
-        let start = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                reserved,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if start == libc::MAP_FAILED {
-            return None;
-        }
-        let start = start as usize;
-        let address = start.next_multiple_of(super::HUGE_PAGE_BYTES);
-        // SAFETY: the parts of the fresh reservation outside [address, address + len).
-        unsafe {
-            if address > start {
-                libc::munmap(start as *mut libc::c_void, address - start);
-            }
-            let end = start + reserved;
-            if end > address + len {
-                libc::munmap((address + len) as *mut libc::c_void, end - address - len);
-            }
-        }
+        // No access until an exchange moves pages in, and no memory reserved for it.
+        let flags = libc::MAP_NORESERVE;
+        let address = crate::sys::map_anonymous_aligned(len, 0, super::HUGE_PAGE_BYTES, libc::PROT_NONE, flags).ok()?;
         SCRATCH.set((address, len));
         Some(address)
     }
@@ -517,26 +468,16 @@ mod pages {
         /// `len` bytes at `offset` past a huge-page boundary, in a mapping advised to use huge
         /// pages (as the unit chunks and the ring payloads are), every page touched.
         fn map(len: usize, offset: usize) -> (*mut u8, usize, usize) {
-            let mapped = offset + len + 2 * (2 << 20);
-            // SAFETY: a fresh private anonymous mapping, checked.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    mapped,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(p, libc::MAP_FAILED);
-            let at = (p as usize).next_multiple_of(2 << 20) + offset;
+            let mapped = offset + len;
+            let prot = libc::PROT_READ | libc::PROT_WRITE;
+            let base = crate::sys::map_anonymous_aligned(mapped, 0, 2 << 20, prot, 0).unwrap();
+            let at = base + offset;
             // SAFETY: [at, at + len) lies within the fresh mapping; madvise is advice only.
             unsafe {
                 libc::madvise(at as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
                 std::ptr::write_bytes(at as *mut u8, 1, len);
             }
-            (at as *mut u8, p as usize, mapped)
+            (at as *mut u8, base, mapped)
         }
 
         #[test]
@@ -783,18 +724,8 @@ mod tests {
         earlier.write_at(0, &vec![0xee; unit]); // the slot the next unit takes is left written
         drop(earlier);
         let given_len = 3 << 20;
-        // SAFETY: a fresh private anonymous mapping of our own, checked, unmapped below.
-        let given = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                given_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(given, libc::MAP_FAILED);
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let given = crate::sys::map_anonymous_aligned(given_len, 0, 4096, prot, 0).unwrap() as *mut libc::c_void;
         // SAFETY: the mapping above, `given_len` bytes, ours alone.
         let bytes = unsafe { std::slice::from_raw_parts_mut(given.cast::<u8>(), given_len) };
         let pattern: Vec<u8> = (0..given_len).map(|i| (i % 253) as u8).collect();

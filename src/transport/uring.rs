@@ -153,38 +153,13 @@ impl EntryMemory {
     fn new(payload_capacity: usize) -> io::Result<EntryMemory> {
         assert!(payload_capacity % 4096 == 0, "payload {payload_capacity} not whole pages");
         let mapped_bytes = HEADER_AREA_BYTES + payload_capacity;
-        let reserved = mapped_bytes + HUGE_PAGE_BYTES;
-        // SAFETY: an anonymous private mapping at an address of the kernel's choice touches no
-        // existing memory; the result is checked before use.
-        let start = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                reserved,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if start == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let start = start as usize;
-        let payload = (start + HEADER_AREA_BYTES).next_multiple_of(HUGE_PAGE_BYTES);
-        let base = payload - HEADER_AREA_BYTES;
-        // SAFETY: the parts of the fresh mapping outside [base, base + mapped_bytes), which
-        // nothing refers to; madvise is advice only (without huge pages the payload works the
-        // same on 4 KiB pages).
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let base = crate::sys::map_anonymous_aligned(mapped_bytes, HEADER_AREA_BYTES, HUGE_PAGE_BYTES, prot, 0)?;
+        // SAFETY: advice only, on the payload of the mapping just made (without huge pages it
+        // works the same on 4 KiB pages).
         unsafe {
-            if base > start {
-                libc::munmap(start as *mut libc::c_void, base - start);
-            }
-            let end = start + reserved;
-            if end > base + mapped_bytes {
-                libc::munmap((base + mapped_bytes) as *mut libc::c_void, end - base - mapped_bytes);
-            }
-            libc::madvise(payload as *mut libc::c_void, payload_capacity, libc::MADV_HUGEPAGE);
-        }
+            libc::madvise((base + HEADER_AREA_BYTES) as *mut libc::c_void, payload_capacity, libc::MADV_HUGEPAGE)
+        };
         Ok(EntryMemory { base: base as *mut u8, mapped_bytes, payload_capacity })
     }
 
