@@ -40,7 +40,7 @@ impl<'a> WriteBytes<'a> {
 
     /// Bytes whose pages the write buffer may take: where a piece of at least
     /// `EXCHANGE_MIN_BYTES` covers whole pages of both its unit and `bytes`, the unit's pages
-    /// there and the bytes' pages change places (`exchange_pages`), and no byte is copied.
+    /// there and the bytes' pages change places (`pages::exchange`), and no byte is copied.
     ///
     /// # Safety
     /// `bytes` lies in private anonymous memory (`mmap` with MAP_PRIVATE | MAP_ANONYMOUS) that
@@ -389,7 +389,7 @@ mod pages {
 
     thread_local! {
         /// A range of address space of this thread's own, at a huge-page boundary, that an
-        /// exchange moves one side's pages through; (address, length), or null before the first.
+        /// exchange moves one side's pages through: (address, length), (0, 0) before the first.
         static SCRATCH: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
     }
 
@@ -430,8 +430,9 @@ mod pages {
 
     /// Exchanges the pages of `[a, a + len)` and `[b, b + len)`: afterwards `a` holds what `b`
     /// held and `b` what `a` held, with no byte copied. False when the kernel refused a step
-    /// (too many mappings, out of memory): then `a` reads as zeros or as before, and `b` as
-    /// before, and the caller copies instead.
+    /// (a range across two mappings, which earlier exchanges of parts of it leave and `mremap`
+    /// does not move; too many mappings; out of memory): then `a` reads as zeros or as before,
+    /// and `b` as before, and the caller copies instead.
     ///
     /// # Safety
     /// Both ranges are private anonymous memory, page-aligned, whole pages, disjoint, and
