@@ -7,40 +7,18 @@
 
 pub mod uring;
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-thread_local! {
-    /// The payload of the request this thread is dispatching, [start, end), when its transport
-    /// gives the payload's pages up to the handler; (0, 0) otherwise.
-    static PAYLOAD_GIVEN: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
-}
-
-/// Whether `data` (a write's bytes) lies in the payload of the request this thread is
-/// dispatching, and its transport gives that payload's pages up: private anonymous memory of
+/// Whether `data` (a write's bytes) lies in the buffer of the request this thread is
+/// dispatching, and its transport gives that buffer's pages up: private anonymous memory of
 /// the transport's own, which the kernel does not touch until the request is answered after
 /// its handler returns, and which nothing reads after the handler (the next request is copied
 /// over it). The write buffer may then take its pages instead of copying them. Both transports
-/// do: a ring entry's payload, and fuser's /dev/fuse read buffer (`fuser::request_bytes_given`,
-/// vendor/fuser/PATCHES.md).
+/// do: fuser's /dev/fuse read buffer, and a ring entry's memory (`uring`, through
+/// `RequestDispatcher::dispatch_given`); fuser keeps the one record of it
+/// (`fuser::request_bytes_given`, vendor/fuser/PATCHES.md).
 pub fn payload_pages_given(data: &[u8]) -> bool {
-    let (start, end) = PAYLOAD_GIVEN.get();
-    let at = data.as_ptr() as usize;
-    (start < end && start <= at && at + data.len() <= end) || fuser::request_bytes_given(data)
-}
-
-/// Dispatches a request whose payload `[payload, payload + len)` is given up as
-/// [`payload_pages_given`] says, on this thread.
-fn with_payload_given<R>(payload: *const u8, len: usize, dispatch: impl FnOnce() -> R) -> R {
-    struct Taken;
-    impl Drop for Taken {
-        fn drop(&mut self) {
-            PAYLOAD_GIVEN.set((0, 0));
-        }
-    }
-    let _taken_back = Taken;
-    PAYLOAD_GIVEN.set((payload as usize, payload as usize + len));
-    dispatch()
+    fuser::request_bytes_given(data)
 }
 
 /// The kernel's switch for FUSE over io_uring (root may set it; off by default).

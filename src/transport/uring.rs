@@ -610,12 +610,10 @@ impl<FS: fuser::Filesystem> Queue<FS> {
         // No catch_unwind: the panic policy (main.rs, `abort_on_panic`) ends the daemon at a
         // panic, as kill -9 would, and the next mount replays the log; a queue left serving on
         // state a failed invariant declared wrong is what the policy rules out.
-        // The payload is the entry's own mapping, which the kernel fills again only after our
-        // COMMIT, after dispatch: a write's handler may take its pages.
-        let payload = entry.memory.payload();
-        if let Err(e) =
-            super::with_payload_given(payload, payload_bytes, || self.dispatcher.dispatch(request, sink.clone()))
-        {
+        // SAFETY: `request` lies in the entry's own private anonymous mapping, which the kernel
+        // fills again only after our COMMIT, after dispatch, and which nothing reads before
+        // that: a write's handler may take its pages.
+        if let Err(e) = unsafe { self.dispatcher.dispatch_given(request, sink.clone()) } {
             log::error!("ring queue {}: {e}: EIO", shared.qid);
             answer_error(&sink, unique, libc::EIO);
         }

@@ -21,9 +21,10 @@ thread_local! {
     static DISPATCHING: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
 }
 
-/// Whether `bytes` (a write's data) lies in the read buffer of the request this thread's
-/// /dev/fuse loop is dispatching. That buffer is private anonymous memory of the loop's own
-/// that nothing reads after the dispatch: the next request is read over it. A filesystem may
+/// Whether `bytes` (a write's data) lies in the buffer of the request this thread is
+/// dispatching, given up: the /dev/fuse loop's read buffer, or a transport's own given to
+/// `RequestDispatcher::dispatch_given`. That memory is private anonymous memory that nothing
+/// reads after the dispatch (the next request is read over it). A filesystem may
 /// therefore take the pages under such bytes (exchange them for pages of its own with
 /// `mremap`) instead of copying them, as long as the range stays mapped, readable and
 /// writable. A WRITE's data starts at a huge-page boundary of that buffer.

@@ -631,6 +631,21 @@ impl<FS: Filesystem> RequestDispatcher<FS> {
         }
         Ok(())
     }
+
+    /// As `dispatch`, with `request`'s memory given up as the /dev/fuse loop gives up its read
+    /// buffer: the filesystem may take its pages (`request_bytes_given` says yes for it).
+    /// # Safety
+    /// `request` lies in private anonymous memory of the caller's own that nothing else touches
+    /// during the dispatch and nothing reads afterwards; after it, the memory may hold anything.
+    /// # Errors
+    /// As `dispatch`.
+    pub unsafe fn dispatch_given(
+        &self,
+        request: &[u8],
+        sink: Arc<dyn crate::reply::ReplySink>,
+    ) -> io::Result<()> {
+        crate::read_buf::dispatching(request, || self.dispatch(request, sink))
+    }
 }
 
 /// The background session data structure
