@@ -23,6 +23,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::runtime::escape_path;
 use crate::sys::{self, Errno};
@@ -100,13 +101,9 @@ impl StateDir {
     /// touches it.
     pub fn find_for_remote(key: &Path, runtime: &Path, explicit: Option<&Path>) -> Result<StateDir, String> {
         let lock = File::open(runtime).map_err(|e| format!("runtime directory {}: {e}", runtime.display()))?;
-        // SAFETY: `flock` takes only integers (a descriptor and plain values) and touches none of
-        // our memory; a bad descriptor is an error return.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let holder = crate::runtime::RuntimeDir::at(runtime.to_path_buf())
-                .read_pid()
-                .map(|pid| format!(" (pid {pid})"))
-                .unwrap_or_default();
+        let runtime_dir = crate::runtime::RuntimeDir::at(runtime.to_path_buf());
+        if !lock_exclusive_once_holder_gone(&lock, || runtime_dir.read_pid()) {
+            let holder = runtime_dir.read_pid().map(|pid| format!(" (pid {pid})")).unwrap_or_default();
             let place = crate::mounts::read_mounts()
                 .into_iter()
                 .find(|m| m.fs_type == crate::mounts::FS_TYPE && Path::new(&m.source) == key)
@@ -260,15 +257,43 @@ fn make_and_lock(path: &Path, inside_backing: bool, read_only: bool) -> Result<O
     Ok(Some(file))
 }
 
+/// How long a mount waits for the lock of a daemon that has finished but whose lock the kernel
+/// has not yet let go: a daemon killed a moment ago (kill -9, then a remount at once) is a
+/// zombie before its last file is released in some exits (the final `fput` of a file an exiting
+/// thread's task work could no longer take is left to a kernel worker).
+const EXITED_HOLDER_WAIT: Duration = Duration::from_secs(5);
+
+/// Takes `file`'s exclusive flock without blocking on a live holder: while the lock is taken
+/// and `holder` (the pid file) names no running daemon, waits up to [`EXITED_HOLDER_WAIT`] for
+/// the kernel to release it. False when it stays taken, at once when the holder runs. (A
+/// daemon starting has the lock before its pid file: a second mount waits until it appears.)
+fn lock_exclusive_once_holder_gone(file: &File, holder: impl Fn() -> Option<i32>) -> bool {
+    let try_lock = || {
+        // SAFETY: `flock` takes only integers (a descriptor and plain values) and touches none of
+        // our memory; a bad descriptor is an error return.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+    };
+    if try_lock() {
+        return true;
+    }
+    let deadline = Instant::now() + EXITED_HOLDER_WAIT;
+    while !holder().is_some_and(crate::mounts::process_alive) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        if try_lock() {
+            log::info!("took the lock a daemon that had ended was still holding a moment ago");
+            return true;
+        }
+    }
+    false
+}
+
 /// The backing directory itself is locked (flock on the directory): a second daemon on it is
 /// refused whichever state directory it was given.
 fn lock_backing(backing: &Path) -> Result<File, String> {
     let dir = File::open(backing).map_err(|e| format!("backing directory {}: {e}", backing.display()))?;
-    // SAFETY: `flock` takes only integers (a descriptor and plain values) and touches none of our
-    // memory; a bad descriptor is an error return.
-    if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let holder =
-            crate::runtime::RuntimeDir::of(backing).read_pid().map(|pid| format!(" (pid {pid})")).unwrap_or_default();
+    let runtime_dir = crate::runtime::RuntimeDir::of(backing);
+    if !lock_exclusive_once_holder_gone(&dir, || runtime_dir.read_pid()) {
+        let holder = runtime_dir.read_pid().map(|pid| format!(" (pid {pid})")).unwrap_or_default();
         let place = crate::mounts::read_mounts()
             .into_iter()
             .find(|m| m.fs_type == crate::mounts::FS_TYPE && Path::new(&m.source) == backing)
@@ -377,4 +402,43 @@ pub fn clear_log_marker(backing: &Path) -> Result<(), String> {
         };
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn locked_pair() -> (tempfile::TempDir, File, File) {
+        let dir = tempfile::tempdir().unwrap();
+        let holder = File::open(dir.path()).unwrap();
+        // SAFETY: `flock` takes only integers; the descriptor is live.
+        assert_eq!(unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        let second = File::open(dir.path()).unwrap();
+        (dir, holder, second)
+    }
+
+    #[test]
+    fn a_lock_whose_holder_runs_is_refused_without_waiting_for_it() {
+        let (_dir, _holder, second) = locked_pair();
+        let me = std::process::id() as i32;
+        assert!(!lock_exclusive_once_holder_gone(&second, || Some(me)));
+    }
+
+    #[test]
+    fn a_lock_no_running_daemon_holds_is_taken_once_the_kernel_lets_it_go() {
+        let (_dir, holder, second) = locked_pair();
+        let released = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(holder);
+        });
+        // The pid file names a daemon that is gone (no process has pid i32::MAX), as after kill -9.
+        assert!(lock_exclusive_once_holder_gone(&second, || Some(i32::MAX)));
+        released.join().unwrap();
+    }
+
+    #[test]
+    fn a_lock_that_stays_taken_is_refused_after_the_wait() {
+        let (_dir, _holder, second) = locked_pair();
+        assert!(!lock_exclusive_once_holder_gone(&second, || None));
+    }
 }
