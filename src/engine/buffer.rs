@@ -160,7 +160,8 @@ impl AlignedBuf {
     /// Copies `bytes` in at `at`. Unlike `range_mut`, the stale memory where the copy lands
     /// is not zeroed first: a unit written whole or in order is never zeroed at all.
     pub fn write_at(&mut self, at: usize, bytes: &[u8]) {
-        self.span_mut(at..at + bytes.len(), true).copy_from_slice(bytes);
+        let exchanged = self.write_taking(at, WriteBytes::copied(bytes));
+        debug_assert!(!exchanged, "copied bytes are never exchanged");
     }
 
     /// Puts `bytes` in at `at` as `write_at` does, but by exchanging pages where they are given
@@ -387,10 +388,24 @@ mod pages {
 
     pub(super) const PAGE_BYTES: usize = 4096;
 
+    /// A range of address space of this thread's own, at a huge-page boundary, that an exchange
+    /// moves one side's pages through: (address, length), (0, 0) before the first. Unmapped
+    /// when the thread ends (a ring's or a /dev/fuse reader's thread, with the mount).
+    struct Scratch(Cell<(usize, usize)>);
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let (address, mapped) = self.0.get();
+            if mapped > 0 {
+                // SAFETY: the range is this thread's alone, and no exchange runs while its
+                // thread-local is dropped; it holds no page anybody uses between exchanges.
+                unsafe { libc::munmap(address as *mut libc::c_void, mapped) };
+            }
+        }
+    }
+
     thread_local! {
-        /// A range of address space of this thread's own, at a huge-page boundary, that an
-        /// exchange moves one side's pages through: (address, length), (0, 0) before the first.
-        static SCRATCH: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
+        static SCRATCH: Scratch = const { Scratch(Cell::new((0, 0))) };
     }
 
     /// Moves the pages of `[from, from + len)` over `[to, to + len)` (whose own pages are
@@ -411,21 +426,28 @@ mod pages {
     /// This thread's scratch range of at least `len` bytes, at a huge-page boundary (so that a
     /// move between huge-page-aligned ranges moves whole page-table entries of 2 MiB).
     fn scratch(len: usize) -> Option<usize> {
-        let (address, mapped) = SCRATCH.get();
-        if mapped >= len {
-            return Some(address);
-        }
-        if mapped > 0 {
-            // SAFETY: the old scratch range is this thread's alone and holds nothing in use.
-            unsafe { libc::munmap(address as *mut libc::c_void, mapped) };
-            SCRATCH.set((0, 0));
-        }
-        let len = len.next_multiple_of(super::HUGE_PAGE_BYTES);
-        // No access until an exchange moves pages in, and no memory reserved for it.
-        let flags = libc::MAP_NORESERVE;
-        let address = crate::sys::map_anonymous_aligned(len, 0, super::HUGE_PAGE_BYTES, libc::PROT_NONE, flags).ok()?;
-        SCRATCH.set((address, len));
-        Some(address)
+        // None while the thread is ending (its thread-locals going): the caller copies instead.
+        SCRATCH
+            .try_with(|scratch| {
+                let (address, mapped) = scratch.0.get();
+                if mapped >= len {
+                    return Some(address);
+                }
+                if mapped > 0 {
+                    // SAFETY: the old scratch range is this thread's alone and holds nothing in use.
+                    unsafe { libc::munmap(address as *mut libc::c_void, mapped) };
+                    scratch.0.set((0, 0));
+                }
+                let len = len.next_multiple_of(super::HUGE_PAGE_BYTES);
+                // No access until an exchange moves pages in, and no memory reserved for it.
+                let flags = libc::MAP_NORESERVE;
+                let address =
+                    crate::sys::map_anonymous_aligned(len, 0, super::HUGE_PAGE_BYTES, libc::PROT_NONE, flags).ok()?;
+                scratch.0.set((address, len));
+                Some(address)
+            })
+            .ok()
+            .flatten()
     }
 
     /// Exchanges the pages of `[a, a + len)` and `[b, b + len)`: afterwards `a` holds what `b`
