@@ -247,9 +247,10 @@ fn make_and_lock(path: &Path, inside_backing: bool, read_only: bool) -> Result<O
         .custom_flags(libc::O_NOFOLLOW)
         .open(path.join(LOCK_FILE_NAME))
         .map_err(|e| format!("cannot open the lock file in the state directory {shown}: {e}"))?;
-    // SAFETY: `flock` takes only integers (a descriptor and plain values) and touches none of our
-    // memory; a bad descriptor is an error return.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    // The backing directory's lock is ours already: a daemon of the same directory killed a
+    // moment ago may still be letting go of this one, as of that (no pid is known here, so a
+    // mount of another directory that shares the state directory is refused after the wait).
+    if !lock_exclusive_once_holder_gone(&file, || None) {
         return Err(format!(
             "state directory {shown} is in use by another coalescefs (a mount of another backing directory?)"
         ));
