@@ -313,7 +313,7 @@ fn run_umount(target: &Path, lazy: bool) -> ExitCode {
     let daemon = runtime.read_pid().filter(|&pid| mounts::process_alive(pid));
     // A dead daemon's mount answers only ENOTCONN; the lazy form is the one that clears it.
     let lazy = lazy || daemon.is_none();
-    if let Err(e) = mounts::unmount(&mount_point, lazy) {
+    if let Err(e) = mounts::unmount_when_closed(&mount_point, lazy) {
         return match e.0 {
             libc::EBUSY => fail(format!(
                 "{} is busy: files are open on it; close them or use `coalescefs umount --lazy`",

@@ -213,22 +213,45 @@ pub fn remount(mount_point: &Path, options: &crate::options::MountOptions) -> Re
     if !options.read_only {
         flags &= !libc::MS_RDONLY;
     }
-    // Going read-only fails with EBUSY while a file is open for writing; a file closed a
-    // moment ago can still be on its way out of the kernel, so wait a little before giving up.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    loop {
+    // Going read-only fails with EBUSY while a file is open for writing.
+    retrying_while_busy(|| {
         // SAFETY: mount reads the NUL-terminated `target`; a remount takes no source, type or data,
         // so those are null as the call allows.
         let ret = unsafe { libc::mount(std::ptr::null(), target.as_ptr(), std::ptr::null(), flags, std::ptr::null()) };
         if ret == 0 {
-            return Ok(());
+            Ok(())
+        } else {
+            Err(Errno::last())
         }
-        let err = Errno::last();
-        if err.0 != libc::EBUSY || std::time::Instant::now() > deadline {
-            return Err(format!("remount of {} failed: {err}", mount_point.display()));
+    })
+    .map_err(|err| format!("remount of {} failed: {err}", mount_point.display()))
+}
+
+/// How long a busy mount is asked again: a file closed a moment ago can still be on its way out
+/// of the kernel (CI: `umount` right after a test read its files back answered EBUSY once).
+const BUSY_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// `attempt` again every 20 ms while it fails with EBUSY, for at most [`BUSY_GRACE`]; then its
+/// error. A file that stays open keeps the mount busy: the caller reports it.
+fn retrying_while_busy(mut attempt: impl FnMut() -> Result<(), Errno>) -> Result<(), Errno> {
+    let deadline = std::time::Instant::now() + BUSY_GRACE;
+    loop {
+        match attempt() {
+            Err(Errno(libc::EBUSY)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            done => return done,
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// `coalescefs umount`'s unmount: the lazy form at once, the other asked again while the mount
+/// is busy for [`BUSY_GRACE`], before the caller says which files keep it.
+pub fn unmount_when_closed(mount_point: &Path, lazy: bool) -> Result<(), Errno> {
+    if lazy {
+        return unmount(mount_point, true);
+    }
+    retrying_while_busy(|| unmount(mount_point, false))
 }
 
 fn kernel_flags(options: &crate::options::MountOptions) -> libc::c_ulong {
