@@ -5,6 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod max_pages;
+#[allow(unused_imports)] // only the tests of requests above 1 MiB raise it
+pub use max_pages::MaxPagesRaised;
 pub mod s3;
 mod skip;
 #[allow(unused_imports)] // not every test binary has a test that can skip
