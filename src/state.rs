@@ -103,16 +103,8 @@ impl StateDir {
         let lock = File::open(runtime).map_err(|e| format!("runtime directory {}: {e}", runtime.display()))?;
         let runtime_dir = crate::runtime::RuntimeDir::at(runtime.to_path_buf());
         if !lock_exclusive_once_holder_gone(&lock, || runtime_dir.read_pid()) {
-            let holder = runtime_dir.read_pid().map(|pid| format!(" (pid {pid})")).unwrap_or_default();
-            let place = crate::mounts::read_mounts()
-                .into_iter()
-                .find(|m| m.fs_type == crate::mounts::FS_TYPE && Path::new(&m.source) == key)
-                .map(|m| format!(" at {}", m.mount_point.display()))
-                .unwrap_or_default();
-            return Err(format!(
-                "{} is already mounted by another coalescefs on this machine{place}{holder}",
-                key.display()
-            ));
+            let holder = where_mounted(key, runtime_dir.read_pid());
+            return Err(format!("{} is already mounted by another coalescefs on this machine{holder}", key.display()));
         }
         let path = match explicit {
             Some(path) => absolute_state_path(path)?,
@@ -288,20 +280,27 @@ fn lock_exclusive_once_holder_gone(file: &File, holder: impl Fn() -> Option<i32>
     false
 }
 
+/// " at MOUNTPOINT (pid N)" for a refusal's message: where `source` is mounted by coalescefs
+/// and which daemon holds it, each part left out where it is not known.
+fn where_mounted(source: &Path, holder: Option<i32>) -> String {
+    let place = crate::mounts::read_mounts()
+        .into_iter()
+        .find(|m| m.fs_type == crate::mounts::FS_TYPE && Path::new(&m.source) == source)
+        .map(|m| format!(" at {}", m.mount_point.display()))
+        .unwrap_or_default();
+    let holder = holder.map(|pid| format!(" (pid {pid})")).unwrap_or_default();
+    format!("{place}{holder}")
+}
+
 /// The backing directory itself is locked (flock on the directory): a second daemon on it is
 /// refused whichever state directory it was given.
 fn lock_backing(backing: &Path) -> Result<File, String> {
     let dir = File::open(backing).map_err(|e| format!("backing directory {}: {e}", backing.display()))?;
     let runtime_dir = crate::runtime::RuntimeDir::of(backing);
     if !lock_exclusive_once_holder_gone(&dir, || runtime_dir.read_pid()) {
-        let holder = runtime_dir.read_pid().map(|pid| format!(" (pid {pid})")).unwrap_or_default();
-        let place = crate::mounts::read_mounts()
-            .into_iter()
-            .find(|m| m.fs_type == crate::mounts::FS_TYPE && Path::new(&m.source) == backing)
-            .map(|m| format!(" at {}", m.mount_point.display()))
-            .unwrap_or_default();
+        let holder = where_mounted(backing, runtime_dir.read_pid());
         return Err(format!(
-            "backing directory {} is already mounted by another coalescefs{place}{holder}",
+            "backing directory {} is already mounted by another coalescefs{holder}",
             backing.display()
         ));
     }
