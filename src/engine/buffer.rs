@@ -23,8 +23,8 @@ const FIRST_CAPACITY_BYTES: usize = 16 << 10;
 /// copied only in whole huge pages, at huge-page boundaries on both sides: then each `mremap`
 /// moves one page-table entry per 2 MiB. A piece of 4 KiB pages moves 256 entries per
 /// megabyte, splits the huge pages around it and flushes the other CPU's TLB three times: 1 MiB
-/// O_DIRECT writes into the null backend went from 0.54x the null sink to 0.80x when such
-/// pieces were copied instead, and into the local backend from 318-432 MB/s to 546-694
+/// O_DIRECT writes into the null backend over /dev/fuse went from 0.59x the null sink to 0.75x
+/// when such pieces were copied instead, 1 MiB buffered ones from 0.64x to 1.20x
 /// (bench/results/2026-12-01-huge-page-exchange).
 const EXCHANGE_GRAIN_BYTES: usize = HUGE_PAGE_BYTES;
 
