@@ -5,8 +5,8 @@ its table, as (label, run) pairs; run(work) measures one repetition in the scrat
 import json, os, random, subprocess, sys, time
 
 from pmxcfs import config_prepare, config_rewrites, config_tree
-from stores import (BIN, REPO, SINK, Store, System, WriteTrace, cleanups, cleanups_global, diskstats, drop_caches,
-                    measured, raise_max_pages, sh)
+from stores import (BIN, ENABLE_URING, REPO, SINK, Store, System, WriteTrace, cleanups, cleanups_global, diskstats,
+                    drop_caches, measured, raise_max_pages, sh, uring_enabled_while_mounting)
 
 
 def fio(path, **params):
@@ -302,6 +302,8 @@ def case_apps(entries, quick):
     # (`log_closes=always`, the default before `auto`) shows what logging a burst's closes costs.
     systems = [("native", []), ("bindfs", []), ("coalescefs", []), ("coalescefs log=off", ["log=off"]),
                ("coalescefs log_closes=always", ["log_closes=always"]),
+               # Issue 45: the same over FUSE over io_uring (where the kernel has it).
+               ("coalescefs uring", ["transport=uring"]),
                # Not run unless asked for (BENCH_APPS_SYSTEMS): what the kernel's
                # security.capability questions cost (two of tar's ~11 requests per entry).
                ("coalescefs xattr=off", ["xattr=off"])]
@@ -313,6 +315,10 @@ def case_apps(entries, quick):
     else:
         systems = [s for s in systems if s[0] != "coalescefs xattr=off"]
         assert any(name == "native" for name, _ in systems), "the apps case compares with native: keep it"
+    if not os.path.exists(ENABLE_URING) and any(name == "coalescefs uring" for name, _ in systems):
+        print(f"bench: apps: no {ENABLE_URING} (a kernel without CONFIG_FUSE_IO_URING): io_uring not measured",
+              file=sys.stderr)
+        systems = [s for s in systems if s[0] != "coalescefs uring"]
     transactions = 100 if quick else 1000
 
     def run_for(name, opts):
@@ -447,28 +453,6 @@ def case_memory(size_mib, writers=4):
                          end_fsync=1, filename_format="f.$jobnum")
     return [("coalescefs buffer=64M", in_store("coalescefs", ["buffer=64M", "writeback_cache=off"], writers * size_mib + 512,
                                                4096, work, app_bytes=writers * size_mib << 20, sample_rss=True))]
-
-
-ENABLE_URING = "/sys/module/fuse/parameters/enable_uring"
-
-
-def uring_enabled_while_mounting():
-    """enable_uring on (the kernel offers FUSE over io_uring only then, at INIT); what puts it
-    back, also run if the benchmark is interrupted. None where the kernel has no such switch."""
-    if not os.path.exists(ENABLE_URING):
-        return None
-    with open(ENABLE_URING) as f:
-        before = f.read().strip()
-
-    def restore():
-        with open(ENABLE_URING, "w") as f:
-            f.write(before + "\n")
-        if restore in cleanups_global:
-            cleanups_global.remove(restore)
-    cleanups_global.append(restore)
-    with open(ENABLE_URING, "w") as f:
-        f.write("1\n")
-    return restore
 
 
 def per_request_us(path, count):

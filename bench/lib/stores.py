@@ -48,6 +48,28 @@ def diskstats(dev):
     raise RuntimeError(f"{name} not in /proc/diskstats")
 
 
+ENABLE_URING = "/sys/module/fuse/parameters/enable_uring"
+
+
+def uring_enabled_while_mounting():
+    """enable_uring on (the kernel offers FUSE over io_uring only then, at INIT); what puts it
+    back, also run if the benchmark is interrupted. None where the kernel has no such switch."""
+    if not os.path.exists(ENABLE_URING):
+        return None
+    with open(ENABLE_URING) as f:
+        before = f.read().strip()
+
+    def restore():
+        with open(ENABLE_URING, "w") as f:
+            f.write(before + "\n")
+        if restore in cleanups_global:
+            cleanups_global.remove(restore)
+    cleanups_global.append(restore)
+    with open(ENABLE_URING, "w") as f:
+        f.write("1\n")
+    return restore
+
+
 def raise_max_pages(pages):
     """fs.fuse.max_pages_limit up to `pages` for one case; returns what puts it back, which
     also runs on the way out if the run is interrupted."""
@@ -291,7 +313,12 @@ class System:
             options = [f"log={self.store.log_dev}" if o == "log=DEVICE" else o for o in self.options
                        if o != "store=sqlite"]
             options.append("state=" + self.store.state)
-            sh(BIN, "mount", self.source(), self.fuse_mnt, "-o", ",".join(options))
+            restore = uring_enabled_while_mounting() if "transport=uring" in options else None
+            try:
+                sh(BIN, "mount", self.source(), self.fuse_mnt, "-o", ",".join(options))
+            finally:
+                if restore:
+                    restore()
         self.path = self.fuse_mnt
 
     def unmount(self):
