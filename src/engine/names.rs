@@ -32,14 +32,42 @@ impl Engine {
     }
 
     pub fn forget(&self, id: ObjectId, count: u64) {
+        // The kernel forgets an object once, when it lets its inode go.
+        lock(&self.deleted_attrs).remove(&id);
         self.writeback.forget(id, count);
     }
 
     pub fn getattr(&self, id: ObjectId) -> SysResult<Attr> {
-        Ok(self.finish_attr(self.ns.getattr(id)?))
+        match self.ns.getattr(id) {
+            Ok(attr) => Ok(self.finish_attr(attr)),
+            Err(e @ Errno(libc::ESTALE | libc::ENOENT)) => lock(&self.deleted_attrs).get(&id).cloned().ok_or(e),
+            Err(e) => Err(e),
+        }
     }
 
     pub fn setattr(&self, id: ObjectId, fh: Option<u64>, changes: AttrChanges) -> SysResult<Attr> {
+        match self.setattr_now(id, fh, changes) {
+            // A deleted file the backend no longer finds (`deleted_attrs`): its times are set
+            // where anybody could still see them, the kernel's copy.
+            Err(e @ Errno(libc::ESTALE | libc::ENOENT)) if changes.times_only() => {
+                let mut deleted = lock(&self.deleted_attrs);
+                let attr = deleted.get_mut(&id).ok_or(e)?;
+                let now = Timestamp::now();
+                let times = changes.times.resolved(now);
+                if let Some(TimeToSet::At(at)) = times.atime {
+                    attr.atime = at;
+                }
+                if let Some(TimeToSet::At(at)) = times.mtime {
+                    attr.mtime = at;
+                }
+                attr.ctime = now;
+                Ok(attr.clone())
+            }
+            result => result,
+        }
+    }
+
+    fn setattr_now(&self, id: ObjectId, fh: Option<u64>, changes: AttrChanges) -> SysResult<Attr> {
         if changes.drop_set_id_bits && changes.mode.is_none() {
             self.drop_set_id_bits(id)?;
         }
@@ -301,6 +329,16 @@ impl Engine {
             self.writeback.settle_made(*id, true)?;
         }
         let lingering = if directory { None } else { self.lingering_at(parent, name)? };
+        if !directory {
+            // Without the log nothing has looked the name up yet.
+            let id = match &removed {
+                Some((_, id)) => Some(*id),
+                None => self.ns.identify(parent, name)?.map(|(_, id)| id),
+            };
+            if let Some(id) = id {
+                self.remember_if_last_name(id);
+            }
+        }
         self.ns.remove(parent, name, directory)?;
         self.forget_if_gone(lingering);
         let (Some((key, id)), Ok(parent_key)) = (removed, self.ns.log_key(parent)) else { return Ok(None) };
@@ -326,6 +364,19 @@ impl Engine {
     fn forget_if_gone(&self, lingering: Option<ObjectId>) {
         if let Some(id) = lingering.filter(|&id| self.writeback.has_no_name(id)) {
             self.writeback.forget_file(id);
+        }
+    }
+
+    /// Before a change that removes a name of `id`: if it is a regular file's last, its
+    /// attributes as they will be after it (no link left), for the kernel's last questions about
+    /// it (`deleted_attrs`). Read now, while the backend still finds the file.
+    fn remember_if_last_name(&self, id: ObjectId) {
+        let Ok(attr) = self.ns.getattr(id) else { return };
+        if attr.kind == Kind::File && attr.nlink == 1 {
+            let mut attr = self.finish_attr(attr);
+            attr.nlink = 0;
+            attr.ctime = Timestamp::now();
+            lock(&self.deleted_attrs).insert(id, attr);
         }
     }
 
@@ -365,6 +416,9 @@ impl Engine {
                 // file that ends up in it. Elsewhere the file is made on the backend first.
                 let new_parent_durable = new_parent == parent || self.writeback.may_hold_new_file(new_parent);
                 if plain && new_parent_durable && (target.is_none() || flags == 0 && replaceable()) {
+                    if let Some(target) = target {
+                        self.remember_if_last_name(target);
+                    }
                     let gate = held.names_gate.read();
                     let mut records = Vec::new();
                     let renamed = self.rename_held(source, target, parent, name, new_parent, new_name, &mut records);
@@ -398,6 +452,18 @@ impl Engine {
         }
         let lingering =
             if flags & libc::RENAME_EXCHANGE == 0 { self.lingering_at(new_parent, new_name)? } else { None };
+        if flags & libc::RENAME_EXCHANGE == 0 {
+            // Without the log nothing has looked the names up yet.
+            let id_at = |p, n| self.ns.identify(p, n).map(|found| found.map(|(_, id)| id));
+            let (moved_id, replaced_id) = if self.writeback.logging() {
+                (moved.as_ref().map(|(_, id)| *id), replaced.as_ref().map(|(_, id)| *id))
+            } else {
+                (id_at(parent, name)?, id_at(new_parent, new_name)?)
+            };
+            if let Some(replaced_id) = replaced_id.filter(|&replaced_id| moved_id != Some(replaced_id)) {
+                self.remember_if_last_name(replaced_id);
+            }
+        }
         self.ns.rename(parent, name, new_parent, new_name, flags)?;
         self.forget_if_gone(lingering);
         let Some((key, id)) = moved else { return Ok(()) };
@@ -444,6 +510,7 @@ impl Engine {
     /// record the caller commits before it answers (replay would make the file again).
     fn unlink_held(&self, id: ObjectId, parent: ObjectId, name: &OsStr) -> SysResult<Option<Record>> {
         let held = self.pending.as_ref().expect("held files exist with the log");
+        self.remember_if_last_name(id);
         let logged = held.unlink(parent, name)?;
         // Its last name gone (a held file may have hard links).
         if self.writeback.is_lingering(id) && held.parents_of(id).is_empty() {
