@@ -1226,6 +1226,11 @@ fn a_file_grown_by_a_truncate_after_a_logged_rewrite_keeps_its_size_through_a_cr
 /// empty; the flush that finds the file gone drops them, and the checkpoint goes on.
 #[test]
 fn a_file_deleted_behind_the_mount_does_not_stop_the_checkpoints() {
+    // A child another test forks holds a copy of the descriptors below until its exec, and
+    // its close flushes f's unit to the backend early (CI, four tests at a time, once).
+    if !in_a_process_of_its_own("a_file_deleted_behind_the_mount_does_not_stop_the_checkpoints") {
+        return;
+    }
     let options = ["log_closes=always", "checkpoint_interval=3600s", "flush_age=3600s", "writeback_cache=off"];
     let m = TestMount::with_descriptor_limit(&options, 600);
     fs::create_dir(m.backing_path("others")).unwrap();
