@@ -144,6 +144,6 @@ fn the_null_sink_keeps_sizes_over_io_uring() {
         skip(test, "kernel.io_uring_disabled is set");
         return;
     }
-    let Some(_uring) = UringEnabled::new(test) else { return };
+    let Some(_uring) = KernelParameter::uring(test, true) else { return };
     writes_keep_their_size("uring");
 }

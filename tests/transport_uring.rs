@@ -30,7 +30,7 @@ fn possible_cpus() -> u64 {
 
 #[test]
 fn file_io_is_answered_over_the_rings() {
-    let Some(_uring) = UringEnabled::new("file_io_is_answered_over_the_rings") else { return };
+    let Some(_uring) = KernelParameter::uring("file_io_is_answered_over_the_rings", true) else { return };
     // cache_timeout=0: every stat reaches the daemon.
     let mut m = TestMount::with_options(&["allow_other", "transport=uring", "cache_timeout=0"]);
     let text = stats_text(&m);
@@ -107,20 +107,8 @@ fn file_io_is_answered_over_the_rings() {
 
 #[test]
 fn transport_uring_is_refused_clearly_where_the_kernel_does_not_offer_it() {
-    // SAFETY: geteuid takes no arguments and cannot fail.
-    if unsafe { libc::geteuid() } != 0 || fs::metadata(ENABLE_URING).is_err() {
-        skip(
-            "transport_uring_is_refused_clearly_where_the_kernel_does_not_offer_it",
-            &format!("not root, or no {ENABLE_URING}"),
-        );
-        return;
-    }
-    let _held = ENABLE_URING_HELD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let previous = fs::read_to_string(ENABLE_URING).unwrap();
-    if previous.trim() != "N" && previous.trim() != "0" {
-        eprintln!("skipped: enable_uring is on here");
-        return;
-    }
+    let test = "transport_uring_is_refused_clearly_where_the_kernel_does_not_offer_it";
+    let Some(_uring_off) = KernelParameter::uring(test, false) else { return };
     let dir = tempfile::tempdir().unwrap();
     let (backing, mnt) = (dir.path().join("b"), dir.path().join("m"));
     fs::create_dir(&backing).unwrap();
@@ -143,7 +131,7 @@ fn transport_uring_is_refused_clearly_where_the_kernel_does_not_offer_it() {
 
 #[test]
 fn a_daemon_killed_while_its_rings_hold_requests_leaves_a_mount_that_umount_clears_and_a_remount_replays() {
-    let Some(_uring) = UringEnabled::new("a_daemon_killed_while_its_rings_hold_requests") else { return };
+    let Some(_uring) = KernelParameter::uring("a_daemon_killed_while_its_rings_hold_requests", true) else { return };
     let mut m = TestMount::build(&["allow_other", "transport=uring"], &[("COALESCEFS_FAULTS", "")], None);
     let mnt = path_str(&m.mnt);
     assert!(stats_text(&m).contains("transport: uring"));
@@ -196,7 +184,7 @@ fn a_daemon_killed_while_its_rings_hold_requests_leaves_a_mount_that_umount_clea
 #[test]
 fn whole_units_written_over_the_rings_take_the_requests_pages_and_read_back_as_written() {
     let test = "whole_units_written_over_the_rings_take_the_requests_pages";
-    let Some(_uring) = UringEnabled::new(test) else { return };
+    let Some(_uring) = KernelParameter::uring(test, true) else { return };
     whole_units_take_the_requests_pages_and_read_back_as_written(test, "transport=uring");
 }
 
@@ -212,7 +200,7 @@ fn whole_units_written_over_dev_fuse_take_the_requests_pages_and_read_back_as_wr
 /// instead of copying them. Pieces of 4 KiB pages are copied (the unit tests of
 /// `engine::buffer`), so a unit of 1 MiB, whose requests fit the default limit, takes none.
 fn whole_units_take_the_requests_pages_and_read_back_as_written(test: &str, transport: &str) {
-    let Some(_max_pages) = MaxPagesRaised::at_least(test, 512) else { return };
+    let Some(_max_pages) = KernelParameter::max_pages_at_least(test, 512) else { return };
     let mut m = TestMount::with_options(&["allow_other", transport, "unit=2M"]);
     const UNIT: usize = 2 << 20;
     let pattern = |seed: u32, len: usize| -> Vec<u8> {

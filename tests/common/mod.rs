@@ -5,16 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-mod max_pages;
-#[allow(unused_imports)] // only the tests of requests above 1 MiB raise it
-pub use max_pages::MaxPagesRaised;
+mod kernel_parameter;
+#[allow(unused_imports)] // only the io_uring tests and those of requests above 1 MiB set one
+pub use kernel_parameter::KernelParameter;
 pub mod s3;
 mod skip;
 #[allow(unused_imports)] // not every test binary has a test that can skip
 pub use skip::skip;
-mod uring;
-#[allow(unused_imports)] // only the io_uring tests turn it on
-pub use uring::{UringEnabled, ENABLE_URING, ENABLE_URING_HELD};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_coalescefs");
 
