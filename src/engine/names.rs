@@ -453,15 +453,23 @@ impl Engine {
         let lingering =
             if flags & libc::RENAME_EXCHANGE == 0 { self.lingering_at(new_parent, new_name)? } else { None };
         if flags & libc::RENAME_EXCHANGE == 0 {
-            // Without the log nothing has looked the names up yet.
+            // Without the log nothing has looked the names up yet: the moved name only when the
+            // new one holds something (a rename to a free name, rsync's, costs one lookup).
             let id_at = |p, n| self.ns.identify(p, n).map(|found| found.map(|(_, id)| id));
-            let (moved_id, replaced_id) = if self.writeback.logging() {
-                (moved.as_ref().map(|(_, id)| *id), replaced.as_ref().map(|(_, id)| *id))
-            } else {
-                (id_at(parent, name)?, id_at(new_parent, new_name)?)
+            let replaced_id = match &replaced {
+                Some((_, id)) => Some(*id),
+                None if self.writeback.logging() => None,
+                None => id_at(new_parent, new_name)?,
             };
-            if let Some(replaced_id) = replaced_id.filter(|&replaced_id| moved_id != Some(replaced_id)) {
-                self.remember_if_last_name(replaced_id);
+            if let Some(replaced_id) = replaced_id {
+                let moved_id = match &moved {
+                    Some((_, id)) => Some(*id),
+                    None if self.writeback.logging() => None,
+                    None => id_at(parent, name)?,
+                };
+                if moved_id != Some(replaced_id) {
+                    self.remember_if_last_name(replaced_id);
+                }
             }
         }
         self.ns.rename(parent, name, new_parent, new_name, flags)?;
