@@ -329,17 +329,19 @@ impl Engine {
             self.writeback.settle_made(*id, true)?;
         }
         let lingering = if directory { None } else { self.lingering_at(parent, name)? };
-        if !directory {
-            // Without the log nothing has looked the name up yet.
-            let id = match &removed {
-                Some((_, id)) => Some(*id),
-                None => self.ns.identify(parent, name)?.map(|(_, id)| id),
-            };
-            if let Some(id) = id {
-                self.remember_if_last_name(id);
-            }
+        // Without the log nothing has looked the name up yet.
+        let remembered = match &removed {
+            _ if directory => None,
+            Some((_, id)) => Some(*id),
+            None => self.ns.identify(parent, name)?.map(|(_, id)| id),
+        };
+        if let Some(id) = remembered {
+            self.remember_if_last_name(id);
         }
-        self.ns.remove(parent, name, directory)?;
+        if let Err(e) = self.ns.remove(parent, name, directory) {
+            self.unremember(remembered);
+            return Err(e);
+        }
         self.forget_if_gone(lingering);
         let (Some((key, id)), Ok(parent_key)) = (removed, self.ns.log_key(parent)) else { return Ok(None) };
         let record =
@@ -377,6 +379,16 @@ impl Engine {
             attr.nlink = 0;
             attr.ctime = Timestamp::now();
             lock(&self.deleted_attrs).insert(id, attr);
+        }
+    }
+
+    /// After a backend change that `remember_if_last_name` prepared for failed: if the backend
+    /// still finds the file, its entry goes. (Entries are otherwise dropped at `forget`, which
+    /// the kernel sends soon after a deleted file's last user lets it go: the map holds about
+    /// as many entries as there are deleted files still open.)
+    fn unremember(&self, id: Option<ObjectId>) {
+        if let Some(id) = id.filter(|&id| self.ns.getattr(id).is_ok()) {
+            lock(&self.deleted_attrs).remove(&id);
         }
     }
 
@@ -452,6 +464,7 @@ impl Engine {
         }
         let lingering =
             if flags & libc::RENAME_EXCHANGE == 0 { self.lingering_at(new_parent, new_name)? } else { None };
+        let mut remembered = None;
         if flags & libc::RENAME_EXCHANGE == 0 {
             // Without the log nothing has looked the names up yet: the moved name only when the
             // new one holds something (a rename to a free name, rsync's, costs one lookup).
@@ -469,10 +482,14 @@ impl Engine {
                 };
                 if moved_id != Some(replaced_id) {
                     self.remember_if_last_name(replaced_id);
+                    remembered = Some(replaced_id);
                 }
             }
         }
-        self.ns.rename(parent, name, new_parent, new_name, flags)?;
+        if let Err(e) = self.ns.rename(parent, name, new_parent, new_name, flags) {
+            self.unremember(remembered);
+            return Err(e);
+        }
         self.forget_if_gone(lingering);
         let Some((key, id)) = moved else { return Ok(()) };
         if replaced.as_ref().is_some_and(|(_, replaced_id)| *replaced_id == id) {
