@@ -285,7 +285,12 @@ class System:
     """Where the workload writes: the store itself, or a FUSE mount of it."""
 
     def __init__(self, kind, store, options=()):
-        self.kind, self.store, self.options = kind, store, list(options)
+        # `bin=PATH` among the options: that coalescefs build for this system (bench/ab's A/B of
+        # two builds in one run, interleaved); not a mount option.
+        builds = [o[len("bin="):] for o in options if o.startswith("bin=")]
+        self.bin = builds[-1] if builds else BIN
+        self.kind, self.store = kind, store
+        self.options = [o for o in options if not o.startswith("bin=")]
         self.path = store.data
         self.fuse_mnt = os.path.join(store.work, "mnt")
 
@@ -315,7 +320,7 @@ class System:
             options.append("state=" + self.store.state)
             restore = uring_enabled_while_mounting() if "transport=uring" in options else None
             try:
-                sh(BIN, "mount", self.source(), self.fuse_mnt, "-o", ",".join(options))
+                sh(self.bin, "mount", self.source(), self.fuse_mnt, "-o", ",".join(options))
             finally:
                 if restore:
                     restore()
@@ -331,14 +336,14 @@ class System:
             if sh("umount", self.fuse_mnt, check=False).returncode != 0:
                 sh("umount", "-l", self.fuse_mnt, check=False)
         elif self.kind == "coalescefs":
-            if sh(BIN, "umount", self.fuse_mnt, check=False).returncode != 0:
-                sh(BIN, "umount", "--lazy", self.fuse_mnt, check=False)
+            if sh(self.bin, "umount", self.fuse_mnt, check=False).returncode != 0:
+                sh(self.bin, "umount", "--lazy", self.fuse_mnt, check=False)
 
     def checkpoint(self):
         """Everything acknowledged so far written to the store (the file system's own sync is
         the caller's): `coalescefs sync` checkpoints the intent log or flushes the buffer."""
         if self.kind == "coalescefs":
-            sh(BIN, "sync", self.fuse_mnt)
+            sh(self.bin, "sync", self.fuse_mnt)
 
     def daemon_pid(self):
         return int(self.stats()["daemon_pid"])
@@ -346,7 +351,7 @@ class System:
     def stats(self):
         if self.kind != "coalescefs":
             return {}
-        out = sh(BIN, "stats", self.fuse_mnt, capture=True, check=False) or ""
+        out = sh(self.bin, "stats", self.fuse_mnt, capture=True, check=False) or ""
         stats = {}
         for line in out.splitlines():
             w = line.split()
