@@ -319,18 +319,12 @@ fn scattered_small_writes_land_and_the_backing_file_system_is_free_after_umount(
         drop(f);
         m.unmount();
         assert_eq!(fs::read(backing.join("f")).unwrap(), expected, "round {round}");
-        // Busy for a moment at most: the kernel may drop the daemon's last file references a
-        // few ms after its tasks are gone (deferred fput, seen at 23.5 ms after a kill -9), and
-        // a child another test forks holds copies of this process's descriptors until its exec.
-        // A daemon still tearing down would hold it far longer (the bug this test was for).
-        let began = std::time::Instant::now();
-        let out = loop {
-            let out = Command::new("umount").arg(small.path()).output().unwrap();
-            if out.status.success() || began.elapsed() > std::time::Duration::from_secs(1) {
-                break out;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
+        // Busy for a moment at most (`retried_while_busy`; the kernel may also drop a gone
+        // daemon's last file references a few ms late, deferred fput). A daemon still tearing
+        // down would hold it far longer (the bug this test was for).
+        let out = retried_while_busy(std::time::Duration::from_secs(1), || {
+            Command::new("umount").arg(small.path()).output().unwrap()
+        });
         assert!(out.status.success(), "round {round}: {}", String::from_utf8_lossy(&out.stderr));
         let out = Command::new("mount")
             .args(["-o", "loop"])

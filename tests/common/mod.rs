@@ -339,18 +339,8 @@ impl TestMount {
 
     pub fn unmount(&mut self) {
         if self.mounted {
-            // Tests run side by side in one process: a child another test forks holds a copy
-            // of every descriptor (this test's files on the mount too) until it execs, and
-            // umount(2) answers EBUSY meanwhile (CI's loaded machine saw it). A few tries.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-            let out = loop {
-                let out = coalescefs(&["umount", &path_str(&self.mnt)]);
-                if out.status.success() || !stderr_of(&out).contains("is busy") || std::time::Instant::now() > deadline
-                {
-                    break out;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            };
+            let out =
+                retried_while_busy(std::time::Duration::from_secs(5), || coalescefs(&["umount", &path_str(&self.mnt)]));
             assert!(out.status.success(), "umount failed: {}", stderr_of(&out));
             self.mounted = false;
         }
@@ -642,6 +632,21 @@ pub fn control_in(runtime: &Path, request: &str) -> String {
 /// The daemon's log in its runtime directory (empty when there is none).
 pub fn daemon_log_in(runtime: &Path) -> String {
     std::fs::read_to_string(runtime.join("daemon.log")).unwrap_or_default()
+}
+
+/// An unmount (`run`) tried again while it answers that the target is busy, for at most
+/// `within`; its last output. Tests run side by side in one process: a child another test forks
+/// holds a copy of every descriptor (this test's files too) until it execs, and umount(2) answers
+/// EBUSY meanwhile (CI's loaded machine saw it).
+pub fn retried_while_busy(within: std::time::Duration, mut run: impl FnMut() -> Output) -> Output {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let out = run();
+        if out.status.success() || !stderr_of(&out).contains("is busy") || std::time::Instant::now() > deadline {
+            return out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// Unmounts `mnt` for a test's Drop: cleanly, else lazily (a file a failed test left open).
