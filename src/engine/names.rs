@@ -285,6 +285,21 @@ impl Engine {
         self.ns.identify(parent, name)
     }
 
+    /// The id at `name` in `parent`: what `named_object` found, or with the log off, where it
+    /// looks nothing up, a lookup now.
+    fn found_or_identified(
+        &self,
+        found: &Option<(Vec<u8>, ObjectId)>,
+        parent: ObjectId,
+        name: &OsStr,
+    ) -> SysResult<Option<ObjectId>> {
+        match found {
+            Some((_, id)) => Ok(Some(*id)),
+            None if self.writeback.logging() => Ok(None),
+            None => Ok(self.ns.identify(parent, name)?.map(|(_, id)| id)),
+        }
+    }
+
     pub fn unlink(&self, parent: ObjectId, name: &OsStr) -> SysResult<()> {
         self.remove(parent, name, false)
     }
@@ -329,19 +344,8 @@ impl Engine {
             self.writeback.settle_made(*id, true)?;
         }
         let lingering = if directory { None } else { self.lingering_at(parent, name)? };
-        // Without the log nothing has looked the name up yet.
-        let remembered = match &removed {
-            _ if directory => None,
-            Some((_, id)) => Some(*id),
-            None => self.ns.identify(parent, name)?.map(|(_, id)| id),
-        };
-        if let Some(id) = remembered {
-            self.remember_if_last_name(id);
-        }
-        if let Err(e) = self.ns.remove(parent, name, directory) {
-            self.unremember(remembered);
-            return Err(e);
-        }
+        let removed_file = if directory { None } else { self.found_or_identified(&removed, parent, name)? };
+        self.removing_last_name(removed_file, || self.ns.remove(parent, name, directory))?;
         self.forget_if_gone(lingering);
         let (Some((key, id)), Ok(parent_key)) = (removed, self.ns.log_key(parent)) else { return Ok(None) };
         let record =
@@ -382,14 +386,19 @@ impl Engine {
         }
     }
 
-    /// After a backend change that `remember_if_last_name` prepared for failed: if the backend
-    /// still finds the file, its entry goes. (Entries are otherwise dropped at `forget`, which
-    /// the kernel sends soon after a deleted file's last user lets it go: the map holds about
-    /// as many entries as there are deleted files still open.)
-    fn unremember(&self, id: Option<ObjectId>) {
-        if let Some(id) = id.filter(|&id| self.ns.getattr(id).is_ok()) {
-            lock(&self.deleted_attrs).remove(&id);
-        }
+    /// `change`, a backend change that may take the last name of the file `id`: its attributes
+    /// remembered first (`remember_if_last_name`), and forgotten again if the change fails while
+    /// the backend still finds the file. (Entries are otherwise dropped at `forget`, which the
+    /// kernel sends soon after a deleted file's last user lets it go: the map holds about as
+    /// many entries as there are deleted files still open.)
+    fn removing_last_name(&self, id: Option<ObjectId>, change: impl FnOnce() -> SysResult<()>) -> SysResult<()> {
+        let Some(id) = id else { return change() };
+        self.remember_if_last_name(id);
+        change().inspect_err(|_| {
+            if self.ns.getattr(id).is_ok() {
+                lock(&self.deleted_attrs).remove(&id);
+            }
+        })
     }
 
     pub fn rename(
@@ -464,32 +473,18 @@ impl Engine {
         }
         let lingering =
             if flags & libc::RENAME_EXCHANGE == 0 { self.lingering_at(new_parent, new_name)? } else { None };
-        let mut remembered = None;
+        // The file the new name held, unless the rename swaps the two or both names are the
+        // same file; the moved name looked up only when there is one (a rename to a free name,
+        // rsync's, costs one lookup with the log off).
+        let mut replaced_file = None;
         if flags & libc::RENAME_EXCHANGE == 0 {
-            // Without the log nothing has looked the names up yet: the moved name only when the
-            // new one holds something (a rename to a free name, rsync's, costs one lookup).
-            let id_at = |p, n| self.ns.identify(p, n).map(|found| found.map(|(_, id)| id));
-            let replaced_id = match &replaced {
-                Some((_, id)) => Some(*id),
-                None if self.writeback.logging() => None,
-                None => id_at(new_parent, new_name)?,
-            };
-            if let Some(replaced_id) = replaced_id {
-                let moved_id = match &moved {
-                    Some((_, id)) => Some(*id),
-                    None if self.writeback.logging() => None,
-                    None => id_at(parent, name)?,
-                };
-                if moved_id != Some(replaced_id) {
-                    self.remember_if_last_name(replaced_id);
-                    remembered = Some(replaced_id);
+            if let Some(replaced_id) = self.found_or_identified(&replaced, new_parent, new_name)? {
+                if self.found_or_identified(&moved, parent, name)? != Some(replaced_id) {
+                    replaced_file = Some(replaced_id);
                 }
             }
         }
-        if let Err(e) = self.ns.rename(parent, name, new_parent, new_name, flags) {
-            self.unremember(remembered);
-            return Err(e);
-        }
+        self.removing_last_name(replaced_file, || self.ns.rename(parent, name, new_parent, new_name, flags))?;
         self.forget_if_gone(lingering);
         let Some((key, id)) = moved else { return Ok(()) };
         if replaced.as_ref().is_some_and(|(_, replaced_id)| *replaced_id == id) {
