@@ -200,8 +200,13 @@ pub fn open(path: &Path) -> Result<(Connection, u64), String> {
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(format!("SQLite database {shown}: cannot use WAL mode (journal_mode is {mode})"));
     }
-    db.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF; PRAGMA cache_size = -16384")
-        .map_err(|e| fail("setting its pragmas", e))?;
+    // temp_store = MEMORY: SQLite's statement journals and sorts stay in memory (bounded by one
+    // checkpoint's transaction) instead of files it creates in /var/tmp and unlinks right after,
+    // so a daemon killed between the two leaves no `etilqs_*` file behind (seen once in 200 kills).
+    db.execute_batch(
+        "PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF; PRAGMA cache_size = -16384; PRAGMA temp_store = MEMORY",
+    )
+    .map_err(|e| fail("setting its pragmas", e))?;
     db.execute_batch("BEGIN IMMEDIATE").map_err(|e| fail("starting a transaction", e))?;
     let made = (|| -> rusqlite::Result<u64> {
         if tables == 0 {

@@ -398,3 +398,13 @@ fn the_wal_file_is_kept_at_its_size_from_one_open_to_the_next_and_the_database_a
     let b = open(&dir);
     assert_eq!(read_all(&*b.open(file.id, OpenMode::default()).unwrap()), big);
 }
+
+/// A daemon killed between SQLite's creation of a temporary file and its unlink would leave the
+/// file in /var/tmp; with temporary storage in memory there is no such file to leave.
+#[test]
+fn sqlite_keeps_its_temporary_storage_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(&dir);
+    let temp_store: i64 = super::lock(&b.inner).db.query_row("PRAGMA temp_store", [], |r| r.get(0)).unwrap();
+    assert_eq!(temp_store, 2, "PRAGMA temp_store is MEMORY (2)");
+}
