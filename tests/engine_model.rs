@@ -1308,3 +1308,51 @@ fn a_file_made_at_a_name_two_renames_passed_through_keeps_its_fsynced_bytes() {
         &[Op::Crash { log_writes_kept: 0 }, Op::Crash { log_writes_kept: u64::MAX }, Op::Kill],
     );
 }
+
+/// A removal or a rename over a file's last name remembers the file's attributes first (the
+/// kernel may still ask for them through an open descriptor once the store has let it go). When
+/// the store refuses the change, the file keeps its name and the remembered attributes must go:
+/// else they would answer for the file after it was deleted behind the mount.
+#[test]
+fn a_removal_the_store_refuses_leaves_no_remembered_attributes_behind() {
+    use coalescefs::backend::faults::{Faults, FaultyBackend};
+    let memory = Arc::new(MemoryBackend::new(UNIT));
+    let faults = Arc::new(Faults::new());
+    let faulty = Arc::new(FaultyBackend::new(memory.clone(), memory.clone(), faults.clone()));
+    let engine = Engine::new(faulty.clone(), faulty, config(), Arc::new(Metrics::default()), None).unwrap();
+    let file = |name: &str| {
+        let (attr, opened) = engine.create(ROOT_ID, OsStr::new(name), 0o644, libc::O_RDWR, ROOT).unwrap();
+        engine.release(opened.fh).unwrap();
+        attr.id
+    };
+    let refused = |change: &dyn Fn() -> Result<(), coalescefs::sys::Errno>| {
+        faults.control("inject mutate=EIO*1").unwrap();
+        assert_eq!(change(), Err(coalescefs::sys::Errno(libc::EIO)), "the store refuses the change");
+    };
+    // The store lets an object go once it has no name and nobody holds it: here every hold the
+    // engine took is dropped behind its back, as a store shared with other programs may.
+    let let_go = |id: ObjectId| memory.forget(id, u64::MAX);
+    let behind_the_mount = |name: &str, id: ObjectId| {
+        memory.remove(ROOT_ID, OsStr::new(name), false).unwrap();
+        let_go(id);
+    };
+
+    // The control: after a removal the store took, the attributes answer once the store let go.
+    let taken = file("taken");
+    engine.unlink(ROOT_ID, OsStr::new("taken")).unwrap();
+    let_go(taken);
+    assert_eq!(engine.getattr(taken).expect("remembered after the unlink").nlink, 0);
+
+    let unlinked = file("unlinked");
+    refused(&|| engine.unlink(ROOT_ID, OsStr::new("unlinked")));
+    assert_eq!(engine.getattr(unlinked).unwrap().nlink, 1, "the refused unlink left the file as it was");
+    behind_the_mount("unlinked", unlinked);
+    assert!(engine.getattr(unlinked).is_err(), "a file deleted behind the mount after a refused unlink is gone");
+
+    let replaced = file("replaced");
+    file("moved");
+    refused(&|| engine.rename(ROOT_ID, OsStr::new("moved"), ROOT_ID, OsStr::new("replaced"), 0));
+    assert_eq!(engine.getattr(replaced).unwrap().nlink, 1, "the refused rename left the file it would replace");
+    behind_the_mount("replaced", replaced);
+    assert!(engine.getattr(replaced).is_err(), "a file deleted behind the mount after a refused rename is gone");
+}
