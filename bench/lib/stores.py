@@ -254,6 +254,9 @@ class Store:
         # coalescefs's state directory (the intent log, with it on) on the measured device,
         # beside the data, so that the log's bytes count.
         self.state = os.path.join(self.mnt, "state")
+        # The coalescefs build last mounted over this store (a system's `bin=`), which forgets
+        # its mounts at close: the default build may not be the one that ran, or not be built.
+        self.bin = BIN
 
     def log_path(self):
         return os.path.join(self.state, "intent.log")
@@ -270,10 +273,10 @@ class Store:
         # coalescefs's runtime directory (the daemon's log) of a mount of this store, in
         # /run/coalescefs; its state directory is on the store and goes with it.
         if os.path.isdir(self.data):
-            sh(BIN, "forget", "--discard", "--state", self.state, self.data, check=False)
+            sh(self.bin, "forget", "--discard", "--state", self.state, self.data, check=False)
             database = os.path.join(self.data, "tree.db")
             if os.path.exists(database):
-                sh(BIN, "forget", "--discard", "--state", self.state, "sqlite:" + database, check=False)
+                sh(self.bin, "forget", "--discard", "--state", self.state, "sqlite:" + database, check=False)
         if sh("umount", self.mnt, check=False).returncode != 0:
             sh("umount", "-l", self.mnt, check=False)
         sh("losetup", "-d", self.dev, check=False)
@@ -319,6 +322,7 @@ class System:
                        if o != "store=sqlite"]
             options.append("state=" + self.store.state)
             restore = uring_enabled_while_mounting() if "transport=uring" in options else None
+            self.store.bin = self.bin
             try:
                 sh(self.bin, "mount", self.source(), self.fuse_mnt, "-o", ",".join(options))
             finally:
