@@ -32,6 +32,7 @@ use coalescefs::engine::types::{ObjectId, ROOT_ID};
 use coalescefs::engine::writeback::WritebackConfig;
 use coalescefs::engine::{Caller, Engine, EngineConfig, LogCloses, LogSetup, PageCache};
 use coalescefs::metrics::Metrics;
+use coalescefs::sys::Errno;
 use proptest::prelude::*;
 
 const UNIT: u64 = 16 << 10;
@@ -1325,9 +1326,9 @@ fn a_removal_the_store_refuses_leaves_no_remembered_attributes_behind() {
         engine.release(opened.fh).unwrap();
         attr.id
     };
-    let refused = |change: &dyn Fn() -> Result<(), coalescefs::sys::Errno>| {
+    let refused = |change: &dyn Fn() -> Result<(), Errno>| {
         faults.control("inject mutate=EIO*1").unwrap();
-        assert_eq!(change(), Err(coalescefs::sys::Errno(libc::EIO)), "the store refuses the change");
+        assert_eq!(change(), Err(Errno(libc::EIO)), "the store refuses the change");
     };
     // The store lets an object go once it has no name and nobody holds it: here every hold the
     // engine took is dropped behind its back, as a store shared with other programs may.
