@@ -200,9 +200,14 @@ pub fn open(path: &Path) -> Result<(Connection, u64), String> {
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(format!("SQLite database {shown}: cannot use WAL mode (journal_mode is {mode})"));
     }
-    // temp_store = MEMORY: SQLite's statement journals and sorts stay in memory (bounded by one
-    // checkpoint's transaction) instead of files it creates in /var/tmp and unlinks right after,
-    // so a daemon killed between the two leaves no `etilqs_*` file behind (seen once in 200 kills).
+    // temp_store = MEMORY: what SQLite would put in files it creates in /var/tmp and unlinks
+    // right after stays in memory, so a daemon killed between the two leaves no `etilqs_*` file
+    // behind (seen once in 200 kills). On this connection that is little: every ORDER BY follows
+    // a key or an index (no sort spills); only the one-time version 1 conversion builds an index
+    // (two integers a unit to sort); snapshots copy through the backup API on their own
+    // connection; a statement journal, kept only for a statement that writes many rows and may
+    // fail part way, holds the pages that one statement changes. Deleting a 2 GiB file (2.1
+    // million pages freed) raised the daemon's peak RSS by 17 MB, about its page cache.
     db.execute_batch(
         "PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF; PRAGMA cache_size = -16384; PRAGMA temp_store = MEMORY",
     )
