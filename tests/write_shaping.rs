@@ -78,6 +78,26 @@ fn a_file_smaller_than_a_unit_is_written_through_the_page_cache() {
     assert!(fs::read(m.backing_path("small")).unwrap() == pattern(40_960, 3), "contents differ");
 }
 
+/// And in one write, its unaligned end included: each system call costs a file of a tar or an
+/// rsync its share, and a new 41,060-byte file was two (the aligned 40,960 bytes, then 100).
+#[test]
+fn a_file_smaller_than_a_unit_reaches_the_backend_in_one_write_whatever_its_end() {
+    if !in_a_process_of_its_own("a_file_smaller_than_a_unit_reaches_the_backend_in_one_write_whatever_its_end") {
+        return;
+    }
+    let m = TestMount::with_options(&["unit=256K", "writeback_cache=off"]);
+    let before = m.stats();
+    let f = File::create(m.path("small")).unwrap();
+    f.write_all_at(&pattern(41_060, 4), 0).unwrap();
+    f.sync_all().unwrap();
+    let s = m.stats();
+    let grew = |name: &str| s[name] - before[name];
+    assert_eq!(grew("backend_write_bytes_total"), 41_060, "{s:?}");
+    assert_eq!(grew("backend_write_requests_total"), 1, "one write for the whole file: {s:?}");
+    assert_eq!(grew("backend_subblock_writes_total"), 1, "its unaligned end is still counted: {s:?}");
+    assert!(fs::read(m.backing_path("small")).unwrap() == pattern(41_060, 4), "contents differ");
+}
+
 #[test]
 fn readers_see_buffered_data_before_the_backend_has_it() {
     // Without the log: with it, the new file would not reach the backend at close either.

@@ -4,8 +4,8 @@
 //! O_DIRECT, all in flight at once (Linux AIO) when none of the unit's pieces went through the
 //! page cache; the sub-block edges (an unaligned head or tail, such as a file's last bytes) go
 //! through the page cache and are counted as `backend_subblock_writes`. A file smaller than
-//! one unit goes through the page cache whole (see `write_unit`). Nothing here reads old data
-//! back.
+//! one unit goes through the page cache whole (see `write_unit`), one write a dirty range, its
+//! sub-block edges still counted. Nothing here reads old data back.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -164,6 +164,16 @@ impl LocalFileData {
             }
             let interior_start = align_up(a, block).min(b);
             let interior_end = align_down(b, block).max(interior_start);
+            if direct_file.is_none() {
+                // All of it through the page cache: one write, whatever its edges (a new 5000-byte
+                // file was two, its first 4608 bytes and then its last 392).
+                sys::pwrite_all(self.file.as_raw_fd(), &buf[a as usize..b as usize], unit_start + a)?;
+                cached_pieces += 1;
+                self.count_write(b - a, false);
+                let edges = u64::from(a < interior_start) + u64::from(interior_end < b);
+                self.metrics.backend_subblock_writes.fetch_add(edges, Relaxed);
+                continue;
+            }
             let mut pieces = Vec::with_capacity(3);
             if a < interior_start {
                 pieces.push((a, interior_start, false));
@@ -176,7 +186,7 @@ impl LocalFileData {
             }
             for (from, to, aligned) in pieces {
                 let bytes = &buf[from as usize..to as usize];
-                if aligned && direct_file.is_some() {
+                if aligned {
                     assert_eq!(
                         (bytes.as_ptr() as u64 | (unit_start + from) | bytes.len() as u64) % block,
                         0,
@@ -188,9 +198,7 @@ impl LocalFileData {
                 sys::pwrite_all(self.file.as_raw_fd(), bytes, unit_start + from)?;
                 cached_pieces += 1;
                 self.count_write(to - from, false);
-                if !aligned {
-                    self.metrics.backend_subblock_writes.fetch_add(1, Relaxed);
-                }
+                self.metrics.backend_subblock_writes.fetch_add(1, Relaxed);
             }
         }
         let Some(direct) = direct_file else { return Ok(()) };
