@@ -183,8 +183,9 @@ pub struct Metrics {
     pub backend_write_sizes: Histogram,
     /// Of the backend writes, those made with O_DIRECT.
     pub backend_direct_write_requests: AtomicU64,
-    /// Pieces smaller than one logical block written through the page cache: each may make the
-    /// kernel read the rest of its block first (the read-modify-write the log will remove).
+    /// Pieces smaller than one logical block written through the page cache, a write's
+    /// unaligned head and tail each counted: each may make the kernel read the rest of its
+    /// block first (the read-modify-write the log will remove).
     pub backend_subblock_writes: AtomicU64,
     /// Bytes the engine read from the backend to complete a unit before writing it whole: only
     /// a store of whole units (partial_writes false) makes it read.
