@@ -45,6 +45,13 @@ fn align_down(x: u64, to: u64) -> u64 {
     x / to * to
 }
 
+/// The block-aligned interior `[start, end)` of the range `[a, b)`: empty (start == end) when
+/// the range covers no whole block; what lies before and after it are the sub-block edges.
+fn aligned_interior(a: u64, b: u64, block: u64) -> (u64, u64) {
+    let start = align_up(a, block).min(b);
+    (start, align_down(b, block).max(start))
+}
+
 impl LocalFileData {
     pub fn new(
         file: File,
@@ -153,6 +160,7 @@ impl LocalFileData {
         // page cache. (Strictly smaller: a growing file's first unit, flushed the moment it
         // fills, is a stream's and goes direct.)
         let direct_file = if unit.size < unit.unit_bytes { None } else { self.direct()? };
+        let Some(direct) = direct_file else { return self.write_through_page_cache(unit) };
         // Sub-block edges go through the page cache as they come; the aligned interiors are
         // gathered and go to the O_DIRECT file together, all in flight at once.
         let mut direct_pieces: Vec<(&[u8], u64)> = Vec::new();
@@ -162,18 +170,7 @@ impl LocalFileData {
             if a >= b {
                 continue;
             }
-            let interior_start = align_up(a, block).min(b);
-            let interior_end = align_down(b, block).max(interior_start);
-            if direct_file.is_none() {
-                // All of it through the page cache: one write, whatever its edges (a new 5000-byte
-                // file was two, its first 4608 bytes and then its last 392).
-                sys::pwrite_all(self.file.as_raw_fd(), &buf[a as usize..b as usize], unit_start + a)?;
-                cached_pieces += 1;
-                self.count_write(b - a, false);
-                let edges = u64::from(a < interior_start) + u64::from(interior_end < b);
-                self.metrics.backend_subblock_writes.fetch_add(edges, Relaxed);
-                continue;
-            }
+            let (interior_start, interior_end) = aligned_interior(a, b, block);
             let mut pieces = Vec::with_capacity(3);
             if a < interior_start {
                 pieces.push((a, interior_start, false));
@@ -201,7 +198,6 @@ impl LocalFileData {
                 self.metrics.backend_subblock_writes.fetch_add(1, Relaxed);
             }
         }
-        let Some(direct) = direct_file else { return Ok(()) };
         // In offset order, as the unit's ranges are.
         if let (Some((_, from)), Some((bytes, last))) = (direct_pieces.first(), direct_pieces.last()) {
             self.extend_for_direct(*from, last + bytes.len() as u64)?;
@@ -241,6 +237,25 @@ impl LocalFileData {
             self.count_write(bytes.len() as u64, went_direct);
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Each dirty range in one write through the page cache, whatever its edges (a new
+    /// 5000-byte file was two writes, its first 4608 bytes and then its last 392). Its
+    /// sub-block edges are counted as they would be split.
+    fn write_through_page_cache(&self, unit: &UnitWrite<'_>) -> SysResult<()> {
+        let limit = unit.limit();
+        for r in unit.ranges.iter() {
+            let (a, b) = (r.start, r.end.min(limit));
+            if a >= b {
+                continue;
+            }
+            sys::pwrite_all(self.file.as_raw_fd(), &unit.buf[a as usize..b as usize], unit.start() + a)?;
+            self.count_write(b - a, false);
+            let (interior_start, interior_end) = aligned_interior(a, b, self.logical_block_bytes);
+            let edges = u64::from(a < interior_start) + u64::from(interior_end < b);
+            self.metrics.backend_subblock_writes.fetch_add(edges, Relaxed);
+        }
+        Ok(())
     }
 }
 
