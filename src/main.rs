@@ -422,7 +422,7 @@ fn run_recover(
         Ok(found) => found,
         Err(message) => return fail(message),
     };
-    let result = engine::salvage_log(&backend, &backend, Box::new(device));
+    let result = engine::salvage_log(&backend, &backend, Box::new(device), daemon::volatile_tail_of(&backing));
     // What files made ahead and named before the crash hold past their ends, as a mount gives back.
     let made_ahead = state.made_ahead_list_path();
     if made_ahead.exists() {
@@ -475,7 +475,7 @@ fn run_recover_sqlite(db: &Path, state_dir: Option<PathBuf>, log_path: Option<Pa
         Ok(found) => found,
         Err(message) => return fail(message),
     };
-    let result = engine::salvage_log(&store, &store, Box::new(device));
+    let result = engine::salvage_log(&store, &store, Box::new(device), daemon::volatile_tail_of(&db));
     if result.is_ok() && marker.as_deref().is_some_and(|marked| state::same_file(marked, &log_path)) {
         if let Err(e) = store.set_log_marker(None) {
             return fail(format!("clearing the crash marker of {}: {e}", db.display()));
@@ -507,7 +507,8 @@ fn run_recover_s3(
             Ok(found) => found,
             Err(message) => return fail(message),
         };
-    let result = engine::salvage_log(&**names, &*unmounted.mount.store, Box::new(device));
+    let result =
+        engine::salvage_log(&**names, &*unmounted.mount.store, Box::new(device), daemon::volatile_tail_of(source));
     if result.is_ok() && marker.as_deref().is_some_and(|marked| state::same_file(marked, &log_path)) {
         if let Err(e) = names.set_log_marker(None) {
             return fail(format!("clearing the crash marker of {}: {e}", s3.path_shown()));
@@ -696,7 +697,11 @@ fn run_forget(backing: &Path, state_dir: Option<PathBuf>, discard: bool, options
     let runtime = runtime::RuntimeDir::of(&backing);
     let removed = state::remove_state_files(state.path())
         .and_then(|()| said_removed(state.path(), std::fs::remove_dir(state.path())))
-        .and_then(|()| said_removed(runtime.path(), std::fs::remove_dir_all(runtime.path())));
+        .and_then(|()| said_removed(runtime.path(), std::fs::remove_dir_all(runtime.path())))
+        .and_then(|()| {
+            let shm = runtime::shm_dir_of(&backing);
+            said_removed(&shm, std::fs::remove_dir_all(&shm))
+        });
     match removed {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => fail(message),

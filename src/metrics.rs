@@ -250,6 +250,11 @@ pub struct Metrics {
     pub log_batches: AtomicU64,
     /// Of those, written through the page cache (closes in a burst; `sync` writes them).
     pub log_batches_page_cache: AtomicU64,
+    /// Name changes of held files kept in the volatile tail for the next batch, instead of a
+    /// batch of their own.
+    pub log_tail_records: AtomicU64,
+    /// Of those, found in the tail by a mount after a killed daemon, and replayed.
+    pub log_tail_records_replayed: AtomicU64,
     /// Device flushes of the log (a batch a caller waits on to be durable; not a close's).
     pub log_flushes: AtomicU64,
     pub log_records: AtomicU64,
@@ -433,6 +438,16 @@ impl Metrics {
                 "log_batches_page_cache_total",
                 "Of those, closes in a burst written through the page cache (sync writes them)",
                 self.log_batches_page_cache.load(Relaxed),
+            ),
+            (
+                "log_tail_records_total",
+                "Name changes of new files kept in the volatile tail (tmpfs) for the next batch instead of a batch of their own",
+                self.log_tail_records.load(Relaxed),
+            ),
+            (
+                "log_tail_records_replayed_total",
+                "Name changes a killed daemon kept in the volatile tail, replayed by this mount",
+                self.log_tail_records_replayed.load(Relaxed),
             ),
             (
                 "log_flushes_total",

@@ -66,6 +66,67 @@ pub fn unescape_path(name: &str) -> Option<PathBuf> {
     Some(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
 }
 
+/// The file system type statfs(2) gives tmpfs.
+const TMPFS_MAGIC: libc::c_long = 0x0102_1994;
+
+fn on_tmpfs(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+    // SAFETY: an all-zero `statfs` is a valid value of that plain C struct.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `statfs` writes one value of the type its out-pointer has, into a live local
+    // borrowed exclusively for the call; the path is NUL-terminated.
+    unsafe { libc::statfs(c_path.as_ptr(), &raw mut fs) == 0 && fs.f_type as libc::c_long == TMPFS_MAGIC }
+}
+
+/// Where the intent log of the mount of `backing` keeps its volatile tail
+/// (`engine::intent_log::volatile_tail`), which must be on a file system a power cut empties:
+/// the runtime directory (made already) where that is on tmpfs (`/run` on most systems), else
+/// `shm_dir_of(backing)` (made here, only the daemon's user's). None where neither is tmpfs:
+/// a held file's rename or unlink is then a log batch of its own.
+pub fn volatile_tail_path(runtime: &RuntimeDir, backing: &Path) -> Option<PathBuf> {
+    use crate::engine::intent_log::volatile_tail::VOLATILE_TAIL_FILE_NAME;
+    if on_tmpfs(runtime.path()) {
+        return Some(runtime.path().join(VOLATILE_TAIL_FILE_NAME));
+    }
+    let dir = shm_dir_of(backing);
+    let base = dir.parent()?;
+    if !on_tmpfs(base.parent()?) {
+        return None;
+    }
+    for made in [base, dir.as_path()] {
+        match std::fs::DirBuilder::new().mode(0o700).create(made) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                log::warn!("{}: {e}; held files' renames are each a log batch", made.display());
+                return None;
+            }
+        }
+        // /dev/shm is everyone's: a directory somebody else made (or a link) is not used.
+        let ours = std::fs::symlink_metadata(made).is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
+            m.is_dir() && m.uid() == unsafe { libc::geteuid() } && m.mode() & 0o077 == 0
+        });
+        if !ours {
+            log::warn!(
+                "{} is not a directory of this user's alone: held files' renames are each a log batch",
+                made.display()
+            );
+            return None;
+        }
+    }
+    Some(dir.join(VOLATILE_TAIL_FILE_NAME))
+}
+
+/// The directory under `/dev/shm` that keeps the volatile tail of the mount of `backing` where
+/// the runtime directory is not on tmpfs (`volatile_tail_path`); `coalescefs forget` removes it.
+pub fn shm_dir_of(backing: &Path) -> PathBuf {
+    // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
+    PathBuf::from(format!("/dev/shm/coalescefs-{}", unsafe { libc::geteuid() })).join(escape_path(backing))
+}
+
 /// Where the runtime directories are, one per backing directory.
 pub fn base_dir() -> PathBuf {
     base()

@@ -72,6 +72,7 @@ fn start(change: impl Fn(&mut Capabilities), log: bool) -> Result<Engine, String
         device: Box::new(Arc::new(MemoryLogDevice::new(64 * LOG_BLOCK_BYTES as u64, 512))),
         created: true,
         flushed_by_backend: false,
+        volatile_tail: None,
     });
     Engine::new(memory, store, config(), Arc::new(Metrics::default()), setup)
 }
@@ -193,6 +194,7 @@ fn with_fsync_backend_an_s3_fsync_puts_the_data_and_a_manifest_before_it_returns
             device: Box::new(Arc::new(MemoryLogDevice::new(64 * LOG_BLOCK_BYTES as u64, 512))),
             created: true,
             flushed_by_backend: false,
+            volatile_tail: None,
         };
         let mut cfg = config();
         cfg.fsync_checkpoints = fsync_checkpoints;

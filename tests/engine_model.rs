@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::{OsStr, OsString};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +29,7 @@ use coalescefs::backend::sqlite::SqliteBackend;
 use coalescefs::backend::{Namespace, UnitStore};
 use coalescefs::engine::intent_log::device::MemoryLogDevice;
 use coalescefs::engine::intent_log::format::LOG_BLOCK_BYTES;
+use coalescefs::engine::intent_log::volatile_tail::VolatileTail;
 use coalescefs::engine::types::{ObjectId, ROOT_ID};
 use coalescefs::engine::writeback::WritebackConfig;
 use coalescefs::engine::{Caller, Engine, EngineConfig, LogCloses, LogSetup, PageCache};
@@ -369,6 +371,8 @@ struct World {
     files_before_kill: HashMap<ObjectId, FileId>,
     /// Recoveries killed part way (`Op::KillInRecovery`).
     recoveries_killed: u64,
+    /// Holds the log's volatile tail, which outlives a kill and not a power cut.
+    tail_dir: tempfile::TempDir,
 }
 
 /// `LogCloses::Always` unless a test says otherwise: `Auto` decides by the clock, and a model
@@ -401,11 +405,33 @@ fn config_holding(log_closes: LogCloses) -> EngineConfig {
     }
 }
 
-fn start(store: &Store, log: &Arc<MemoryLogDevice>, created: bool, log_closes: LogCloses) -> Engine {
-    let setup = LogSetup { device: Box::new(log.clone()), created, flushed_by_backend: false };
+/// `tail`: where the log keeps held files' name changes between batches, as the daemon's on
+/// tmpfs (a kill keeps the file, a power cut takes it: `World::crash`).
+fn start(
+    store: &Store,
+    log: &Arc<MemoryLogDevice>,
+    created: bool,
+    log_closes: LogCloses,
+    tail: Option<&std::path::Path>,
+) -> Engine {
+    start_counted(store, log, created, log_closes, tail).0
+}
+
+/// `start`, and the engine's counters.
+fn start_counted(
+    store: &Store,
+    log: &Arc<MemoryLogDevice>,
+    created: bool,
+    log_closes: LogCloses,
+    tail: Option<&std::path::Path>,
+) -> (Engine, Arc<Metrics>) {
+    let volatile_tail = tail.map(|path| VolatileTail::open(path).expect("the volatile tail opens"));
+    let setup = LogSetup { device: Box::new(log.clone()), created, flushed_by_backend: false, volatile_tail };
     let (ns, units) = store.backends();
-    Engine::new(ns, units, config_holding(log_closes), Arc::new(Metrics::default()), Some(setup))
-        .expect("the engine starts")
+    let metrics = Arc::new(Metrics::default());
+    let engine =
+        Engine::new(ns, units, config_holding(log_closes), metrics.clone(), Some(setup)).expect("the engine starts");
+    (engine, metrics)
 }
 
 impl World {
@@ -420,7 +446,8 @@ impl World {
     fn over(store: Store, dirs_logged: bool, log_closes: LogCloses) -> World {
         // A device of 512-byte sectors: the log's blocks are that small.
         let log = Arc::new(MemoryLogDevice::new(256 * LOG_BLOCK_BYTES as u64, 512));
-        let engine = start(&store, &log, true, log_closes);
+        let tail_dir = tempfile::tempdir().unwrap();
+        let engine = start(&store, &log, true, log_closes, Some(&tail_dir.path().join("tail")));
         let mut world = World {
             store,
             log,
@@ -430,6 +457,7 @@ impl World {
             log_closes,
             files_before_kill: HashMap::new(),
             recoveries_killed: 0,
+            tail_dir,
         };
         world.model.dirs_made.insert(0);
         // The directories exist, durably, before the sequence starts.
@@ -601,7 +629,10 @@ impl World {
         self.handles.clear();
         self.store.crash();
         self.log.crash(|i| log_writes_kept & (1 << (i % 64)) != 0);
-        let fresh = start(&self.store, &self.log, false, self.log_closes);
+        // The tail is on tmpfs: a power cut empties it.
+        let tail = self.tail();
+        let _ = std::fs::remove_file(&tail);
+        let fresh = start(&self.store, &self.log, false, self.log_closes, Some(&tail));
         drop(std::mem::replace(&mut self.engine, fresh));
     }
 
@@ -628,11 +659,17 @@ impl World {
         if let Some(at) = killed_recovery_at {
             let memory = self.store.memory().clone();
             let (store_before, log_before) = (memory.snapshot(), self.log.snapshot());
+            let tail_before = std::fs::read(self.tail()).ok();
             let changes_before = memory.changes();
-            start(&self.store, &self.log, false, self.log_closes).abandon();
+            start(&self.store, &self.log, false, self.log_closes, Some(&self.tail())).abandon();
             let changes = memory.changes() - changes_before;
             memory.restore(store_before);
             self.log.restore(log_before);
+            // Recovery writes what the tail held into the log before it changes the store, and
+            // a kill part way finds it there: the tail goes back with the log.
+            if let Some(bytes) = tail_before {
+                std::fs::write(self.tail(), bytes).unwrap();
+            }
             if changes > 0 {
                 let killed_at = Arc::new(std::sync::Mutex::new(None));
                 let (log, left) = (self.log.clone(), killed_at.clone());
@@ -640,7 +677,7 @@ impl World {
                     1 + u64::from(at) * changes / 256,
                     Box::new(move |store| *left.lock().unwrap() = Some((store, log.snapshot()))),
                 );
-                start(&self.store, &self.log, false, self.log_closes).abandon();
+                start(&self.store, &self.log, false, self.log_closes, Some(&self.tail())).abandon();
                 // None: this run changed less than the first (it ended whole, and is killed then).
                 let left = killed_at.lock().unwrap().take();
                 if let Some((store, log)) = left {
@@ -650,8 +687,12 @@ impl World {
                 }
             }
         }
-        let fresh = start(&self.store, &self.log, false, self.log_closes);
+        let fresh = start(&self.store, &self.log, false, self.log_closes, Some(&self.tail()));
         drop(std::mem::replace(&mut self.engine, fresh));
+    }
+
+    fn tail(&self) -> std::path::PathBuf {
+        self.tail_dir.path().join("tail")
     }
 
     /// After a crash (`killed`: of the daemon): every name in an acknowledged state or a later
@@ -951,7 +992,7 @@ fn an_older_logged_fsync_is_not_replayed_over_bytes_the_store_made_durable_since
 fn a_unit_in_flight_is_not_logged_again_over_newer_bytes_an_earlier_fsync_logged() {
     let store = Arc::new(MemoryBackend::new(UNIT));
     let log = Arc::new(MemoryLogDevice::new(256 * LOG_BLOCK_BYTES as u64, 512));
-    let engine = start(&Store::Memory(store.clone()), &log, true, LogCloses::Always);
+    let engine = start(&Store::Memory(store.clone()), &log, true, LogCloses::Always, None);
     let (attr, opened) = engine.create(ROOT_ID, OsStr::new("f"), 0o644, libc::O_RDWR, ROOT).unwrap();
     engine.write(opened.fh, 0, &pattern(UNIT, 1, 0), libc::O_RDWR, false, false).unwrap();
     engine.sync_all().unwrap(); // durable on the store, the log empty: the file's fsyncs go to the log
@@ -966,7 +1007,7 @@ fn a_unit_in_flight_is_not_logged_again_over_newer_bytes_an_earlier_fsync_logged
     store.hold_unit_writes(false);
     engine.abandon();
     store.crash();
-    let engine = start(&Store::Memory(store.clone()), &log, false, LogCloses::Always);
+    let engine = start(&Store::Memory(store.clone()), &log, false, LogCloses::Always, None);
     let fh = engine.open(attr.id, libc::O_RDONLY, false).unwrap().fh;
     let bytes = engine.read(fh, 0, UNIT as u32).unwrap();
     let mut want = older;
@@ -974,6 +1015,87 @@ fn a_unit_in_flight_is_not_logged_again_over_newer_bytes_an_earlier_fsync_logged
     assert!(bytes == want, "the file after the crash is not what both fsyncs acknowledged");
     engine.release(fh).unwrap();
     engine.abandon();
+}
+
+/// The bytes of the file at `name` in the root, if there is one.
+fn read_named(engine: &Engine, name: &str) -> Option<Vec<u8>> {
+    let id = engine.lookup(ROOT_ID, OsStr::new(name)).ok()?.id;
+    let fh = engine.open(id, libc::O_RDONLY, false).expect("open for reading").fh;
+    let bytes = engine.read(fh, 0, 1 << 20).expect("read");
+    engine.release(fh).unwrap();
+    Some(bytes)
+}
+
+/// A new file written and fsynced, then closed and renamed (`tmp` over `f`, or to a free
+/// name), as a configuration tool writes: its fsync's batch is its last. A rename waits in the
+/// volatile tail for the next batch, and writes none of its own; a killed daemon keeps it (the
+/// next start writes it into the log and replays it), a power cut, which empties the tail,
+/// leaves the file at its temporary name beside the old one, as ext4 leaves a rename its
+/// journal has not committed. The backend never holds a name change made after such a rename
+/// without it: a directory made at the name the rename freed writes the tail's records first.
+#[test]
+fn a_held_files_rename_waits_in_the_volatile_tail_survives_a_kill_and_not_a_power_cut() {
+    let new_file = |engine: &Engine, name: &str, bytes: &[u8]| {
+        let (_, opened) = engine.create(ROOT_ID, OsStr::new(name), 0o644, libc::O_RDWR, ROOT).unwrap();
+        engine.write(opened.fh, 0, bytes, libc::O_RDWR, false, false).unwrap();
+        engine.fsync(opened.fh, false).unwrap();
+        engine.release(opened.fh).unwrap();
+    };
+    let rename = |engine: &Engine, from: &str, to: &str| {
+        engine.rename(ROOT_ID, OsStr::new(from), ROOT_ID, OsStr::new(to), 0).unwrap();
+    };
+    for power_cut in [false, true] {
+        let mut store = Store::Memory(Arc::new(MemoryBackend::new(UNIT)));
+        let log = Arc::new(MemoryLogDevice::new(256 * LOG_BLOCK_BYTES as u64, 512));
+        let dir = tempfile::tempdir().unwrap();
+        let tail = dir.path().join("tail");
+        let (engine, metrics) = start_counted(&store, &log, true, LogCloses::Always, Some(&tail));
+        new_file(&engine, "f", &pattern(3000, 1, 0));
+        engine.sync_all().unwrap();
+        new_file(&engine, "tmp", &pattern(2000, 2, 0));
+        new_file(&engine, "a", &pattern(1000, 3, 0));
+        let batches = metrics.log_batches.load(Relaxed);
+        rename(&engine, "tmp", "f");
+        rename(&engine, "a", "b");
+        assert_eq!(metrics.log_batches.load(Relaxed), batches, "a rename wrote a batch of its own");
+        assert!(metrics.log_tail_records.load(Relaxed) >= 2, "the renames are in the volatile tail");
+        engine.abandon();
+        let shown = if power_cut { "a power cut" } else { "a kill" };
+        if power_cut {
+            store.crash();
+            log.crash(|_| true);
+            std::fs::remove_file(&tail).unwrap();
+        }
+        let (engine, metrics) = start_counted(&store, &log, false, LogCloses::Always, Some(&tail));
+        let (f, tmp) = (read_named(&engine, "f"), read_named(&engine, "tmp"));
+        let (a, b) = (read_named(&engine, "a"), read_named(&engine, "b"));
+        if power_cut {
+            assert_eq!(metrics.log_tail_records_replayed.load(Relaxed), 0);
+            assert_eq!(f, Some(pattern(3000, 1, 0)), "after {shown}, f is the old file");
+            assert_eq!(tmp, Some(pattern(2000, 2, 0)), "after {shown}, the fsynced file is at its name");
+            assert_eq!((a, b), (Some(pattern(1000, 3, 0)), None), "after {shown}");
+        } else {
+            assert!(metrics.log_tail_records_replayed.load(Relaxed) >= 2, "the tail's renames were replayed");
+            assert_eq!(f, Some(pattern(2000, 2, 0)), "after {shown}, f lost its rename");
+            assert_eq!((tmp, a), (None, None), "after {shown}, a renamed file came back");
+            assert_eq!(b, Some(pattern(1000, 3, 0)), "after {shown}, b lost its rename");
+        }
+        // A rename, then a directory made at the name it freed: the backend's change writes
+        // the tail's records to the log first, so a power cut keeps the rename with it.
+        new_file(&engine, "tmp2", &pattern(500, 4, 0));
+        rename(&engine, "tmp2", "g");
+        let batches = metrics.log_batches.load(Relaxed);
+        engine.mkdir(ROOT_ID, OsStr::new("tmp2"), 0o755, ROOT).unwrap();
+        assert_eq!(metrics.log_batches.load(Relaxed), batches + 1, "the tail's rename was not written first");
+        engine.abandon();
+        store.crash();
+        log.crash(|_| true);
+        std::fs::remove_file(&tail).unwrap();
+        let engine = start(&store, &log, false, LogCloses::Always, Some(&tail));
+        assert_eq!(read_named(&engine, "g"), Some(pattern(500, 4, 0)), "g lost its rename to a power cut");
+        assert_eq!(read_named(&engine, "tmp2"), None);
+        engine.abandon();
+    }
 }
 
 /// A new file closed (its commit written to the log without a flush), then fsynced with

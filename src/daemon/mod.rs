@@ -345,7 +345,25 @@ fn log_setup(
         Some(faults) => Box::new(backend::faults::FaultyLogDevice::new(Box::new(device), faults.clone())),
         None => Box::new(device),
     };
-    Ok(Some(engine::LogSetup { device, created, flushed_by_backend }))
+    let volatile_tail = if opts.read_only { None } else { volatile_tail_of(backing) };
+    Ok(Some(engine::LogSetup { device, created, flushed_by_backend, volatile_tail }))
+}
+
+/// The intent log's volatile tail for the mount of `backing` (`runtime::volatile_tail_path`),
+/// for the mount and for `coalescefs recover`; None, said in the log, where there is no tmpfs
+/// for it or it cannot be opened.
+pub fn volatile_tail_of(backing: &Path) -> Option<engine::intent_log::volatile_tail::VolatileTail> {
+    let Some(path) = crate::runtime::volatile_tail_path(&RuntimeDir::of(backing), backing) else {
+        log::info!("no tmpfs for the intent log's volatile tail: each rename of a new file is a log batch");
+        return None;
+    };
+    match engine::intent_log::volatile_tail::VolatileTail::open(&path) {
+        Ok(tail) => Some(tail),
+        Err(e) => {
+            log::warn!("{}: {e}; each rename of a new file is a log batch", path.display());
+            None
+        }
+    }
 }
 
 /// The options as the mount runs with them, defaults and discoveries resolved (the unit the

@@ -40,7 +40,12 @@ pub fn forget_s3(
     state::remove_state_files(&state_path)?;
     std::fs::remove_dir(&state_path).map_err(|e| format!("removing {}: {e}", state_path.display()))?;
     drop(state);
-    std::fs::remove_dir_all(runtime.path()).map_err(|e| format!("removing {}: {e}", runtime.path().display()))
+    std::fs::remove_dir_all(runtime.path()).map_err(|e| format!("removing {}: {e}", runtime.path().display()))?;
+    let shm = crate::runtime::shm_dir_of(source);
+    match std::fs::remove_dir_all(&shm) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!("removing {}: {e}", shm.display())),
+        _ => Ok(()),
+    }
 }
 
 /// The source's runtime directory (made if absent) and its state directory, which must exist;

@@ -105,6 +105,9 @@ pub struct LogSetup {
     /// The device is the one the backing file system journals to (see
     /// `IntentLog::flushed_by_backend`).
     pub flushed_by_backend: bool,
+    /// Where held files' name changes wait for the log's next batch, on a file system a power
+    /// cut empties (`intent_log::volatile_tail`); None: each is a batch of its own.
+    pub volatile_tail: Option<intent_log::volatile_tail::VolatileTail>,
 }
 
 /// How writes use the kernel's page cache (FUSE's writeback cache).

@@ -138,10 +138,17 @@ pub fn remove_state_dir(state: &Path) {
     let _ = std::fs::remove_dir_all(state);
 }
 
-/// The daemon's log stays for a failing test's message to point at; otherwise it goes.
+/// The daemon's log stays for a failing test's message to point at; otherwise it goes, and
+/// with it the directory under /dev/shm that may hold the log's volatile tail
+/// (src/runtime.rs `volatile_tail_path`, where /run is not tmpfs; a killed daemon leaves it).
 fn remove_runtime_dir(runtime: &Path) {
     if !std::thread::panicking() {
         let _ = std::fs::remove_dir_all(runtime);
+        if let Some(name) = runtime.file_name() {
+            // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
+            let uid = unsafe { libc::geteuid() };
+            let _ = std::fs::remove_dir_all(Path::new(&format!("/dev/shm/coalescefs-{uid}")).join(name));
+        }
     }
 }
 

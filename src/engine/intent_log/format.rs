@@ -67,7 +67,7 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
 }
 
 /// The crc32c of what `crc` covered followed by `bytes`.
-fn crc32c_extend(crc: u32, bytes: &[u8]) -> u32 {
+pub(super) fn crc32c_extend(crc: u32, bytes: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, bytes)
 }
 
@@ -505,6 +505,23 @@ impl Record {
 /// An object's log key in hex, as logs and post-mortems show it.
 pub fn describe_key(key: &[u8]) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `records` encoded one after another, as a batch's payload holds them (the volatile tail's
+/// entries, `volatile_tail`).
+pub(super) fn encode_records<'a>(records: impl IntoIterator<Item = &'a Record>) -> (u32, Vec<u8>) {
+    let mut out = Vec::new();
+    let mut count = 0u32;
+    for record in records {
+        record.encode_into(&mut out);
+        count += 1;
+    }
+    (count, out)
+}
+
+/// `count` records from a payload `encode_records` made, whose checksum has been verified.
+pub(super) fn decode_records(payload: &[u8], count: u32) -> Result<Vec<Record>, String> {
+    Record::decode_all(payload, count)
 }
 
 /// One group commit: the records several fsyncs made durable together.

@@ -24,6 +24,7 @@ mod memory_device;
 mod opening;
 mod queue;
 pub mod raw;
+pub mod volatile_tail;
 
 use super::burst::BURST_GAP;
 use super::pending::is_pending_key;
@@ -36,8 +37,11 @@ use format::{
 };
 pub use opening::{batches_to_replay, batches_to_replay_in_file, open_file_device};
 use queue::Queue;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+use volatile_tail::VolatileTail;
 
 /// The intent log's file in a state directory (`state.rs` makes the directory); a log on a
 /// block device keeps its replay map beside where this file would be.
@@ -45,6 +49,11 @@ pub const LOG_FILE_NAME: &str = "intent.log";
 
 /// Namespace records queued past this are written as a batch of their own.
 const MAX_QUEUED_RECORDS: usize = 4096;
+
+/// The longest a name change kept in the volatile tail waits for a batch to carry it before
+/// the checkpointer writes one (`volatile_names_age`): ext4's default commit interval, the
+/// longest it keeps a rename from its journal.
+pub const VOLATILE_NAMES_MAX_AGE: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug)]
 pub enum LogError {
@@ -215,6 +224,28 @@ struct GroupCommit {
     /// Ticket ranges written, oldest first, each with the sequence number its batch ends
     /// before, kept until every caller in the range has read it (`commit_before_seq`).
     written: std::collections::VecDeque<WrittenRound>,
+    /// What the volatile tail holds of the queue.
+    tail: TailMark,
+}
+
+/// What the volatile tail holds: entries for batch `seq` (0: none that count) up to byte
+/// `end`, the queue's records up to slot `covered`, the first of them kept since `since`.
+#[derive(Clone, Copy, Default)]
+struct TailMark {
+    seq: u64,
+    end: u64,
+    covered: usize,
+    since: Option<Instant>,
+}
+
+/// What `IntentLog::keep_in_volatile_tail` did with its records.
+pub enum TailKeep {
+    /// Queued for the next batch, and in the tail meanwhile (or, the tail's write failed,
+    /// committed as the caller would have).
+    Kept,
+    /// Not taken (no tail, or a batch under way whose number the records would not get): the
+    /// caller commits them.
+    Declined(Vec<Record>),
 }
 
 struct WrittenRound {
@@ -233,6 +264,12 @@ pub struct IntentLog {
     ring: Mutex<Ring>,
     group: Mutex<GroupCommit>,
     committed: Condvar,
+    /// Where held files' name changes wait for the next batch (`keep_in_volatile_tail`): set
+    /// at the mount (`adopt_volatile_tail`), none in-process.
+    tail: Option<VolatileTail>,
+    /// The queue holds records only the tail keeps: a change of the backend's names must
+    /// have them written first (`holds_volatile_names`).
+    volatile_queued: AtomicBool,
 }
 
 /// Poisoning is a panic's trace, and a panic ends the daemon (the panic policy, src/main.rs):
@@ -360,8 +397,11 @@ impl IntentLog {
                 failed_total: 0,
                 leader_active: false,
                 written: Default::default(),
+                tail: TailMark::default(),
             }),
             committed: Condvar::new(),
+            tail: None,
+            volatile_queued: AtomicBool::new(false),
         };
         if log.lock_ring().checkpoint_before_writing && contents.batches.is_empty() {
             // Nothing to replay, whose checkpoint would do it: the next batch's place and
@@ -438,6 +478,11 @@ impl IntentLog {
             }
             group.leader_active = true;
             let records = group.records.take();
+            // The tail's records go with the batch (its entries are for this batch's number,
+            // which a mount after it finds written). They count as kept by the tail alone
+            // until the batch is written: a backend change meanwhile waits for it.
+            let tail_before = group.tail;
+            group.tail = TailMark { covered: 0, since: None, ..tail_before };
             let (first, last) = (group.durable_ticket + 1, group.next_ticket - 1);
             let flush = group.flush_wanted_ticket >= first;
             drop(group);
@@ -447,6 +492,11 @@ impl IntentLog {
             group = lock(&self.group);
             group.leader_active = false;
             group.durable_ticket = last;
+            // No record was kept in the tail while the batch was written (`keep_in_volatile_tail`
+            // declines then): written, it leaves none that the tail alone keeps.
+            if result.is_ok() {
+                self.volatile_queued.store(false, Release);
+            }
             if let Ok(before_seq) = result {
                 group.written.push_back(WrittenRound {
                     first_ticket: first,
@@ -462,6 +512,12 @@ impl IntentLog {
                 let later = group.records.take();
                 group.records.extend(records.into_iter().filter(Record::is_namespace));
                 group.records.extend(later);
+                // The tail no longer matches the queue (a kill now loses its records, as it
+                // would a failed batch's); the checkpointer tries them again in a batch.
+                if let Some(since) = tail_before.since {
+                    group.tail = TailMark { seq: 0, since: Some(since), ..TailMark::default() };
+                    self.volatile_queued.store(true, Release);
+                }
                 group.failed_total += 1;
                 group.failed.push_back((first, last, e));
                 if group.failed.len() > 64 {
@@ -501,6 +557,109 @@ impl IntentLog {
             if let Err(e) = self.commit_written(Vec::new()) {
                 log::warn!("writing queued namespace records: {e}; they stay queued");
             }
+        }
+    }
+
+    /// At the mount, before replay: `tail` becomes where this log keeps held files' name
+    /// changes between batches (`keep_in_volatile_tail`). What a killed daemon kept there for
+    /// the batch this log would write next is written into the log now, flushed, as that
+    /// batch, and returned for replay with the others. Anything else it holds is not needed:
+    /// entries for an earlier batch, which carried them; another boot's (a power cut took
+    /// them, as it takes a batch written unflushed); any, beside a log just made or one a
+    /// power cut left batches in unflushed.
+    pub fn adopt_volatile_tail(&mut self, tail: VolatileTail, created: bool) -> Result<Option<Batch>, LogError> {
+        let seq = self.next_seq();
+        let cut = self.lock_ring().checkpoint_before_writing;
+        let records = if created || cut {
+            Vec::new()
+        } else {
+            tail.read_for(seq).map_err(|e| LogError::Io("read the volatile tail", Errno::from(e)))?
+        };
+        let adopted = if records.is_empty() {
+            None
+        } else {
+            let before_seq = self.write_batch(&records, true)?;
+            log::info!(
+                "{}: {} name changes a stopped daemon kept there for batch {seq} are replayed with the log",
+                tail.path().display(),
+                records.len()
+            );
+            self.metrics.log_tail_records_replayed.fetch_add(records.len() as u64, Relaxed);
+            // A batch that would not fit before the ring's end follows a wrap marker.
+            Some(Batch { seq: before_seq - 1, records })
+        };
+        let end = tail.reset().map_err(|e| LogError::Io("empty the volatile tail", Errno::from(e)))?;
+        self.group.get_mut().unwrap().tail = TailMark { end, ..TailMark::default() };
+        self.tail = Some(tail);
+        Ok(adopted)
+    }
+
+    /// Queues `records` (name changes of held files) for the next batch, and keeps them in the
+    /// volatile tail until it is written, instead of writing a batch now: they survive a
+    /// killed daemon (the next mount reads the tail), not a power cut, as ext4 keeps a rename
+    /// until its next journal commit. A later batch carries them (the next fsync's or close's),
+    /// or the checkpointer's within `VOLATILE_NAMES_MAX_AGE`, or the writeback's before the
+    /// backend changes a name (`holds_volatile_names`).
+    pub fn keep_in_volatile_tail(&self, records: Vec<Record>) -> TailKeep {
+        let Some(tail) = &self.tail else { return TailKeep::Declined(records) };
+        let mut group = lock(&self.group);
+        // A batch under way took the queue, and may fail and put it back before these: which
+        // batch will carry them is not known here. A long queue is written as `append` writes it.
+        if group.leader_active || group.records.len() >= MAX_QUEUED_RECORDS {
+            return TailKeep::Declined(records);
+        }
+        let seq = {
+            let ring = self.lock_ring();
+            if ring.failed_write_at_next || ring.checkpoint_before_writing {
+                return TailKeep::Declined(records);
+            }
+            ring.next_seq
+        };
+        let count = records.len() as u64;
+        let mark = group.tail;
+        let (from, end) = if mark.seq == seq { (mark.covered, Ok(mark.end)) } else { (0, tail.reset()) };
+        group.records.extend(records);
+        let written = end.and_then(|end| tail.append(end, seq, group.records.since(from)));
+        let since = Some(mark.since.unwrap_or_else(Instant::now));
+        match written {
+            Ok(end) => {
+                group.tail = TailMark { seq, end, covered: group.records.slots(), since };
+                self.volatile_queued.store(true, Release);
+                self.metrics.log_tail_records.fetch_add(count, Relaxed);
+                TailKeep::Kept
+            }
+            Err(e) => {
+                group.tail = TailMark { since, ..TailMark::default() };
+                drop(group);
+                log::warn!("{}: {e}; the name change is written to the log instead", tail.path().display());
+                let flushed = !self.flushed_by_backend;
+                if let Err(e) = self.commit_to(Vec::new(), flushed) {
+                    log::warn!("committing a name change of a new file to the intent log: {e}; it stays queued");
+                }
+                TailKeep::Kept
+            }
+        }
+    }
+
+    /// Whether queued records are kept only by the volatile tail: a change of the backend's
+    /// names must not become durable before them (a name a renamed held file freed, taken by
+    /// a backend file), so the writeback commits them first.
+    pub fn holds_volatile_names(&self) -> bool {
+        self.volatile_queued.load(Acquire)
+    }
+
+    /// How long the oldest record only the volatile tail keeps has waited for a batch.
+    pub fn volatile_names_age(&self) -> Option<Duration> {
+        if !self.holds_volatile_names() {
+            return None;
+        }
+        lock(&self.group).tail.since.map(|since| since.elapsed())
+    }
+
+    /// At a clean unmount, the log emptied: the tail's file goes too.
+    pub fn remove_volatile_tail(&self) {
+        if let Some(tail) = &self.tail {
+            tail.remove();
         }
     }
 

@@ -62,6 +62,17 @@ impl Queue {
         self.live
     }
 
+    /// Slots so far, taken-back records' holes included: where the next record goes (the
+    /// volatile tail's mark of what it holds).
+    pub(super) fn slots(&self) -> usize {
+        self.records.len()
+    }
+
+    /// The records queued from slot `from` on, in their order.
+    pub(super) fn since(&self, from: usize) -> impl Iterator<Item = &Record> {
+        self.records[from..].iter().flatten()
+    }
+
     pub(super) fn take(&mut self) -> Vec<Record> {
         let records = std::mem::take(&mut self.records).into_iter().flatten().collect();
         *self = Queue {

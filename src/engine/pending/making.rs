@@ -62,9 +62,9 @@ impl Pending {
         // A backend file it was renamed over may still hold the name, hidden: it goes first.
         self.remove_hidden(parent, Some(&name))?;
         let made = if alone {
-            self.ns.make_with_id_prepared(id, parent, &name, body.attr.perm, owner)?
+            self.backend_names().make_with_id_prepared(id, parent, &name, body.attr.perm, owner)?
         } else {
-            self.ns.make_with_id(id, parent, &name, body.attr.perm, owner)?
+            self.backend_names().make_with_id(id, parent, &name, body.attr.perm, owner)?
         };
         assert_eq!(made.id, id, "the backend keeps the id it is given");
         // Its hard links, each where the file's name was made: the names it has now.
@@ -72,7 +72,7 @@ impl Pending {
         let written = (|| {
             for (link_parent, link_name) in &names[1..] {
                 self.remove_hidden(*link_parent, Some(link_name))?;
-                self.ns.link(id, *link_parent, link_name)?;
+                self.backend_names().link(id, *link_parent, link_name)?;
                 self.ns.forget(id, 1); // the link's lookup: the make's stands for the kernel's
                 linked += 1;
             }
@@ -97,7 +97,7 @@ impl Pending {
             Err(e) => {
                 // Taken back: the file stays held, whole, and the backend keeps no half of it.
                 for (made_parent, made_name) in names.iter().take(1 + linked) {
-                    let _ = self.ns.remove(*made_parent, made_name, false);
+                    let _ = self.backend_names().remove(*made_parent, made_name, false);
                 }
                 self.ns.forget(id, 1);
                 return Err(e);

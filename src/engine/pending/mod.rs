@@ -250,6 +250,10 @@ pub struct Pending {
     /// as made durably) before its close or fsync returns and before it is renamed or unlinked
     /// (`settle_made`).
     made_unbarred: Mutex<HashMap<ObjectId, Unreleased>>,
+    /// Runs before every change of the backend's names (`backend_names`): the writeback's
+    /// commit of the name records only the volatile tail keeps
+    /// (`Writeback::write_volatile_names`).
+    before_backend_names: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// A file made with its held records left in the log, as `made_durably_records` needs it.
@@ -294,7 +298,22 @@ impl Pending {
             names_gate: parking_lot::RwLock::new(()),
             release_gate: RwLock::new(()),
             made_unbarred: Mutex::new(HashMap::new()),
+            before_backend_names: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets what runs before every change of the backend's names (see `before_backend_names`).
+    pub fn set_before_backend_names(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        assert!(self.before_backend_names.set(hook).is_ok(), "one hook per mount");
+    }
+
+    /// The backend's namespace, for a call that changes a name there (make, link, remove,
+    /// rename): `before_backend_names` has run.
+    fn backend_names(&self) -> &dyn Namespace {
+        if let Some(hook) = self.before_backend_names.get() {
+            hook();
+        }
+        &*self.ns
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
@@ -479,7 +498,7 @@ impl Pending {
         let mut removed = Vec::new();
         for (name, key) in due {
             if let Some((_, id)) = self.ns.identify(dir, &name)?.filter(|(now, _)| *now == key) {
-                self.ns.remove(dir, &name, false)?;
+                self.backend_names().remove(dir, &name, false)?;
                 removed.push(id);
             }
             let mut table = self.table();

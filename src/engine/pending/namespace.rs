@@ -184,11 +184,11 @@ impl Namespace for PendingNamespace {
             return Err(Errno(libc::EEXIST));
         }
         self.0.remove_hidden(parent, Some(name))?;
-        self.0.ns.make(parent, name, what, owner)
+        self.0.backend_names().make(parent, name, what, owner)
     }
 
     fn make_with_id(&self, id: ObjectId, parent: ObjectId, name: &OsStr, perm: u32, owner: Owner) -> SysResult<Attr> {
-        self.0.ns.make_with_id(id, parent, name, perm, owner)
+        self.0.backend_names().make_with_id(id, parent, name, perm, owner)
     }
     fn make_with_id_prepared(
         &self,
@@ -198,7 +198,7 @@ impl Namespace for PendingNamespace {
         perm: u32,
         owner: Owner,
     ) -> SysResult<Attr> {
-        self.0.ns.make_with_id_prepared(id, parent, name, perm, owner)
+        self.0.backend_names().make_with_id_prepared(id, parent, name, perm, owner)
     }
     fn prepare_files(&self, count: usize, bytes: u64) -> SysResult<usize> {
         self.0.ns.prepare_files(count, bytes)
@@ -213,7 +213,7 @@ impl Namespace for PendingNamespace {
             return Err(Errno(libc::EIO));
         }
         self.0.remove_hidden(new_parent, Some(new_name))?;
-        self.0.ns.link(id, new_parent, new_name)
+        self.0.backend_names().link(id, new_parent, new_name)
     }
 
     fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
@@ -236,7 +236,7 @@ impl Namespace for PendingNamespace {
                 p.remove_hidden(dir, None)?;
             }
         }
-        p.ns.remove(parent, name, directory)
+        p.backend_names().remove(parent, name, directory)
     }
 
     fn rename(
@@ -275,7 +275,7 @@ impl Namespace for PendingNamespace {
                 }
             }
         }
-        p.ns.rename(parent, name, new_parent, new_name, flags)
+        p.backend_names().rename(parent, name, new_parent, new_name, flags)
     }
 
     fn readlink(&self, id: ObjectId) -> SysResult<Vec<u8>> {

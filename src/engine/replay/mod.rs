@@ -68,6 +68,7 @@ use std::sync::Arc;
 
 use super::intent_log::device::LogDevice;
 use super::intent_log::format::{describe_key, Batch, Record};
+use super::intent_log::volatile_tail::VolatileTail;
 use super::intent_log::{IntentLog, LogError};
 use super::pending::is_pending_key;
 use super::types::{Kind, NewObject, ObjectId, Owner, SetAttr, TimeToSet, TimesToSet};
@@ -682,10 +683,18 @@ pub fn salvage_log(
     ns: &dyn Namespace,
     store: &dyn UnitStore,
     device: Box<dyn LogDevice>,
+    volatile_tail: Option<VolatileTail>,
 ) -> Result<Vec<String>, String> {
     let metrics = Arc::new(Metrics::default());
     let name = device.describe();
-    let (log, batches, lost) = IntentLog::salvage(device, metrics.clone()).map_err(|e| format!("{name}: {e}"))?;
+    let (mut log, mut batches, lost) =
+        IntentLog::salvage(device, metrics.clone()).map_err(|e| format!("{name}: {e}"))?;
+    // What a killed daemon kept in the volatile tail follows the log's last batch, as at a
+    // mount; left there, a later mount would apply it over what this recovery made.
+    if let Some(tail) = volatile_tail {
+        let shown = tail.path().display().to_string();
+        batches.extend(log.adopt_volatile_tail(tail, false).map_err(|e| format!("{shown}: {e}"))?);
+    }
     let (batches, watermark) = after_watermark(ns, store, false, batches, &metrics)?;
     replay(ns, store, log, &batches, &metrics).map_err(|e| format!("replaying {name}: {e}"))?;
     forget_watermark(ns, store, watermark)?;
@@ -744,14 +753,19 @@ pub(super) fn recover_from_log(
 ) -> Result<IntentLog, String> {
     let name = setup.device.describe();
     let flushed_by_backend = setup.flushed_by_backend;
-    let (mut log, batches) = IntentLog::open(setup.device, setup.created, metrics.clone()).map_err(|e| match e {
-        LogError::Corrupt(_) => format!(
-            "{name}: {e}; nothing was replayed or changed. `coalescefs recover` (of this source, with this \
+    let (mut log, mut batches) =
+        IntentLog::open(setup.device, setup.created, metrics.clone()).map_err(|e| match e {
+            LogError::Corrupt(_) => format!(
+                "{name}: {e}; nothing was replayed or changed. `coalescefs recover` (of this source, with this \
              log's state directory) applies every intact batch and empties the log"
-        ),
-        _ => format!("{name}: {e}"),
-    })?;
+            ),
+            _ => format!("{name}: {e}"),
+        })?;
     log.set_flushed_by_backend(flushed_by_backend);
+    if let Some(tail) = setup.volatile_tail {
+        let shown = tail.path().display().to_string();
+        batches.extend(log.adopt_volatile_tail(tail, setup.created).map_err(|e| format!("{shown}: {e}"))?);
+    }
     let (batches, watermark) = after_watermark(ns, store, setup.created, batches, metrics)?;
     let log = replay(ns, store, log, &batches, metrics).map_err(|e| format!("replaying the intent log {name}: {e}"))?;
     forget_watermark(ns, store, watermark)?;

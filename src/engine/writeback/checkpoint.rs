@@ -199,6 +199,13 @@ impl Writeback {
         let mut last_flush = Instant::now();
         let (mut seen_seq, mut last_logged) = (log.next_seq(), Instant::now());
         while self.threads.pause_unless_stopped(tick) {
+            // Name changes the volatile tail keeps reach the log within a journal's commit
+            // interval when no batch comes to carry them.
+            if log.volatile_names_age().is_some_and(|age| age >= VOLATILE_NAMES_MAX_AGE) {
+                if let Err(e) = log.commit_written(Vec::new()) {
+                    log::warn!("writing the volatile tail's name changes to the intent log: {e}; tried again");
+                }
+            }
             let seq = log.next_seq();
             if seq != seen_seq {
                 (seen_seq, last_logged) = (seq, Instant::now());
@@ -322,6 +329,11 @@ impl Writeback {
         }
         if let Some(log) = &self.log {
             log.release_device();
+            // The last checkpoint wrote whatever the tail kept into the log (else it stays,
+            // for the next mount).
+            if !log.holds_volatile_names() {
+                log.remove_volatile_tail();
+            }
         }
         let done = ShutDown { unwritten, backend_unsynced };
         *report = Some(done.clone());

@@ -206,6 +206,13 @@ impl Writeback {
         names_gate: Option<parking_lot::RwLockReadGuard<'_, ()>>,
     ) {
         let Some(log) = &self.log else { return };
+        // Kept in the volatile tail where the log has one, for the next batch to carry: they
+        // survive a killed daemon there, and no backend change can overtake them
+        // (`write_volatile_names`). A tmp + rename then costs the fsync's log block alone.
+        let records = match log.keep_in_volatile_tail(records) {
+            TailKeep::Kept => return,
+            TailKeep::Declined(records) => records,
+        };
         let commit = |records: Vec<Record>| {
             if before_backend {
                 self.commit_before_backend(log, records)
@@ -222,6 +229,18 @@ impl Writeback {
         };
         if let Err(e) = result {
             log::warn!("committing a name change of a new file to the intent log: {e}; it stays queued");
+        }
+    }
+
+    /// Before the backend changes a name (the held files' namespace calls it): records only the
+    /// volatile tail keeps are committed first, as `commit_names_now` would have committed
+    /// them, so the backend never holds a change durably that follows one the log lacks (a
+    /// backend file made at the name a renamed held file freed, with the rename lost to a
+    /// power cut, would leave that file's logged bytes nowhere).
+    pub fn write_volatile_names(&self) {
+        let Some(log) = self.log.as_ref().filter(|log| log.holds_volatile_names()) else { return };
+        if let Err(e) = self.commit_before_backend(log, Vec::new()) {
+            log::warn!("committing the volatile tail's name changes to the intent log: {e}; they stay queued");
         }
     }
 

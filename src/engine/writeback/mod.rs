@@ -35,7 +35,7 @@ pub(crate) use flushers::write_range;
 use super::buffer::{AlignedBuf, RangeSet, WriteBytes};
 use super::burst::Bursts;
 use super::intent_log::format::Record;
-use super::intent_log::{IntentLog, LogError};
+use super::intent_log::{IntentLog, LogError, TailKeep, VOLATILE_NAMES_MAX_AGE};
 use super::pending::{Commit, Held, Made, Pending};
 use super::types::{ObjectId, SetAttr, TimeToSet, TimesToSet, Timestamp};
 use super::LogCloses;
@@ -499,6 +499,14 @@ impl Writeback {
             checkpointing: Mutex::new(()),
             bursts: Bursts::with_gap(burst_gap),
         });
+        if let Some(held) = &writeback.pending {
+            let wb = Arc::downgrade(&writeback);
+            held.set_before_backend_names(Box::new(move || {
+                if let Some(wb) = wb.upgrade() {
+                    wb.write_volatile_names();
+                }
+            }));
+        }
         for i in 0..writeback.config.flushers {
             let wb = writeback.clone();
             let thread = std::thread::Builder::new()
