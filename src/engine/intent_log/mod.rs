@@ -566,18 +566,29 @@ impl IntentLog {
     /// batch, and returned for replay with the others. Anything else it holds is not needed:
     /// entries for an earlier batch, which carried them; another boot's (a power cut took
     /// them, as it takes a batch written unflushed); any, beside a log just made or one a
-    /// power cut left batches in unflushed.
-    pub fn adopt_volatile_tail(&mut self, tail: VolatileTail, created: bool) -> Result<Option<Batch>, LogError> {
-        let seq = self.next_seq();
-        let cut = self.lock_ring().checkpoint_before_writing;
+    /// power cut left batches in unflushed. `batches`: what the log holds for replay, which
+    /// the adopted batch joins.
+    pub fn adopt_volatile_tail(
+        &mut self,
+        tail: VolatileTail,
+        created: bool,
+        batches: &mut Vec<Batch>,
+    ) -> Result<(), LogError> {
+        let (seq, cut, checkpoint_seq) = {
+            let ring = self.lock_ring();
+            (ring.next_seq, ring.checkpoint_before_writing, ring.sb.checkpoint_seq)
+        };
+        // A batch that did not fit before the ring's end is written after a wrap marker, which
+        // takes a number of its own: a kill between the two writes leaves the marker, and the
+        // tail's records stamped with its number are still the next batch's.
+        let after_wrap = seq > checkpoint_seq && batches.last().is_none_or(|last| last.seq + 1 < seq);
+        let wanted: &[u64] = if after_wrap { &[seq - 1, seq] } else { &[seq] };
         let records = if created || cut {
             Vec::new()
         } else {
-            tail.read_for(seq).map_err(|e| LogError::Io("read the volatile tail", Errno::from(e)))?
+            tail.read_for(wanted).map_err(|e| LogError::Io("read the volatile tail", Errno::from(e)))?
         };
-        let adopted = if records.is_empty() {
-            None
-        } else {
+        if !records.is_empty() {
             let before_seq = self.write_batch(&records, true)?;
             log::info!(
                 "{}: {} name changes a stopped daemon kept there for batch {seq} are replayed with the log",
@@ -585,13 +596,13 @@ impl IntentLog {
                 records.len()
             );
             self.metrics.log_tail_records_replayed.fetch_add(records.len() as u64, Relaxed);
-            // A batch that would not fit before the ring's end follows a wrap marker.
-            Some(Batch { seq: before_seq - 1, records })
-        };
+            // Written after a wrap marker of its own, where it does not fit before the end.
+            batches.push(Batch { seq: before_seq - 1, records });
+        }
         let end = tail.reset().map_err(|e| LogError::Io("empty the volatile tail", Errno::from(e)))?;
         self.group.get_mut().unwrap().tail = TailMark { end, ..TailMark::default() };
         self.tail = Some(tail);
-        Ok(adopted)
+        Ok(())
     }
 
     /// Queues `records` (name changes of held files) for the next batch, and keeps them in the

@@ -498,3 +498,45 @@ fn a_log_just_made_is_not_read_back_and_is_the_empty_log_its_zeros_read_as() {
         assert!(!area.window.borrow().1.is_empty());
     }
 }
+
+/// A batch that does not fit before the ring's end is written after a wrap marker, which takes
+/// a number of its own. A kill between the two writes leaves the marker: the volatile tail's
+/// records, stamped with the marker's number, are still the next batch's, and the next mount
+/// replays them.
+#[test]
+fn the_volatile_tail_is_replayed_after_a_kill_between_a_wrap_marker_and_its_batch() {
+    let (file, mut log) = TestLogFile::create_through_the_file(18);
+    let dir = tempfile::tempdir().unwrap();
+    let tail_path = dir.path().join("tail");
+    let tail = || volatile_tail::VolatileTail::open(&tail_path).unwrap();
+    log.adopt_volatile_tail(tail(), true, &mut Vec::new()).unwrap();
+    let block = log.block_bytes() as u64;
+    let area = file.size / block - SUPERBLOCK_COPIES;
+    // One-block batches up to the area's last block, all released.
+    while log.lock_ring().next_block < area - 1 {
+        log.commit(vec![data(1, 0, 10, 1)]).unwrap();
+    }
+    log.checkpoint(log.next_seq()).unwrap();
+    let rename = Record::Rename {
+        file: 9u64.to_le_bytes().to_vec(),
+        from_parent: 1u64.to_le_bytes().to_vec(),
+        from_name: b"tmp".to_vec(),
+        to_parent: 1u64.to_le_bytes().to_vec(),
+        to_name: b"f".to_vec(),
+        replaced: Vec::new(),
+    };
+    assert!(matches!(log.keep_in_volatile_tail(vec![rename.clone()]), TailKeep::Kept));
+    // The next batch takes two blocks: a wrap marker in the last one, the batch from the first.
+    let start = (SUPERBLOCK_COPIES * block) as usize;
+    let first_blocks = std::fs::read(&file.path).unwrap()[start..start + 2 * block as usize].to_vec();
+    log.commit(vec![data(2, 0, block as usize, 2)]).unwrap();
+    drop(log);
+    // The kill came between the two writes: the first blocks as they were.
+    let mut bytes = std::fs::read(&file.path).unwrap();
+    bytes[start..start + first_blocks.len()].copy_from_slice(&first_blocks);
+    std::fs::write(&file.path, &bytes).unwrap();
+    let (mut log, mut replay) = file.reopen().unwrap();
+    assert!(replay.is_empty(), "the batch after the marker was not taken back: {replay:?}");
+    log.adopt_volatile_tail(tail(), false, &mut replay).unwrap();
+    assert_eq!(replay.iter().map(|b| b.records.clone()).collect::<Vec<_>>(), [vec![rename]]);
+}

@@ -75,10 +75,11 @@ impl VolatileTail {
         &self.path
     }
 
-    /// The records a killed daemon of this boot kept for batch `seq`, in their order: none when
-    /// the file is another boot's, or empty, or its entries are for another batch. Reading stops
-    /// at the first entry that does not check out (the write a kill cut short: the last).
-    pub fn read_for(&self, seq: u64) -> io::Result<Vec<Record>> {
+    /// The records a killed daemon of this boot kept for the batch numbered one of `seqs`, in
+    /// their order: none when the file is another boot's, or empty, or its entries are for
+    /// another batch. Reading stops at the first entry that does not check out (the write a
+    /// kill cut short: the last).
+    pub fn read_for(&self, seqs: &[u64]) -> io::Result<Vec<Record>> {
         let bytes = std::fs::read(&self.path)?;
         if bytes.get(..FILE_HEADER_BYTES) != Some(&self.header[..]) {
             return Ok(Vec::new());
@@ -98,14 +99,14 @@ impl VolatileTail {
             if crc32c_extend(crc32c(&header[..20]), payload) != u32_at(header, 20) {
                 break;
             }
-            if entry_seq == seq {
+            if seqs.contains(&entry_seq) {
                 match decode_records(payload, count) {
                     Ok(decoded) => records.extend(decoded),
                     // Written whole and malformed: a bug's trace, not a kill's.
                     Err(why) => {
                         return Err(io::Error::new(
                             io::ErrorKind::InvalidData,
-                            format!("{}: an entry for batch {seq}: {why}", self.path.display()),
+                            format!("{}: an entry for batch {entry_seq}: {why}", self.path.display()),
                         ))
                     }
                 }
@@ -180,17 +181,17 @@ mod tests {
         let end = tail.append(end, 5, &[rename(1), rename(2)]).unwrap();
         let end = tail.append(end, 5, &[rename(3)]).unwrap();
         let end = tail.append(end, 6, &[rename(4)]).unwrap();
-        assert_eq!(tail.read_for(5).unwrap(), [rename(1), rename(2), rename(3)]);
-        assert_eq!(tail.read_for(6).unwrap(), [rename(4)]);
-        assert!(tail.read_for(7).unwrap().is_empty());
+        assert_eq!(tail.read_for(&[5]).unwrap(), [rename(1), rename(2), rename(3)]);
+        assert_eq!(tail.read_for(&[6]).unwrap(), [rename(4)]);
+        assert!(tail.read_for(&[7]).unwrap().is_empty());
         // A kill that cut the last write short: that entry is gone, the ones before it stay.
         let last = tail.append(end, 6, &[rename(5)]).unwrap();
         std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(last - 3).unwrap();
-        assert_eq!(tail.read_for(6).unwrap(), [rename(4)], "a torn entry is not read");
+        assert_eq!(tail.read_for(&[6]).unwrap(), [rename(4)], "a torn entry is not read");
         // Reopened (the next daemon): the same boot reads it.
-        assert_eq!(VolatileTail::open(&path).unwrap().read_for(5).unwrap().len(), 3);
+        assert_eq!(VolatileTail::open(&path).unwrap().read_for(&[5]).unwrap().len(), 3);
         tail.reset().unwrap();
-        assert!(tail.read_for(5).unwrap().is_empty(), "reset keeps nothing");
+        assert!(tail.read_for(&[5]).unwrap().is_empty(), "reset keeps nothing");
     }
 
     #[test]
@@ -203,6 +204,6 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[8] ^= 0x01; // the boot id's first character
         std::fs::write(&path, &bytes).unwrap();
-        assert!(tail.read_for(9).unwrap().is_empty(), "a power cut's leftover was read");
+        assert!(tail.read_for(&[9]).unwrap().is_empty(), "a power cut's leftover was read");
     }
 }

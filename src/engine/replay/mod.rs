@@ -693,7 +693,7 @@ pub fn salvage_log(
     // mount; left there, a later mount would apply it over what this recovery made.
     if let Some(tail) = volatile_tail {
         let shown = tail.path().display().to_string();
-        batches.extend(log.adopt_volatile_tail(tail, false).map_err(|e| format!("{shown}: {e}"))?);
+        log.adopt_volatile_tail(tail, false, &mut batches).map_err(|e| format!("{shown}: {e}"))?;
     }
     let (batches, watermark) = after_watermark(ns, store, false, batches, &metrics)?;
     replay(ns, store, log, &batches, &metrics).map_err(|e| format!("replaying {name}: {e}"))?;
@@ -764,7 +764,7 @@ pub(super) fn recover_from_log(
     log.set_flushed_by_backend(flushed_by_backend);
     if let Some(tail) = setup.volatile_tail {
         let shown = tail.path().display().to_string();
-        batches.extend(log.adopt_volatile_tail(tail, setup.created).map_err(|e| format!("{shown}: {e}"))?);
+        log.adopt_volatile_tail(tail, setup.created, &mut batches).map_err(|e| format!("{shown}: {e}"))?;
     }
     let (batches, watermark) = after_watermark(ns, store, setup.created, batches, metrics)?;
     let log = replay(ns, store, log, &batches, metrics).map_err(|e| format!("replaying the intent log {name}: {e}"))?;
