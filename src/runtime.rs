@@ -7,7 +7,9 @@
 //! `$XDG_RUNTIME_DIR/coalescefs/...`, else `/tmp/coalescefs-<uid>/...`. Every command that
 //! finds the mount (`umount`, `stats`, `sync`) finds this directory from the backing path.
 //!
-//! What must survive the daemon (the intent log) is in the state directory (`state.rs`).
+//! What must survive the daemon (the intent log) is in the state directory (`state.rs`); what
+//! must survive the daemon and not the machine (the log's volatile tail) here where this is on
+//! tmpfs, else beside it under /dev/shm (`volatile_tail_path`).
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
