@@ -16,3 +16,16 @@ def escaped(source):
 def runtime_dir(source):
     """The daemon's runtime directory (its daemon.log, control socket, pid file)."""
     return os.path.join(RUN, escaped(source))
+
+
+def empty_volatile_tail(source):
+    """What a power cut does to the intent log's volatile tail (src/runtime.rs
+    `volatile_tail_path`: in the runtime directory where /run is tmpfs, else under /dev/shm):
+    it is gone. A simulated cut must take it too, or recovery would replay renames a real one
+    loses."""
+    for path in (os.path.join(runtime_dir(source), "volatile-tail"),
+                 os.path.join(f"/dev/shm/coalescefs-{os.geteuid()}", escaped(source), "volatile-tail")):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
