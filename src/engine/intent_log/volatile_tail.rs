@@ -172,12 +172,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_tail_gives_back_the_entries_of_the_batch_asked_for_up_to_the_first_cut_short() {
+    /// A new, empty tail in a directory of its own (kept while the test runs), and its path.
+    fn new_tail() -> (tempfile::TempDir, PathBuf, VolatileTail, u64) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(VOLATILE_TAIL_FILE_NAME);
         let tail = VolatileTail::open(&path).unwrap();
         let end = tail.reset().unwrap();
+        (dir, path, tail, end)
+    }
+
+    #[test]
+    fn a_tail_gives_back_the_entries_of_the_batch_asked_for_up_to_the_first_cut_short() {
+        let (_dir, path, tail, end) = new_tail();
         let end = tail.append(end, 5, &[rename(1), rename(2)]).unwrap();
         let end = tail.append(end, 5, &[rename(3)]).unwrap();
         let end = tail.append(end, 6, &[rename(4)]).unwrap();
@@ -196,10 +202,7 @@ mod tests {
 
     #[test]
     fn a_tail_of_another_boot_is_not_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(VOLATILE_TAIL_FILE_NAME);
-        let tail = VolatileTail::open(&path).unwrap();
-        let end = tail.reset().unwrap();
+        let (_dir, path, tail, end) = new_tail();
         tail.append(end, 9, &[rename(1)]).unwrap();
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[8] ^= 0x01; // the boot id's first character
