@@ -255,6 +255,9 @@ pub struct Metrics {
     pub log_tail_records: AtomicU64,
     /// Of those, found in the tail by a mount after a killed daemon, and replayed.
     pub log_tail_records_replayed: AtomicU64,
+    /// Batches in the log's page cache written to its device before a backend change that
+    /// must not become durable before them (`IntentLog::commit_written_to_device`).
+    pub log_write_backs: AtomicU64,
     /// Device flushes of the log (a batch a caller waits on to be durable; not a close's).
     pub log_flushes: AtomicU64,
     pub log_records: AtomicU64,
@@ -448,6 +451,11 @@ impl Metrics {
                 "log_tail_records_replayed_total",
                 "Name changes a killed daemon kept in the volatile tail, replayed by this mount",
                 self.log_tail_records_replayed.load(Relaxed),
+            ),
+            (
+                "log_write_backs_total",
+                "Write-backs of the intent log's page-cache batches before a backend change that must not overtake them",
+                self.log_write_backs.load(Relaxed),
             ),
             (
                 "log_flushes_total",

@@ -1750,6 +1750,46 @@ fn dirty_pages(path: &std::path::Path) -> Option<u64> {
     (ret == 0).then_some(stat.dirty + stat.writeback)
 }
 
+/// A held file's rename waits in the log's volatile tail; a change of the backend's names then
+/// writes it to the log first, and where batches went through the log file's page cache (closes
+/// in a burst, `log_raw=off`) writes those pages to the device too: the backing file system's
+/// journal commit flushes the device, not the log file's dirty pages, and the backend's change
+/// must not become durable before the rename's record.
+#[test]
+fn a_backend_name_change_after_a_held_rename_finds_the_logs_page_cache_written() {
+    let name = "a_backend_name_change_after_a_held_rename_finds_the_logs_page_cache_written";
+    if !in_a_process_of_its_own(name) {
+        return;
+    }
+    let m = TestMount::with_options(&["log_closes=always", "checkpoint_interval=3600s", "log_raw=off"]);
+    m.run_ahead_of_other_tests();
+    // Closes in a burst until the log file holds dirty pages (another test's `sync` may write
+    // them back at any moment).
+    let mut round = 0u8;
+    loop {
+        round += 1;
+        for i in 0..50 {
+            fs::write(m.path(&format!("f{round}-{i}")), pattern(1000, round)).unwrap();
+        }
+        let Some(dirty) = dirty_pages(&m.log_path()) else {
+            skip(name, "no cachestat(2) in this kernel to see the log file's dirty pages");
+            return;
+        };
+        if dirty > 0 {
+            break;
+        }
+        assert!(round < 5, "the closes' batches never stayed in the page cache");
+    }
+    let freed = format!("f{round}-0");
+    fs::rename(m.path(&freed), m.path("renamed")).unwrap();
+    assert_eq!(m.counter("log_tail_records_total"), 1, "the rename waits in the volatile tail");
+    assert_eq!(m.counter("log_write_backs_total"), 0);
+    // A directory at the name the rename freed: a change of the backend's names.
+    fs::create_dir(m.path(&freed)).unwrap();
+    assert_eq!(m.counter("log_write_backs_total"), 1, "the log's page cache was not written first");
+    assert_eq!(dirty_pages(&m.log_path()), Some(0), "the log's batches are still only in the page cache");
+}
+
 #[test]
 fn closes_in_a_burst_go_through_the_page_cache_which_sync_writes_and_a_killed_daemon_keeps() {
     if !in_a_process_of_its_own(

@@ -473,6 +473,9 @@ impl LogDevice for FaultyLogDevice {
     fn writes_through_page_cache(&self) -> bool {
         self.inner.writes_through_page_cache()
     }
+    fn write_back(&self) -> SysResult<()> {
+        self.inner.write_back()
+    }
     fn read_map(&self) -> SysResult<Vec<u8>> {
         self.inner.read_map()
     }

@@ -48,6 +48,12 @@ pub trait LogDevice: Send + Sync {
     fn writes_through_page_cache(&self) -> bool {
         false
     }
+    /// Writes to the device what `write_unflushed_at` left in the page cache, and waits for it,
+    /// without a flush: a change of the backing file system after this finds those blocks
+    /// written before its journal's commit flushes the device (`IntentLog::commit_written_to_device`).
+    fn write_back(&self) -> SysResult<()> {
+        Ok(())
+    }
     /// Makes every block written so far durable.
     fn sync(&self) -> SysResult<()>;
     /// `len` bytes from byte `offset` (fewer at the end of the device), as recovery reads them.
@@ -554,6 +560,14 @@ impl LogDevice for FileLogDevice {
         };
         self.remember_write(offset, result.is_ok().then_some(bytes));
         result
+    }
+
+    fn write_back(&self) -> SysResult<()> {
+        let Some(file) = &self.through_page_cache else { return Ok(()) };
+        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        // SAFETY: `sync_file_range` takes only integers (a descriptor and plain values) and
+        // touches none of our memory; a bad descriptor is an error return.
+        check(unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, flags) }).map(drop)
     }
 
     /// Data only: the file's size and allocation never change after creation (and when its

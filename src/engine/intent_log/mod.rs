@@ -178,6 +178,9 @@ struct Ring {
     /// A lone close stays direct: through the page cache it would cost a whole page at `sync`
     /// where its batch takes one or two sectors.
     last_batch_at: Option<std::time::Instant>,
+    /// A batch went through the page cache since the device was last flushed or written back
+    /// (`commit_written_to_device`).
+    page_cache_unwritten: bool,
     /// Directories whose name changes batches since the checkpoint hold and no `NamesSynced`
     /// covers yet: the first and the last such batch's sequence number (see
     /// `commit_names_synced`).
@@ -378,6 +381,7 @@ impl IntentLog {
             starts: contents.starts.into(),
             failed_write_at_next: false,
             last_batch_at: None,
+            page_cache_unwritten: false,
             flushed_before_seq: contents.next_seq,
             checkpoint_before_writing: contents.unflushed_dropped > 0,
             // Batches read at open are replayed and checkpointed before any is written.
@@ -420,7 +424,7 @@ impl IntentLog {
     /// that change is: true where the log lives on the device the backing file system journals
     /// to, because a journaling file system flushes the device (REQ_PREFLUSH) before the commit
     /// that makes any change durable, and the batch's write had completed before the change
-    /// was made.
+    /// was made: on the device, not in the log file's page cache (`commit_written_to_device`).
     pub fn flushed_by_backend(&self) -> bool {
         self.flushed_by_backend
     }
@@ -453,6 +457,22 @@ impl IntentLog {
     /// reach the backing file system's cache.
     pub fn commit_written(&self, records: Vec<Record>) -> Result<(), LogError> {
         self.commit_written_before_seq(records).map(drop)
+    }
+
+    /// `commit_written`, and the batch (and every one before it) on the device when it returns:
+    /// one written through the page cache is written back (`LogDevice::write_back`), without a
+    /// flush. For records that must be durable before a change of the backing file system,
+    /// where the log lives on its device (`flushed_by_backend`): its journal's commit flushes
+    /// the device, not another file's dirty pages.
+    pub fn commit_written_to_device(&self, records: Vec<Record>) -> Result<(), LogError> {
+        self.commit_written(records)?;
+        let mut ring = self.lock_ring();
+        if ring.page_cache_unwritten {
+            self.device.write_back().map_err(|e| LogError::Io("write back", e))?;
+            ring.page_cache_unwritten = false;
+            self.metrics.log_write_backs.fetch_add(1, Relaxed);
+        }
+        Ok(())
     }
 
     /// `commit_written`, and the sequence number its batch ends before (as `commit_before_seq`).
@@ -643,8 +663,12 @@ impl IntentLog {
                 group.tail = TailMark { since, ..TailMark::default() };
                 drop(group);
                 log::warn!("{}: {e}; the name change is written to the log instead", tail.path().display());
-                let flushed = !self.flushed_by_backend;
-                if let Err(e) = self.commit_to(Vec::new(), flushed) {
+                let committed = if self.flushed_by_backend {
+                    self.commit_written_to_device(Vec::new())
+                } else {
+                    self.commit(Vec::new())
+                };
+                if let Err(e) = committed {
                     log::warn!("committing a name change of a new file to the intent log: {e}; it stays queued");
                 }
                 TailKeep::Kept
@@ -739,6 +763,7 @@ impl IntentLog {
             self.device.sync().map_err(|e| LogError::Io("sync", e))?;
             self.metrics.log_flushes.fetch_add(1, Relaxed);
             ring.flushed_before_seq = ring.next_seq;
+            ring.page_cache_unwritten = false;
         }
         Ok(ring.next_seq)
     }
@@ -808,6 +833,9 @@ impl IntentLog {
         if flush {
             self.device.sync().map_err(|e| LogError::Io("sync", e))?;
             self.metrics.log_flushes.fetch_add(1, Relaxed);
+            ring.page_cache_unwritten = false;
+        } else if through_page_cache {
+            ring.page_cache_unwritten = true;
         }
         self.metrics.log_batches.fetch_add(1, Relaxed);
         if through_page_cache {
@@ -867,6 +895,7 @@ impl IntentLog {
         self.device.sync().map_err(|e| LogError::Io("sync", e))?;
         ring.sb = sb;
         ring.flushed_before_seq = ring.next_seq;
+        ring.page_cache_unwritten = false;
         ring.checkpoint_before_writing = false;
         self.metrics.log_write_bytes.fetch_add(u64::from(sb.block_bytes), Relaxed);
         self.metrics.log_checkpoints.fetch_add(1, Relaxed);

@@ -249,7 +249,7 @@ impl Writeback {
     /// flushed otherwise.
     fn commit_before_backend(&self, log: &IntentLog, records: Vec<Record>) -> Result<(), LogError> {
         if log.flushed_by_backend() {
-            log.commit_written(records)
+            log.commit_written_to_device(records)
         } else {
             log.commit(records)
         }
