@@ -125,8 +125,14 @@ pub fn volatile_tail_path(runtime: &RuntimeDir, backing: &Path) -> Option<PathBu
 /// The directory under `/dev/shm` that keeps the volatile tail of the mount of `backing` where
 /// the runtime directory is not on tmpfs (`volatile_tail_path`); `coalescefs forget` removes it.
 pub fn shm_dir_of(backing: &Path) -> PathBuf {
+    shm_base_dir().join(escape_path(backing))
+}
+
+/// Where the `/dev/shm` directories of `shm_dir_of` are, one per backing directory, as the
+/// runtime directories are under `base_dir`.
+pub fn shm_base_dir() -> PathBuf {
     // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
-    PathBuf::from(format!("/dev/shm/coalescefs-{}", unsafe { libc::geteuid() })).join(escape_path(backing))
+    PathBuf::from(format!("/dev/shm/coalescefs-{}", unsafe { libc::geteuid() }))
 }
 
 /// Where the runtime directories are, one per backing directory.

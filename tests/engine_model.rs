@@ -405,20 +405,10 @@ fn config_holding(log_closes: LogCloses) -> EngineConfig {
     }
 }
 
-/// `tail`: where the log keeps held files' name changes between batches, as the daemon's on
-/// tmpfs (a kill keeps the file, a power cut takes it: `World::crash`).
+/// The engine over `store` and `log`, and its counters. `tail`: where the log keeps held
+/// files' name changes between batches, as the daemon's on tmpfs (a kill keeps the file, a
+/// power cut takes it: `World::crash`).
 fn start(
-    store: &Store,
-    log: &Arc<MemoryLogDevice>,
-    created: bool,
-    log_closes: LogCloses,
-    tail: Option<&std::path::Path>,
-) -> Engine {
-    start_counted(store, log, created, log_closes, tail).0
-}
-
-/// `start`, and the engine's counters.
-fn start_counted(
     store: &Store,
     log: &Arc<MemoryLogDevice>,
     created: bool,
@@ -447,7 +437,7 @@ impl World {
         // A device of 512-byte sectors: the log's blocks are that small.
         let log = Arc::new(MemoryLogDevice::new(256 * LOG_BLOCK_BYTES as u64, 512));
         let tail_dir = tempfile::tempdir().unwrap();
-        let engine = start(&store, &log, true, log_closes, Some(&tail_dir.path().join("tail")));
+        let engine = start(&store, &log, true, log_closes, Some(&tail_dir.path().join("tail"))).0;
         let mut world = World {
             store,
             log,
@@ -632,7 +622,7 @@ impl World {
         // The tail is on tmpfs: a power cut empties it.
         let tail = self.tail();
         let _ = std::fs::remove_file(&tail);
-        let fresh = start(&self.store, &self.log, false, self.log_closes, Some(&tail));
+        let fresh = start(&self.store, &self.log, false, self.log_closes, Some(&tail)).0;
         drop(std::mem::replace(&mut self.engine, fresh));
     }
 
@@ -661,7 +651,7 @@ impl World {
             let (store_before, log_before) = (memory.snapshot(), self.log.snapshot());
             let tail_before = std::fs::read(self.tail()).ok();
             let changes_before = memory.changes();
-            start(&self.store, &self.log, false, self.log_closes, Some(&self.tail())).abandon();
+            start(&self.store, &self.log, false, self.log_closes, Some(&self.tail())).0.abandon();
             let changes = memory.changes() - changes_before;
             memory.restore(store_before);
             self.log.restore(log_before);
@@ -677,7 +667,7 @@ impl World {
                     1 + u64::from(at) * changes / 256,
                     Box::new(move |store| *left.lock().unwrap() = Some((store, log.snapshot()))),
                 );
-                start(&self.store, &self.log, false, self.log_closes, Some(&self.tail())).abandon();
+                start(&self.store, &self.log, false, self.log_closes, Some(&self.tail())).0.abandon();
                 // None: this run changed less than the first (it ended whole, and is killed then).
                 let left = killed_at.lock().unwrap().take();
                 if let Some((store, log)) = left {
@@ -687,7 +677,7 @@ impl World {
                 }
             }
         }
-        let fresh = start(&self.store, &self.log, false, self.log_closes, Some(&self.tail()));
+        let fresh = start(&self.store, &self.log, false, self.log_closes, Some(&self.tail())).0;
         drop(std::mem::replace(&mut self.engine, fresh));
     }
 
@@ -992,7 +982,7 @@ fn an_older_logged_fsync_is_not_replayed_over_bytes_the_store_made_durable_since
 fn a_unit_in_flight_is_not_logged_again_over_newer_bytes_an_earlier_fsync_logged() {
     let store = Arc::new(MemoryBackend::new(UNIT));
     let log = Arc::new(MemoryLogDevice::new(256 * LOG_BLOCK_BYTES as u64, 512));
-    let engine = start(&Store::Memory(store.clone()), &log, true, LogCloses::Always, None);
+    let engine = start(&Store::Memory(store.clone()), &log, true, LogCloses::Always, None).0;
     let (attr, opened) = engine.create(ROOT_ID, OsStr::new("f"), 0o644, libc::O_RDWR, ROOT).unwrap();
     engine.write(opened.fh, 0, &pattern(UNIT, 1, 0), libc::O_RDWR, false, false).unwrap();
     engine.sync_all().unwrap(); // durable on the store, the log empty: the file's fsyncs go to the log
@@ -1007,7 +997,7 @@ fn a_unit_in_flight_is_not_logged_again_over_newer_bytes_an_earlier_fsync_logged
     store.hold_unit_writes(false);
     engine.abandon();
     store.crash();
-    let engine = start(&Store::Memory(store.clone()), &log, false, LogCloses::Always, None);
+    let engine = start(&Store::Memory(store.clone()), &log, false, LogCloses::Always, None).0;
     let fh = engine.open(attr.id, libc::O_RDONLY, false).unwrap().fh;
     let bytes = engine.read(fh, 0, UNIT as u32).unwrap();
     let mut want = older;
@@ -1049,7 +1039,7 @@ fn a_held_files_rename_waits_in_the_volatile_tail_survives_a_kill_and_not_a_powe
         let log = Arc::new(MemoryLogDevice::new(256 * LOG_BLOCK_BYTES as u64, 512));
         let dir = tempfile::tempdir().unwrap();
         let tail = dir.path().join("tail");
-        let (engine, metrics) = start_counted(&store, &log, true, LogCloses::Always, Some(&tail));
+        let (engine, metrics) = start(&store, &log, true, LogCloses::Always, Some(&tail));
         new_file(&engine, "f", &pattern(3000, 1, 0));
         engine.sync_all().unwrap();
         new_file(&engine, "tmp", &pattern(2000, 2, 0));
@@ -1066,7 +1056,7 @@ fn a_held_files_rename_waits_in_the_volatile_tail_survives_a_kill_and_not_a_powe
             log.crash(|_| true);
             std::fs::remove_file(&tail).unwrap();
         }
-        let (engine, metrics) = start_counted(&store, &log, false, LogCloses::Always, Some(&tail));
+        let (engine, metrics) = start(&store, &log, false, LogCloses::Always, Some(&tail));
         let (f, tmp) = (read_named(&engine, "f"), read_named(&engine, "tmp"));
         let (a, b) = (read_named(&engine, "a"), read_named(&engine, "b"));
         if power_cut {
@@ -1091,7 +1081,7 @@ fn a_held_files_rename_waits_in_the_volatile_tail_survives_a_kill_and_not_a_powe
         store.crash();
         log.crash(|_| true);
         std::fs::remove_file(&tail).unwrap();
-        let engine = start(&store, &log, false, LogCloses::Always, Some(&tail));
+        let engine = start(&store, &log, false, LogCloses::Always, Some(&tail)).0;
         assert_eq!(read_named(&engine, "g"), Some(pattern(500, 4, 0)), "g lost its rename to a power cut");
         assert_eq!(read_named(&engine, "tmp2"), None);
         engine.abandon();

@@ -145,9 +145,7 @@ fn remove_runtime_dir(runtime: &Path) {
     if !std::thread::panicking() {
         let _ = std::fs::remove_dir_all(runtime);
         if let Some(name) = runtime.file_name() {
-            // SAFETY: `geteuid` takes no arguments, cannot fail and touches none of our memory.
-            let uid = unsafe { libc::geteuid() };
-            let _ = std::fs::remove_dir_all(Path::new(&format!("/dev/shm/coalescefs-{uid}")).join(name));
+            let _ = std::fs::remove_dir_all(coalescefs::runtime::shm_base_dir().join(name));
         }
     }
 }
