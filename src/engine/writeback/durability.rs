@@ -461,6 +461,7 @@ impl Writeback {
     /// fsync(2) and fdatasync(2): through the intent log when it can stand for a backend
     /// sync, otherwise the buffered units to the backend and the backend synced.
     pub fn fsync(&self, file: &Arc<FileState>, data_only: bool) -> SysResult<()> {
+        let _one_at_a_time = lock(&file.durability_points);
         let synced = self.sync_file(file, data_only, ErrorReport::Sync);
         self.bursts.fsynced();
         synced
@@ -471,6 +472,7 @@ impl Writeback {
     /// would be taken back to the logged ones by a replay after a daemon crash, and what close
     /// acknowledged survives a daemon crash, with the log as without it.
     pub fn close_file(&self, file: &Arc<FileState>) -> SysResult<()> {
+        let _one_at_a_time = lock(&file.durability_points);
         let in_burst = self.bursts.closed();
         if let Some(result) = self.commit_pending(file, ErrorReport::Close) {
             return result;

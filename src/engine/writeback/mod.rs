@@ -386,6 +386,13 @@ pub struct FileState {
     inner: Mutex<FileInner>,
     /// Signalled whenever a flush of this file ends.
     flush_ended: Condvar,
+    /// Held through each of the file's durability points (fsync, close): they run one at a
+    /// time. A backend sync's Barrier tells replay that the backend holds everything the log
+    /// held of the file before it, which is true of what that sync's own flush wrote only; a
+    /// log fsync of the same file committed meanwhile, of bytes written after the flush began,
+    /// landed before the Barrier (in its batch), and replay skipped bytes nothing had written
+    /// (the crash harness found an acknowledged write's bytes back at older ones).
+    durability_points: Mutex<()>,
 }
 
 struct Job {

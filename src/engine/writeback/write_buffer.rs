@@ -68,6 +68,7 @@ impl Writeback {
                     backend_readers: BTreeMap::new(),
                 }),
                 flush_ended: Condvar::new(),
+                durability_points: Mutex::new(()),
             })
         });
         let mut inner = lock(&file.inner);
