@@ -152,7 +152,7 @@ Examples:\n  coalescefs forget /srv/data\n  coalescefs forget s3://bucket/tree -
         /// The backing directory of the unmounted file system, its sqlite:PATH or s3://BUCKET/PREFIX
         #[arg(required_unless_present = "orphans")]
         backing_dir: Option<PathBuf>,
-        /// Instead: list the state and runtime directories whose backing directory is gone
+        /// Instead: list the state, runtime and volatile tail directories whose backing directory is gone
         /// (tests, benchmarks, removed data); with --remove, remove them
         #[arg(long, conflicts_with_all = ["backing_dir", "state"])]
         orphans: bool,
@@ -568,7 +568,7 @@ fn report_recovery(log_path: &Path, result: Result<Vec<String>, String>) -> Exit
 fn run_forget_orphans(remove: bool, discard: bool) -> ExitCode {
     let found = coalescefs::orphans::find();
     if found.is_empty() {
-        println!("no state or runtime directory of a backing directory that is gone");
+        println!("no state, runtime or volatile tail directory of a backing directory that is gone");
         return ExitCode::SUCCESS;
     }
     let mut refused = 0;

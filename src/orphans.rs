@@ -1,7 +1,8 @@
-//! State and runtime directories whose backing directory is gone (`coalescefs forget
-//! --orphans`): each holds what nothing else would ever remove, a 64 MiB intent log or a
-//! daemon's log. Found by name: a directory's name is its backing directory's path, escaped
-//! (`runtime::escape_path`), so the backing directory it served is known without reading it.
+//! State, runtime and volatile tail directories whose backing directory is gone (`coalescefs
+//! forget --orphans`): each holds what nothing else would ever remove, a 64 MiB intent log, a
+//! daemon's log, or a killed daemon's volatile tail in `/dev/shm`. Found by name: a
+//! directory's name is its backing directory's path, escaped (`runtime::escape_path`), so the
+//! backing directory it served is known without reading it.
 //! A state directory named by `state=DIR` is not under the default base and is not found.
 
 use std::os::fd::AsRawFd;
@@ -17,6 +18,9 @@ pub enum Kind {
     State,
     /// The daemon's log, its socket and pid file (`runtime.rs`).
     Runtime,
+    /// The volatile tail's directory in `/dev/shm` (`runtime::shm_dir_of`), where the runtime
+    /// directory is not on tmpfs: left by a killed daemon.
+    VolatileTail,
 }
 
 impl Kind {
@@ -24,6 +28,7 @@ impl Kind {
         match self {
             Kind::State => "state",
             Kind::Runtime => "runtime",
+            Kind::VolatileTail => "volatile tail",
         }
     }
 }
@@ -37,10 +42,16 @@ pub struct Orphan {
     pub bytes: u64,
 }
 
-/// Every state and runtime directory under the default bases whose backing directory is gone.
+/// Every state, runtime and volatile tail directory under the default bases whose backing
+/// directory is gone, in that order (a tail is removed only once its state directory is).
 pub fn find() -> Vec<Orphan> {
     let mut found = Vec::new();
-    for (kind, base) in [(Kind::State, state::default_base()), (Kind::Runtime, runtime::base_dir())] {
+    let bases = [
+        (Kind::State, state::default_base()),
+        (Kind::Runtime, runtime::base_dir()),
+        (Kind::VolatileTail, runtime::shm_base_dir()),
+    ];
+    for (kind, base) in bases {
         let Ok(entries) = std::fs::read_dir(&base) else { continue };
         for entry in entries.flatten() {
             let name = entry.file_name();
@@ -106,6 +117,21 @@ pub fn remove(orphan: &Orphan, discard: bool) -> Result<(), String> {
         }
         Kind::Runtime => {
             if runtime::RuntimeDir::at(dir.clone()).read_pid().is_some_and(crate::mounts::process_alive) {
+                return Err(format!("{}: its daemon is still running", dir.display()));
+            }
+            std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))
+        }
+        Kind::VolatileTail => {
+            // The tail holds name changes for the log's next batch: it goes with the log.
+            let name = dir.file_name().ok_or_else(|| format!("{}: no name", dir.display()))?;
+            let state_dir = state::default_base().join(name);
+            if state_dir.exists() {
+                return Err(format!("kept with the state directory {} (its log's next batch)", state_dir.display()));
+            }
+            if runtime::RuntimeDir::at(runtime::base_dir().join(name))
+                .read_pid()
+                .is_some_and(crate::mounts::process_alive)
+            {
                 return Err(format!("{}: its daemon is still running", dir.display()));
             }
             std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))

@@ -71,7 +71,8 @@ pub fn unescape_path(name: &str) -> Option<PathBuf> {
 /// The file system type statfs(2) gives tmpfs.
 const TMPFS_MAGIC: libc::c_long = 0x0102_1994;
 
-fn on_tmpfs(path: &Path) -> bool {
+/// Whether `path` lies on tmpfs: memory, which a power cut empties and a killed daemon does not.
+pub fn on_tmpfs(path: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
     // SAFETY: an all-zero `statfs` is a valid value of that plain C struct.

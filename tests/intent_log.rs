@@ -2067,9 +2067,9 @@ fn forget_removes_the_state_and_runtime_directories_but_never_unreplayed_batches
     assert_eq!(left, ["notes"], "forget keeps only the admin's files in state=DIR");
 }
 
-/// `coalescefs forget --orphans` lists the state and runtime directories whose backing
-/// directory is gone, and with --remove removes them; one whose log holds a batch never
-/// replayed (the last copy of an fsynced write) stays unless --discard.
+/// `coalescefs forget --orphans` lists the state, runtime and volatile tail directories whose
+/// backing directory is gone, and with --remove removes them; one whose log holds a batch never
+/// replayed (the last copy of an fsynced write) stays unless --discard, and so does its tail.
 #[test]
 fn forget_orphans_lists_and_removes_the_directories_of_backing_directories_that_are_gone() {
     let mut clean = TestMount::with_options(&["unit=64K"]);
@@ -2082,6 +2082,14 @@ fn forget_orphans_lists_and_removes_the_directories_of_backing_directories_that_
     kill_daemon(&mut killed);
     drop(f);
     let dirs = |m: &TestMount| [m.state_dir(), m.runtime_dir()];
+    // Where the runtime directory is not on tmpfs, the killed daemon's volatile tail is left in
+    // /dev/shm (a clean unmount removes it).
+    let killed_tail = coalescefs::runtime::shm_dir_of(&killed.backing);
+    let tail_expected = !coalescefs::runtime::on_tmpfs(&killed.runtime_dir())
+        && coalescefs::runtime::on_tmpfs(std::path::Path::new("/dev/shm"));
+    assert_eq!(killed_tail.is_dir(), tail_expected, "{} after a kill", killed_tail.display());
+    let tail_left = killed_tail.is_dir().then_some(&killed_tail);
+    assert!(!coalescefs::runtime::shm_dir_of(&clean.backing).exists(), "a clean unmount left its tail");
     for m in [&clean, &killed] {
         for dir in dirs(m) {
             assert!(dir.is_dir(), "{} before", dir.display());
@@ -2090,7 +2098,7 @@ fn forget_orphans_lists_and_removes_the_directories_of_backing_directories_that_
     }
     let out = coalescefs(&["forget", "--orphans"]);
     let listed = String::from_utf8_lossy(&out.stdout).to_string();
-    for dir in dirs(&clean).iter().chain(&dirs(&killed)) {
+    for dir in dirs(&clean).iter().chain(&dirs(&killed)).chain(tail_left) {
         assert!(listed.contains(&path_str(dir)), "{} not listed:\n{listed}", dir.display());
         assert!(dir.is_dir(), "listing removed {}", dir.display());
     }
@@ -2101,8 +2109,14 @@ fn forget_orphans_lists_and_removes_the_directories_of_backing_directories_that_
     }
     assert!(killed.state_dir().join("intent.log").exists(), "a log holding a batch removed without --discard");
     assert!(stderr_of(&out).contains("never replayed"), "{}", stderr_of(&out));
+    if let Some(tail) = tail_left {
+        assert!(tail.is_dir(), "the tail of a log kept went without it");
+    }
     let out = coalescefs(&["forget", "--orphans", "--remove", "--discard"]);
     assert!(!killed.state_dir().exists(), "--discard left it: {}", stderr_of(&out));
+    if let Some(tail) = tail_left {
+        assert!(!tail.exists(), "--discard left the tail: {}", stderr_of(&out));
+    }
 }
 
 /// `coalescefs recover` takes the state directory's lock as a mount does: a state=DIR a mount of
