@@ -15,7 +15,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::s3::{server_or_skip, S3Server};
-use common::{coalescefs, daemon_log_in, kill_daemon_of, path_str, runtime_dir, stderr_of, unmount_in_drop, BIN};
+use common::{
+    coalescefs, daemon_log_in, kill_daemon_of, path_str, remove_runtime_dir, runtime_dir, stderr_of, unmount_in_drop,
+    BIN,
+};
 
 use coalescefs::backend::s3::layout::LeaseHolder;
 use coalescefs::backend::s3::objects::{ObjectStore, PutCondition};
@@ -129,9 +132,8 @@ impl Drop for S3Mount {
             unmount_in_drop(&self.mnt);
         }
         let _ = &self.dir;
-        if !std::thread::panicking() {
-            let _ = fs::remove_dir_all(self.runtime_dir());
-        }
+        // With the volatile tail's /dev/shm directory, which a killed daemon leaves.
+        remove_runtime_dir(&self.runtime_dir());
     }
 }
 

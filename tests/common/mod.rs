@@ -141,7 +141,7 @@ pub fn remove_state_dir(state: &Path) {
 /// The daemon's log stays for a failing test's message to point at; otherwise it goes, and
 /// with it the directory under /dev/shm that may hold the log's volatile tail
 /// (src/runtime.rs `volatile_tail_path`, where /run is not tmpfs; a killed daemon leaves it).
-fn remove_runtime_dir(runtime: &Path) {
+pub fn remove_runtime_dir(runtime: &Path) {
     if !std::thread::panicking() {
         let _ = std::fs::remove_dir_all(runtime);
         if let Some(name) = runtime.file_name() {
