@@ -78,6 +78,14 @@ fn allocated_bytes(dir: &Path) -> u64 {
     entries.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.blocks() * 512).sum()
 }
 
+/// Refuses to remove `shown` while the daemon whose pid its runtime directory records is alive.
+fn refuse_while_its_daemon_runs(runtime_dir: &Path, shown: &Path) -> Result<(), String> {
+    if runtime::RuntimeDir::at(runtime_dir.to_path_buf()).read_pid().is_some_and(crate::mounts::process_alive) {
+        return Err(format!("{}: its daemon is still running", shown.display()));
+    }
+    Ok(())
+}
+
 /// Removes an orphan: refused while a daemon uses it (its lock held, its pid alive), and for a
 /// state directory whose log holds batches never replayed unless `discard` (its backing
 /// directory is gone: they can never be, but they are the last copy of fsynced writes).
@@ -116,9 +124,7 @@ pub fn remove(orphan: &Orphan, discard: bool) -> Result<(), String> {
             std::fs::remove_dir(dir).map_err(|e| format!("removing {}: {e}", dir.display()))
         }
         Kind::Runtime => {
-            if runtime::RuntimeDir::at(dir.clone()).read_pid().is_some_and(crate::mounts::process_alive) {
-                return Err(format!("{}: its daemon is still running", dir.display()));
-            }
+            refuse_while_its_daemon_runs(dir, dir)?;
             std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))
         }
         Kind::VolatileTail => {
@@ -128,12 +134,7 @@ pub fn remove(orphan: &Orphan, discard: bool) -> Result<(), String> {
             if state_dir.exists() {
                 return Err(format!("kept with the state directory {} (its log's next batch)", state_dir.display()));
             }
-            if runtime::RuntimeDir::at(runtime::base_dir().join(name))
-                .read_pid()
-                .is_some_and(crate::mounts::process_alive)
-            {
-                return Err(format!("{}: its daemon is still running", dir.display()));
-            }
+            refuse_while_its_daemon_runs(&runtime::base_dir().join(name), dir)?;
             std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))
         }
     }
