@@ -771,25 +771,23 @@ fn times_set_between_the_last_write_and_close_survive_the_flush() {
         let mut f = OpenOptions::new().append(true).open(m.path("small")).unwrap();
         f.write_all(b"more").unwrap();
         drop(f);
-        let shown = mtime_once_the_kernel_forgets(&m.path("small"), 1_600_000_000);
-        assert!(shown > 1_600_000_000, "writeback_cache={mode}: mtime {shown}");
+        let what = format!("small, writeback_cache={mode}: the appended write's mtime");
+        wait_for_the_kernel_to_show_an_mtime_after(&m.path("small"), 1_600_000_000, &what);
     }
 }
 
-/// The mtime the daemon gives a file, once the kernel has forgotten the file: its caches
-/// dropped until the stat shows at least `at_least`, or 2 s have gone. One drop is not always
-/// enough: the kernel holds the inode until the daemon has answered the close's RELEASE, sent
-/// after close(2) returns (CI saw `auto` show the mtime the kernel kept, once).
-fn mtime_once_the_kernel_forgets(path: &std::path::Path, at_least: i64) -> i64 {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    loop {
-        drop_kernel_caches();
-        let shown = fs::metadata(path).unwrap().mtime();
-        if shown >= at_least || std::time::Instant::now() > deadline {
-            return shown;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+/// Waits (`wait_for`) until the kernel, its caches dropped, shows `path` with an mtime after
+/// `after`: the one the daemon gives it once the kernel has forgotten the file. One drop is not
+/// always enough: the kernel holds the inode until the daemon has answered the close's RELEASE,
+/// sent after close(2) returns (CI saw `auto` show the mtime the kernel kept, once).
+fn wait_for_the_kernel_to_show_an_mtime_after(path: &std::path::Path, after: i64, what: &str) {
+    wait_for(
+        || {
+            drop_kernel_caches();
+            fs::metadata(path).unwrap().mtime() > after
+        },
+        what,
+    );
 }
 
 /// A write into a file that holds data moves its mtime and ctime. With the writeback cache on
@@ -821,15 +819,24 @@ fn an_in_place_write_moves_the_mtime() {
         OpenOptions::new().append(true).open(m.path("appended")).unwrap().write_all(b"more").unwrap();
         OpenOptions::new().write(true).open(m.path("written")).unwrap().write_all_at(b"more", 5000).unwrap();
         OpenOptions::new().write(true).truncate(true).open(m.path("truncated")).unwrap().write_all(b"new").unwrap();
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64 - 60;
+        let a_minute_ago =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64 - 60;
         for name in ["appended", "written", "truncated"] {
             let md = fs::metadata(m.path(name)).unwrap();
             if mode != "auto" || name == "truncated" {
-                assert!(md.mtime() > now, "{name}, writeback_cache={mode}: mtime {} shown at once", md.mtime());
-                assert!(md.ctime() > now, "{name}, writeback_cache={mode}: ctime {} shown at once", md.ctime());
+                assert!(
+                    md.mtime() > a_minute_ago,
+                    "{name}, writeback_cache={mode}: mtime {} shown at once",
+                    md.mtime()
+                );
+                assert!(
+                    md.ctime() > a_minute_ago,
+                    "{name}, writeback_cache={mode}: ctime {} shown at once",
+                    md.ctime()
+                );
             }
-            let shown = mtime_once_the_kernel_forgets(&m.path(name), now);
-            assert!(shown > now, "{name}, writeback_cache={mode}: mtime {shown} once the kernel forgot the file");
+            let what = format!("{name}, writeback_cache={mode}: the write's mtime once the kernel forgot the file");
+            wait_for_the_kernel_to_show_an_mtime_after(&m.path(name), a_minute_ago, &what);
         }
     }
 }
