@@ -1053,3 +1053,79 @@ fn xattr_off_ends_the_kernels_capability_questions_before_writes() {
     m.unmount();
     assert_eq!(xattr_of(&m.backing.join("f"), "user.kept"), Ok(b"1".to_vec()), "the backing file keeps its attributes");
 }
+
+/// A client signalled while it waits on the mount makes the kernel send FUSE_INTERRUPT, which the
+/// daemon (fuser) answers ENOSYS, often after its answer to the interrupted request: the kernel
+/// no longer holds that request then and refuses the reply (ENOENT). Nothing waits for it. The
+/// signalled writes and fsyncs complete whole, and the daemon's log does not call the refused
+/// reply an error (it did, "Failed to send FUSE reply", about 5 times a second of this here).
+#[test]
+fn requests_interrupted_by_signals_complete_and_log_no_error() {
+    extern "C" fn ignore(_: libc::c_int) {}
+    // SAFETY: `sigaction` with a zeroed struct (no flags: no SA_RESTART, so the signal
+    // interrupts the waits) and a handler that does nothing, which is async-signal-safe.
+    // SIGUSR1 is sent to this test's worker thread only.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = ignore as extern "C" fn(libc::c_int) as usize;
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &raw const action, std::ptr::null_mut()), 0);
+    }
+    let m = TestMount::new();
+    let path = m.path("signalled");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (thread_id_tx, thread_id_rx) = std::sync::mpsc::channel();
+    let worker = {
+        let (path, stop) = (path.clone(), stop.clone());
+        std::thread::spawn(move || {
+            use std::os::unix::fs::FileExt;
+            // SAFETY: `pthread_self` takes no arguments and cannot fail.
+            thread_id_tx.send(unsafe { libc::pthread_self() }).unwrap();
+            let file = OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path).unwrap();
+            let mut expected = vec![0u8; 64 << 10];
+            let (mut rounds, mut len) = (0u64, 0);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let at = (rounds * 4099) as usize % (expected.len() - 100);
+                let piece = [(rounds % 251) as u8 + 1; 100];
+                retry_interrupted(|| file.write_all_at(&piece, at as u64));
+                expected[at..at + 100].copy_from_slice(&piece);
+                len = len.max(at + 100);
+                retry_interrupted(|| file.sync_all());
+                retry_interrupted(|| fs::metadata(&path).map(|_| ()));
+                rounds += 1;
+            }
+            expected.truncate(len);
+            (rounds, expected)
+        })
+    };
+    let worker_thread = thread_id_rx.recv().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    let mut signals = 0;
+    while std::time::Instant::now() < deadline {
+        // SAFETY: the worker thread is alive until `stop` is set below and it is joined.
+        assert_eq!(unsafe { libc::pthread_kill(worker_thread, libc::SIGUSR1) }, 0);
+        signals += 1;
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (rounds, expected) = worker.join().unwrap();
+    assert!(rounds > 10 && signals > 100, "{rounds} write + fsync rounds, {signals} signals");
+    assert!(fs::read(&path).unwrap() == expected, "the signalled writes read back whole");
+    let log = m.daemon_log();
+    let refused = log.lines().filter(|l| l.contains("Failed to send FUSE reply")).count();
+    assert_eq!(
+        refused,
+        0,
+        "{refused} reply failures logged as errors; the first: {:?}",
+        log.lines().find(|l| l.contains("FUSE reply"))
+    );
+}
+
+/// `op`, again while a signal interrupted it.
+fn retry_interrupted(mut op: impl FnMut() -> std::io::Result<()>) {
+    loop {
+        match op() {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            done => return done.unwrap(),
+        }
+    }
+}

@@ -14,6 +14,7 @@ use std::time::Duration;
 #[cfg(target_os = "macos")]
 use std::time::SystemTime;
 
+use log::debug;
 use log::error;
 use log::warn;
 
@@ -33,6 +34,10 @@ use crate::ll::reply::DirEntryPlus;
 use crate::ll::reply::Response;
 use crate::ll::{self};
 use crate::passthrough::BackingId;
+
+/// The bit of a FUSE_INTERRUPT request's unique id that the kernel sets on the id of the
+/// request it interrupts (`FUSE_INT_REQ_BIT` in the kernel's fuse_i.h).
+const FUSE_INT_REQ_BIT: u64 = 1 << 0;
 
 /// Where the one reply to a request goes when the request did not come from read(2) on
 /// /dev/fuse but over a transport of the caller's own (FUSE over io_uring: the reply is written
@@ -153,8 +158,23 @@ impl ReplyRaw {
         assert!(self.sender.is_some());
         let sender = self.sender.take().unwrap();
         let res = response.with_iovec(self.unique, |iov| sender.send(iov));
-        if let Err(err) = res {
-            error!("Failed to send FUSE reply: {err}");
+        match res {
+            Ok(()) => {}
+            // The kernel no longer holds the request, which is how an interrupt (FUSE_INTERRUPT,
+            // answered ENOSYS) of a request answered meanwhile ends. Nothing waits for this
+            // reply; libfuse ignores ENOENT likewise.
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {
+                debug!(
+                    "FUSE reply to request {:#x} not taken: the kernel no longer holds {}",
+                    self.unique.0,
+                    if self.unique.0 & FUSE_INT_REQ_BIT != 0 {
+                        "the interrupted request (answered meanwhile)"
+                    } else {
+                        "the request"
+                    }
+                );
+            }
+            Err(err) => error!("Failed to send FUSE reply: {err}"),
         }
     }
     pub(crate) fn send_ll(mut self, response: &impl Response) {
