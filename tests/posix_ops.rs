@@ -1058,7 +1058,8 @@ fn xattr_off_ends_the_kernels_capability_questions_before_writes() {
 /// daemon (fuser) answers ENOSYS, often after its answer to the interrupted request: the kernel
 /// no longer holds that request then and refuses the reply (ENOENT). Nothing waits for it. The
 /// signalled writes and fsyncs complete whole, and the daemon's log does not call the refused
-/// reply an error (it did, "Failed to send FUSE reply", about 5 times a second of this here).
+/// reply an error (it did, "Failed to send FUSE reply", about once a signal here: as many lines
+/// as the log's rate limit let through, 5 a mount).
 #[test]
 fn requests_interrupted_by_signals_complete_and_log_no_error() {
     extern "C" fn ignore(_: libc::c_int) {}
