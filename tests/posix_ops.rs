@@ -1082,19 +1082,18 @@ fn requests_interrupted_by_signals_complete_and_log_no_error() {
             // SAFETY: `pthread_self` takes no arguments and cannot fail.
             thread_id_tx.send(unsafe { libc::pthread_self() }).unwrap();
             let file = OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path).unwrap();
-            let mut expected = vec![0u8; 64 << 10];
-            let (mut rounds, mut len) = (0u64, 0);
+            let mut expected = Vec::new();
+            let mut rounds = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let at = (rounds * 4099) as usize % (expected.len() - 100);
+                let at = (rounds * 4099) as usize % ((64 << 10) - 100);
                 let piece = [(rounds % 251) as u8 + 1; 100];
                 retry_interrupted(|| file.write_all_at(&piece, at as u64));
+                expected.resize(expected.len().max(at + 100), 0);
                 expected[at..at + 100].copy_from_slice(&piece);
-                len = len.max(at + 100);
                 retry_interrupted(|| file.sync_all());
                 retry_interrupted(|| fs::metadata(&path).map(|_| ()));
                 rounds += 1;
             }
-            expected.truncate(len);
             (rounds, expected)
         })
     };
