@@ -493,6 +493,13 @@ pub fn replay(
         return Ok(log);
     }
     let records: Vec<&Record> = batches.iter().flat_map(|b| &b.records).collect();
+    if log::log_enabled!(log::Level::Debug) {
+        let mut first = 0;
+        for batch in batches {
+            log::debug!("replay: batch {} holds records {first}..{}", batch.seq, first + batch.records.len());
+            first += batch.records.len();
+        }
+    }
     let last_barrier = last_barriers(&records);
     let recreated = read_replay_map(log.device())?;
     let mut replay = Replay {
@@ -586,6 +593,7 @@ impl<'r> Replay<'r> {
             }
             let contents = matches!(r, Record::Data { .. } | Record::Size { .. } | Record::Attrs { .. });
             if contents && last_barrier.get(r.file()).is_some_and(|&b| i <= b) {
+                log::debug!("replay {i}: before its file's last barrier: {}", r.describe());
                 continue;
             }
             if let Record::Hidden { file, parent, name } = r {

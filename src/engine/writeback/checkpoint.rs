@@ -86,7 +86,8 @@ impl Writeback {
             Errno(libc::EIO)
         })?;
         log::debug!(
-            "checkpoint: flush {:?}, held files made {:?}, backend sync {:?}, log release {:?}",
+            "checkpoint: batches before {release_before} released; flush {:?}, held files made {:?}, backend sync \
+             {:?}, log release {:?}",
             flushed_at - started,
             made_at - flushed_at,
             synced_at - made_at,

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use super::*;
+use crate::engine::intent_log::format::describe_key;
 
 impl Writeback {
     /// The backend's copy of `ino` changed in a way only a backend sync makes durable.
@@ -516,6 +517,7 @@ impl Writeback {
         if must_sync {
             self.sync_file(file, true, ErrorReport::Close)
         } else {
+            log::debug!("inode {}: Close flushes to the backend, unsynced", file.id);
             self.flush_file(file, None, ErrorReport::Close)
         }
     }
@@ -572,6 +574,11 @@ impl Writeback {
                 log::error!("inode {}: {e}", file.id);
                 Errno(libc::EIO)
             })?;
+        }
+        if log::log_enabled!(log::Level::Debug) {
+            let key = self.file_handle(file).map(|k| describe_key(&k)).unwrap_or_default();
+            let how = if logged { ", then a barrier" } else { " (nothing of it in the log)" };
+            log::debug!("inode {} (key {key}): {report:?} answered by a backend sync{how}", file.id);
         }
         let mut d = lock(&self.durability);
         let entry = d.entry(file.id).or_default();
@@ -663,6 +670,19 @@ impl Writeback {
                 unit_state.logged.insert(r.clone());
             }
         }
+        // For a post-mortem (`RUST_LOG=coalescefs::engine::writeback=debug`): what this batch holds.
+        let debug = log::log_enabled!(log::Level::Debug);
+        let key_shown = if debug { describe_key(&handle) } else { String::new() };
+        let spans_shown = if debug {
+            let shown: Vec<String> = pieces.iter().map(|(at, b)| format!("{at}+{}", b.len())).collect();
+            format!(
+                "data {} size {size}{}",
+                shown.join(" "),
+                cut.map_or(String::new(), |c| format!(" after a cut to {c}"))
+            )
+        } else {
+            String::new()
+        };
         let mut records = Vec::with_capacity(pieces.len() + 2);
         if let Some(cut) = cut {
             records.push(Record::Size { file: handle.clone(), size: cut });
@@ -691,6 +711,10 @@ impl Writeback {
         }
         let next = log.next_seq();
         lock(&self.durability).entry(file.id).or_default().logged_before_seq = next;
+        log::debug!(
+            "inode {} (key {key_shown}): {report:?} answered by the log, batch before {next}: {spans_shown}",
+            file.id
+        );
         if report != ErrorReport::Close {
             self.metrics.log_fsyncs.fetch_add(1, Relaxed);
         }
