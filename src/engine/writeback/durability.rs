@@ -711,10 +711,13 @@ impl Writeback {
         }
         let next = log.next_seq();
         lock(&self.durability).entry(file.id).or_default().logged_before_seq = next;
-        log::debug!(
-            "inode {} (key {key_shown}): {report:?} answered by the log, batch before {next}: {spans_shown}",
-            file.id
-        );
+        if let Ok(batch_end) = committed {
+            log::debug!(
+                "inode {} (key {key_shown}): {report:?} answered by the log, in batch {}: {spans_shown}",
+                file.id,
+                batch_end - 1
+            );
+        }
         if report != ErrorReport::Close {
             self.metrics.log_fsyncs.fetch_add(1, Relaxed);
         }
@@ -741,7 +744,7 @@ impl Writeback {
     /// nothing (but flushes what closes wrote).
     fn sync_nothing_buffered(&self, log: &IntentLog, report: ErrorReport) -> SysResult<()> {
         match commit_as(log, report, Vec::new()) {
-            Ok(()) => Ok(()),
+            Ok(_) => Ok(()),
             Err(LogError::Full { .. }) => self.checkpoint(),
             Err(e) => {
                 log::error!("committing queued name changes to the intent log: {e}");
@@ -782,11 +785,12 @@ impl Writeback {
 }
 
 /// A close writes its batch, an fsync waits for the flush (see `IntentLog::commit_written`).
-fn commit_as(log: &IntentLog, report: ErrorReport, records: Vec<Record>) -> Result<(), LogError> {
+/// Returns the sequence number the batch holding `records` ends before.
+fn commit_as(log: &IntentLog, report: ErrorReport, records: Vec<Record>) -> Result<u64, LogError> {
     if report == ErrorReport::Close {
-        log.commit_written(records)
+        log.commit_written_before_seq(records)
     } else {
-        log.commit(records)
+        log.commit_before_seq(records)
     }
 }
 
