@@ -13,8 +13,25 @@ impl Writeback {
     /// The backend's copy of `ino` changed in a way only a backend sync makes durable.
     pub fn note_backend_changed(&self, ino: u64) {
         if self.log.is_some() {
-            lock(&self.durability).entry(ino).or_default().backend_changes += 1;
+            let mut d = lock(&self.durability);
+            // Under the map's lock: a file's stamps only grow.
+            let stamp = self.change_stamps.fetch_add(1, Relaxed) + 1;
+            d.entry(ino).or_default().backend_changes = stamp;
         }
+    }
+
+    /// The file's last change on the backend, as a backend sync reads it before it syncs:
+    /// `note_synced` with it afterwards marks that and everything before it durable.
+    pub(super) fn backend_changes_now(&self, ino: u64) -> u64 {
+        lock(&self.durability).get(&ino).map_or(0, |e| e.backend_changes)
+    }
+
+    /// A backend sync that began after the file's change `changes` (`backend_changes_now`)
+    /// has ended: that change and every one before it are durable.
+    pub(super) fn note_synced(&self, ino: u64, changes: u64) {
+        let mut d = lock(&self.durability);
+        let entry = d.entry(ino).or_default();
+        entry.synced_changes = entry.synced_changes.max(changes);
     }
 
     /// Whether namespace changes should be reported (with backend handles) for the log.
@@ -533,11 +550,8 @@ impl Writeback {
             return result;
         }
         self.flush_file(file, None, report)?;
-        let (changes, logged) = {
-            let d = lock(&self.durability);
-            let entry = d.get(&file.id);
-            (entry.map_or(0, |e| e.backend_changes), entry.is_some_and(|e| e.logged_before_seq > 0))
-        };
+        let changes = self.backend_changes_now(file.id);
+        let logged = lock(&self.durability).get(&file.id).is_some_and(|e| e.logged_before_seq > 0);
         let data = {
             let mut inner = lock(&file.inner);
             self.file_data(file, &mut inner)?
@@ -580,9 +594,7 @@ impl Writeback {
             let how = if logged { ", then a barrier" } else { " (nothing of it in the log)" };
             log::debug!("inode {} (key {key}): {report:?} answered by a backend sync{how}", file.id);
         }
-        let mut d = lock(&self.durability);
-        let entry = d.entry(file.id).or_default();
-        entry.synced_changes = entry.synced_changes.max(changes);
+        self.note_synced(file.id, changes);
         Ok(())
     }
 

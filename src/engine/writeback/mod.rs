@@ -107,7 +107,11 @@ struct Durability {
     /// has since gained a second name or lost its own (link, unlink, exchange): such a file is
     /// synced on the backend path until the next checkpoint.
     named_in: Option<u64>,
-    /// Flushes that reached the backend, and how many of those a sync has made durable.
+    /// The last flush (or truncate) that reached the backend, and the last one a sync has made
+    /// durable, as stamps from one counter for the whole mount (`Writeback::change_stamps`),
+    /// not counts from 0: an entry ends when its file is in sync, and a count a sync read
+    /// before that (it reads, syncs, then marks what it read synced) would pass for the same
+    /// count of the entry that begins after, marking a flush no sync covered as synced.
     backend_changes: u64,
     synced_changes: u64,
     /// The log holds records of this file up to (and excluding) this sequence number.
@@ -119,7 +123,7 @@ struct Durability {
 
 impl Durability {
     fn backend_in_sync(&self) -> bool {
-        self.backend_changes == self.synced_changes
+        self.synced_changes >= self.backend_changes
     }
 }
 
@@ -411,6 +415,8 @@ pub struct Writeback {
     files: Mutex<HashMap<u64, Arc<FileState>>>,
     /// File states that have left `files`, counted under its lock (see `open_file`).
     states_ended: std::sync::atomic::AtomicU64,
+    /// Stamps of backend changes (`Durability::backend_changes`), the last one given out.
+    change_stamps: std::sync::atomic::AtomicU64,
     /// The flushers and the timers, and the flag that stops them.
     threads: threads::Threads,
     /// Files with data buffered and no handle open (see `forget_file`).
@@ -496,6 +502,7 @@ impl Writeback {
             queue_ready: Condvar::new(),
             files: Mutex::new(HashMap::new()),
             states_ended: std::sync::atomic::AtomicU64::new(0),
+            change_stamps: std::sync::atomic::AtomicU64::new(0),
             threads: threads::Threads::default(),
             refused: Mutex::new(RefusedMemory::default()),
             lingering: std::sync::atomic::AtomicUsize::new(0),
