@@ -532,14 +532,25 @@ impl Engine {
         let held = self.pending.as_ref().expect("held files exist with the log");
         self.remember_if_last_name(id);
         let logged = held.unlink(parent, name)?;
-        // Its last name gone (a held file may have hard links).
+        self.after_held_unlink(id);
+        self.unlink_record(logged, parent, name)
+    }
+
+    /// The Unlink record of a held file's name, if the log knows the file (`logged`: its key).
+    fn unlink_record(&self, logged: Option<Vec<u8>>, parent: ObjectId, name: &OsStr) -> SysResult<Option<Record>> {
+        let Some(file) = logged else { return Ok(None) };
+        let parent = self.ns.log_key(parent)?;
+        Ok(Some(Record::Unlink { file, parent, name: name.as_encoded_bytes().to_vec(), directory: false }))
+    }
+
+    /// After a held file lost a name: its buffered state goes with its last name (a held file
+    /// may have hard links), and the log's bookkeeping of its names changes.
+    fn after_held_unlink(&self, id: ObjectId) {
+        let held = self.pending.as_ref().expect("held files exist with the log");
         if self.writeback.is_lingering(id) && held.parents_of(id).is_empty() {
             self.writeback.forget_file(id);
         }
         self.writeback.note_names_changed(None, None, &[id]);
-        let Some(file) = logged else { return Ok(None) };
-        let parent = self.ns.log_key(parent)?;
-        Ok(Some(Record::Unlink { file, parent, name: name.as_encoded_bytes().to_vec(), directory: false }))
     }
 
     /// Renames a file only memory and the log hold, to a free name or over the regular file
@@ -561,29 +572,51 @@ impl Engine {
         records: &mut Vec<Record>,
     ) -> SysResult<()> {
         let held = self.pending.as_ref().expect("held files exist with the log");
-        match target {
-            Some(target) if held.is_held(target) => records.extend(self.unlink_held(target, new_parent, new_name)?),
-            Some(target) => {
-                // Its record goes in the rename's batch, and the backend's unlink waits for the
-                // checkpoint: a crash must not find the name gone with neither file there.
-                self.writeback.settle_made(target, true)?;
-                let (Some((key, _)), Ok(parent_key)) =
-                    (self.named_object(new_parent, new_name)?, self.ns.log_key(new_parent))
-                else {
-                    return Err(Errno(libc::EIO));
-                };
-                held.hide(new_parent, new_name, key.clone());
-                self.writeback.note_names_changed(None, None, &[target]);
-                records.push(Record::Hidden {
-                    file: key,
-                    parent: parent_key,
-                    name: new_name.as_encoded_bytes().to_vec(),
-                });
-            }
-            None => {}
+        if (parent, name) == (new_parent, new_name) {
+            return Ok(()); // one name: nothing to do
         }
-        // Failing, the file was made on the backend meanwhile (the caller renames it there).
-        let logged = held.rename(parent, name, new_parent, new_name)?;
+        let target_held = target.is_some_and(|target| held.is_held(target));
+        if let Some(target) = target.filter(|_| !target_held) {
+            // A backend target made from a held file: synced and its records barred first.
+            self.writeback.settle_made(target, true)?;
+        }
+        // The target goes while the renamed file is kept held (`Pending::rename_after`); the
+        // renamed file made on the backend meanwhile, the target stays and this fails with
+        // ENOENT (the caller renames the file there).
+        let mut target_gone = false;
+        let free_the_name = || -> SysResult<()> {
+            if target.is_none() {
+                return Ok(());
+            }
+            // Nothing here takes the write buffer's locks: a flusher of the renamed file holds
+            // its state while it waits for the body `rename_after` holds.
+            if target_held {
+                let logged = held.unlink(new_parent, new_name)?;
+                target_gone = true;
+                records.extend(self.unlink_record(logged, new_parent, new_name)?);
+                return Ok(());
+            }
+            // Its record goes in the rename's batch, and the backend's unlink waits for the
+            // checkpoint: a crash must not find the name gone with neither file there.
+            let (Some((key, _)), Ok(parent_key)) =
+                (self.named_object(new_parent, new_name)?, self.ns.log_key(new_parent))
+            else {
+                return Err(Errno(libc::EIO));
+            };
+            held.hide(new_parent, new_name, key.clone());
+            target_gone = true;
+            records.push(Record::Hidden { file: key, parent: parent_key, name: new_name.as_encoded_bytes().to_vec() });
+            Ok(())
+        };
+        let renamed = held.rename_after(parent, name, new_parent, new_name, free_the_name);
+        if let Some(target) = target.filter(|_| target_gone) {
+            if target_held {
+                self.after_held_unlink(target);
+            } else {
+                self.writeback.note_names_changed(None, None, &[target]);
+            }
+        }
+        let ((), logged) = renamed?;
         self.writeback.note_names_changed(None, Some((id, new_parent)), &[]);
         if let Some(file) = logged {
             records.push(Record::Rename {
