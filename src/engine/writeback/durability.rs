@@ -658,7 +658,7 @@ impl Writeback {
         // even with no bytes to log (a truncate to less, or to more, after a logged one; the
         // power-cut simulation found both lost).
         let cut = inner.cut_unlogged;
-        let size_unsettled = inner.cut_to.is_some();
+        let size_unsettled = inner.size_unlogged_since_cut();
         // Times that wait with the changes (`defer_times`) go in the batch too, once.
         let times = inner.times_set.filter(|_| inner.times_pending && !inner.times_logged);
         if pieces.is_empty()
@@ -723,6 +723,14 @@ impl Writeback {
         }
         let next = log.next_seq();
         lock(&self.durability).entry(file.id).or_default().logged_before_seq = next;
+        {
+            // The batch said `size` (its last record): while the cut waits and the file keeps
+            // that size, a close has nothing more to say of it.
+            let mut inner = lock(&file.inner);
+            if inner.cut_to.is_some() && inner.cut_unlogged.is_none() {
+                inner.size_logged_since_cut = Some(size);
+            }
+        }
         if let Ok(batch_end) = committed {
             log::debug!(
                 "inode {} (key {key_shown}): {report:?} answered by the log, in batch {}: {spans_shown}",
@@ -789,6 +797,7 @@ impl Writeback {
             inner.cut_unlogged = Some(inner.cut_unlogged.map_or(cut, |later| later.min(cut)));
         }
         inner.times_logged = false;
+        inner.size_logged_since_cut = None;
         drop(inner);
         let mut d = lock(&self.durability);
         let entry = d.entry(file.id).or_default();

@@ -297,6 +297,11 @@ struct FileInner {
     /// an earlier batch logged after it (the crash harness found a file's first bytes back
     /// after a second truncate to 0 that no batch said).
     cut_unlogged: Option<u64>,
+    /// While `cut_to` waits: the size the file's last log batch said, so that a close with
+    /// nothing else to log writes no batch (otherwise each close logged the size again, a
+    /// Size-only batch at every FLUSH, one per child a program started while it held the file
+    /// open). None where no batch since the cut is known to say it (a failed batch, a new cut).
+    size_logged_since_cut: Option<u64>,
     /// With the log: `times_set` is not on the backend yet; it waits with the file's other
     /// changes the log holds (`Writeback::defer_times`), and the flush that gives the backend
     /// the rest sets it. `times_logged`: the log holds it (an Attrs record).
@@ -351,8 +356,14 @@ impl FileInner {
     /// been given (the size the log said last may have changed since: grown again).
     fn flush_outruns_the_log(&self) -> bool {
         !self.in_flight.is_empty()
-            || self.cut_to.is_some()
+            || self.size_unlogged_since_cut()
             || self.dirty.values().any(|u| !u.ranges.minus(&u.logged).is_empty())
+    }
+
+    /// A truncate the store has not been given waits (the store's size is not the file's),
+    /// and no log batch since has said the file's size as it is now.
+    fn size_unlogged_since_cut(&self) -> bool {
+        self.cut_to.is_some() && (self.cut_unlogged.is_some() || self.size_logged_since_cut != Some(self.size))
     }
 }
 

@@ -33,11 +33,21 @@ fn memory_log() -> IntentLog {
 }
 
 fn rig_on(store: MemoryBackend, buffer_units: u64, io_timeout: Duration, log: Option<IntentLog>) -> Rig {
+    rig_configured(store, buffer_units, io_timeout, log, |_| {})
+}
+
+fn rig_configured(
+    store: MemoryBackend,
+    buffer_units: u64,
+    io_timeout: Duration,
+    log: Option<IntentLog>,
+    adjust: impl FnOnce(&mut WritebackConfig),
+) -> Rig {
     let store = Arc::new(store);
     let faults = Arc::new(Faults::new());
     let faulty = Arc::new(FaultyBackend::new(store.clone(), store.clone(), faults.clone()));
     let metrics = Arc::new(Metrics::default());
-    let config = WritebackConfig {
+    let mut config = WritebackConfig {
         unit_bytes: UNIT,
         logical_block_bytes: 512,
         buffer_bytes: buffer_units * UNIT,
@@ -51,6 +61,7 @@ fn rig_on(store: MemoryBackend, buffer_units: u64, io_timeout: Duration, log: Op
         checkpoint_idle: Duration::from_secs(3600),
         io_timeout,
     };
+    adjust(&mut config);
     let wb = Writeback::new(faulty.clone(), faulty, config, metrics.clone(), log, None);
     Rig { store, faults, wb, metrics }
 }
@@ -414,4 +425,45 @@ fn a_change_count_read_before_a_files_entry_ended_never_passes_a_later_flush_as_
     r.store.crash();
     let stored = r.stored("f");
     assert!(stored.len() >= 3000 && stored[2000..3000] == [2; 1000], "an fsynced write lost to a crash");
+}
+
+/// A truncate the store has not been given is said in the log once: closes after it with
+/// nothing else changed write no batch (each close wrote a Size-only one: every child's FLUSH
+/// of a file its parent held open with a truncate waiting). A change of size after it, or a
+/// second truncate, is said again, and a flush that gives the store the truncate ends it.
+#[test]
+fn a_truncate_the_store_has_not_been_given_is_logged_once_not_at_every_close() {
+    let store = MemoryBackend::with_partial_writes(UNIT);
+    let r = rig_configured(store, 4, Duration::from_secs(10), Some(memory_log()), |config| {
+        config.log_closes = LogCloses::Always;
+        config.log_threshold_bytes = 4096;
+    });
+    let log = r.wb.log.as_ref().unwrap();
+    let f = r.file("f");
+    r.wb.write_copied(&f, 0, &[1; 8000], false, None).unwrap();
+    r.wb.flush_file(&f, Some(false), ErrorReport::Sync).unwrap();
+    r.wb.checkpoint().unwrap(); // in sync with the store: a truncate of it waits for a flush
+    r.wb.set_size(&f, 3000).unwrap();
+    assert!(lock(&f.inner).cut_to.is_some(), "the truncate waits for the file's next flush");
+    let batches = |what: &str, before: u64, more: u64| {
+        r.wb.close_file(&f).unwrap();
+        assert_eq!(log.next_seq() - before > 0, more > 0, "{what}: a batch at close: {}", more > 0);
+        log.next_seq()
+    };
+    let seq = batches("the truncate", log.next_seq(), 1);
+    let seq = batches("a close with nothing new", seq, 0);
+    let seq = batches("another", seq, 0);
+    r.wb.set_size(&f, 5000).unwrap(); // larger again, the cut still waiting
+    let seq = batches("a change of size", seq, 1);
+    let seq = batches("a close after it", seq, 0);
+    r.wb.set_size(&f, 1000).unwrap();
+    let seq = batches("a second truncate", seq, 1);
+    r.wb.write_copied(&f, 100, &[2; 100], false, None).unwrap();
+    let seq = batches("a write", seq, 1);
+    batches("a close after it", seq, 0);
+    r.wb.flush_file(&f, Some(false), ErrorReport::Sync).unwrap();
+    let mut expected = vec![1; 1000];
+    expected[100..200].fill(2);
+    assert_eq!(r.stored("f"), expected, "the store given the truncates and the write");
+    assert!(lock(&f.inner).cut_to.is_none() && lock(&f.inner).size_logged_since_cut.is_none());
 }

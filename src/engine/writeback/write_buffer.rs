@@ -57,6 +57,7 @@ impl Writeback {
                     times_set: None,
                     cut_to: None,
                     cut_unlogged: None,
+                    size_logged_since_cut: None,
                     times_pending: false,
                     times_logged: false,
                     retry_at: None,
@@ -612,6 +613,7 @@ impl Writeback {
             if deferred {
                 inner.cut_to = Some(inner.cut_to.map_or(size, |cut| cut.min(size)));
                 inner.cut_unlogged = Some(inner.cut_unlogged.map_or(size, |cut| cut.min(size)));
+                inner.size_logged_since_cut = None;
             }
             inner.size = size;
             // A change of size is a modification: the file's mtime and ctime, as the backend's
@@ -675,6 +677,7 @@ impl Writeback {
             }
             inner.cut_to = None;
             inner.cut_unlogged = None;
+            inner.size_logged_since_cut = None;
             self.note_backend_changed(file.id);
         }
         Ok(data)
