@@ -294,7 +294,7 @@ fn failing_backend_small_fsynced_writes_with_the_log() {
 /// only part of its bytes there and logged them; the next close made the file on the backend and
 /// synced it there (`settle_made`), so the fsync after it was rightly answered by the log, and
 /// the test's premise was gone.
-const HELD_IN_NO_LOG: [&str; 2] = ["flush_age=3600s", "log_closes=never"];
+const CLOSE_LEAVES_BYTES_UNSYNCED: [&str; 2] = ["flush_age=3600s", "log_closes=never"];
 
 /// Which path answered each close and fsync, in the daemon's log, for a failure to show.
 const DEBUG_WRITEBACK: &str = "info,coalescefs::engine::writeback=debug";
@@ -303,7 +303,7 @@ const DEBUG_WRITEBACK: &str = "info,coalescefs::engine::writeback=debug";
 /// waiting forever, `ls` answers meanwhile, and once the backend answers again the data drains.
 #[test]
 fn a_stalled_backend_fails_the_waiting_request_after_io_timeout() {
-    let options = ["unit=1M", "io_timeout=2s", HELD_IN_NO_LOG[0], HELD_IN_NO_LOG[1]];
+    let options = ["unit=1M", "io_timeout=2s", CLOSE_LEAVES_BYTES_UNSYNCED[0], CLOSE_LEAVES_BYTES_UNSYNCED[1]];
     let env = [("COALESCEFS_FAULTS", ""), ("RUST_LOG", DEBUG_WRITEBACK)];
     let mut m = TestMount::build(&options, &env, None);
     let data = pattern(300_000, 44);
@@ -403,7 +403,7 @@ fn sigterm_ends_the_daemon_even_when_the_mount_stays_busy() {
 #[test]
 fn an_fsync_after_the_kernel_forgot_the_file_still_syncs_what_the_backend_holds_unsynced() {
     // Which path answered each close and fsync is logged at debug: a failure shows it.
-    let (options, env) = (HELD_IN_NO_LOG, [("COALESCEFS_FAULTS", ""), ("RUST_LOG", DEBUG_WRITEBACK)]);
+    let (options, env) = (CLOSE_LEAVES_BYTES_UNSYNCED, [("COALESCEFS_FAULTS", ""), ("RUST_LOG", DEBUG_WRITEBACK)]);
     fsync_after_the_kernel_forgot_the_file(TestMount::build(&options, &env, None));
     match TestMount::without_file_handles(&options, &env) {
         Some(m) => fsync_after_the_kernel_forgot_the_file(m),

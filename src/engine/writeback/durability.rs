@@ -28,10 +28,12 @@ impl Writeback {
 
     /// A backend sync that began after the file's change `changes` (`backend_changes_now`)
     /// has ended: that change and every one before it are durable.
+    /// A file with no entry has nothing to mark: one made here would only hold back the
+    /// kernel's forgets of it (`forget`) until the next checkpoint.
     pub(super) fn note_synced(&self, ino: u64, changes: u64) {
-        let mut d = lock(&self.durability);
-        let entry = d.entry(ino).or_default();
-        entry.synced_changes = entry.synced_changes.max(changes);
+        if let Some(entry) = lock(&self.durability).get_mut(&ino) {
+            entry.synced_changes = entry.synced_changes.max(changes);
+        }
     }
 
     /// Whether namespace changes should be reported (with backend handles) for the log.
@@ -659,6 +661,7 @@ impl Writeback {
         // power-cut simulation found both lost).
         let cut = inner.cut_unlogged;
         let size_unsettled = inner.size_unlogged_since_cut();
+        let cut_waits = inner.cut_to.is_some();
         // Times that wait with the changes (`defer_times`) go in the batch too, once.
         let times = inner.times_set.filter(|_| inner.times_pending && !inner.times_logged);
         if pieces.is_empty()
@@ -723,9 +726,10 @@ impl Writeback {
         }
         let next = log.next_seq();
         lock(&self.durability).entry(file.id).or_default().logged_before_seq = next;
-        {
+        if cut_waits {
             // The batch said `size` (its last record): while the cut waits and the file keeps
-            // that size, a close has nothing more to say of it.
+            // that size, a close has nothing more to say of it. (A cut made since the batch
+            // was built is unlogged, and one given to the store is gone: both skip this.)
             let mut inner = lock(&file.inner);
             if inner.cut_to.is_some() && inner.cut_unlogged.is_none() {
                 inner.size_logged_since_cut = Some(size);
