@@ -80,10 +80,29 @@ pub struct MountOptions {
     pub fsync_backend: bool,
     /// `transport=auto|uring|dev`: how FUSE requests reach the daemon (see `transport`).
     pub transport: crate::transport::TransportChoice,
+    /// `session=mounter|own`: the session the detached daemon runs in (see [`DaemonSession`]).
+    pub session: DaemonSession,
     /// `endpoint=http://HOST:PORT`: the S3 server of an `s3://` source.
     pub s3_endpoint: Option<String>,
     /// `region=NAME`: the region an `s3://` source's requests are signed for.
     pub s3_region: Option<String>,
+}
+
+/// Which session the detached daemon runs in. Either way it leads a process group of its own,
+/// so that the terminal's job control (Ctrl-C to the foreground job, the SIGHUP a hangup sends
+/// it) never reaches it. The choice matters where the kernel's autogroups are on
+/// (`kernel.sched_autogroup_enabled`; on without systemd, which puts sessions in cgroups and
+/// the daemon in the mounter's cgroup either way): a session is then a scheduling group, and
+/// over io_uring a client in another group than the daemon is moved off the daemon's CPU at
+/// nearly every request (bench/results/2026-12-03-daemon-session: fstat 46.5 us against 15.0 in
+/// one group; tar extract and rsync 1.3x slower).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DaemonSession {
+    /// The session `coalescefs mount` ran in (the default): programs started there share the
+    /// daemon's scheduling group.
+    Mounter,
+    /// A session of its own (`setsid`), as libfuse's `fuse_daemonize` makes.
+    Own,
 }
 
 /// The region an S3 request is signed for when `region=` gives none (RGW and SeaweedFS take
@@ -229,6 +248,7 @@ impl Default for MountOptions {
             xattrs: true,
             fsync_backend: false,
             transport: crate::transport::TransportChoice::Auto,
+            session: DaemonSession::Mounter,
             s3_endpoint: None,
             s3_region: None,
         }
@@ -391,6 +411,13 @@ fn apply_write_path_option(options: &mut MountOptions, arg: &OptionArg<'_>) -> R
         }
         "transport" => {
             options.transport = crate::transport::TransportChoice::parse(arg.value()?).map_err(UsageError)?;
+        }
+        "session" => {
+            options.session = match arg.value()? {
+                "own" => DaemonSession::Own,
+                "mounter" => DaemonSession::Mounter,
+                _ => return Err(arg.refused("expected mounter or own")),
+            }
         }
         "xattr" => {
             options.xattrs = match arg.value()? {
@@ -660,6 +687,15 @@ mod tests {
     fn xattr_takes_on_or_off() {
         assert!(parse_mount_args(&args(&["a", "b"])).unwrap().options.xattrs);
         assert!(!parse_mount_args(&args(&["a", "b", "-o", "xattr=off"])).unwrap().options.xattrs);
+    }
+
+    #[test]
+    fn session_is_mounter_or_own() {
+        assert_eq!(parse_mount_args(&args(&["a", "b"])).unwrap().options.session, DaemonSession::Mounter);
+        let own = parse_mount_args(&args(&["a", "b", "-o", "session=own"])).unwrap();
+        assert_eq!(own.options.session, DaemonSession::Own);
+        let error = parse_mount_args(&args(&["a", "b", "-o", "session=shared"])).unwrap_err();
+        assert!(error.0.contains("session=shared: expected mounter or own"), "{}", error.0);
     }
 
     #[test]

@@ -239,6 +239,105 @@ fn sigterm_and_sigint_unmount_cleanly() {
     }
 }
 
+/// By default the daemon stays in the session of whoever mounts (sharing the scheduling group of
+/// the programs started there under the kernel's autogroups), in a process group of its own;
+/// with `session=own` it leads a session of its own. Either way the terminal's job control never
+/// reaches it: a hangup of the terminal it was mounted from leaves both mounts served.
+#[test]
+fn the_daemon_stays_in_the_session_asked_for_and_outlives_a_hangup_of_its_terminal() {
+    use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+
+    let (_t, b, m) = dirs();
+    let (_t2, own_b, own_m) = dirs();
+    // Opened close-on-exec: a copy of the master in any child (the tests' others, the daemon)
+    // would keep the terminal from hanging up.
+    // SAFETY: posix_openpt, grantpt, unlockpt and ptsname_r take a descriptor, flags and a live
+    // buffer of the length given; open reads a NUL-terminated string that outlives the call.
+    let ends = unsafe {
+        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        let mut name = [0 as libc::c_char; 128];
+        if master < 0
+            || libc::grantpt(master) != 0
+            || libc::unlockpt(master) != 0
+            || libc::ptsname_r(master, name.as_mut_ptr(), name.len()) != 0
+        {
+            None
+        } else {
+            let slave = libc::open(name.as_ptr(), libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+            (slave >= 0).then_some((master, slave))
+        }
+    };
+    let Some((master, slave)) = ends else {
+        return skip(
+            "the_daemon_stays_in_the_session_asked_for_and_outlives_a_hangup_of_its_terminal",
+            &format!("no pseudo-terminal: {}", std::io::Error::last_os_error()),
+        );
+    };
+    // SAFETY: both descriptors were just opened here and are owned by nothing else.
+    let (master, slave) = unsafe { (fs::File::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    // A login's shape: a session leader whose controlling terminal is the pty mounts, then
+    // becomes a program waiting in the foreground.
+    let script = format!(
+        "'{BIN}' mount '{own_b}' '{own_m}' -o session=own && '{BIN}' mount '{b}' '{m}' && echo mounted; exec sleep 600"
+    );
+    let mut command = Command::new("sh");
+    command
+        .args(["-c", &script])
+        .stdin(slave.try_clone().unwrap())
+        .stdout(slave.try_clone().unwrap())
+        .stderr(slave.try_clone().unwrap());
+    // SAFETY: setsid and ioctl are async-signal-safe and touch only the child's own state.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut leader = command.spawn().unwrap();
+    drop(slave);
+    let (said, heard) = std::sync::mpsc::channel();
+    let mut reader = master.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let mut output = Vec::new();
+        let mut chunk = [0u8; 512];
+        while let Ok(n @ 1..) = reader.read(&mut chunk) {
+            output.extend_from_slice(&chunk[..n]);
+            if String::from_utf8_lossy(&output).contains("mounted\r\n") {
+                break;
+            }
+        }
+        let _ = said.send(String::from_utf8_lossy(&output).into_owned());
+    });
+    let output = heard.recv_timeout(Duration::from_secs(30)).expect("the mount answers within 30 s");
+    assert!(output.contains("mounted"), "the mount failed: {output}");
+    assert!(is_mounted(&m) && is_mounted(&own_m));
+    let daemon = daemon_pid(std::path::Path::new(&b));
+    let own_daemon = daemon_pid(std::path::Path::new(&own_b));
+    // SAFETY: getsid and getpgid take a pid and read no memory of ours.
+    let (session, group, own_session) =
+        unsafe { (libc::getsid(daemon), libc::getpgid(daemon), libc::getsid(own_daemon)) };
+    assert_eq!(session, leader.id() as i32, "by default the daemon is in the session it was mounted from");
+    assert_eq!(group, daemon, "the daemon leads a process group of its own");
+    assert_eq!(own_session, own_daemon, "session=own: the daemon leads a session of its own");
+
+    // The hangup: the terminal's last open descriptor closes, and the kernel sends SIGHUP to the
+    // session's leader, then (as it exits) to the terminal's foreground process group.
+    drop(master);
+    wait_until("the session's leader to die of the hangup", || leader.try_wait().unwrap().is_some());
+    std::thread::sleep(Duration::from_millis(200));
+    for mnt in [&m, &own_m] {
+        assert!(is_mounted(mnt), "a hangup of the terminal unmounted {mnt}");
+        fs::write(format!("{mnt}/f"), b"after the hangup").unwrap();
+        assert_eq!(fs::read(format!("{mnt}/f")).unwrap(), b"after the hangup");
+        let out = coalescefs(&["umount", mnt]);
+        assert!(out.status.success(), "{}", stderr_of(&out));
+    }
+}
+
 #[test]
 fn umount_of_a_busy_mount_says_so_and_lazy_clears_it() {
     let mut m = TestMount::new();

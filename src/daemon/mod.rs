@@ -27,7 +27,7 @@ use crate::backend::faults::Faults;
 use crate::backend::source::MountSource;
 use crate::backend::{Capabilities, Namespace, UnitStore};
 use crate::engine::intent_log::raw::RawLog;
-use crate::options::{BackendKind, LogPlace, MountOptions, MountRequest};
+use crate::options::{BackendKind, DaemonSession, LogPlace, MountOptions, MountRequest};
 use crate::runtime::RuntimeDir;
 use crate::state::{self, StateDir};
 use crate::transport;
@@ -127,14 +127,20 @@ pub fn run_mount(request: MountRequest) -> ExitCode {
         let (read_end, write_end) = pipe();
         // No thread exists yet, so fork is safe.
         // SAFETY: no thread exists yet (the caller runs before any is started), so the child's
-        // single thread inherits no lock held by another thread; the child only calls setsid,
-        // detaches stdio and goes on as the daemon.
+        // single thread inherits no lock held by another thread; the child only calls setpgid
+        // or setsid, detaches stdio and goes on as the daemon.
         match unsafe { libc::fork() } {
             -1 => return fail(format!("fork failed: {}", sys::Errno::last())),
             0 => {
                 drop(read_end);
-                // SAFETY: `setsid` takes no arguments and touches none of our memory.
-                unsafe { libc::setsid() };
+                // A process group of its own either way: the terminal's job control never
+                // reaches the daemon (`options::DaemonSession` says what the session changes).
+                match opts.session {
+                    // SAFETY: `setpgid` takes two integers and touches none of our memory.
+                    DaemonSession::Mounter => unsafe { libc::setpgid(0, 0) },
+                    // SAFETY: `setsid` takes no arguments and touches none of our memory.
+                    DaemonSession::Own => unsafe { libc::setsid() },
+                };
                 detach_stdio(&prepared.runtime.log_path());
                 ready = ReadyReport(Some(std::fs::File::from(write_end)));
             }
@@ -417,6 +423,7 @@ fn options_in_effect(
         ("xattr", if opts.xattrs { "on" } else { "off" }.into()),
         ("fsync", if opts.fsync_backend { "backend" } else { "log" }.into()),
         ("transport", opts.transport.name().into()),
+        ("session", if opts.session == DaemonSession::Mounter { "mounter" } else { "own" }.into()),
         ("cache_timeout_ms", opts.cache_timeout.as_millis().to_string()),
         ("io_timeout_ms", opts.io_timeout.as_millis().to_string()),
         ("read_only", opts.read_only.to_string()),
