@@ -306,20 +306,29 @@ def case_apps(entries, quick):
                ("coalescefs uring", ["transport=uring"]),
                # Not run unless asked for (BENCH_APPS_SYSTEMS): what the kernel's
                # security.capability questions cost (two of tar's ~11 requests per entry).
-               ("coalescefs xattr=off", ["xattr=off"])]
+               ("coalescefs xattr=off", ["xattr=off"]),
+               # Not run unless asked for: the daemon in a session of its own, another scheduling
+               # group than the applications' under the kernel's autogroups.
+               ("coalescefs session=own", ["session=own"]),
+               ("coalescefs uring session=own", ["transport=uring", "session=own"])]
     # BENCH_APPS_SYSTEMS="native,coalescefs,coalescefs log=off": some of them only (bindfs and
     # every close logged take half of the case's 37 minutes).
     only = os.environ.get("BENCH_APPS_SYSTEMS")
     if only:
         systems = [s for s in systems if s[0] in only.split(",")]
     else:
-        systems = [s for s in systems if s[0] != "coalescefs xattr=off"]
+        systems = [s for s in systems if s[0] not in ("coalescefs xattr=off", "coalescefs session=own",
+                                                      "coalescefs uring session=own")]
         assert any(name == "native" for name, _ in systems), "the apps case compares with native: keep it"
     if not os.path.exists(ENABLE_URING) and any(name == "coalescefs uring" for name, _ in systems):
         print(f"bench: apps: no {ENABLE_URING} (a kernel without CONFIG_FUSE_IO_URING): io_uring not measured",
               file=sys.stderr)
-        systems = [s for s in systems if s[0] != "coalescefs uring"]
+        systems = [s for s in systems if "uring" not in s[0]]
     transactions = 100 if quick else 1000
+    # BENCH_APPS_STEPS="tar extract,rsync,rm -rf": some steps only (issue 45's three take a
+    # fifth of the suite's time; git's two most of the rest).
+    steps = os.environ.get("BENCH_APPS_STEPS")
+    steps = steps.split(",") if steps else None
 
     def run_for(name, opts):
         def run(work):
@@ -333,6 +342,8 @@ def case_apps(entries, quick):
             rows = {}
 
             def step(label, fn):
+                if steps is not None and label not in steps:
+                    return
                 os.sync()
                 before, engine_before = diskstats(store.dev), system.stats()
                 t0 = time.monotonic()
@@ -363,7 +374,8 @@ def case_apps(entries, quick):
             step("git rework", lambda: workload.git_rework(tree))
             step("sqlite inserts", lambda: workload.sqlite_inserts(os.path.join(root, "db.sqlite"), transactions, 10))
             step("rsync", lambda: workload.rsync(src, os.path.join(root, "copy")))
-            workload.make_c_project(os.path.join(root, "build"))
+            if steps is None or "make -j4" in steps:
+                workload.make_c_project(os.path.join(root, "build"))
             step("make -j4", lambda: workload.c_build(os.path.join(root, "build")))
             step("rm -rf", lambda: [workload.remove_tree(os.path.join(root, d)) for d in os.listdir(root)])
             system.unmount(); cleanups.remove(system.unmount)
@@ -487,15 +499,15 @@ class Server:
     mount`, a backing directory in work) or the null sink (`coalescefs-null-sink`, in the
     foreground, stopped by unmounting). `enable_uring` is on only while it mounts.
 
-    Both servers run in a session of their own, as a daemon does (coalescefs's calls setsid):
-    with the kernel's autogroups on (`kernel.sched_autogroup_enabled`, Debian's default) a session
-    is a scheduling group, and a client in another group than the server is moved off the
-    server's CPU at every wake-up over io_uring (fstat 27-30 us against 9.4-10.9 in one group,
-    either server; bench/results/2026-11-29-transport-autogroup). A sink in the benchmark's own
-    session shared the client's group and measured 3x faster than the same code daemonized.
+    `own_session`: the server in a session of its own (`setsid`); otherwise in the benchmark's,
+    the client's, where coalescefs's daemon stays by default (`session=mounter`). With the
+    kernel's autogroups on (`kernel.sched_autogroup_enabled`, Debian's default) a session is a
+    scheduling group, and over io_uring a client in another group than the server is moved off
+    the server's CPU at nearly every wake-up (fstat 27-46 us against 9.4-15.5 in one group,
+    either server; bench/results/2026-11-29-transport-autogroup, 2026-12-03-daemon-session).
     `binary`: another coalescefs build than BIN (bench/builds-large-writes mounts two)."""
 
-    def __init__(self, work, kind, transport, options, binary=None):
+    def __init__(self, work, kind, transport, options, binary=None, own_session=False):
         self.kind, self.work, self.binary = kind, work, binary or BIN
         self.mnt, self.backing, self.state = (os.path.join(work, d) for d in ("mnt", "backing", "state"))
         os.makedirs(self.mnt), os.makedirs(self.backing)
@@ -503,7 +515,9 @@ class Server:
         restore = uring_enabled_while_mounting() if transport == "uring" else None
         try:
             if kind == "coalescefs":
-                sh(self.binary, "mount", self.backing, self.mnt, "-o",
+                # `setsid` rather than `session=own`: builds before the option (bench/ab,
+                # builds-large-writes) take it too, and made a session of their own anyway.
+                sh(*(["setsid"] if own_session else []), self.binary, "mount", self.backing, self.mnt, "-o",
                    ",".join([f"transport={transport}", f"state={self.state}"] + options))
                 cleanups.append(self.unmount)
                 out = sh(self.binary, "stats", self.mnt, capture=True)
@@ -514,7 +528,7 @@ class Server:
                 with open(self.sink_log, "w") as log:
                     self.sink = subprocess.Popen([SINK, self.mnt, "-o", ",".join([f"transport={transport}"] + options)],
                                                  stdout=subprocess.PIPE, stderr=log, text=True,
-                                                 start_new_session=True)
+                                                 start_new_session=own_session)
                 cleanups.append(self.unmount)
                 line = self.sink.stdout.readline()
                 if not line:
@@ -575,7 +589,7 @@ def case_transport(quick):
         print(f"bench: transport: no {ENABLE_URING} (a kernel without CONFIG_FUSE_IO_URING): io_uring not measured",
               file=sys.stderr)
 
-    def per_request(kind, transport):
+    def per_request(kind, transport, own_session=False):
         def run(work):
             if kind == "native":
                 path = os.path.join(work, "f")
@@ -584,7 +598,7 @@ def case_transport(quick):
                 seconds, fstat_us, stat_us = per_request_us(path, count)
                 return {"seconds": seconds, "fstat_us": fstat_us, "stat_us": stat_us, "write_bytes": 0,
                         "read_bytes_during_work": 0}
-            server = Server(work, kind, transport, ["cache_timeout=0"])
+            server = Server(work, kind, transport, ["cache_timeout=0"], own_session=own_session)
             path = os.path.join(server.mnt, "f")
             with open(path, "w") as f:
                 f.write("x")
@@ -617,9 +631,11 @@ def case_transport(quick):
         return run
 
     configs = [("per request | native", per_request("native", None))]
-    for kind in ("coalescefs", "null sink"):
-        for transport in transports:
-            configs.append((f"per request | {kind} | {transport}", per_request(kind, transport)))
+    for session in ("", " | own session"):
+        for kind in ("coalescefs", "null sink"):
+            for transport in transports:
+                configs.append((f"per request | {kind} | {transport}{session}",
+                                per_request(kind, transport, own_session=bool(session))))
     for bs in ("1m", "16m"):
         for io, direct in (("O_DIRECT", 1), ("buffered", 0)):
             for transport in transports:
