@@ -94,7 +94,7 @@ pub struct MountOptions {
 /// (`kernel.sched_autogroup_enabled`; on without systemd, which puts sessions in cgroups and
 /// the daemon in the mounter's cgroup either way): a session is then a scheduling group, and
 /// over io_uring a client in another group than the daemon is moved off the daemon's CPU at
-/// nearly every request (bench/results/2026-12-03-daemon-session: fstat 46.5 us against 15.0 in
+/// nearly every request (bench/results/2026-12-03-daemon-session: fstat 36.3 us against 12.6 in
 /// one group; tar extract and rsync 1.3x slower).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DaemonSession {
