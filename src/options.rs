@@ -105,6 +105,16 @@ pub enum DaemonSession {
     Own,
 }
 
+impl DaemonSession {
+    /// The option's value for it, as `session=` takes it and `stats` shows it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DaemonSession::Mounter => "mounter",
+            DaemonSession::Own => "own",
+        }
+    }
+}
+
 /// The region an S3 request is signed for when `region=` gives none (RGW and SeaweedFS take
 /// any).
 pub const S3_REGION_DEFAULT: &str = "us-east-1";
@@ -413,11 +423,11 @@ fn apply_write_path_option(options: &mut MountOptions, arg: &OptionArg<'_>) -> R
             options.transport = crate::transport::TransportChoice::parse(arg.value()?).map_err(UsageError)?;
         }
         "session" => {
-            options.session = match arg.value()? {
-                "own" => DaemonSession::Own,
-                "mounter" => DaemonSession::Mounter,
-                _ => return Err(arg.refused("expected mounter or own")),
-            }
+            let value = arg.value()?;
+            options.session = [DaemonSession::Mounter, DaemonSession::Own]
+                .into_iter()
+                .find(|session| session.name() == value)
+                .ok_or_else(|| arg.refused("expected mounter or own"))?;
         }
         "xattr" => {
             options.xattrs = match arg.value()? {

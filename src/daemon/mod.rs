@@ -423,7 +423,7 @@ fn options_in_effect(
         ("xattr", if opts.xattrs { "on" } else { "off" }.into()),
         ("fsync", if opts.fsync_backend { "backend" } else { "log" }.into()),
         ("transport", opts.transport.name().into()),
-        ("session", if opts.session == DaemonSession::Mounter { "mounter" } else { "own" }.into()),
+        ("session", opts.session.name().into()),
         ("cache_timeout_ms", opts.cache_timeout.as_millis().to_string()),
         ("io_timeout_ms", opts.io_timeout.as_millis().to_string()),
         ("read_only", opts.read_only.to_string()),
