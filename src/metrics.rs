@@ -204,6 +204,7 @@ pub struct Metrics {
     pub units_flushed_full: AtomicU64,
     pub units_flushed_partial: AtomicU64,
     pub flush_errors: AtomicU64,
+    pub flushes_near: AtomicU64,
     pub flush_latency_us_sum: AtomicU64,
     pub flush_latency_us_max: AtomicU64,
     pub buffer_bytes_used: AtomicU64,
@@ -356,6 +357,11 @@ impl Metrics {
             ("units_flushed_full_total", "Units flushed whole", self.units_flushed_full.load(Relaxed)),
             ("units_flushed_partial_total", "Units flushed as dirty ranges", self.units_flushed_partial.load(Relaxed)),
             ("flush_errors_total", "Unit flushes the backend refused", self.flush_errors.load(Relaxed)),
+            (
+                "flushes_near_total",
+                "Single units a waiting request handed to the flusher on its own CPU",
+                self.flushes_near.load(Relaxed),
+            ),
             (
                 "flush_latency_us_sum",
                 "Microseconds spent flushing units, summed (over units_flushed: the mean)",

@@ -275,6 +275,44 @@ pub fn coarse_now() -> std::time::SystemTime {
     std::time::UNIX_EPOCH + std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// The CPUs the kernel may ever run a thread on (`num_possible_cpus()`: the highest listed in
+/// `/sys/devices/system/cpu/possible`, + 1): what per-CPU structures are sized by, the kernel's
+/// FUSE ring queues among them.
+pub fn possible_cpus() -> usize {
+    // "0-1", "0", "0-3,8-11": the highest listed CPU + 1.
+    std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| {
+            s.trim().split([',', '-']).filter_map(|n| n.parse::<usize>().ok()).max().map(|highest| highest + 1)
+        })
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+}
+
+/// The CPU the calling thread runs on now (it may be moved right after).
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: no arguments; returns a CPU number or -1.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
+/// Runs the calling thread on `cpu` alone from now on.
+pub fn run_on_cpu(cpu: usize) -> std::io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it for cpu < CPU_SETSIZE
+    // (checked above); sched_setaffinity reads the set it is given the size of.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

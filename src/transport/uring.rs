@@ -97,17 +97,6 @@ pub fn probe_ring() -> io::Result<()> {
     IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2).map(|_| ())
 }
 
-/// The number of queues the kernel makes: one per possible CPU (`num_possible_cpus()`).
-fn possible_cpus() -> usize {
-    // "0-1", "0", "0-3,8-11": the highest listed CPU + 1.
-    std::fs::read_to_string("/sys/devices/system/cpu/possible")
-        .ok()
-        .and_then(|s| {
-            s.trim().split([',', '-']).filter_map(|n| n.parse::<usize>().ok()).max().map(|highest| highest + 1)
-        })
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
-}
-
 /// The payload buffer the kernel requires of every entry: max(FUSE_MIN_READ_BUFFER, max_write,
 /// max_pages pages), max_pages at most `fs.fuse.max_pages_limit`; rounded to pages.
 pub fn payload_bytes(max_write_bytes: u32) -> usize {
@@ -297,7 +286,8 @@ impl RingTransport {
     /// Makes a ring and its entries for every possible CPU. `dev_fuse` is (a duplicate of) the
     /// connection's /dev/fuse descriptor; `payload_capacity` from [`payload_bytes`].
     pub fn new(dev_fuse: OwnedFd, payload_capacity: usize) -> io::Result<RingTransport> {
-        let queue_count = possible_cpus();
+        // One per possible CPU, as the kernel makes them.
+        let queue_count = crate::sys::possible_cpus();
         assert!(queue_count > 0 && u16::try_from(queue_count).is_ok());
         let entries_per_queue = entries_per_queue(queue_count, payload_capacity);
         let mut queues = Vec::with_capacity(queue_count);
@@ -402,7 +392,11 @@ impl<FS: fuser::Filesystem> Queue<FS> {
     fn run(mut self) {
         let qid = self.shared.qid;
         let _ = self.shared.thread.set(std::thread::current().id());
-        pin_to_cpu(qid as usize);
+        // The kernel queues a request on its caller's CPU's queue: answering it on that CPU
+        // saves the cross-CPU wake-up.
+        if let Err(e) = crate::sys::run_on_cpu(qid as usize) {
+            log::debug!("ring queue {qid}: not pinned: {e}");
+        }
         // Leaked (8 bytes a queue): an eventfd read may still be armed when the ring closes,
         // and closing cancels it asynchronously.
         let wake_buffer: &'static mut [u8; 8] = Box::leak(Box::new([0u8; 8]));
@@ -676,22 +670,6 @@ fn connection_gone(dev_fuse: RawFd) -> bool {
     // SAFETY: one valid pollfd, no wait.
     let n = unsafe { libc::poll(&raw mut poll, 1, 0) };
     n > 0 && poll.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0
-}
-
-/// Runs the calling thread on `cpu`: the kernel queues a request on its caller's CPU's queue,
-/// and answering it on that CPU saves the cross-CPU wake-up.
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it for cpu < CPU_SETSIZE.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if cpu >= libc::CPU_SETSIZE as usize {
-            return;
-        }
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set) != 0 {
-            log::debug!("ring queue {cpu}: not pinned: {}", io::Error::last_os_error());
-        }
-    }
 }
 
 #[cfg(test)]

@@ -244,6 +244,7 @@ impl Writeback {
         self.threads.stop();
         lock(&self.queue).clear();
         self.queue_ready.notify_all();
+        self.stop_near_flushers();
         for thread in self.threads.take_all() {
             let _ = thread.join();
         }
@@ -312,6 +313,7 @@ impl Writeback {
         }
         self.threads.stop();
         self.queue_ready.notify_all();
+        self.stop_near_flushers();
         // A flusher stuck in a backend call that never returns is left behind, not waited for.
         let flushers = self.threads.take_flushers();
         let stop_deadline = Instant::now() + self.config.io_timeout;

@@ -9,6 +9,15 @@ use std::time::{Duration, Instant};
 
 use super::*;
 
+/// Which flushers a flush that is wanted goes to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// The pool's flushers, wherever the scheduler runs them.
+    Pool,
+    /// A single unit to the near flusher of the caller's CPU (when idle), more to the pool.
+    NearIfOne,
+}
+
 impl Writeback {
     pub(super) fn push_job(&self, file: &Arc<FileState>, unit: u64) {
         lock(&self.queue).push_back(Job { file: file.clone(), unit });
@@ -17,18 +26,29 @@ impl Writeback {
 
     /// Queues every dirty unit of `file` (with `epoch <= up_to`) that is not queued yet.
     pub(super) fn want_all(&self, file: &Arc<FileState>, inner: &mut FileInner, up_to: u64) {
-        self.want_where(file, inner, |dirty| dirty.epoch <= up_to);
+        self.want_where(file, inner, |dirty| dirty.epoch <= up_to, Placement::Pool);
     }
 
     /// Queues every dirty unit of `file` that `wanted` picks and is not queued yet.
-    fn want_where(&self, file: &Arc<FileState>, inner: &mut FileInner, wanted: impl Fn(&DirtyUnit) -> bool) {
+    fn want_where(
+        &self,
+        file: &Arc<FileState>,
+        inner: &mut FileInner,
+        wanted: impl Fn(&DirtyUnit) -> bool,
+        placement: Placement,
+    ) {
+        let mut jobs = Vec::new();
         for (&unit, dirty) in &mut inner.dirty {
             if !dirty.wanted && wanted(dirty) {
                 dirty.wanted = true;
                 if !inner.in_flight.contains_key(&unit) {
-                    self.push_job(file, unit);
+                    jobs.push(unit);
                 }
             }
+        }
+        match jobs[..] {
+            [only] if placement == Placement::NearIfOne => self.push_job_near(file, only),
+            _ => jobs.into_iter().for_each(|unit| self.push_job(file, unit)),
         }
     }
 
@@ -42,7 +62,7 @@ impl Writeback {
         for file in files {
             let mut inner = lock(&file.inner);
             if inner.retry_at.is_some_and(|at| at > now) {
-                self.want_where(&file, &mut inner, |dirty| !dirty.refused);
+                self.want_where(&file, &mut inner, |dirty| !dirty.refused, Placement::Pool);
             } else {
                 self.want_all(&file, &mut inner, u64::MAX);
             }
@@ -99,7 +119,9 @@ impl Writeback {
         inner.epoch += 1;
         // The caller only waits (with a bound, see wait_for_flushes) while flushers make the
         // backend calls: a backend call that never returns must not take the request with it.
-        self.want_all(file, &mut inner, target);
+        // One unit (a small file's) goes to the flusher on the caller's CPU (`near`); more go to
+        // the pool, which writes them in parallel.
+        self.want_where(file, &mut inner, |dirty| dirty.epoch <= target, Placement::NearIfOne);
         let mut inner = self.wait_for_flushes(file, inner, "a flush", |inner| {
             if inner.forgotten {
                 return Ok(false);

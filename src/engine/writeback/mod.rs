@@ -6,6 +6,7 @@
 //! - `flushers`: the flush policy (a full unit at once; a partial one on fsync, close, age or
 //!   memory pressure; a refused one after a backoff), the flusher threads, and how a unit is
 //!   written (whole for a store that takes whole units only).
+//! - `near`: the flusher pinned to each CPU, for a single unit a request waits on.
 //! - `durability`: fsync and close through the intent log or the store, barriers, name records,
 //!   checkpoints, shut-down.
 //!
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant, SystemTime};
 mod checkpoint;
 mod durability;
 mod flushers;
+mod near;
 mod threads;
 mod write_buffer;
 
@@ -423,6 +425,8 @@ pub struct Writeback {
     budget: Budget,
     queue: Mutex<VecDeque<Job>>,
     queue_ready: Condvar,
+    /// Per CPU, the near flusher's slot (`near`).
+    near: Vec<near::NearSlot>,
     files: Mutex<HashMap<u64, Arc<FileState>>>,
     /// File states that have left `files`, counted under its lock (see `open_file`).
     states_ended: std::sync::atomic::AtomicU64,
@@ -511,6 +515,7 @@ impl Writeback {
             metrics,
             queue: Mutex::new(VecDeque::new()),
             queue_ready: Condvar::new(),
+            near: near::slots(),
             files: Mutex::new(HashMap::new()),
             states_ended: std::sync::atomic::AtomicU64::new(0),
             change_stamps: std::sync::atomic::AtomicU64::new(0),
@@ -538,6 +543,14 @@ impl Writeback {
                 .name(format!("flusher-{i}"))
                 .spawn(move || wb.flusher_loop())
                 .expect("spawn a flusher");
+            writeback.threads.add_flusher(thread);
+        }
+        for cpu in 0..writeback.near.len() {
+            let wb = writeback.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("flusher-near-{cpu}"))
+                .spawn(move || wb.near_flusher_loop(cpu))
+                .expect("spawn a near flusher");
             writeback.threads.add_flusher(thread);
         }
         let wb = writeback.clone();

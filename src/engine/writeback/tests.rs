@@ -468,3 +468,44 @@ fn a_truncate_the_store_has_not_been_given_is_logged_once_not_at_every_close() {
     assert_eq!(r.stored("f"), expected, "the store given the truncates and the write");
     assert!(lock(&f.inner).cut_to.is_none() && lock(&f.inner).size_logged_since_cut.is_none());
 }
+
+/// The single unit a close waits on goes to the flusher pinned to the closing thread's CPU
+/// (`near`); while that flusher is stuck in a stalled backend call, the close fails after
+/// `io_timeout` as any waiting request, and the next file's close on that CPU goes to the pool
+/// instead of queueing behind it.
+#[test]
+fn a_closes_single_unit_goes_to_its_cpus_flusher_and_a_stuck_one_strands_nothing() {
+    let r = rig(8, Duration::from_millis(300));
+    let (f, g, h) = (r.file("f"), r.file("g"), r.file("h"));
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // One CPU for the whole case: the flusher asked for is that CPU's.
+                let cpu = crate::sys::current_cpu().expect("sched_getcpu");
+                crate::sys::run_on_cpu(cpu).unwrap();
+                r.wb.write_copied(&f, 0, &[1; 100], false, None).unwrap();
+                r.wb.flush_file(&f, None, ErrorReport::Close).unwrap();
+                assert_eq!(r.stored("f"), vec![1; 100]);
+                assert_eq!(r.metrics.flushes_near.load(Relaxed), 1, "f's unit went to the pool");
+
+                r.wait_until("f's near flusher to be done with it", || r.wb.near_flushers_idle());
+                r.faults.control("inject write=stall:60s*1").unwrap(); // g's write alone
+                r.wb.write_copied(&g, 0, &[2; 100], false, None).unwrap();
+                let started = Instant::now();
+                assert_eq!(r.wb.flush_file(&g, None, ErrorReport::Close), Err(Errno(libc::EIO)));
+                let waited = started.elapsed();
+                assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(5), "waited {waited:?}");
+                assert_eq!(r.metrics.flushes_near.load(Relaxed), 2, "g's unit went to the pool");
+
+                r.wb.write_copied(&h, 0, &[3; 100], false, None).unwrap();
+                r.wb.flush_file(&h, None, ErrorReport::Close).unwrap();
+                assert_eq!(r.stored("h"), vec![3; 100], "h waited behind the stuck flusher");
+                assert_eq!(r.metrics.flushes_near.load(Relaxed), 2, "h was handed to the busy near flusher");
+            })
+            .join()
+            .unwrap();
+    });
+    r.faults.control("clear").unwrap();
+    r.wb.flush_file(&g, None, ErrorReport::Close).unwrap();
+    assert_eq!(r.stored("g"), vec![2; 100]);
+}
