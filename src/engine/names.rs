@@ -25,6 +25,16 @@ const HELD_NAMES_MAX: usize = 32;
 /// request holds when names are short (a readdirplus request holds fewer).
 const READDIR_BATCH: usize = 128;
 
+/// What a rename of a file only memory and the log hold finds at its new name.
+#[derive(Clone, Copy)]
+enum HeldRenameTarget {
+    Free,
+    /// A file memory and the log hold too: it goes as an unlink of it would.
+    Held(ObjectId),
+    /// A file the backend holds: hidden, its backend unlink left to the checkpoint.
+    Backend(ObjectId),
+}
+
 impl Engine {
     pub fn lookup(&self, parent: ObjectId, name: &OsStr) -> SysResult<Attr> {
         self.checked_name(parent, name, false)?;
@@ -575,8 +585,12 @@ impl Engine {
         if (parent, name) == (new_parent, new_name) {
             return Ok(()); // one name: nothing to do
         }
-        let target_held = target.is_some_and(|target| held.is_held(target));
-        if let Some(target) = target.filter(|_| !target_held) {
+        let target = match target {
+            None => HeldRenameTarget::Free,
+            Some(target) if held.is_held(target) => HeldRenameTarget::Held(target),
+            Some(target) => HeldRenameTarget::Backend(target),
+        };
+        if let HeldRenameTarget::Backend(target) = target {
             // A backend target made from a held file: synced and its records barred first.
             self.writeback.settle_made(target, true)?;
         }
@@ -584,37 +598,43 @@ impl Engine {
         // renamed file made on the backend meanwhile, the target stays and this fails with
         // ENOENT (the caller renames the file there).
         let mut target_gone = false;
+        // Nothing here takes the write buffer's locks: a flusher of the renamed file holds
+        // its state while it waits for the body `rename_after` holds.
         let free_the_name = || -> SysResult<()> {
-            if target.is_none() {
-                return Ok(());
+            match target {
+                HeldRenameTarget::Free => Ok(()),
+                HeldRenameTarget::Held(_) => {
+                    let logged = held.unlink(new_parent, new_name)?;
+                    target_gone = true;
+                    records.extend(self.unlink_record(logged, new_parent, new_name)?);
+                    Ok(())
+                }
+                HeldRenameTarget::Backend(_) => {
+                    // Its record goes in the rename's batch, and the backend's unlink waits for
+                    // the checkpoint: a crash must not find the name gone with neither file there.
+                    let (Some((key, _)), Ok(parent_key)) =
+                        (self.named_object(new_parent, new_name)?, self.ns.log_key(new_parent))
+                    else {
+                        return Err(Errno(libc::EIO));
+                    };
+                    held.hide(new_parent, new_name, key.clone());
+                    target_gone = true;
+                    records.push(Record::Hidden {
+                        file: key,
+                        parent: parent_key,
+                        name: new_name.as_encoded_bytes().to_vec(),
+                    });
+                    Ok(())
+                }
             }
-            // Nothing here takes the write buffer's locks: a flusher of the renamed file holds
-            // its state while it waits for the body `rename_after` holds.
-            if target_held {
-                let logged = held.unlink(new_parent, new_name)?;
-                target_gone = true;
-                records.extend(self.unlink_record(logged, new_parent, new_name)?);
-                return Ok(());
-            }
-            // Its record goes in the rename's batch, and the backend's unlink waits for the
-            // checkpoint: a crash must not find the name gone with neither file there.
-            let (Some((key, _)), Ok(parent_key)) =
-                (self.named_object(new_parent, new_name)?, self.ns.log_key(new_parent))
-            else {
-                return Err(Errno(libc::EIO));
-            };
-            held.hide(new_parent, new_name, key.clone());
-            target_gone = true;
-            records.push(Record::Hidden { file: key, parent: parent_key, name: new_name.as_encoded_bytes().to_vec() });
-            Ok(())
         };
         let renamed = held.rename_after(parent, name, new_parent, new_name, free_the_name);
-        if let Some(target) = target.filter(|_| target_gone) {
-            if target_held {
-                self.after_held_unlink(target);
-            } else {
+        match target {
+            HeldRenameTarget::Held(target) if target_gone => self.after_held_unlink(target),
+            HeldRenameTarget::Backend(target) if target_gone => {
                 self.writeback.note_names_changed(None, None, &[target]);
             }
+            _ => {}
         }
         let ((), logged) = renamed?;
         self.writeback.note_names_changed(None, Some((id, new_parent)), &[]);

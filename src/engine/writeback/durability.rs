@@ -20,10 +20,11 @@ impl Writeback {
         }
     }
 
-    /// The file's last change on the backend, as a backend sync reads it before it syncs:
-    /// `note_synced` with it afterwards marks that and everything before it durable.
-    pub(super) fn backend_changes_now(&self, ino: u64) -> u64 {
-        lock(&self.durability).get(&ino).map_or(0, |e| e.backend_changes)
+    /// The file's last change on the backend, as a backend sync reads it before it syncs
+    /// (`note_synced` with it afterwards marks that and everything before it durable), and
+    /// whether the log holds records of the file.
+    pub(super) fn backend_changes_now(&self, ino: u64) -> (u64, bool) {
+        lock(&self.durability).get(&ino).map_or((0, false), |e| (e.backend_changes, e.logged_before_seq > 0))
     }
 
     /// A backend sync that began after the file's change `changes` (`backend_changes_now`)
@@ -552,8 +553,7 @@ impl Writeback {
             return result;
         }
         self.flush_file(file, None, report)?;
-        let changes = self.backend_changes_now(file.id);
-        let logged = lock(&self.durability).get(&file.id).is_some_and(|e| e.logged_before_seq > 0);
+        let (changes, logged) = self.backend_changes_now(file.id);
         let data = {
             let mut inner = lock(&file.inner);
             self.file_data(file, &mut inner)?

@@ -415,7 +415,7 @@ fn a_change_count_read_before_a_files_entry_ended_never_passes_a_later_flush_as_
     let f = r.file("f");
     r.wb.write_copied(&f, 0, &[1; 1000], false, None).unwrap();
     r.wb.flush_file(&f, None, ErrorReport::Write).unwrap(); // on the store, not synced
-    let read_by_a_sync = r.wb.backend_changes_now(f.id); // a backend sync of the file begins
+    let (read_by_a_sync, _) = r.wb.backend_changes_now(f.id); // a backend sync of the file begins
     r.wb.checkpoint().unwrap(); // the store synced: the file in sync, nothing logged
     assert!(!lock(&r.wb.durability).contains_key(&f.id), "the file's entry ended");
     r.wb.write_copied(&f, 2000, &[2; 1000], false, None).unwrap();
