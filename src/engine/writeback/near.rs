@@ -5,7 +5,7 @@
 //! flusher is woken on whichever CPU the scheduler finds idle (on a 2-CPU machine, the other
 //! one), and its end wakes the request's thread back on its own CPU, idle meanwhile. On a VM a
 //! wake-up of an idle vCPU costs tens of microseconds (a pipe round trip here: 2.6 us on one
-//! CPU, 62 us across two): tar's close cost 127-164 us, 21 us of it the write. Handed to the
+//! CPU, 62 us across two): tar's close cost 127-190 us, 21 us of it the write. Handed to the
 //! flusher pinned to its own CPU, the request's thread sleeps and the near flusher runs in its
 //! place at once (the close 70 us). The request still only waits, bounded by `io_timeout`,
 //! while a flusher makes the backend call: a backend that never answers holds the flusher, not
