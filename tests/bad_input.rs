@@ -288,10 +288,15 @@ fn the_daemon_stays_in_the_session_asked_for_and_outlives_a_hangup_of_its_termin
         .stdin(slave.try_clone().unwrap())
         .stdout(slave.try_clone().unwrap())
         .stderr(slave.try_clone().unwrap());
-    // SAFETY: setsid and ioctl are async-signal-safe and touch only the child's own state.
+    // SAFETY: signal, setsid and ioctl are async-signal-safe and touch only the child's own state.
     unsafe {
         command.pre_exec(|| {
-            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+            // The hangup's default action, whatever this process inherited (under nohup SIGHUP
+            // is ignored, and so would be the leader's hangup and the daemon's alike).
+            if libc::signal(libc::SIGHUP, libc::SIG_DFL) == libc::SIG_ERR
+                || libc::setsid() < 0
+                || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
