@@ -274,6 +274,8 @@ pub struct Metrics {
     pub node_fds_limit: AtomicU64,
     /// Objects opened again by file handle after their descriptor was closed to stay in bound.
     pub node_fds_reopened: AtomicU64,
+    /// Opens for writing that took the descriptor that made the file (no reopen by path).
+    pub backend_opens_of_made_files: AtomicU64,
     pub fuse_requests: FuseRequests,
     /// The daemon's process id, for tools that signal it.
     pub daemon_pid: AtomicU64,
@@ -487,6 +489,11 @@ impl Metrics {
                 "node_fds_reopened_total",
                 "Cached objects opened again by file handle",
                 self.node_fds_reopened.load(Relaxed),
+            ),
+            (
+                "backend_opens_of_made_files_total",
+                "Opens for writing that took the descriptor that made the file",
+                self.backend_opens_of_made_files.load(Relaxed),
             ),
         ]
     }

@@ -41,7 +41,7 @@ d=[y-x for x,y in zip(a,b)]; print('cpu ticks user %d nice %d sys %d idle %d iow
 p0=open('$base/pstat0').read().split(); p1=open('$base/pstat1').read().split()
 print('daemon utime %d stime %d ticks' % (int(p1[13])-int(p0[13]), int(p1[14])-int(p0[14])))"
   $B stats $base/m | grep -E "^fuse_[a-z]+_(total|busy_us_total) " | paste - - | awk '{ if ($2>0) printf "%-10s %7d requests %8.0f ms busy %6.1f us each\n", substr($1,6,length($1)-11), $2, $4/1000, $4/$2 }' | sort -k4 -n -r | head -12
-  $B stats $base/m | grep -E "^log_batches_total|^log_write_bytes_total|flush_latency|units_flushed|flushes_near"
+  $B stats $base/m | grep -E "^log_batches_total|^log_write_bytes_total|flush_latency|units_flushed|flushes_near|opens_of_made_files"
 } > $out 2>&1
 cleanup; trap - EXIT
 cat $out; rm -f $out
