@@ -276,6 +276,8 @@ pub struct Metrics {
     pub node_fds_reopened: AtomicU64,
     /// Opens for writing that took the descriptor that made the file (no reopen by path).
     pub backend_opens_of_made_files: AtomicU64,
+    /// Objects opened for I/O through their /proc/self/fd path (a procfs walk each).
+    pub backend_reopens: AtomicU64,
     pub fuse_requests: FuseRequests,
     /// The daemon's process id, for tools that signal it.
     pub daemon_pid: AtomicU64,
@@ -494,6 +496,11 @@ impl Metrics {
                 "backend_opens_of_made_files_total",
                 "Opens for writing that took the descriptor that made the file",
                 self.backend_opens_of_made_files.load(Relaxed),
+            ),
+            (
+                "backend_reopens_total",
+                "Objects opened for I/O through their /proc/self/fd path",
+                self.backend_reopens.load(Relaxed),
             ),
         ]
     }

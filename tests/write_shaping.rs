@@ -78,6 +78,29 @@ fn a_file_smaller_than_a_unit_is_written_through_the_page_cache() {
     assert!(fs::read(m.backing_path("small")).unwrap() == pattern(40_960, 3), "contents differ");
 }
 
+/// A new file is opened once on the backend: its create makes it with the descriptor its
+/// writes and its close's flush then use (`backend_opens_of_made_files_total`), where it was
+/// made, opened again for the handle and once more for the flushes, each through a procfs walk
+/// (`backend_reopens_total`). Without the log, so that every file is made at its create.
+#[test]
+fn a_new_file_is_written_through_the_descriptor_that_made_it() {
+    if !in_a_process_of_its_own("a_new_file_is_written_through_the_descriptor_that_made_it") {
+        return;
+    }
+    let m = TestMount::with_options(&["log=off"]);
+    let before = m.stats();
+    for i in 0..20u8 {
+        fs::write(m.path(&format!("f{i}")), pattern(3000 + usize::from(i), i)).unwrap();
+    }
+    let s = m.stats();
+    let made = s["backend_opens_of_made_files_total"] - before["backend_opens_of_made_files_total"];
+    let reopened = s["backend_reopens_total"] - before["backend_reopens_total"];
+    assert_eq!((made, reopened), (20, 0), "{s:?}");
+    for i in 0..20u8 {
+        assert!(fs::read(m.backing_path(&format!("f{i}"))).unwrap() == pattern(3000 + usize::from(i), i), "f{i}");
+    }
+}
+
 /// And in one write, its unaligned end included: each system call costs a file of a tar or an
 /// rsync its share, and a new 41,060-byte file was two (the aligned 40,960 bytes, then 100).
 #[test]

@@ -66,13 +66,21 @@ impl Engine {
         OpenMode { write: flags & libc::O_ACCMODE != libc::O_RDONLY, no_atime: flags & libc::O_NOATIME != 0 }
     }
 
-    fn register_file(&self, id: ObjectId, kind: Kind, flags: i32) -> SysResult<Opened> {
+    /// `made`: the open made the file (a create), so the store's data it opens is the file's
+    /// only one yet.
+    fn register_file(&self, id: ObjectId, kind: Kind, flags: i32, made: bool) -> SysResult<Opened> {
         let mode = Self::open_mode(flags);
         let data = self.store.open(id, mode)?;
         let state = match kind {
             Kind::File => Some(self.writeback.open_file(id, || data.size())?),
             _ => None,
         };
+        // A file this open made: its flushes write through the data it opened rather than open
+        // the store's file a second time. (A file opened again keeps the flushes' own open, by
+        // which a file deleted behind the mount is found gone: SEMANTICS.md.)
+        if let (Some(state), true) = (&state, mode.write && made) {
+            self.writeback.share_data(state, &data);
+        }
         // An empty file stays as it is: truncating it would change nothing but count as a
         // backend change, and keep a new file's fsync off the intent log.
         if let (Some(state), true) = (&state, flags & libc::O_TRUNC != 0) {
@@ -112,7 +120,7 @@ impl Engine {
         if drop_set_id_bits && flags & libc::O_TRUNC != 0 {
             self.drop_set_id_bits(id)?;
         }
-        self.register_file(id, attr.kind, flags)
+        self.register_file(id, attr.kind, flags, false)
     }
 
     pub fn create(
@@ -123,13 +131,13 @@ impl Engine {
         flags: i32,
         caller: Caller,
     ) -> SysResult<(Attr, Opened)> {
-        let attr = match self.make(parent, name, NewObject::File { perm: mode & 0o7777 }, caller) {
-            Ok(attr) => attr,
+        let (attr, made) = match self.make(parent, name, NewObject::File { perm: mode & 0o7777 }, caller) {
+            Ok(attr) => (attr, true),
             // Made by someone else since the kernel looked: without O_EXCL that is an open.
-            Err(Errno(libc::EEXIST)) if flags & libc::O_EXCL == 0 => self.lookup(parent, name)?,
+            Err(Errno(libc::EEXIST)) if flags & libc::O_EXCL == 0 => (self.lookup(parent, name)?, false),
             Err(e) => return Err(e),
         };
-        let opened = self.register_file(attr.id, attr.kind, flags)?;
+        let opened = self.register_file(attr.id, attr.kind, flags, made)?;
         Ok((attr, opened))
     }
 

@@ -547,6 +547,7 @@ impl BackingDir {
         debug_assert_eq!(flags & (libc::O_CREAT | libc::O_NOFOLLOW), 0, "a reopen of a resolved object: {flags:#o}");
         let fd = self.fd(node)?;
         let path = sys::proc_fd_path(&fd);
+        self.fds.metrics.backend_reopens.fetch_add(1, Ordering::Relaxed);
         let open = |flags| self.with_descriptor(|| sys::openat(libc::AT_FDCWD, &path, flags, 0));
         match open(flags) {
             // O_NOATIME is only for the file's owner (or CAP_FOWNER): a daemon without it

@@ -636,6 +636,16 @@ impl Writeback {
         inner.size = inner.size.max(size);
     }
 
+    /// Offers the store's data the create of a file opened, for the flushes to write through
+    /// where they have none yet: one open of the store per new file instead of two (through /proc/self/fd on the local directory, 5.5 us here, once per file tar
+    /// extracts).
+    pub fn share_data(&self, file: &FileState, data: &Arc<dyn FileData>) {
+        let mut inner = lock(&file.inner);
+        if inner.data.is_none() && !inner.forgotten {
+            inner.data = Some(data.clone());
+        }
+    }
+
     /// The file's data in the store, opened for writing by whoever first needs it.
     pub(super) fn file_data(&self, file: &FileState, inner: &mut FileInner) -> SysResult<Arc<dyn FileData>> {
         // A held file (`pending`) grown past what its close would log: the backend makes it
