@@ -166,11 +166,15 @@ impl Writeback {
                     queue = self.queue_ready.wait_timeout(queue, Duration::from_millis(200)).unwrap().0;
                 }
             };
-            self.flush_unit(&job.file, job.unit);
+            self.flush_unit(&job.file, job.unit, &mut None::<fn()>);
         }
     }
 
-    pub(super) fn flush_unit(&self, file: &Arc<FileState>, unit: u64) {
+    /// `written`, where given, is taken and called once the store's call has returned, before
+    /// the unit's waiters are woken (the near flusher frees its slot there: a closing thread
+    /// woken by this flush may hand it its next unit at once). It is left untaken where no
+    /// write was made.
+    pub(super) fn flush_unit(&self, file: &Arc<FileState>, unit: u64, written: &mut Option<impl FnOnce()>) {
         let mut inner = lock(&file.inner);
         if inner.in_flight.contains_key(&unit) {
             return; // its end re-queues the newer dirty buffer, which stays `wanted`
@@ -201,6 +205,9 @@ impl Writeback {
         let result = data.and_then(|data| self.write_unit(&*data, unit, &flying, size));
         self.metrics.record_flush_latency(started.elapsed().as_micros() as u64);
         drop(flying); // end_flush takes the unit back on failure: no other reference may remain
+        if let Some(written) = written.take() {
+            written();
+        }
         let inner = lock(&file.inner);
         self.end_flush(file, inner, unit, result);
         // Written, or forgotten by `end_flush` (deleted behind the mount).
@@ -302,6 +309,9 @@ impl Writeback {
                 self.push_job(file, unit);
             }
         }
+        // Woken after the lock is let go: a waiter woken under it would find it held, and
+        // sleep again until it is (two more switches of the CPU on each close's wait).
+        drop(inner);
         file.flush_ended.notify_all();
     }
 

@@ -82,8 +82,14 @@ impl Writeback {
                     state = slot.ready.wait_timeout(state, Duration::from_millis(200)).unwrap().0;
                 }
             };
-            self.flush_unit(&job.file, job.unit);
-            lock(&slot.state).busy = false;
+            // Free once the store's call has returned, before the closing thread is woken: its
+            // next close may come at once, and would go to the pool if this one were still busy.
+            // A flusher stuck in the store stays busy and is handed nothing more.
+            let mut free_slot = Some(|| lock(&slot.state).busy = false);
+            self.flush_unit(&job.file, job.unit, &mut free_slot);
+            if let Some(free) = free_slot.take() {
+                free();
+            }
         }
     }
 
