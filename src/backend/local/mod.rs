@@ -824,4 +824,27 @@ mod tests {
         data.set_size(1).unwrap();
         assert_eq!(std::fs::metadata(dir.path().join("g")).unwrap().len(), 1);
     }
+
+    /// chmod sets the same modes with fchmodat2 and, where the kernel lacks it (before Linux
+    /// 6.6, as Debian 12's own kernel), through the /proc/self/fd path; a symbolic link has no
+    /// mode to set either way.
+    #[test]
+    fn chmod_sets_the_mode_with_or_without_fchmodat2() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = LocalBackend::open(dir.path(), 64, None, Arc::new(Metrics::default())).unwrap();
+        let owner = process_owner();
+        let f = backend.make(ROOT_ID, OsStr::new("f"), NewObject::File { perm: 0o600 }, owner).unwrap();
+        let link = backend.make(ROOT_ID, OsStr::new("l"), NewObject::Symlink { target: b"f" }, owner).unwrap();
+        let mode_of = || std::fs::metadata(dir.path().join("f")).unwrap().permissions().mode() & 0o7777;
+        for (before_fchmodat2, mode) in [(false, 0o640), (true, 0o751)] {
+            if before_fchmodat2 {
+                backend.dir.chmod_as_before_fchmodat2();
+            }
+            backend.setattr(f.id, &SetAttr { mode: Some(mode), ..SetAttr::default() }).unwrap();
+            assert_eq!(mode_of(), mode, "before fchmodat2: {before_fchmodat2}");
+            let on_link = backend.setattr(link.id, &SetAttr { mode: Some(0o700), ..SetAttr::default() });
+            assert_eq!(on_link, Err(Errno(libc::EOPNOTSUPP)), "before fchmodat2: {before_fchmodat2}");
+            assert_eq!(mode_of(), mode, "the link's target is left alone");
+        }
+    }
 }

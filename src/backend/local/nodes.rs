@@ -510,6 +510,12 @@ impl BackingDir {
         check(unsafe { libc::chmod(path.as_ptr(), mode as libc::mode_t) }).map(drop)
     }
 
+    /// As on a kernel without fchmodat2 (Debian 12's own 6.1): chmod goes through /proc/self/fd.
+    #[cfg(test)]
+    pub fn chmod_as_before_fchmodat2(&self) {
+        self.no_fchmodat2.store(true, Ordering::Relaxed);
+    }
+
     pub fn chown(&self, node: &Node, uid: Option<u32>, gid: Option<u32>) -> SysResult<()> {
         let uid = uid.unwrap_or(u32::MAX);
         let gid = gid.unwrap_or(u32::MAX);
