@@ -35,7 +35,7 @@ use crate::sys::{check, name_cstring, Errno, SysResult};
 use data::LocalFileData;
 use nodes::{BackingDir, DirStream, Node};
 use objects::{BackingKey, ObjectTable};
-use prepared::PreparedFiles;
+use prepared::{lock, PreparedFiles};
 
 fn key_of(st: &libc::stat) -> BackingKey {
     (st.st_dev, st.st_ino)
@@ -189,7 +189,7 @@ impl LocalBackend {
     fn keep_made_file(&self, id: ObjectId, key: BackingKey, file: Option<File>) {
         let Some(file) = file else { return };
         // The one pushed out is closed after the lock.
-        let _pushed_out = self.made_files.lock().unwrap_or_else(|p| p.into_inner()).push(id, (key, file));
+        let _pushed_out = lock(&self.made_files).push(id, (key, file));
     }
 
     /// The descriptor that made `object`, for an open for writing: the same inode (an id the
@@ -199,7 +199,7 @@ impl LocalBackend {
         if !mode.write {
             return None;
         }
-        let (key, file) = self.made_files.lock().unwrap_or_else(|p| p.into_inner()).pop(&object.id)?;
+        let (key, file) = lock(&self.made_files).pop(&object.id)?;
         if key != object.key {
             return None;
         }

@@ -21,7 +21,7 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::engine::types::{TimeToSet, TimesToSet, XattrReply};
@@ -351,7 +351,7 @@ pub struct BackingDir {
     by_handle: bool,
     fds: Arc<NodeFds>,
     /// The kernel has no fchmodat2 (before Linux 6.6): chmod goes through /proc/self/fd.
-    no_fchmodat2: std::sync::atomic::AtomicBool,
+    no_fchmodat2: AtomicBool,
 }
 
 fn is_symlink(st: &libc::stat) -> bool {
@@ -391,7 +391,7 @@ impl BackingDir {
             mount_fd,
             by_handle,
             fds,
-            no_fchmodat2: std::sync::atomic::AtomicBool::new(false),
+            no_fchmodat2: AtomicBool::new(false),
         })
     }
 
