@@ -7,7 +7,8 @@
 //! to this or any FUSE file system (a stat of /proc/PID/fd/N would, and could wait on this
 //! daemon).
 
-use std::path::PathBuf;
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 /// More descriptors than this and the process is not read: the question is worth a few reads,
 /// not a walk of a server's descriptor table on each close.
@@ -27,21 +28,62 @@ fn holds_a_writer_among(pid: u32, mount_id: u64, ino: u64, most_read: usize) -> 
     if pid == 0 {
         return false;
     }
-    let dir = PathBuf::from(format!("/proc/{pid}/fdinfo"));
-    let Ok(entries) = std::fs::read_dir(&dir) else {
+    let Ok(path) = CString::new(format!("/proc/{pid}/fdinfo")) else { return false };
+    // Each entry opened relative to the directory: a path from /proc would look the process up
+    // again for every descriptor.
+    let Ok(dir) = crate::sys::openat(libc::AT_FDCWD, &path, libc::O_RDONLY | libc::O_DIRECTORY, 0) else {
         return false;
     };
-    let names: Vec<_> =
-        entries.filter_map(|e| e.ok().map(|e| e.file_name())).take(most_read.saturating_add(1)).collect();
-    if names.len() > most_read {
-        return false;
-    }
+    let Some(names) = entry_names(&dir, most_read) else { return false };
     names.iter().any(|name| {
-        std::fs::read_to_string(dir.join(name)).is_ok_and(|text| {
-            let info = FdInfo::parse(&text);
-            info.mount_id == Some(mount_id) && info.ino == Some(ino) && info.writable()
-        })
+        let Ok(file) = crate::sys::openat(dir.as_raw_fd(), name, libc::O_RDONLY, 0) else { return false };
+        // The lines read come first (pos, flags, mnt_id, ino); what follows them (locks, an
+        // eventfd's count) may be cut off.
+        let mut text = [0u8; FDINFO_BYTES_READ];
+        // SAFETY: `read` writes at most `text.len()` bytes into the local buffer, borrowed
+        // exclusively for the call.
+        let got = unsafe { libc::read(file.as_raw_fd(), text.as_mut_ptr().cast(), text.len()) };
+        let Ok(got) = crate::sys::check_size(got) else { return false };
+        let info = FdInfo::parse(&String::from_utf8_lossy(&text[..got]));
+        info.mount_id == Some(mount_id) && info.ino == Some(ino) && info.writable()
     })
+}
+
+/// Enough of an fdinfo file for its first four lines, which are all that is parsed.
+const FDINFO_BYTES_READ: usize = 256;
+
+/// The names in directory `dir` other than `.` and `..`, or None past `most_read` of them or
+/// when the directory cannot be read.
+fn entry_names(dir: &OwnedFd, most_read: usize) -> Option<Vec<CString>> {
+    let mut names = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        // SAFETY: `getdents64` writes at most `buf.len()` bytes of records into the local
+        // buffer, borrowed exclusively for the call.
+        let got = unsafe { libc::syscall(libc::SYS_getdents64, dir.as_raw_fd(), buf.as_mut_ptr(), buf.len()) };
+        let got = crate::sys::check_size(got as libc::ssize_t).ok()?;
+        if got == 0 {
+            return Some(names);
+        }
+        // Each record: d_ino (8 bytes), d_off (8), d_reclen (2), d_type (1), then the name,
+        // NUL-terminated, padded to d_reclen.
+        let mut at = 0;
+        while at < got {
+            let record_len = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
+            assert!(
+                record_len > 19 && at + record_len <= got,
+                "a getdents64 record of {record_len} bytes at {at} of {got}"
+            );
+            let name = CStr::from_bytes_until_nul(&buf[at + 19..at + record_len]).ok()?;
+            if name.to_bytes() != b"." && name.to_bytes() != b".." {
+                if names.len() == most_read {
+                    return None;
+                }
+                names.push(name.to_owned());
+            }
+            at += record_len;
+        }
+    }
 }
 
 #[derive(Debug, Default, PartialEq)]
@@ -100,6 +142,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("descriptors-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("f");
+        // More descriptors than one getdents64 buffer lists, opened before the writer, so that
+        // it is found only past the first buffer.
+        std::fs::write(dir.join("r"), b"").unwrap();
+        let readers: Vec<_> = (0..300).map(|_| std::fs::File::open(dir.join("r")).unwrap()).collect();
         let writer = std::fs::File::create(&path).unwrap();
         let (mount, ino) = mount_and_ino_of(writer.as_raw_fd());
         // SAFETY: `gettid` takes no arguments, cannot fail and touches none of our memory.
@@ -109,11 +155,13 @@ mod tests {
         assert!(holds(tid, mount));
         assert!(!holds(tid, mount + 1), "another mount's inode of that number");
         assert!(!holds_a_writer_among(tid, mount, ino, 0), "more descriptors than are read");
+        assert!(!holds_a_writer_among(tid, mount, ino, readers.len()), "more descriptors than are read");
         drop(writer);
         let reader = std::fs::File::open(&path).unwrap();
         assert!(!holds(tid, mount), "only a reader left");
         drop(reader);
         assert!(!holds(0, mount), "pid 0: a caller in another PID namespace");
+        drop(readers);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
