@@ -58,6 +58,15 @@ pub trait LogDevice: Send + Sync {
     fn sync(&self) -> SysResult<()>;
     /// `len` bytes from byte `offset` (fewer at the end of the device), as recovery reads them.
     fn read_at(&self, offset: u64, len: usize) -> SysResult<Vec<u8>>;
+    /// Reads up to `buf.len()` bytes at `offset` into `buf`; returns how many (fewer at the
+    /// device's end). Recovery reads its window into one buffer this way: a fresh buffer for
+    /// each window cost more than the reading (a 64 MiB log's mount took 90 ms, most of it
+    /// page faults and copies).
+    fn read_into(&self, offset: u64, buf: &mut [u8]) -> SysResult<usize> {
+        let bytes = self.read_at(offset, buf.len())?;
+        buf[..bytes.len()].copy_from_slice(&bytes);
+        Ok(bytes.len())
+    }
     /// The whole log (for tests and tools: recovery reads a window at a time).
     fn read_all(&self) -> SysResult<Vec<u8>> {
         self.read_at(0, self.size_bytes()? as usize)
@@ -604,6 +613,19 @@ impl LogDevice for FileLogDevice {
         Ok(buf)
     }
 
+    fn read_into(&self, offset: u64, buf: &mut [u8]) -> SysResult<usize> {
+        let align = self.block_bytes;
+        let direct_fits = offset % align as u64 == 0 && buf.len() % align == 0 && buf.as_ptr() as usize % 4096 == 0;
+        if !(self.direct && self.device_bytes.is_none() && direct_fits) {
+            let bytes = self.read_at(offset, buf.len())?;
+            buf[..bytes.len()].copy_from_slice(&bytes);
+            return Ok(bytes.len());
+        }
+        let direct = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&self.path);
+        let direct = direct.map_err(Errno::from)?;
+        sys::pread_full(direct.as_raw_fd(), buf, offset)
+    }
+
     fn describe(&self) -> String {
         match &*self.raw.read().unwrap() {
             Some(raw) => format!("{} (its blocks on {})", self.path.display(), raw.describe()),
@@ -685,6 +707,9 @@ impl<D: LogDevice + ?Sized> LogDevice for std::sync::Arc<D> {
     }
     fn read_at(&self, offset: u64, len: usize) -> SysResult<Vec<u8>> {
         (**self).read_at(offset, len)
+    }
+    fn read_into(&self, offset: u64, buf: &mut [u8]) -> SysResult<usize> {
+        (**self).read_into(offset, buf)
     }
     fn describe(&self) -> String {
         (**self).describe()

@@ -30,7 +30,7 @@ use super::burst::BURST_GAP;
 use super::pending::is_pending_key;
 use crate::metrics::Metrics;
 use crate::sys::Errno;
-use device::LogDevice;
+use device::{AlignedScratch, LogDevice};
 use format::{
     batch_blocks, encode_batch_lagging, encode_wrap, read_log, salvage_log, valid_block_bytes, Area, Batch, Corruption,
     LogContents, Record, Superblock, MAX_LOG_BLOCK_BYTES, SUPERBLOCK_COPIES,
@@ -95,8 +95,9 @@ struct DeviceArea<'a> {
     /// Where the area starts on the device, and its length, in bytes.
     start: u64,
     len: usize,
-    /// The window: where it starts in the area, and its bytes.
-    window: RefCell<(usize, Vec<u8>)>,
+    /// The window: where it starts in the area, how many of its bytes hold the area's, and its
+    /// buffer (page-aligned for O_DIRECT, made at the first read and read into again after).
+    window: RefCell<(usize, usize, Option<AlignedScratch>)>,
     error: Cell<Option<Errno>>,
 }
 
@@ -105,7 +106,18 @@ const READ_WINDOW_BYTES: usize = 4 << 20;
 
 impl<'a> DeviceArea<'a> {
     fn new(device: &'a dyn LogDevice, start: u64, len: u64) -> DeviceArea<'a> {
-        DeviceArea { device, start, len: len as usize, window: RefCell::new((0, Vec::new())), error: Cell::new(None) }
+        DeviceArea { device, start, len: len as usize, window: RefCell::new((0, 0, None)), error: Cell::new(None) }
+    }
+
+    /// Fills `buf` with the area's bytes at `at`; zeros where the read failed or fell short.
+    fn read_into(&self, at: usize, buf: &mut [u8]) {
+        let failed = match self.device.read_into(self.start + at as u64, buf) {
+            Ok(n) if n == buf.len() => return,
+            Ok(_) => Errno(libc::EIO),
+            Err(e) => e,
+        };
+        self.error.set(self.error.get().or(Some(failed)));
+        buf.fill(0);
     }
 
     fn read(&self, at: usize, len: usize) -> Vec<u8> {
@@ -130,12 +142,15 @@ impl Area for DeviceArea<'_> {
             return Cow::Owned(self.read(at, len));
         }
         let mut window = self.window.borrow_mut();
-        let (from, bytes) = &*window;
-        if !(at >= *from && at + len <= from + bytes.len()) {
-            *window = (at, self.read(at, READ_WINDOW_BYTES.min(self.len - at)));
+        let (from, held, scratch) = &mut *window;
+        let scratch = scratch.get_or_insert_with(|| AlignedScratch::zeroed(READ_WINDOW_BYTES, 4096));
+        if !(at >= *from && at + len <= *from + *held) {
+            let want = READ_WINDOW_BYTES.min(self.len - at);
+            self.read_into(at, &mut scratch.bytes_mut()[..want]);
+            (*from, *held) = (at, want);
         }
-        let from = at - window.0;
-        Cow::Owned(window.1[from..from + len].to_vec())
+        let within = at - *from;
+        Cow::Owned(scratch.bytes()[within..within + len].to_vec())
     }
 }
 

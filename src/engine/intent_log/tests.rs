@@ -493,9 +493,9 @@ fn a_log_just_made_is_not_read_back_and_is_the_empty_log_its_zeros_read_as() {
         let area =
             DeviceArea::new(&device, SUPERBLOCK_COPIES * block_bytes as u64, sb.area_blocks * block_bytes as u64);
         let made = read_log_unless_made(true, &area, &sb).unwrap();
-        assert!(area.window.borrow().1.is_empty(), "a log just made was read back");
+        assert!(area.window.borrow().1 == 0, "a log just made was read back");
         assert_eq!(made, read_log(&area, &sb).unwrap(), "what a made log is taken to hold is what its zeros read as");
-        assert!(!area.window.borrow().1.is_empty());
+        assert!(area.window.borrow().1 > 0);
     }
 }
 
