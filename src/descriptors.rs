@@ -155,7 +155,7 @@ mod tests {
         assert!(holds(tid, mount));
         assert!(!holds(tid, mount + 1), "another mount's inode of that number");
         assert!(!holds_a_writer_among(tid, mount, ino, 0), "more descriptors than are read");
-        assert!(!holds_a_writer_among(tid, mount, ino, readers.len()), "more descriptors than are read");
+        assert!(!holds_a_writer_among(tid, mount, ino, readers.len()), "the writer past the descriptors read");
         drop(writer);
         let reader = std::fs::File::open(&path).unwrap();
         assert!(!holds(tid, mount), "only a reader left");
