@@ -63,9 +63,7 @@ pub trait LogDevice: Send + Sync {
     /// each window cost more than the reading (a 64 MiB log's mount took 90 ms, most of it
     /// page faults and copies).
     fn read_into(&self, offset: u64, buf: &mut [u8]) -> SysResult<usize> {
-        let bytes = self.read_at(offset, buf.len())?;
-        buf[..bytes.len()].copy_from_slice(&bytes);
-        Ok(bytes.len())
+        read_into_through_read_at(self, offset, buf)
     }
     /// The whole log (for tests and tools: recovery reads a window at a time).
     fn read_all(&self) -> SysResult<Vec<u8>> {
@@ -132,6 +130,13 @@ pub enum BlockDeviceContents {
     Zeros,
     /// Something else (a log, or data): its first bytes, for the caller to tell which.
     Bytes(Vec<u8>),
+}
+
+/// `LogDevice::read_into` for a device that reads only into buffers of its own: a copy.
+fn read_into_through_read_at<D: LogDevice + ?Sized>(device: &D, offset: u64, buf: &mut [u8]) -> SysResult<usize> {
+    let bytes = device.read_at(offset, buf.len())?;
+    buf[..bytes.len()].copy_from_slice(&bytes);
+    Ok(bytes.len())
 }
 
 /// Page-aligned memory for O_DIRECT, from the allocator (log writes are few and short-lived).
@@ -617,9 +622,7 @@ impl LogDevice for FileLogDevice {
         let align = self.block_bytes;
         let direct_fits = offset % align as u64 == 0 && buf.len() % align == 0 && buf.as_ptr() as usize % 4096 == 0;
         if !(self.direct && self.device_bytes.is_none() && direct_fits) {
-            let bytes = self.read_at(offset, buf.len())?;
-            buf[..bytes.len()].copy_from_slice(&bytes);
-            return Ok(bytes.len());
+            return read_into_through_read_at(self, offset, buf);
         }
         let direct = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&self.path);
         let direct = direct.map_err(Errno::from)?;
