@@ -658,12 +658,14 @@ def case_configstore(rewrites, systems=None):
     def run_for(name, opts):
         def run(work):
             store = Store(work, 512, 4096)
+            trace = WriteTrace(store.dev)
             system = System("coalescefs" if name.startswith("coalescefs") else name, store, opts)
             tree = config_tree(random.Random(43))
             emulated = lambda: getattr(system, "emulated", None)
             r = measured(system, store, lambda p: {"app_bytes": config_rewrites(p, tree, rewrites, 4300, emulated())},
-                         lambda p: config_prepare(p, tree, emulated()))
+                         lambda p: config_prepare(p, tree, emulated()), trace=trace)
             r["rewrites"] = rewrites
+            trace.close(); cleanups.remove(trace.close)
             store.close(); cleanups.remove(store.close)
             return r
         return run

@@ -207,18 +207,21 @@ def sort_writes(writes, regions):
 
 def where_bytes_went(store, writes):
     """Device bytes of a run sorted into file data (the files under data/), the intent log,
-    the ext4 journal, and other (metadata written in place, the daemon's state files)."""
+    the ext4 journal, and other (metadata written in place, the daemon's state files). A SQLite
+    database's journal (its WAL, `-wal`, or its rollback journal, `-journal`; coalescefs keeps
+    either after a clean stop) and shared-memory file (`-shm`) are sorted apart from the
+    database file, which counts as data."""
     if writes is None:
         return None
-    data, log = [], []
+    data, journal, shm, log = [], [], [], []
     for root, dirs, files in os.walk(store.data):
         for name in files:
             path = os.path.join(root, name)
             if os.path.isfile(path) and not os.path.islink(path):
-                data += fiemap(path)
+                (journal if name.endswith(("-wal", "-journal")) else shm if name.endswith("-shm") else data).extend(fiemap(path))
     if os.path.exists(store.log_path()):
         log = fiemap(store.log_path())
-    regions = {"data": data, "log": log, "journal": journal_ranges(store.dev)}
+    regions = {"data": data, "sqlite_journal": journal, "sqlite_shm": shm, "log": log, "journal": journal_ranges(store.dev)}
     sorted_bytes = sort_writes(writes, regions)
     sorted_bytes["traced"] = sum(length for _, length in writes)
     return sorted_bytes
