@@ -53,6 +53,11 @@ Mount options (-o, comma-separated, repeatable):
   endpoint=URL       an s3:// source's server, http://HOST:PORT (required for one); credentials
                      from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials, never -o
   region=NAME        the region an s3:// source's requests are signed for (default us-east-1)
+  sqlite_journal=wal|rollback  a sqlite: database's journal mode, kept in it from this mount on
+                     (unset: the database's own; a new one's is wal). wal: readers never hold
+                     up the daemon, every page is written twice; rollback: new rows written
+                     once, the old bytes of pages changed in place copied first, a reader of
+                     the file holds up a checkpoint's commit while it reads
   and the kernel flags dev, nodev, suid, nosuid, exec, noexec, atime, noatime, relatime, sync,
   dirsync. fstab's own options (defaults, nofail, _netdev, noauto, x-*) are accepted and ignored.
 

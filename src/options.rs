@@ -33,6 +33,9 @@ pub struct MountOptions {
     pub remount: bool,
     /// `unit=SIZE`: the unit size, instead of the one discovered from the backing device.
     pub unit_bytes: Option<u64>,
+    /// `sqlite_journal=wal|rollback`: a `sqlite:` database's journal mode from this mount on
+    /// (`backend::sqlite::Journal`); unset, the database keeps its own.
+    pub sqlite_journal: Option<crate::backend::sqlite::Journal>,
     /// `buffer=SIZE`: the write buffer's memory bound.
     pub buffer_bytes: u64,
     /// `flushers=N`: parallel flusher threads.
@@ -237,6 +240,7 @@ impl Default for MountOptions {
             io_timeout: std::time::Duration::from_secs(30),
             remount: false,
             unit_bytes: None,
+            sqlite_journal: None,
             buffer_bytes: BUFFER_BYTES_DEFAULT,
             flushers: default_flushers(),
             flushers_given: false,
@@ -528,6 +532,10 @@ fn apply_store_option(options: &mut MountOptions, arg: &OptionArg<'_>) -> Result
             }
         }
         "endpoint" => options.s3_endpoint = Some(check_endpoint(arg.value()?)?),
+        "sqlite_journal" => {
+            let journal = crate::backend::sqlite::Journal::parse(arg.value()?);
+            options.sqlite_journal = Some(journal.ok_or_else(|| arg.refused("expected wal or rollback"))?);
+        }
         "region" => {
             let v = arg.value()?;
             if v.is_empty()
@@ -631,6 +639,14 @@ pub fn mount_request(
                     return Err(UsageError(format!("{name}=: only for an s3://BUCKET/PREFIX source")));
                 }
             }
+        }
+    }
+    if options.sqlite_journal.is_some() {
+        if !matches!(source, crate::backend::source::MountSource::Sqlite(_)) {
+            return Err(UsageError("sqlite_journal=: only for a sqlite:PATH source".into()));
+        }
+        if options.read_only {
+            return Err(UsageError("sqlite_journal=: a read-only mount changes nothing in the database".into()));
         }
     }
     let unit_bytes = options.unit_bytes.unwrap_or(0);
@@ -834,5 +850,21 @@ mod tests {
         assert!(error("s3://bkt/tree", "endpoint=http://h,log=off").contains("intent log on"));
         assert!(error("s3://BKT", "endpoint=http://h").contains("not a bucket name"));
         assert!(error("/srv/data", "endpoint=http://h").contains("only for an s3://"));
+    }
+
+    #[test]
+    fn sqlite_journal_is_for_a_writable_sqlite_source_only() {
+        use crate::backend::sqlite::Journal;
+        let mount = |source: &str, opts: &str| parse_mount_args(&args(&[source, "/mnt", "-o", opts]));
+        assert_eq!(mount("sqlite:/x.db", "rw").unwrap().options.sqlite_journal, None, "unset: the file's own");
+        assert_eq!(
+            mount("sqlite:/x.db", "sqlite_journal=rollback").unwrap().options.sqlite_journal,
+            Some(Journal::Rollback)
+        );
+        assert_eq!(mount("sqlite:/x.db", "sqlite_journal=wal").unwrap().options.sqlite_journal, Some(Journal::Wal));
+        let error = |source: &str, opts: &str| mount(source, opts).unwrap_err().0;
+        assert!(error("sqlite:/x.db", "sqlite_journal=delete").contains("expected wal or rollback"));
+        assert!(error("/srv/data", "sqlite_journal=wal").contains("only for a sqlite:PATH source"));
+        assert!(error("sqlite:/x.db", "ro,sqlite_journal=rollback").contains("read-only"));
     }
 }

@@ -637,3 +637,44 @@ impl Drop for ReadOnlyCopy {
         let _ = Command::new("umount").arg(self.dir.path()).status();
     }
 }
+
+/// `sqlite_journal=rollback` over a real mount: the database leaves WAL mode and keeps its
+/// rollback journal from one mount to the next, a snapshot (copied under the namespace's lock)
+/// and an fsync the daemon was killed after come through it, and `sqlite_journal=wal` brings
+/// the WAL back.
+#[test]
+fn in_rollback_journal_mode_a_mount_snapshots_and_replays_and_the_mode_stays_with_the_file() {
+    // The file format's read and write versions (header bytes 18 and 19): 1 legacy, 2 WAL.
+    let header_mode = |db: &Path| fs::read(db).unwrap()[18..20].to_vec();
+    let side = |db: &Path, suffix: &str| PathBuf::from(format!("{}{suffix}", path_str(db)));
+    let mut m = SqliteMount::new();
+    m.mount(&["sqlite_journal=rollback", "checkpoint_interval=3600s"]);
+    make_tree(&m.mnt);
+    let expected = snapshot(&m.mnt);
+    let copy = SqliteMount::new();
+    let out = coalescefs(&["snapshot", &path_str(&m.mnt), &path_str(&copy.db)]);
+    assert!(out.status.success(), "snapshot: {}", stderr_of(&out));
+    assert_eq!(copy.integrity(), "ok");
+    let mut logged = fs::File::create(m.path("etc/pve/logged.conf")).unwrap();
+    logged.write_all(&pattern(3000, 7)).unwrap();
+    logged.sync_all().unwrap();
+    drop(logged);
+    m.kill_daemon();
+    m.mount(&[]);
+    assert_eq!(fs::read(m.path("etc/pve/logged.conf")).unwrap(), pattern(3000, 7), "the fsync replayed");
+    m.unmount();
+    assert_eq!(header_mode(&m.db), [1, 1], "a mount without the option kept rollback mode");
+    assert!(!side(&m.db, "-wal").exists(), "rollback mode leaves no WAL");
+    assert!(side(&m.db, "-journal").exists(), "PERSIST keeps its journal file");
+    assert_eq!(m.integrity(), "ok");
+    let mut copy = copy;
+    copy.mount(&[]);
+    assert_eq!(snapshot(&copy.mnt), expected, "the snapshot taken in rollback mode");
+    copy.unmount();
+
+    m.mount(&["sqlite_journal=wal"]);
+    m.unmount();
+    assert_eq!(header_mode(&m.db), [2, 2], "sqlite_journal=wal put it back in WAL mode");
+    assert!(!side(&m.db, "-journal").exists(), "the old rollback journal is removed");
+    assert_eq!(m.integrity(), "ok");
+}

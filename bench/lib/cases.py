@@ -644,7 +644,8 @@ def case_transport(quick):
     return configs
 
 
-CONFIG_SYSTEMS = [("native", []), ("coalescefs", []), ("coalescefs sqlite", ["store=sqlite"]), ("pmxcfs-style", [])]
+CONFIG_SYSTEMS = [("native", []), ("coalescefs", []), ("coalescefs sqlite", ["store=sqlite"]),
+                  ("coalescefs sqlite rollback", ["store=sqlite", "sqlite_journal=rollback"]), ("pmxcfs-style", [])]
 
 
 def case_configstore(rewrites, systems=None):

@@ -235,7 +235,12 @@ fn open_database(
     if opts.read_only {
         backend::sqlite::SqliteBackend::open_read_only(path, opts.unit_bytes, metrics.clone())
     } else {
-        backend::sqlite::SqliteBackend::open(path, opts.unit_bytes, metrics.clone())
+        backend::sqlite::SqliteBackend::open_in_journal_mode(
+            path,
+            opts.unit_bytes,
+            metrics.clone(),
+            opts.sqlite_journal,
+        )
     }
 }
 
@@ -729,8 +734,11 @@ fn shut_down(
     }
     // A read-only mount leaves the database's files as they are.
     if let (false, Marker::Database(db)) = (opts.read_only, marker) {
-        if let Err(e) = db.close_wal() {
-            log::warn!("the WAL of {} was not emptied at unmount: {e}", db.path().display());
+        if let Err(e) = db.close_at_unmount() {
+            log::warn!(
+                "the database {} was not closed cleanly at unmount (the next open finishes it): {e}",
+                db.path().display()
+            );
         }
     }
     runtime.remove_runtime_files();

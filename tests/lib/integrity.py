@@ -1,19 +1,41 @@
 """`PRAGMA integrity_check` of a SQLite store's database file, for the crash harness, the power
 cut and the application suite over `sqlite:`."""
+import os
+import shutil
 import sqlite3
+import tempfile
 
 
 def open_read_only(path):
     """The database file at `path`, read only (a daemon may hold it open: WAL lets a reader in
-    beside it)."""
+    beside it; in rollback mode the reader waits for a commit under way)."""
     return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=20)
+
+
+def hot_journal(error):
+    """Whether a read-only open failed on a rollback journal a crash left to undo."""
+    return isinstance(error, sqlite3.OperationalError) and "readonly" in str(error).replace("-", "")
 
 
 def sqlite_integrity(path):
     """The database file at `path` checked read only; "ok" when clean, else SQLite's findings
-    joined."""
+    joined. In rollback mode a crash may leave a commit cut short, which SQLite undoes from the
+    `-journal` file at the next read-write open, so the database is what the two make
+    together: a copy of both is opened read-write and checked, the files themselves untouched."""
     db = open_read_only(path)
     try:
         return "; ".join(row[0] for row in db.execute("PRAGMA integrity_check"))
+    except sqlite3.OperationalError as e:
+        if not hot_journal(e):
+            raise
     finally:
         db.close()
+    with tempfile.TemporaryDirectory(prefix="integrity-", dir=os.path.dirname(os.path.abspath(path))) as copies:
+        copy = os.path.join(copies, os.path.basename(path))
+        shutil.copyfile(path, copy)
+        shutil.copyfile(path + "-journal", copy + "-journal")
+        db = sqlite3.connect(copy)
+        try:
+            return "; ".join(row[0] for row in db.execute("PRAGMA integrity_check"))
+        finally:
+            db.close()

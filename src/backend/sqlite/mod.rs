@@ -2,7 +2,7 @@
 //! configuration stores like pmxcfs (seed 000). The schema is in `schema`.
 //!
 //! Durability: every change goes into one open transaction; a sync (`FileData::sync`,
-//! `Namespace::sync_dir`, `UnitStore::sync_all`) commits it, with WAL and synchronous=FULL. So a
+//! `Namespace::sync_dir`, `UnitStore::sync_all`) commits it, with WAL (or a rollback journal, `Journal`) and synchronous=FULL. So a
 //! sync makes every change before it durable, in order, and a crash keeps a prefix of the
 //! commits (the contract's rule 1); a checkpoint's changes, names included, are one
 //! transaction. Each call's own statements are one savepoint: a call that fails changes
@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-pub use schema::{leave_wal_at_close, WAL_KEPT_BYTES};
+pub use schema::{leave_wal_at_close, Journal, WAL_KEPT_BYTES};
 
 use crate::backend::tree_keys::{key, parse_key};
 use crate::backend::{Capabilities, DirReader, FileData, Namespace, OpenMode, UnitSource, UnitStore, UnitWrite};
@@ -98,6 +98,12 @@ struct Inner {
     bytes_uncommitted: u64,
     /// Opened read-only (`-o ro`): every change fails with EROFS, and nothing is collected.
     read_only: bool,
+    /// How commits are made atomic (`schema::Journal`).
+    journal: Journal,
+    /// Files whose `units` rows go at the next commit (rollback mode only, `free_at_commit`),
+    /// in the order they were deleted. Each is deleted from `inodes` already: nothing reads
+    /// their rows meanwhile.
+    units_freed_at_commit: Vec<ObjectId>,
 }
 
 /// A unit store that keeps file data outside this database, with records of it in tables of
@@ -235,12 +241,15 @@ impl Inner {
             self.db.execute_batch("BEGIN IMMEDIATE").sql()?;
         }
         self.db.execute_batch("SAVEPOINT call").sql()?;
+        let freed_before = self.units_freed_at_commit.len();
         match f(self) {
             Ok(value) => {
                 self.db.execute_batch("RELEASE call").sql()?;
                 Ok(value)
             }
             Err(e) => {
+                // The savepoint's deletes are undone, so are the frees they deferred.
+                self.units_freed_at_commit.truncate(freed_before);
                 if !self.db.is_autocommit() {
                     self.db.execute_batch("ROLLBACK TO call; RELEASE call").sql()?;
                 }
@@ -255,12 +264,24 @@ impl Inner {
             return Err(Errno(libc::EIO));
         }
         if !self.db.is_autocommit() {
+            self.free_deferred_units()?;
             if let Some(external) = &self.external {
                 external.before_commit(&self.db)?;
             }
             self.db.execute_batch("COMMIT").sql()?;
         }
         self.bytes_uncommitted = 0;
+        Ok(())
+    }
+
+    /// The `units` rows of the files deleted in the open transaction, deleted now, at its end:
+    /// the pages they free are not reused by rows written in the same transaction, which in
+    /// rollback mode would cost each such page a copy of its old bytes in the journal.
+    fn free_deferred_units(&mut self) -> SysResult<()> {
+        while let Some(&id) = self.units_freed_at_commit.last() {
+            self.db.prepare_cached("DELETE FROM units WHERE file = ?1").sql()?.execute([sql_id(id)]).sql()?;
+            self.units_freed_at_commit.pop();
+        }
         Ok(())
     }
 
@@ -437,7 +458,7 @@ impl Inner {
     }
 
     /// An object with no name, no lookup and no open handle is gone, with its data.
-    fn collect(&self, id: ObjectId) -> SysResult<()> {
+    fn collect(&mut self, id: ObjectId) -> SysResult<()> {
         let Some(o) = self.object_opt(id)? else { return Ok(()) };
         let unnamed = o.nlink == 0 || (o.kind == Kind::Directory && o.nlink <= 1);
         let held = self.lookups.get(&id).is_some_and(|&n| n > 0) || self.open_handles.get(&id).is_some_and(|&n| n > 0);
@@ -447,13 +468,17 @@ impl Inner {
         Ok(())
     }
 
-    fn delete_object(&self, id: ObjectId) -> SysResult<()> {
-        for sql in [
-            "DELETE FROM inodes WHERE id = ?1",
-            "DELETE FROM units WHERE file = ?1",
-            "DELETE FROM xattrs WHERE id = ?1",
-        ] {
+    fn delete_object(&mut self, id: ObjectId) -> SysResult<()> {
+        for sql in ["DELETE FROM inodes WHERE id = ?1", "DELETE FROM xattrs WHERE id = ?1"] {
             self.db.prepare_cached(sql).sql()?.execute([sql_id(id)]).sql()?;
+        }
+        match self.journal {
+            Journal::Rollback => self.units_freed_at_commit.push(id),
+            Journal::Wal => {
+                // Pages are written twice in WAL mode whatever they held: freeing at once lets
+                // the transaction reuse them, and the database grows less.
+                self.db.prepare_cached("DELETE FROM units WHERE file = ?1").sql()?.execute([sql_id(id)]).sql()?;
+            }
         }
         if let Some(external) = &self.external {
             external.file_deleted(&self.db, id).sql()?;
@@ -549,7 +574,18 @@ impl SqliteBackend {
     /// The database at `path` (made, with a root directory, if the file is new or empty);
     /// `unit_bytes` overrides the default unit. The error says what is wrong with the file.
     pub fn open(path: &Path, unit_bytes: Option<u64>, metrics: Arc<Metrics>) -> Result<SqliteBackend, String> {
-        Self::open_with(path, unit_bytes, metrics, None)
+        Self::open_mode(path, unit_bytes, metrics, None, false, None)
+    }
+
+    /// `open`, the database put in `journal` mode (`-o sqlite_journal=`) first; None keeps the
+    /// file's.
+    pub fn open_in_journal_mode(
+        path: &Path,
+        unit_bytes: Option<u64>,
+        metrics: Arc<Metrics>,
+        journal: Option<Journal>,
+    ) -> Result<SqliteBackend, String> {
+        Self::open_mode(path, unit_bytes, metrics, None, false, journal)
     }
 
     /// `open`, as the namespace of a unit store that keeps file data elsewhere (`external`),
@@ -560,7 +596,7 @@ impl SqliteBackend {
         metrics: Arc<Metrics>,
         external: Option<Arc<dyn ExternalData>>,
     ) -> Result<SqliteBackend, String> {
-        Self::open_mode(path, unit_bytes, metrics, external, false)
+        Self::open_mode(path, unit_bytes, metrics, external, false, None)
     }
 
     /// An existing database, read-only (`-o ro`): nothing is made, collected or written; every
@@ -570,7 +606,7 @@ impl SqliteBackend {
         unit_bytes: Option<u64>,
         metrics: Arc<Metrics>,
     ) -> Result<SqliteBackend, String> {
-        Self::open_mode(path, unit_bytes, metrics, None, true)
+        Self::open_mode(path, unit_bytes, metrics, None, true, None)
     }
 
     /// `open_read_only`, as the namespace of a unit store that keeps file data elsewhere (an
@@ -581,7 +617,7 @@ impl SqliteBackend {
         metrics: Arc<Metrics>,
         external: Arc<dyn ExternalData>,
     ) -> Result<SqliteBackend, String> {
-        Self::open_mode(path, unit_bytes, metrics, Some(external), true)
+        Self::open_mode(path, unit_bytes, metrics, Some(external), true, None)
     }
 
     fn open_mode(
@@ -590,8 +626,10 @@ impl SqliteBackend {
         metrics: Arc<Metrics>,
         external: Option<Arc<dyn ExternalData>>,
         read_only: bool,
+        journal: Option<Journal>,
     ) -> Result<SqliteBackend, String> {
-        let (db, generation) = if read_only { schema::open_read_only(path)? } else { schema::open(path)? };
+        let (db, generation, journal) =
+            if read_only { schema::open_read_only(path)? } else { schema::open(path, journal)? };
         let mut inner = Inner {
             db,
             lookups: HashMap::new(),
@@ -603,6 +641,8 @@ impl SqliteBackend {
             external,
             bytes_uncommitted: 0,
             read_only,
+            journal,
+            units_freed_at_commit: Vec::new(),
         };
         let shown = path.display();
         let setup = (|| -> SysResult<()> {
@@ -748,6 +788,7 @@ impl SqliteBackend {
         if !s.db.is_autocommit() {
             s.db.execute_batch("ROLLBACK").expect("rollback");
         }
+        s.units_freed_at_commit.clear();
         s.crashed = true;
     }
 
@@ -756,21 +797,36 @@ impl SqliteBackend {
     /// as long as it is (`schema::WAL_KEPT_BYTES` or what a transaction grew it to), and starts
     /// over: after RESTART the next write transaction begins the WAL again at its start, so one
     /// small write (`closed_at`) leaves it holding that alone. Without it the next open would
-    /// find the whole last cycle's frames valid and copy them into the database again.
-    pub fn close_wal(&self) -> SysResult<()> {
+    /// find the whole last cycle's frames valid and copy them into the database again. In
+    /// rollback mode every commit wrote the database file already: only the time is written.
+    pub fn close_at_unmount(&self) -> SysResult<()> {
         let mut s = lock(&self.inner);
         s.commit()?;
-        let busy: i64 = s.db.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get(0)).sql()?;
-        if busy != 0 {
-            log::warn!("sqlite backend: the WAL of {} could not be emptied (a reader holds it)", self.path.display());
-            return Ok(());
+        let wal = s.journal == Journal::Wal;
+        if wal {
+            let busy: i64 = s.db.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get(0)).sql()?;
+            if busy != 0 {
+                log::warn!(
+                    "sqlite backend: the WAL of {} could not be emptied (a reader holds it)",
+                    self.path.display()
+                );
+                return Ok(());
+            }
         }
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        // No transaction is open after the commit: this statement commits itself.
         s.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('closed_at', ?1)", [now]).sql()?;
-        // And that row into the database file too: the daemon exits without closing the
-        // connection (whose close would copy it), and the file alone must be the database.
-        s.db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())).sql()?;
+        if wal {
+            // And that row into the database file too: the daemon exits without closing the
+            // connection (whose close would copy it), and the file alone must be the database.
+            s.db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())).sql()?;
+        }
         Ok(())
+    }
+
+    /// How the database's commits are made atomic.
+    pub fn journal(&self) -> Journal {
+        lock(&self.inner).journal
     }
 
     /// `PRAGMA integrity_check`'s answer ("ok" when clean), for tests and `recover`.

@@ -72,6 +72,48 @@ ALTER TABLE units_v2 RENAME TO units;
 CREATE UNIQUE INDEX units_by_file ON units(file, unit);
 ";
 
+/// How the database's commits are made atomic, kept in the file from one open to the next (a
+/// WAL database's header says so; any other opens in rollback mode) and changed by the mount
+/// option `sqlite_journal=wal|rollback`.
+///
+/// - `Wal` (a new database's): each commit appends its pages to the WAL, and SQLite's
+///   checkpoint copies them into the database file: every page written twice. Readers (a
+///   `sqlite3` shell, `coalescefs snapshot`) never hold up the daemon's commits.
+/// - `Rollback` (`PRAGMA journal_mode = PERSIST`): before a commit writes pages of the database
+///   in place, their old bytes go to the `-journal` file, whose header is zeroed at the end (the
+///   file is kept: no size change for ext4 to journal). A page the file did not have, or one
+///   free before the transaction, has no old bytes to keep: new rows are written once. The
+///   backend frees a checkpoint's deleted rows only at its commit, so that its new rows do not
+///   reuse pages freed in the same transaction (those would be journaled). A reader holds up the
+///   daemon's commit while it reads (`BUSY_WAIT` at most, then the commit fails and is retried).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Journal {
+    Wal,
+    Rollback,
+}
+
+impl Journal {
+    /// The mount option's value.
+    pub fn parse(value: &str) -> Option<Journal> {
+        match value {
+            "wal" => Some(Journal::Wal),
+            "rollback" => Some(Journal::Rollback),
+            _ => None,
+        }
+    }
+
+    /// `PRAGMA journal_mode`'s name for it.
+    fn pragma(self) -> &'static str {
+        match self {
+            Journal::Wal => "wal",
+            Journal::Rollback => "persist",
+        }
+    }
+}
+
+/// How long a commit in rollback mode waits for a reader of the file to finish.
+pub const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The versions a read-only open reads: version 1's tables answer the same queries.
 fn readable(version: i64) -> bool {
     version == 1 || version == SCHEMA_VERSION
@@ -81,6 +123,13 @@ fn readable(version: i64) -> bool {
 pub fn wal_path(path: &Path) -> std::path::PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push("-wal");
+    name.into()
+}
+
+/// The rollback journal of the database at `path`.
+pub fn journal_path(path: &Path) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push("-journal");
     name.into()
 }
 
@@ -127,16 +176,28 @@ pub fn leave_wal_at_close(db: &Connection) -> std::io::Result<()> {
 }
 
 /// Opens an existing database read-only (`-o ro`): its schema checked, nothing written, its
-/// generation read as it is. Returns the connection and the generation.
-pub fn open_read_only(path: &Path) -> Result<(Connection, u64), String> {
+/// generation and journal mode read as they are. Returns the connection, the generation and
+/// the journal mode.
+pub fn open_read_only(path: &Path) -> Result<(Connection, u64, Journal), String> {
     let shown = path.display();
     if !path.is_file() {
         return Err(format!("SQLite database {shown}: no such file (a read-only mount makes none)"));
     }
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let db = Connection::open_with_flags(path, flags).map_err(|e| format!("SQLite database {shown}: {e}"))?;
-    let fail = |what: &str, e: rusqlite::Error| match e.sqlite_error_code() {
-        Some(rusqlite::ErrorCode::NotADatabase) => format!("{shown} is not a SQLite database ({what}: {e})"),
+    let fail = |what: &str, e: rusqlite::Error| match &e {
+        rusqlite::Error::SqliteFailure(failure, _)
+            if failure.extended_code == rusqlite::ffi::SQLITE_READONLY_ROLLBACK =>
+        {
+            format!(
+                "SQLite database {shown}: a commit a crash cut short left its rollback journal {} to undo, which a \
+                 read-only open cannot: mount it read-write once (or `coalescefs recover`) first ({what}: {e})",
+                journal_path(path).display()
+            )
+        }
+        _ if e.sqlite_error_code() == Some(rusqlite::ErrorCode::NotADatabase) => {
+            format!("{shown} is not a SQLite database ({what}: {e})")
+        }
         _ => format!("SQLite database {shown}: {what}: {e}"),
     };
     let version: i64 =
@@ -150,13 +211,17 @@ pub fn open_read_only(path: &Path) -> Result<(Connection, u64), String> {
     let generation: i64 = db
         .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |row| row.get(0))
         .map_err(|e| fail("reading its generation", e))?;
-    Ok((db, generation as u64))
+    let mode: String =
+        db.query_row("PRAGMA journal_mode", [], |row| row.get(0)).map_err(|e| fail("reading its journal mode", e))?;
+    let journal = if mode.eq_ignore_ascii_case("wal") { Journal::Wal } else { Journal::Rollback };
+    Ok((db, generation as u64, journal))
 }
 
-/// Opens (or makes, with its directory present) the database at `path` for writing: WAL,
-/// synchronous=FULL, the schema checked or made, the generation bumped and committed.
-/// Returns the connection and the generation.
-pub fn open(path: &Path) -> Result<(Connection, u64), String> {
+/// Opens (or makes, with its directory present) the database at `path` for writing: in
+/// `journal` mode (None: the one the file has, WAL for a new file), synchronous=FULL, the schema
+/// checked or made, the generation bumped and committed. Returns the connection, the
+/// generation and the journal mode.
+pub fn open(path: &Path, journal: Option<Journal>) -> Result<(Connection, u64, Journal), String> {
     let shown = path.display();
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => {
@@ -195,10 +260,23 @@ pub fn open(path: &Path) -> Result<(Connection, u64), String> {
         // Before the first table: the page size is fixed then.
         db.execute_batch(&format!("PRAGMA page_size = {PAGE_BYTES}")).map_err(|e| fail("setting its page size", e))?;
     }
-    let mode: String =
-        db.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).map_err(|e| fail("setting WAL mode", e))?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(format!("SQLite database {shown}: cannot use WAL mode (journal_mode is {mode})"));
+    // The header read above put the connection in WAL mode if the file is in it.
+    let current: String =
+        db.query_row("PRAGMA journal_mode", [], |row| row.get(0)).map_err(|e| fail("reading its journal mode", e))?;
+    let journal = journal.unwrap_or(if tables == 0 || current.eq_ignore_ascii_case("wal") {
+        Journal::Wal
+    } else {
+        Journal::Rollback
+    });
+    let wanted = journal.pragma();
+    let mode: String = db
+        .query_row(&format!("PRAGMA journal_mode = {wanted}"), [], |row| row.get(0))
+        .map_err(|e| fail("setting its journal mode", e))?;
+    if !mode.eq_ignore_ascii_case(wanted) {
+        return Err(format!("SQLite database {shown}: cannot use journal mode {wanted} (journal_mode is {mode})"));
+    }
+    if journal == Journal::Rollback {
+        db.busy_timeout(BUSY_WAIT).map_err(|e| fail("setting its busy timeout", e))?;
     }
     // temp_store = MEMORY: what SQLite would put in files it creates in /var/tmp and unlinks
     // right after stays in memory, so a daemon killed between the two leaves no `etilqs_*` file
@@ -234,8 +312,21 @@ pub fn open(path: &Path) -> Result<(Connection, u64), String> {
     match made {
         Ok(generation) => {
             db.execute_batch("COMMIT").map_err(|e| fail("committing its generation", e))?;
-            keep_wal(&db, path).map_err(|e| format!("SQLite database {shown}: keeping its WAL file: {e}"))?;
-            Ok((db, generation))
+            match journal {
+                Journal::Wal => {
+                    keep_wal(&db, path).map_err(|e| format!("SQLite database {shown}: keeping its WAL file: {e}"))?;
+                    // A rollback journal left from an earlier mode (zeroed: the header read
+                    // above would have rolled a live one back) is no longer this file's.
+                    match std::fs::remove_file(journal_path(path)) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(format!("SQLite database {shown}: removing its old rollback journal: {e}"));
+                        }
+                        _ => {}
+                    }
+                }
+                Journal::Rollback => {}
+            }
+            Ok((db, generation, journal))
         }
         Err(e) => {
             let _ = db.execute_batch("ROLLBACK");

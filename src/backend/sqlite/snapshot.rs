@@ -4,7 +4,9 @@
 //! the namespace's lock right after a commit: it sees exactly the tree that commit left (WAL
 //! keeps that view for it while the daemon goes on writing), and nothing of a transaction the
 //! daemon has open. The pages are copied with SQLite's backup API in one step, without the
-//! lock: the mount is held up only for the commit, not for the copy. The copy is then made a
+//! lock: the mount is held up only for the commit, not for the copy. In rollback mode
+//! (`Journal::Rollback`) a reader holds up the daemon's next commit until it is done, so the
+//! copy is made under the lock instead, and the mount waits for it. The copy is then made a
 //! tree of its own: the crash marker (the path of the mounted database's intent log) and the
 //! replay watermark (a place in that log) are taken out of it, so that mounting it never
 //! replays another tree's log into it nor skips a batch of its own, and it is left in
@@ -15,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags};
 
-use super::{lock, SqliteBackend, LOG_MARKER_KEY, REPLAY_WATERMARK_KEY};
+use super::{lock, Journal, SqliteBackend, LOG_MARKER_KEY, REPLAY_WATERMARK_KEY};
 
 impl SqliteBackend {
     /// Copies the tree the last commit left (everything synced before the call is in it) into
@@ -32,18 +34,26 @@ impl SqliteBackend {
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let reader =
             Connection::open_with_flags(&self.path, flags).map_err(|e| format!("opening the database to read: {e}"))?;
-        {
-            let mut s = lock(&self.inner);
-            s.commit().map_err(|e| format!("committing before the copy: {e}"))?;
-            // A read transaction starts at its first read: here, still under the lock, so it is
-            // pinned to the commit just made.
-            reader
-                .execute_batch("BEGIN; SELECT count(*) FROM meta;")
-                .map_err(|e| format!("starting the read of the copy: {e}"))?;
-        }
+        let mut s = lock(&self.inner);
+        s.commit().map_err(|e| format!("committing before the copy: {e}"))?;
+        // A read transaction starts at its first read: here, still under the lock, so it is
+        // pinned to the commit just made.
+        reader
+            .execute_batch("BEGIN; SELECT count(*) FROM meta;")
+            .map_err(|e| format!("starting the read of the copy: {e}"))?;
+        let held = match s.journal {
+            Journal::Wal => {
+                drop(s);
+                None
+            }
+            Journal::Rollback => Some(s),
+        };
         let temporary = dir.join(format!(".{}.coalescefs-snapshot-{}", name.to_string_lossy(), std::process::id()));
         let _ = std::fs::remove_file(&temporary); // a snapshot before that died part way
-        let copied = copy_to(&reader, &temporary).and_then(|()| {
+        let copied = copy_to(&reader, &temporary);
+        let _ = reader.execute_batch("COMMIT");
+        drop(held);
+        let copied = copied.and_then(|()| {
             let file = std::fs::File::open(&temporary).map_err(|e| format!("{}: {e}", temporary.display()))?;
             // The tree's own file's permissions (a configuration store may hold keys), not the
             // daemon's defaults.
@@ -55,7 +65,6 @@ impl SqliteBackend {
             std::fs::hard_link(&temporary, dest).map_err(|e| format!("naming the copy {shown}: {e}"))?;
             Ok(file.metadata().map_err(|e| format!("{shown}: {e}"))?.len())
         });
-        let _ = reader.execute_batch("COMMIT");
         let _ = std::fs::remove_file(&temporary);
         let bytes = copied?;
         std::fs::File::open(dir)

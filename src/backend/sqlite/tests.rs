@@ -241,7 +241,7 @@ fn a_version_1_database_is_converted_at_a_read_write_open_and_read_as_it_is_read
             write_whole(&*b.open(file.id, OpenMode { write: true, no_atime: false }).unwrap(), bytes);
         }
         b.sync_all().unwrap();
-        b.close_wal().unwrap();
+        b.close_at_unmount().unwrap();
     }
     let db = rusqlite::Connection::open(&path).unwrap();
     db.execute_batch(
@@ -351,9 +351,9 @@ fn the_wal_file_is_kept_at_its_size_from_one_open_to_the_next_and_the_database_a
         }
         assert_eq!(wal_len(), Some(WAL_KEPT_BYTES), "50 commits write the WAL over, not past its end");
         assert!(frames_in_wal(&b) > 100, "the 50 commits are in the WAL");
-        b.close_wal().unwrap();
+        b.close_at_unmount().unwrap();
         // The daemon exits without closing its connection: the database file alone, copied
-        // now without its WAL, is the whole database, the row `close_wal` wrote included.
+        // now without its WAL, is the whole database, the row `close_at_unmount` wrote included.
         std::fs::copy(&path, alone.path().join("tree.db")).unwrap();
         std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(wal_path(&path)).unwrap())
     };
@@ -374,7 +374,7 @@ fn the_wal_file_is_kept_at_its_size_from_one_open_to_the_next_and_the_database_a
         assert_eq!(read_all(&*b.open(file.id, OpenMode::default()).unwrap()), small);
     }
     drop(open(&dir));
-    assert_eq!(wal_len(), Some(WAL_KEPT_BYTES), "a close without `close_wal` (a failed start) keeps it too");
+    assert_eq!(wal_len(), Some(WAL_KEPT_BYTES), "a close without `close_at_unmount` (a failed start) keeps it too");
     let b = open(&dir);
     let kept = std::fs::metadata(wal_path(&path)).unwrap();
     assert_eq!(
@@ -392,7 +392,7 @@ fn the_wal_file_is_kept_at_its_size_from_one_open_to_the_next_and_the_database_a
     b.sync_all().unwrap();
     let grown = wal_len().unwrap();
     assert!(grown > WAL_KEPT_BYTES);
-    b.close_wal().unwrap();
+    b.close_at_unmount().unwrap();
     drop(b);
     assert_eq!(wal_len(), Some(grown));
     let b = open(&dir);
@@ -407,4 +407,152 @@ fn sqlite_keeps_its_temporary_storage_in_memory() {
     let b = open(&dir);
     let temp_store: i64 = super::lock(&b.inner).db.query_row("PRAGMA temp_store", [], |r| r.get(0)).unwrap();
     assert_eq!(temp_store, 2, "PRAGMA temp_store is MEMORY (2)");
+}
+
+fn open_in(dir: &tempfile::TempDir, journal: Option<super::Journal>) -> SqliteBackend {
+    SqliteBackend::open_in_journal_mode(&dir.path().join("tree.db"), Some(UNIT), Arc::new(Metrics::default()), journal)
+        .expect("open")
+}
+
+fn new_file(b: &SqliteBackend, name: &str, bytes: &[u8]) -> crate::engine::types::ObjectId {
+    let file = b.make(ROOT_ID, OsStr::new(name), NewObject::File { perm: 0o644 }, OWNER).unwrap();
+    write_whole(&*b.open(file.id, OpenMode { write: true, no_atime: false }).unwrap(), bytes);
+    file.id
+}
+
+/// The journal mode is the file's: `sqlite_journal=` changes it, an open without it keeps it,
+/// and each mode leaves only its own journal file beside the database.
+#[test]
+fn the_journal_mode_is_kept_in_the_database_from_one_open_to_the_next() {
+    use super::schema::{journal_path, wal_path, WAL_KEPT_BYTES};
+    use super::Journal;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tree.db");
+    let bytes = pattern(5000);
+    {
+        let b = open(&dir);
+        assert_eq!(b.journal(), Journal::Wal, "a new database's mode");
+        new_file(&b, "in-wal", &bytes);
+        b.sync_all().unwrap();
+        b.close_at_unmount().unwrap();
+    }
+    {
+        let b = open_in(&dir, Some(Journal::Rollback));
+        assert_eq!(b.journal(), Journal::Rollback);
+        assert!(!wal_path(&path).exists(), "leaving WAL mode empties the WAL into the database and removes it");
+        new_file(&b, "in-rollback", &bytes);
+        b.sync_all().unwrap();
+        assert!(journal_path(&path).exists(), "PERSIST keeps the journal file");
+        b.close_at_unmount().unwrap();
+    }
+    {
+        let b = open(&dir);
+        assert_eq!(b.journal(), Journal::Rollback, "an open without the option keeps the file's mode");
+        assert_eq!(b.integrity_check().unwrap(), "ok");
+        for name in ["in-wal", "in-rollback"] {
+            let file = b.lookup(ROOT_ID, OsStr::new(name)).unwrap();
+            assert_eq!(read_all(&*b.open(file.id, OpenMode::default()).unwrap()), bytes, "{name}");
+        }
+    }
+    let b = open_in(&dir, Some(Journal::Wal));
+    assert_eq!(b.journal(), Journal::Wal);
+    assert!(!journal_path(&path).exists(), "back in WAL mode, the old rollback journal is removed");
+    assert_eq!(std::fs::metadata(wal_path(&path)).unwrap().len(), WAL_KEPT_BYTES);
+    let file = b.lookup(ROOT_ID, OsStr::new("in-rollback")).unwrap();
+    assert_eq!(read_all(&*b.open(file.id, OpenMode::default()).unwrap()), bytes);
+}
+
+/// In rollback mode a checkpoint that deletes files and writes new ones writes the new rows
+/// once: the deleted files' rows are freed at the commit, so the new ones do not take the pages
+/// they free, whose old bytes the journal would have to keep first.
+#[test]
+fn in_rollback_mode_new_rows_do_not_reuse_pages_freed_in_the_same_transaction() {
+    use super::schema::journal_path;
+    use super::Journal;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open_in(&dir, Some(Journal::Rollback));
+    let old = pattern(1 << 20);
+    let old_id = new_file(&b, "old", &old);
+    b.sync_all().unwrap();
+    let journal_after_first = std::fs::metadata(journal_path(&dir.path().join("tree.db"))).unwrap().len();
+    // One transaction: the old file replaced by a new one of the same size.
+    b.remove(ROOT_ID, OsStr::new("old"), false).unwrap();
+    b.forget(old_id, 1); // `make`'s lookup: now nothing holds it
+    let fresh = pattern((1 << 20) + 7);
+    let fresh_id = new_file(&b, "new", &fresh);
+    b.sync_all().unwrap();
+    let journal = std::fs::metadata(journal_path(&dir.path().join("tree.db"))).unwrap().len();
+    assert!(
+        journal < 128 << 10,
+        "the journal took {journal} bytes (first commit {journal_after_first}) for a 1 MiB file replaced: \
+         the new rows reused the old file's pages"
+    );
+    let units: i64 = super::lock(&b.inner)
+        .db
+        .query_row("SELECT count(*) FROM units WHERE file = ?1", [super::sql_id(old_id)], |r| r.get(0))
+        .unwrap();
+    assert_eq!(units, 0, "the old file's rows are gone once the commit is made");
+    assert_eq!(b.integrity_check().unwrap(), "ok");
+    drop(b);
+    let b = open(&dir);
+    assert_eq!(read_all(&*b.open(fresh_id, OpenMode::default()).unwrap()), fresh);
+}
+
+/// A delete undone with its savepoint (a call that failed part way) frees nothing at the
+/// commit: the file and its bytes stay.
+#[test]
+fn a_failed_call_frees_none_of_the_rows_it_deleted() {
+    use super::Journal;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open_in(&dir, Some(Journal::Rollback));
+    let bytes = pattern(9000);
+    let id = new_file(&b, "kept", &bytes);
+    b.sync_all().unwrap();
+    {
+        let mut s = super::lock(&b.inner);
+        let failed: crate::sys::SysResult<()> = s.change(|s| {
+            s.unlink_entry(ROOT_ID, OsStr::new("kept"))?;
+            s.delete_object(id)?;
+            assert_eq!(s.units_freed_at_commit, [id]);
+            Err(crate::sys::Errno(libc::EIO))
+        });
+        assert!(failed.is_err());
+        assert!(s.units_freed_at_commit.is_empty(), "the undone delete's free is forgotten");
+        s.commit().unwrap();
+    }
+    drop(b);
+    let b = open(&dir);
+    let file = b.lookup(ROOT_ID, OsStr::new("kept")).unwrap();
+    assert_eq!(read_all(&*b.open(file.id, OpenMode::default()).unwrap()), bytes);
+}
+
+/// A commit a crash cut short in rollback mode leaves a hot journal: a read-only open cannot
+/// undo it and says what to do; a read-write open undoes it, and the tree is the last commit's.
+#[test]
+fn a_hot_rollback_journal_is_refused_read_only_and_undone_read_write() {
+    use super::schema::journal_path;
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = pattern(300 << 10);
+    {
+        let b = open_in(&dir, Some(super::Journal::Rollback));
+        new_file(&b, "f", &bytes);
+        b.sync_all().unwrap();
+    }
+    // A transaction that has written pages of the database in place (a small cache spills
+    // them), copied as a power cut would leave it: journal and database, no lock.
+    let path = dir.path().join("tree.db");
+    let writer = rusqlite::Connection::open(&path).unwrap();
+    writer.execute_batch("PRAGMA journal_mode = PERSIST; PRAGMA cache_size = 10; BEGIN").unwrap();
+    writer.execute("UPDATE units SET data = zeroblob(length(data))", []).unwrap();
+    let cut = tempfile::tempdir().unwrap();
+    let copy = cut.path().join("tree.db");
+    std::fs::copy(&path, &copy).unwrap();
+    std::fs::copy(journal_path(&path), journal_path(&copy)).unwrap();
+    drop(writer);
+    let e = SqliteBackend::open_read_only(&copy, Some(UNIT), Arc::new(Metrics::default())).err().expect("refused");
+    assert!(e.contains("mount it read-write once"), "{e}");
+    let b = open(&cut);
+    assert_eq!(b.integrity_check().unwrap(), "ok");
+    let file = b.lookup(ROOT_ID, OsStr::new("f")).unwrap();
+    assert_eq!(read_all(&*b.open(file.id, OpenMode::default()).unwrap()), bytes, "the cut-short commit is undone");
 }
