@@ -2,8 +2,8 @@
 //! configuration stores like pmxcfs (seed 000). The schema is in `schema`.
 //!
 //! Durability: every change goes into one open transaction; a sync (`FileData::sync`,
-//! `Namespace::sync_dir`, `UnitStore::sync_all`) commits it, with WAL (or a rollback journal, `Journal`) and synchronous=FULL. So a
-//! sync makes every change before it durable, in order, and a crash keeps a prefix of the
+//! `Namespace::sync_dir`, `UnitStore::sync_all`) commits it, with WAL (or a rollback journal,
+//! `Journal`) and synchronous=FULL. So a sync makes every change before it durable, in order, and a crash keeps a prefix of the
 //! commits (the contract's rule 1); a checkpoint's changes, names included, are one
 //! transaction. Each call's own statements are one savepoint: a call that fails changes
 //! nothing.
@@ -100,9 +100,9 @@ struct Inner {
     read_only: bool,
     /// How commits are made atomic (`schema::Journal`).
     journal: Journal,
-    /// Files whose `units` rows go at the next commit (rollback mode only, `free_at_commit`),
-    /// in the order they were deleted. Each is deleted from `inodes` already: nothing reads
-    /// their rows meanwhile.
+    /// Files whose `units` rows go at the next commit (rollback mode only,
+    /// `free_deferred_units`), in the order they were deleted. Each is deleted from `inodes`
+    /// already: nothing reads their rows meanwhile.
     units_freed_at_commit: Vec<ObjectId>,
 }
 
@@ -511,6 +511,12 @@ impl Inner {
                 if self.object_opt(id)?.is_some() {
                     log::error!("sqlite backend: id {id} asked for twice");
                     return Err(Errno(libc::EEXIST));
+                }
+                if let Some(at) = self.units_freed_at_commit.iter().position(|&freed| freed == id) {
+                    // A file of this id went earlier in the transaction: its rows go before the
+                    // new file's, not at the commit after them.
+                    self.db.prepare_cached("DELETE FROM units WHERE file = ?1").sql()?.execute([sql_id(id)]).sql()?;
+                    self.units_freed_at_commit.remove(at);
                 }
                 id
             }

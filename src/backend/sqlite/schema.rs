@@ -85,7 +85,9 @@ CREATE UNIQUE INDEX units_by_file ON units(file, unit);
 ///   free before the transaction, has no old bytes to keep: new rows are written once. The
 ///   backend frees a checkpoint's deleted rows only at its commit, so that its new rows do not
 ///   reuse pages freed in the same transaction (those would be journaled). A reader holds up the
-///   daemon's commit while it reads (`BUSY_WAIT` at most, then the commit fails and is retried).
+///   daemon's commit while it reads: `BUSY_WAIT` at most, then the commit fails with EIO and the
+///   transaction stays open (a checkpoint is tried again, its records still in the intent log;
+///   with `log=off` the fsync that asked fails).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Journal {
     Wal,

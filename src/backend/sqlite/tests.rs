@@ -556,3 +556,29 @@ fn a_hot_rollback_journal_is_refused_read_only_and_undone_read_write() {
     let file = b.lookup(ROOT_ID, OsStr::new("f")).unwrap();
     assert_eq!(read_all(&*b.open(file.id, OpenMode::default()).unwrap()), bytes, "the cut-short commit is undone");
 }
+
+/// An id whose file went earlier in the same transaction, asked for again (the engine chooses
+/// ids; a replay may make one again): the old file's rows go before the new file's are written,
+/// not at the commit after them.
+#[test]
+fn an_id_made_again_before_the_commit_keeps_its_new_rows() {
+    use super::Journal;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open_in(&dir, Some(Journal::Rollback));
+    let id = crate::engine::pending::PENDING_ID_BASE + 9;
+    let write = |name: &str, bytes: &[u8]| {
+        b.make_with_id(id, ROOT_ID, OsStr::new(name), 0o644, OWNER).unwrap();
+        write_whole(&*b.open(id, OpenMode { write: true, no_atime: false }).unwrap(), bytes);
+    };
+    write("first", &pattern(3 * UNIT as usize));
+    b.sync_all().unwrap();
+    b.remove(ROOT_ID, OsStr::new("first"), false).unwrap();
+    b.forget(id, 1);
+    assert_eq!(super::lock(&b.inner).units_freed_at_commit, [id], "the old rows wait for the commit");
+    let again = pattern(UNIT as usize + 10);
+    write("again", &again);
+    b.sync_all().unwrap();
+    drop(b);
+    let b = open(&dir);
+    assert_eq!(read_all(&*b.open(id, OpenMode::default()).unwrap()), again);
+}
