@@ -582,3 +582,34 @@ fn an_id_made_again_before_the_commit_keeps_its_new_rows() {
     let b = open(&dir);
     assert_eq!(read_all(&*b.open(id, OpenMode::default()).unwrap()), again);
 }
+
+/// In rollback mode reads between commits leave the `-journal` file alone: without the read
+/// transaction held from one commit to the next, every read would open it to look for a crash's
+/// leftovers, and SQLite running as root `fchown`s it at each open, a ctime change that costs an
+/// ext4 journal commit at the next sync, per file seed 000's writers make.
+#[test]
+fn in_rollback_mode_reads_between_commits_do_not_touch_the_journal_file() {
+    use super::schema::journal_path;
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid cannot fail and touches no memory of ours.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: SQLite changes the journal's owner (and ctime) at each open only as root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let b = open_in(&dir, Some(super::Journal::Rollback));
+    let id = new_file(&b, "f", &pattern(2000));
+    b.sync_all().unwrap();
+    let ctime = || {
+        let m = std::fs::metadata(journal_path(&dir.path().join("tree.db"))).unwrap();
+        (m.ctime(), m.ctime_nsec())
+    };
+    let before = ctime();
+    for _ in 0..20 {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        b.getattr(id).unwrap();
+        b.lookup(ROOT_ID, OsStr::new("f")).unwrap();
+        read_all(&*b.open(id, OpenMode::default()).unwrap());
+    }
+    assert_eq!(ctime(), before, "a read opened the journal file (and SQLite changed its owner)");
+}
