@@ -85,7 +85,7 @@ CREATE UNIQUE INDEX units_by_file ON units(file, unit);
 ///   free before the transaction, has no old bytes to keep: new rows are written once. The
 ///   backend frees a checkpoint's deleted rows only at its commit, so that its new rows do not
 ///   reuse pages freed in the same transaction (those would be journaled). A reader holds up the
-///   daemon's commit while it reads: `BUSY_WAIT` at most, then the commit fails with EIO and the
+///   daemon's commit while it reads: 5 s at most (rusqlite's busy timeout), then the commit fails with EIO and the
 ///   transaction stays open (a checkpoint is tried again, its records still in the intent log;
 ///   with `log=off` the fsync that asked fails).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,9 +112,6 @@ impl Journal {
         }
     }
 }
-
-/// How long a commit in rollback mode waits for a reader of the file to finish.
-pub const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The versions a read-only open reads: version 1's tables answer the same queries.
 fn readable(version: i64) -> bool {
@@ -276,9 +273,6 @@ pub fn open(path: &Path, journal: Option<Journal>) -> Result<(Connection, u64, J
         .map_err(|e| fail("setting its journal mode", e))?;
     if !mode.eq_ignore_ascii_case(wanted) {
         return Err(format!("SQLite database {shown}: cannot use journal mode {wanted} (journal_mode is {mode})"));
-    }
-    if journal == Journal::Rollback {
-        db.busy_timeout(BUSY_WAIT).map_err(|e| fail("setting its busy timeout", e))?;
     }
     // temp_store = MEMORY: what SQLite would put in files it creates in /var/tmp and unlinks
     // right after stays in memory, so a daemon killed between the two leaves no `etilqs_*` file
