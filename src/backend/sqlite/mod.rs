@@ -289,12 +289,18 @@ impl Inner {
         Ok(())
     }
 
+    /// Every `units` row of file `id`, deleted now.
+    fn delete_units(&self, id: ObjectId) -> SysResult<()> {
+        self.db.prepare_cached("DELETE FROM units WHERE file = ?1").sql()?.execute([sql_id(id)]).sql()?;
+        Ok(())
+    }
+
     /// The `units` rows of the files deleted in the open transaction, deleted now, at its end:
     /// the pages they free are not reused by rows written in the same transaction, which in
     /// rollback mode would cost each such page a copy of its old bytes in the journal.
     fn free_deferred_units(&mut self) -> SysResult<()> {
         while let Some(&id) = self.units_freed_at_commit.last() {
-            self.db.prepare_cached("DELETE FROM units WHERE file = ?1").sql()?.execute([sql_id(id)]).sql()?;
+            self.delete_units(id)?;
             self.units_freed_at_commit.pop();
         }
         Ok(())
@@ -492,7 +498,7 @@ impl Inner {
             Journal::Wal => {
                 // Pages are written twice in WAL mode whatever they held: freeing at once lets
                 // the transaction reuse them, and the database grows less.
-                self.db.prepare_cached("DELETE FROM units WHERE file = ?1").sql()?.execute([sql_id(id)]).sql()?;
+                self.delete_units(id)?;
             }
         }
         if let Some(external) = &self.external {
@@ -530,7 +536,7 @@ impl Inner {
                 if let Some(at) = self.units_freed_at_commit.iter().position(|&freed| freed == id) {
                     // A file of this id went earlier in the transaction: its rows go before the
                     // new file's, not at the commit after them.
-                    self.db.prepare_cached("DELETE FROM units WHERE file = ?1").sql()?.execute([sql_id(id)]).sql()?;
+                    self.delete_units(id)?;
                     self.units_freed_at_commit.remove(at);
                 }
                 id
