@@ -727,19 +727,26 @@ fn shut_down(
     runtime: &crate::runtime::RuntimeDir,
 ) -> ExitCode {
     let done = engine.shut_down();
-    if log_path(opts, state).is_some() && !opts.read_only && done.unwritten.is_empty() && !engine.log_holds_records() {
-        if let Err(e) = marker.clear() {
-            log::warn!("{e}: the next mount will ask for the same intent log");
+    let clear_marker =
+        log_path(opts, state).is_some() && !opts.read_only && done.unwritten.is_empty() && !engine.log_holds_records();
+    match (opts.read_only, marker) {
+        // A read-only mount leaves the database's files as they are. A read-write one closes
+        // the database with the marker's clearing in its last commit.
+        (false, Marker::Database(db)) => {
+            if let Err(e) = db.close_at_unmount(clear_marker) {
+                log::warn!(
+                    "the database {} was not closed cleanly at unmount (the next open finishes it{}): {e}",
+                    db.path().display(),
+                    if clear_marker { "; the next mount will ask for the same intent log" } else { "" }
+                );
+            }
         }
-    }
-    // A read-only mount leaves the database's files as they are.
-    if let (false, Marker::Database(db)) = (opts.read_only, marker) {
-        if let Err(e) = db.close_at_unmount() {
-            log::warn!(
-                "the database {} was not closed cleanly at unmount (the next open finishes it): {e}",
-                db.path().display()
-            );
+        _ if clear_marker => {
+            if let Err(e) = marker.clear() {
+                log::warn!("{e}: the next mount will ask for the same intent log");
+            }
         }
+        _ => {}
     }
     runtime.remove_runtime_files();
     report_shut_down(runtime, &done, engine.log_holds_records())

@@ -289,6 +289,19 @@ impl Inner {
         Ok(())
     }
 
+    /// The first intent log batch the last checkpoint's commit did not cover, as the open
+    /// transaction sees it.
+    fn replay_watermark(&self) -> SysResult<Option<u64>> {
+        let value: Option<i64> = self
+            .db
+            .prepare_cached("SELECT value FROM meta WHERE key = ?1")
+            .sql()?
+            .query_row([REPLAY_WATERMARK_KEY], |r| r.get(0))
+            .optional()
+            .sql()?;
+        Ok(value.map(|v| v as u64))
+    }
+
     /// Every `units` row of file `id`, deleted now.
     fn delete_units(&self, id: ObjectId) -> SysResult<()> {
         self.db.prepare_cached("DELETE FROM units WHERE file = ?1").sql()?.execute([sql_id(id)]).sql()?;
@@ -826,10 +839,14 @@ impl SqliteBackend {
     /// small write (`closed_at`) leaves it holding that alone. Without it the next open would
     /// find the whole last cycle's frames valid and copy them into the database again. In
     /// rollback mode every commit wrote the database file already: only the time is written.
-    pub fn close_at_unmount(&self) -> SysResult<()> {
+    /// With `clear_log_marker` (nothing left to replay) the crash marker goes in that same
+    /// transaction: cleared in one of its own first, it cost a second commit (in WAL mode its
+    /// frames copied by RESTART as well), about half of what an idle unmount wrote.
+    pub fn close_at_unmount(&self, clear_log_marker: bool) -> SysResult<()> {
         let mut s = lock(&self.inner);
         s.commit()?;
         let wal = s.journal == Journal::Wal;
+        let mut wal_emptied = wal;
         if wal {
             let busy: i64 = s.db.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get(0)).sql()?;
             if busy != 0 {
@@ -837,13 +854,22 @@ impl SqliteBackend {
                     "sqlite backend: the WAL of {} could not be emptied (a reader holds it)",
                     self.path.display()
                 );
-                return Ok(());
+                wal_emptied = false;
+                if !clear_log_marker {
+                    return Ok(());
+                }
             }
         }
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-        s.change(|s| s.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('closed_at', ?1)", [now]).sql())?;
+        s.change(|s| {
+            s.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('closed_at', ?1)", [now]).sql()?;
+            if clear_log_marker {
+                s.db.execute("DELETE FROM meta WHERE key = ?1", [LOG_MARKER_KEY]).sql()?;
+            }
+            Ok(())
+        })?;
         s.commit()?;
-        if wal {
+        if wal_emptied {
             // And that row into the database file too: the daemon exits without closing the
             // connection (whose close would copy it), and the file alone must be the database.
             s.db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())).sql()?;

@@ -392,9 +392,15 @@ impl Namespace for SqliteBackend {
     }
 
     /// A row of `meta` in the open transaction: the commit that makes it durable makes every
-    /// change before it durable with it (contract rule 7).
+    /// change before it durable with it (contract rule 7). The row is left alone when it holds
+    /// that already (a checkpoint with no batch to release, the unmount's after `coalescefs
+    /// sync`): rewritten, it would cost a transaction of its own, three syncs in rollback mode.
     fn set_replay_watermark(&self, first_batch: Option<u64>) -> SysResult<()> {
-        lock(&self.inner).change(|s| {
+        let mut s = lock(&self.inner);
+        if s.replay_watermark()? == first_batch {
+            return Ok(());
+        }
+        s.change(|s| {
             match first_batch {
                 Some(seq) => {
                     s.db.execute(
@@ -410,11 +416,6 @@ impl Namespace for SqliteBackend {
     }
 
     fn replay_watermark(&self) -> SysResult<Option<u64>> {
-        let s = lock(&self.inner);
-        let value: Option<i64> =
-            s.db.query_row("SELECT value FROM meta WHERE key = ?1", [REPLAY_WATERMARK_KEY], |r| r.get(0))
-                .optional()
-                .sql()?;
-        Ok(value.map(|v| v as u64))
+        lock(&self.inner).replay_watermark()
     }
 }

@@ -241,7 +241,7 @@ fn a_version_1_database_is_converted_at_a_read_write_open_and_read_as_it_is_read
             write_whole(&*b.open(file.id, OpenMode { write: true, no_atime: false }).unwrap(), bytes);
         }
         b.sync_all().unwrap();
-        b.close_at_unmount().unwrap();
+        b.close_at_unmount(false).unwrap();
     }
     let db = rusqlite::Connection::open(&path).unwrap();
     db.execute_batch(
@@ -351,7 +351,7 @@ fn the_wal_file_is_kept_at_its_size_from_one_open_to_the_next_and_the_database_a
         }
         assert_eq!(wal_len(), Some(WAL_KEPT_BYTES), "50 commits write the WAL over, not past its end");
         assert!(frames_in_wal(&b) > 100, "the 50 commits are in the WAL");
-        b.close_at_unmount().unwrap();
+        b.close_at_unmount(false).unwrap();
         // The daemon exits without closing its connection: the database file alone, copied
         // now without its WAL, is the whole database, the row `close_at_unmount` wrote included.
         std::fs::copy(&path, alone.path().join("tree.db")).unwrap();
@@ -392,7 +392,7 @@ fn the_wal_file_is_kept_at_its_size_from_one_open_to_the_next_and_the_database_a
     b.sync_all().unwrap();
     let grown = wal_len().unwrap();
     assert!(grown > WAL_KEPT_BYTES);
-    b.close_at_unmount().unwrap();
+    b.close_at_unmount(false).unwrap();
     drop(b);
     assert_eq!(wal_len(), Some(grown));
     let b = open(&dir);
@@ -434,7 +434,7 @@ fn the_journal_mode_is_kept_in_the_database_from_one_open_to_the_next() {
         assert_eq!(b.journal(), Journal::Wal, "a new database's mode");
         new_file(&b, "in-wal", &bytes);
         b.sync_all().unwrap();
-        b.close_at_unmount().unwrap();
+        b.close_at_unmount(false).unwrap();
     }
     {
         let b = open_in(&dir, Some(Journal::Rollback));
@@ -443,7 +443,7 @@ fn the_journal_mode_is_kept_in_the_database_from_one_open_to_the_next() {
         new_file(&b, "in-rollback", &bytes);
         b.sync_all().unwrap();
         assert!(journal_path(&path).exists(), "PERSIST keeps the journal file");
-        b.close_at_unmount().unwrap();
+        b.close_at_unmount(false).unwrap();
     }
     {
         let b = open(&dir);
@@ -612,4 +612,33 @@ fn in_rollback_mode_reads_between_commits_do_not_touch_the_journal_file() {
         read_all(&*b.open(id, OpenMode::default()).unwrap());
     }
     assert_eq!(ctime(), before, "a read opened the journal file (and SQLite changed its owner)");
+}
+
+/// An idle checkpoint (its watermark the one the database holds) and an idle unmount (the
+/// crash marker cleared with `closed_at`) commit nothing, and one transaction: each commit
+/// costs three syncs in rollback mode, where the database header's change counter counts them.
+#[test]
+fn an_idle_checkpoint_commits_nothing_and_the_unmount_commits_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tree.db");
+    let commits = || {
+        let header = std::fs::read(&path).unwrap();
+        u32::from_be_bytes(header[24..28].try_into().unwrap())
+    };
+    {
+        let b = open_in(&dir, Some(super::Journal::Rollback));
+        b.set_log_marker(Some(std::path::Path::new("/state/intent.log"))).unwrap();
+        new_file(&b, "f", &pattern(100));
+        b.set_replay_watermark(Some(4)).unwrap();
+        b.sync_all().unwrap();
+        let before = commits();
+        b.set_replay_watermark(Some(4)).unwrap();
+        b.sync_all().unwrap();
+        assert_eq!(commits(), before, "the same watermark again is no commit");
+        b.close_at_unmount(true).unwrap();
+        assert_eq!(commits(), before + 1, "closed_at and the marker's clearing in one commit");
+    }
+    let b = open(&dir);
+    assert_eq!(b.log_marker().unwrap(), None);
+    assert_eq!(b.replay_watermark().unwrap(), Some(4));
 }
