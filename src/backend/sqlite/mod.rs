@@ -101,9 +101,73 @@ struct Inner {
     /// How commits are made atomic (`schema::Journal`).
     journal: Journal,
     /// Files whose `units` rows go at the next commit (rollback mode only,
-    /// `free_deferred_units`), in the order they were deleted. Each is deleted from `inodes`
-    /// already: nothing reads their rows meanwhile.
-    units_freed_at_commit: Vec<ObjectId>,
+    /// `free_deferred_units`). Each is deleted from `inodes` already: nothing reads their rows
+    /// meanwhile.
+    units_freed_at_commit: DeferredFrees,
+}
+
+/// The files whose rows a commit frees, in the order they were deleted: a savepoint that fails
+/// cuts the list back to its length before it, and a file made again with its id (which
+/// replay and held files do, one create at a time) is found without a walk of the list, which
+/// an `rm -rf` before a checkpoint makes tens of thousands long.
+#[derive(Default)]
+struct DeferredFrees {
+    /// In deletion order; None where the file was made again since.
+    order: Vec<Option<ObjectId>>,
+    at: HashMap<ObjectId, usize>,
+}
+
+impl DeferredFrees {
+    /// Adds `id`, unless the list holds it already (its rows go once either way).
+    fn push(&mut self, id: ObjectId) {
+        if let std::collections::hash_map::Entry::Vacant(entry) = self.at.entry(id) {
+            entry.insert(self.order.len());
+            self.order.push(Some(id));
+        }
+    }
+
+    /// Where the list stands, for `truncate`.
+    fn mark(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Forgets the frees since `mark`.
+    fn truncate(&mut self, mark: usize) {
+        let mark = mark.min(self.order.len());
+        for id in self.order.drain(mark..).flatten() {
+            self.at.remove(&id);
+        }
+    }
+
+    fn contains(&self, id: ObjectId) -> bool {
+        self.at.contains_key(&id)
+    }
+
+    /// Takes `id` out of the list, if there.
+    fn take(&mut self, id: ObjectId) {
+        if let Some(at) = self.at.remove(&id) {
+            self.order[at] = None;
+        }
+    }
+
+    /// The last file in the list, if any (the places of files taken out are dropped from its
+    /// end as they are met).
+    fn last(&mut self) -> Option<ObjectId> {
+        while let Some(None) = self.order.last() {
+            self.order.pop();
+        }
+        self.order.last().copied().flatten()
+    }
+
+    #[cfg(test)]
+    fn ids(&self) -> Vec<ObjectId> {
+        self.order.iter().flatten().copied().collect()
+    }
+
+    fn clear(&mut self) {
+        self.order.clear();
+        self.at.clear();
+    }
 }
 
 /// A unit store that keeps file data outside this database, with records of it in tables of
@@ -241,7 +305,7 @@ impl Inner {
             self.db.execute_batch("BEGIN IMMEDIATE").sql()?;
         }
         self.db.execute_batch("SAVEPOINT call").sql()?;
-        let freed_before = self.units_freed_at_commit.len();
+        let freed_before = self.units_freed_at_commit.mark();
         match f(self) {
             Ok(value) => {
                 self.db.execute_batch("RELEASE call").sql()?;
@@ -312,9 +376,10 @@ impl Inner {
     /// the pages they free are not reused by rows written in the same transaction, which in
     /// rollback mode would cost each such page a copy of its old bytes in the journal.
     fn free_deferred_units(&mut self) -> SysResult<()> {
-        while let Some(&id) = self.units_freed_at_commit.last() {
+        // Each row goes before its file leaves the list: a failed delete leaves the rest.
+        while let Some(id) = self.units_freed_at_commit.last() {
             self.delete_units(id)?;
-            self.units_freed_at_commit.pop();
+            self.units_freed_at_commit.take(id);
         }
         Ok(())
     }
@@ -546,11 +611,11 @@ impl Inner {
                     log::error!("sqlite backend: id {id} asked for twice");
                     return Err(Errno(libc::EEXIST));
                 }
-                if let Some(at) = self.units_freed_at_commit.iter().position(|&freed| freed == id) {
+                if self.units_freed_at_commit.contains(id) {
                     // A file of this id went earlier in the transaction: its rows go before the
                     // new file's, not at the commit after them.
                     self.delete_units(id)?;
-                    self.units_freed_at_commit.remove(at);
+                    self.units_freed_at_commit.take(id);
                 }
                 id
             }
@@ -682,7 +747,7 @@ impl SqliteBackend {
             bytes_uncommitted: 0,
             read_only,
             journal,
-            units_freed_at_commit: Vec::new(),
+            units_freed_at_commit: DeferredFrees::default(),
         };
         let shown = path.display();
         let setup = (|| -> SysResult<()> {

@@ -513,11 +513,11 @@ fn a_failed_call_frees_none_of_the_rows_it_deleted() {
         let failed: crate::sys::SysResult<()> = s.change(|s| {
             s.unlink_entry(ROOT_ID, OsStr::new("kept"))?;
             s.delete_object(id)?;
-            assert_eq!(s.units_freed_at_commit, [id]);
+            assert_eq!(s.units_freed_at_commit.ids(), [id]);
             Err(crate::sys::Errno(libc::EIO))
         });
         assert!(failed.is_err());
-        assert!(s.units_freed_at_commit.is_empty(), "the undone delete's free is forgotten");
+        assert!(s.units_freed_at_commit.ids().is_empty(), "the undone delete's free is forgotten");
         s.commit().unwrap();
     }
     drop(b);
@@ -574,7 +574,7 @@ fn an_id_made_again_before_the_commit_keeps_its_new_rows() {
     b.sync_all().unwrap();
     b.remove(ROOT_ID, OsStr::new("first"), false).unwrap();
     b.forget(id, 1);
-    assert_eq!(super::lock(&b.inner).units_freed_at_commit, [id], "the old rows wait for the commit");
+    assert_eq!(super::lock(&b.inner).units_freed_at_commit.ids(), [id], "the old rows wait for the commit");
     let again = pattern(UNIT as usize + 10);
     write("again", &again);
     b.sync_all().unwrap();
@@ -641,4 +641,28 @@ fn an_idle_checkpoint_commits_nothing_and_the_unmount_commits_once() {
     let b = open(&dir);
     assert_eq!(b.log_marker().unwrap(), None);
     assert_eq!(b.replay_watermark().unwrap(), Some(4));
+}
+
+/// The list of files whose rows a commit frees: a failed savepoint's frees forgotten, a file
+/// made again taken out wherever it stands, and each file once.
+#[test]
+fn deferred_frees_keep_order_forget_a_failed_savepoint_and_take_a_file_made_again() {
+    let mut frees = super::DeferredFrees::default();
+    for id in [1, 2, 3] {
+        frees.push(id);
+    }
+    let savepoint = frees.mark();
+    frees.push(4);
+    frees.push(2);
+    frees.take(2);
+    frees.truncate(savepoint);
+    assert_eq!(frees.ids(), [1, 3], "4 forgotten with its savepoint, 2 taken out");
+    assert!(!frees.contains(4) && !frees.contains(2) && frees.contains(3));
+    assert_eq!(frees.last(), Some(3));
+    frees.take(3);
+    assert_eq!(frees.last(), Some(1));
+    frees.take(1);
+    assert_eq!(frees.last(), None);
+    frees.push(5);
+    assert_eq!(frees.ids(), [5]);
 }
