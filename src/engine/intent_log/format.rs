@@ -11,6 +11,13 @@
 //! block 2..    the area, used as a ring: batches of whole blocks, each one group commit
 //! ```
 //!
+//! A superblock may say the log was closed clean: the last checkpoint of a clean stop released
+//! every batch, and none was written since. An open then reads no batch (below, finding the
+//! tail reads the whole area: 64 MiB, 80-90 ms of every mount here); the first batch written
+//! after it waits for a superblock that no longer says so. The flag is an extension after the
+//! version 1 superblock's checksum, with a checksum of its own: a build that predates it reads
+//! the superblock as before and writes it without the flag.
+//!
 //! A batch starts with a header (magic, sequence number, length in blocks, payload length,
 //! record count, flags, how many batches before it were not yet flushed when it was written,
 //! crc32c of header and payload), followed by its records and zero padding to a whole number
@@ -52,6 +59,10 @@ const SUPERBLOCK_MAGIC: [u8; 8] = *b"CFSLOGSB";
 const BATCH_MAGIC: [u8; 8] = *b"CFSBATCH";
 const FORMAT_VERSION: u32 = 1;
 const SUPERBLOCK_BYTES_COVERED: usize = 48;
+/// The extension: flags at 52, and a crc32c of bytes 0..56 at 56.
+const SUPERBLOCK_FLAGS_AT: usize = 52;
+const SUPERBLOCK_EXTENSION_COVERED: usize = 56;
+const SUPERBLOCK_FLAG_CLOSED_CLEAN: u32 = 1;
 const BATCH_HEADER_BYTES: usize = 40;
 const BATCH_LAG_AT: usize = 32;
 const BATCH_CRC_AT: usize = 36;
@@ -90,6 +101,8 @@ pub struct Superblock {
     pub checkpoint_seq: u64,
     /// Where that batch starts, in blocks from the start of the area.
     pub checkpoint_block: u64,
+    /// A clean stop released every batch, and none has been written since (see above).
+    pub closed_clean: bool,
 }
 
 impl Superblock {
@@ -106,12 +119,16 @@ impl Superblock {
         block[40..48].copy_from_slice(&self.checkpoint_block.to_le_bytes());
         let crc = crc32c(&block[..SUPERBLOCK_BYTES_COVERED]);
         block[48..52].copy_from_slice(&crc.to_le_bytes());
+        let flags = if self.closed_clean { SUPERBLOCK_FLAG_CLOSED_CLEAN } else { 0 };
+        block[SUPERBLOCK_FLAGS_AT..SUPERBLOCK_FLAGS_AT + 4].copy_from_slice(&flags.to_le_bytes());
+        let crc = crc32c(&block[..SUPERBLOCK_EXTENSION_COVERED]);
+        block[SUPERBLOCK_EXTENSION_COVERED..SUPERBLOCK_EXTENSION_COVERED + 4].copy_from_slice(&crc.to_le_bytes());
         block
     }
 
     /// None unless `block` is a whole, intact superblock of this format.
     pub fn decode(block: &[u8]) -> Option<Superblock> {
-        if block.len() < SUPERBLOCK_BYTES_COVERED + 4
+        if block.len() < SUPERBLOCK_EXTENSION_COVERED + 4
             || block[0..8] != SUPERBLOCK_MAGIC
             || u32_at(block, 48) != crc32c(&block[..SUPERBLOCK_BYTES_COVERED])
             || u32_at(block, 8) != FORMAT_VERSION
@@ -120,12 +137,18 @@ impl Superblock {
         {
             return None;
         }
+        // Flags only where the extension's checksum holds: a superblock an older build wrote
+        // has zeros there, and says nothing of how the log was closed.
+        let extension_intact =
+            u32_at(block, SUPERBLOCK_EXTENSION_COVERED) == crc32c(&block[..SUPERBLOCK_EXTENSION_COVERED]);
+        let flags = if extension_intact { u32_at(block, SUPERBLOCK_FLAGS_AT) } else { 0 };
         let sb = Superblock {
             block_bytes: u32_at(block, 12),
             generation: u64_at(block, 16),
             area_blocks: u64_at(block, 24),
             checkpoint_seq: u64_at(block, 32),
             checkpoint_block: u64_at(block, 40),
+            closed_clean: flags & SUPERBLOCK_FLAG_CLOSED_CLEAN != 0,
         };
         (sb.area_blocks > 0 && sb.checkpoint_block < sb.area_blocks).then_some(sb)
     }
@@ -636,6 +659,14 @@ fn batch_at<'a, A: Area + ?Sized>(area: &'a A, sb: &Superblock, block: u64) -> O
         records: u32_at(&header, 24),
     };
     Some((found, payload))
+}
+
+/// Whether a batch numbered from the checkpoint on starts at the checkpoint's block. A log a
+/// clean stop closed (`Superblock::closed_clean`) has none there, unless a build that predates
+/// the flag wrote after it (its first batch, or the wrap marker before it, goes there): one
+/// batch read, not the area.
+pub fn written_after_checkpoint<A: Area + ?Sized>(area: &A, sb: &Superblock) -> bool {
+    batch_at(area, sb, sb.checkpoint_block).is_some_and(|(b, _)| b.seq >= sb.checkpoint_seq)
 }
 
 /// Damage found before the tail of the log: recovery stops and says where.

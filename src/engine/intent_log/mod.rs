@@ -32,8 +32,9 @@ use crate::metrics::Metrics;
 use crate::sys::Errno;
 use device::{AlignedScratch, LogDevice};
 use format::{
-    batch_blocks, encode_batch_lagging, encode_wrap, read_log, salvage_log, valid_block_bytes, Area, Batch, Corruption,
-    LogContents, Record, Superblock, MAX_LOG_BLOCK_BYTES, SUPERBLOCK_COPIES,
+    batch_blocks, encode_batch_lagging, encode_wrap, read_log, salvage_log, valid_block_bytes,
+    written_after_checkpoint, Area, Batch, Corruption, LogContents, Record, Superblock, MAX_LOG_BLOCK_BYTES,
+    SUPERBLOCK_COPIES,
 };
 pub use opening::{batches_to_replay, batches_to_replay_in_file, open_file_device};
 use queue::Queue;
@@ -98,6 +99,8 @@ struct DeviceArea<'a> {
     /// The window: where it starts in the area, how many of its bytes hold the area's, and its
     /// buffer (page-aligned for O_DIRECT, made at the first read and read into again after).
     window: RefCell<(usize, usize, Option<AlignedScratch>)>,
+    /// The window's length.
+    window_bytes: usize,
     error: Cell<Option<Errno>>,
 }
 
@@ -106,7 +109,23 @@ const READ_WINDOW_BYTES: usize = 4 << 20;
 
 impl<'a> DeviceArea<'a> {
     fn new(device: &'a dyn LogDevice, start: u64, len: u64) -> DeviceArea<'a> {
-        DeviceArea { device, start, len: len as usize, window: RefCell::new((0, 0, None)), error: Cell::new(None) }
+        Self::with_window(device, start, len, READ_WINDOW_BYTES)
+    }
+
+    /// An area read a few blocks at a time, for a look at one batch.
+    fn with_window(device: &'a dyn LogDevice, start: u64, len: u64, window_bytes: usize) -> DeviceArea<'a> {
+        assert!(
+            window_bytes.is_power_of_two() && window_bytes <= READ_WINDOW_BYTES,
+            "a window of {window_bytes} bytes"
+        );
+        DeviceArea {
+            device,
+            start,
+            len: len as usize,
+            window: RefCell::new((0, 0, None)),
+            window_bytes,
+            error: Cell::new(None),
+        }
     }
 
     /// Fills `buf` with the area's bytes at `at`; zeros where the read failed or fell short.
@@ -138,14 +157,14 @@ impl<'a> DeviceArea<'a> {
 impl Area for DeviceArea<'_> {
     fn bytes(&self, at: usize, len: usize) -> Cow<'_, [u8]> {
         assert!(at + len <= self.len, "{len} bytes at {at} of an area of {}", self.len);
-        if len > READ_WINDOW_BYTES {
+        if len > self.window_bytes {
             return Cow::Owned(self.read(at, len));
         }
         let mut window = self.window.borrow_mut();
         let (from, held, scratch) = &mut *window;
-        let scratch = scratch.get_or_insert_with(|| AlignedScratch::zeroed(READ_WINDOW_BYTES, 4096));
+        let scratch = scratch.get_or_insert_with(|| AlignedScratch::zeroed(self.window_bytes, 4096));
         if !(at >= *from && at + len <= *from + *held) {
-            let want = READ_WINDOW_BYTES.min(self.len - at);
+            let want = self.window_bytes.min(self.len - at);
             self.read_into(at, &mut scratch.bytes_mut()[..want]);
             (*from, *held) = (at, want);
         }
@@ -288,6 +307,8 @@ pub struct IntentLog {
     /// The queue holds records only the tail keeps: a change of the backend's names must
     /// have them written first (`holds_volatile_names`).
     volatile_queued: AtomicBool,
+    /// A clean stop is under way (`stopping`).
+    stopping: AtomicBool,
 }
 
 /// Poisoning is a panic's trace, and a panic ends the daemon (the panic policy, src/main.rs):
@@ -341,6 +362,7 @@ impl IntentLog {
                 area_blocks,
                 checkpoint_seq: 1,
                 checkpoint_block: 0,
+                closed_clean: false,
             };
             device.write_at(0, &first.encode()).map_err(|e| LogError::Io("write superblock", e))?;
             device.sync().map_err(|e| LogError::Io("sync", e))?;
@@ -366,7 +388,28 @@ impl IntentLog {
             )));
         }
         let area = DeviceArea::new(&*device, SUPERBLOCK_COPIES * block, area_blocks * block);
-        let read = match read_log_unless_made(created, &area, &sb) {
+        // A log a clean stop closed holds no batch to find (`format`), unless a build that
+        // predates the flag wrote one after it, which starts at the checkpoint: one batch is
+        // read to see. `recover` reads the whole area.
+        let closed_clean = sb.closed_clean
+            && !salvage
+            && {
+                let probe = DeviceArea::with_window(
+                    &*device,
+                    SUPERBLOCK_COPIES * block,
+                    area_blocks * block,
+                    4 * block as usize,
+                );
+                let written_after = written_after_checkpoint(&probe, &sb);
+                if let Some(e) = probe.error.take() {
+                    return Err(LogError::Io("read", e));
+                }
+                if written_after {
+                    log::warn!("{name}: closed clean, but a batch follows its checkpoint (written by an older coalescefs?): read whole");
+                }
+                !written_after
+            };
+        let read = match read_log_unless_made(created || closed_clean, &area, &sb) {
             Ok(contents) => Ok((contents, Vec::new())),
             Err(_) if salvage => {
                 let salvaged = salvage_log(&area, &sb);
@@ -421,6 +464,7 @@ impl IntentLog {
             committed: Condvar::new(),
             tail: None,
             volatile_queued: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
         };
         if log.lock_ring().checkpoint_before_writing && contents.batches.is_empty() {
             // Nothing to replay, whose checkpoint would do it: the next batch's place and
@@ -799,6 +843,11 @@ impl IntentLog {
 
     fn write_batch_locked(&self, ring: &mut Ring, records: &[Record], flush: bool) -> Result<(), LogError> {
         assert!(!ring.checkpoint_before_writing, "a batch written over unflushed ones a power cut left, unrecorded");
+        if ring.sb.closed_clean {
+            // An open would not look for this batch: the superblock stops saying so first.
+            let sb = Superblock { generation: ring.sb.generation + 1, closed_clean: false, ..ring.sb };
+            self.write_superblock_locked(ring, sb)?;
+        }
         let block_bytes = ring.sb.block_bytes as usize;
         let blocks = batch_blocks(records, block_bytes);
         let area = ring.sb.area_blocks;
@@ -901,20 +950,44 @@ impl IntentLog {
             generation: ring.sb.generation + 1,
             checkpoint_seq: first_kept_seq,
             checkpoint_block: block,
+            // A stop's checkpoint that releases every batch, with no record waiting in the
+            // volatile tail for one: the next open reads none.
+            closed_clean: self.stopping.load(Acquire)
+                && first_kept_seq == ring.next_seq
+                && !self.holds_volatile_names(),
             ..ring.sb
         };
+        self.write_superblock_locked(&mut ring, sb)?;
+        ring.flushed_before_seq = ring.next_seq;
+        ring.page_cache_unwritten = false;
+        ring.checkpoint_before_writing = false;
+        self.metrics.log_checkpoints.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Writes `sb` (the next generation) to its copy and syncs the device.
+    fn write_superblock_locked(&self, ring: &mut Ring, sb: Superblock) -> Result<(), LogError> {
+        assert_eq!(sb.generation, ring.sb.generation + 1, "superblocks are written one generation at a time");
         let copy = sb.generation % SUPERBLOCK_COPIES;
         self.device
             .write_at(copy * u64::from(sb.block_bytes), &sb.encode())
             .map_err(|e| LogError::Io("write superblock", e))?;
         self.device.sync().map_err(|e| LogError::Io("sync", e))?;
         ring.sb = sb;
-        ring.flushed_before_seq = ring.next_seq;
-        ring.page_cache_unwritten = false;
-        ring.checkpoint_before_writing = false;
         self.metrics.log_write_bytes.fetch_add(u64::from(sb.block_bytes), Relaxed);
-        self.metrics.log_checkpoints.fetch_add(1, Relaxed);
         Ok(())
+    }
+
+    /// A clean stop begins: a checkpoint from now on that releases every batch says so in the
+    /// superblock it writes, and the next open reads no batch (80-90 ms of a 64 MiB log's
+    /// mount here). A batch written after it makes the superblock say otherwise first.
+    pub fn stopping(&self) {
+        self.stopping.store(true, Release);
+    }
+
+    /// Whether the superblock says a clean stop closed the log (`stopping`).
+    pub fn closed_clean(&self) -> bool {
+        lock(&self.ring).sb.closed_clean
     }
 
     /// How much of the ring holds batches not yet checkpointed.

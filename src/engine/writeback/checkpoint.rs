@@ -293,7 +293,9 @@ impl Writeback {
         // A clean unmount is a durability point, as a native file system's: what was written
         // survives a power cut after `umount` returns (with the log, the checkpoint's sync).
         let mut backend_unsynced = None;
-        if self.log.is_some() {
+        if let Some(log) = &self.log {
+            // A checkpoint that leaves the log empty now tells the next mount so.
+            log.stopping();
             let mut checkpointed = self.checkpoint();
             // New files the log took after that checkpoint began, or whose commit failed, are
             // made on the backend too (nothing changes any more), and a second checkpoint
