@@ -391,24 +391,21 @@ impl IntentLog {
         // A log a clean stop closed holds no batch to find (`format`), unless a build that
         // predates the flag wrote one after it, which starts at the checkpoint: one batch is
         // read to see. `recover` reads the whole area.
-        let closed_clean = sb.closed_clean
-            && !salvage
-            && {
-                let probe = DeviceArea::with_window(
-                    &*device,
-                    SUPERBLOCK_COPIES * block,
-                    area_blocks * block,
-                    4 * block as usize,
+        let closed_clean = sb.closed_clean && !salvage && {
+            let probe =
+                DeviceArea::with_window(&*device, SUPERBLOCK_COPIES * block, area_blocks * block, 4 * block as usize);
+            let written_after = written_after_checkpoint(&probe, &sb);
+            if let Some(e) = probe.error.take() {
+                return Err(LogError::Io("read", e));
+            }
+            if written_after {
+                log::warn!(
+                    "{name}: closed clean, but a batch follows its checkpoint (written by an older \
+                     coalescefs?): read whole"
                 );
-                let written_after = written_after_checkpoint(&probe, &sb);
-                if let Some(e) = probe.error.take() {
-                    return Err(LogError::Io("read", e));
-                }
-                if written_after {
-                    log::warn!("{name}: closed clean, but a batch follows its checkpoint (written by an older coalescefs?): read whole");
-                }
-                !written_after
-            };
+            }
+            !written_after
+        };
         let read = match read_log_unless_made(created || closed_clean, &area, &sb) {
             Ok(contents) => Ok((contents, Vec::new())),
             Err(_) if salvage => {
