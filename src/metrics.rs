@@ -266,6 +266,9 @@ pub struct Metrics {
     pub log_checkpoints: AtomicU64,
     /// Records applied to the backend from the log at mount, after a crash.
     pub log_replayed_records: AtomicU64,
+    /// Bytes of the log read at mount: the whole area after a crash, its superblocks and one
+    /// batch place after a clean unmount.
+    pub log_read_at_mount_bytes: AtomicU64,
     /// Batches not replayed at mount because the store's replay watermark says it holds them
     /// (a crash between a checkpoint's commit and the log's release; contract rule 7).
     pub log_batches_below_watermark: AtomicU64,
@@ -400,6 +403,11 @@ impl Metrics {
             ("fuse_ring_queues", "FUSE over io_uring queues (0: /dev/fuse only)", self.fuse_ring_queues.load(Relaxed)),
             ("log_size_bytes", "Size of the intent log (0: the log is off)", self.log_size_bytes.load(Relaxed)),
             ("log_block_bytes", "The intent log's block, the smallest commit", self.log_block_bytes.load(Relaxed)),
+            (
+                "log_read_at_mount_bytes",
+                "Bytes of the intent log read at mount (the whole log after a crash)",
+                self.log_read_at_mount_bytes.load(Relaxed),
+            ),
             ("log_fsyncs_total", "fsyncs made durable by the intent log", self.log_fsyncs.load(Relaxed)),
             (
                 "log_dir_syncs_recorded_total",

@@ -2633,3 +2633,34 @@ fn a_file_rewritten_and_closed_under_checkpoints_reads_back_whole() {
     }
     assert!(mnt.counter("log_checkpoints_total") > 0, "no checkpoint ran: the test tested nothing");
 }
+
+/// A mount after a clean unmount reads the log's superblocks and the one batch place where it
+/// goes on, not the whole log; after a killed daemon the next mount reads it all and replays
+/// what the log held (`log_read_at_mount_bytes`).
+#[test]
+fn a_mount_after_a_clean_unmount_reads_no_more_of_the_log_than_its_start() {
+    if !in_a_process_of_its_own("a_mount_after_a_clean_unmount_reads_no_more_of_the_log_than_its_start") {
+        return;
+    }
+    let mut m = TestMount::with_options(&["log_size=16M", "checkpoint_interval=3600s"]);
+    let log_bytes = m.counter("log_size_bytes");
+    assert_eq!(log_bytes, 16 << 20);
+    let mut f = File::create(m.path("f")).unwrap();
+    f.write_all(&pattern(3000, 9)).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    m.remount();
+    let clean = m.counter("log_read_at_mount_bytes");
+    assert!(clean > 0 && clean <= 1 << 20, "a clean log's mount read {clean} bytes of it");
+    let mut f = OpenOptions::new().write(true).open(m.path("f")).unwrap();
+    f.write_all(&pattern(3000, 10)).unwrap();
+    f.sync_all().unwrap();
+    assert!(m.counter("log_fsyncs_total") >= 1, "the fsync went to the log");
+    kill_daemon(&mut m);
+    drop(f);
+    m.mount();
+    let after_kill = m.counter("log_read_at_mount_bytes");
+    assert!(after_kill >= log_bytes - (1 << 20), "after a kill the mount read {after_kill} bytes of {log_bytes}");
+    assert!(m.counter("log_replayed_records_total") >= 1);
+    assert_eq!(fs::read(m.path("f")).unwrap(), pattern(3000, 10), "the fsynced bytes, replayed");
+}

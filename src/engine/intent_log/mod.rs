@@ -101,6 +101,8 @@ struct DeviceArea<'a> {
     window: RefCell<(usize, usize, Option<AlignedScratch>)>,
     /// The window's length.
     window_bytes: usize,
+    /// Bytes read from the device so far.
+    bytes_read: Cell<u64>,
     error: Cell<Option<Errno>>,
 }
 
@@ -124,12 +126,14 @@ impl<'a> DeviceArea<'a> {
             len: len as usize,
             window: RefCell::new((0, 0, None)),
             window_bytes,
+            bytes_read: Cell::new(0),
             error: Cell::new(None),
         }
     }
 
     /// Fills `buf` with the area's bytes at `at`; zeros where the read failed or fell short.
     fn read_into(&self, at: usize, buf: &mut [u8]) {
+        self.bytes_read.set(self.bytes_read.get() + buf.len() as u64);
         let failed = match self.device.read_into(self.start + at as u64, buf) {
             Ok(n) if n == buf.len() => return,
             Ok(_) => Errno(libc::EIO),
@@ -140,6 +144,7 @@ impl<'a> DeviceArea<'a> {
     }
 
     fn read(&self, at: usize, len: usize) -> Vec<u8> {
+        self.bytes_read.set(self.bytes_read.get() + len as u64);
         match self.device.read_at(self.start + at as u64, len) {
             Ok(bytes) if bytes.len() == len => bytes,
             Ok(_) => {
@@ -391,10 +396,12 @@ impl IntentLog {
         // A log a clean stop closed holds no batch to find (`format`), unless a build that
         // predates the flag wrote one after it, which starts at the checkpoint: one batch is
         // read to see. `recover` reads the whole area.
+        let mut read_bytes = start.len() as u64;
         let closed_clean = sb.closed_clean && !salvage && {
             let probe =
                 DeviceArea::with_window(&*device, SUPERBLOCK_COPIES * block, area_blocks * block, 4 * block as usize);
             let written_after = written_after_checkpoint(&probe, &sb);
+            read_bytes += probe.bytes_read.get();
             if let Some(e) = probe.error.take() {
                 return Err(LogError::Io("read", e));
             }
@@ -419,9 +426,11 @@ impl IntentLog {
         if let Some(e) = area.error.take() {
             return Err(LogError::Io("read", e));
         }
+        read_bytes += area.bytes_read.get();
         drop(area);
         let (contents, lost) = read?;
         metrics.log_block_bytes.store(u64::from(sb.block_bytes), Relaxed);
+        metrics.log_read_at_mount_bytes.store(read_bytes, Relaxed);
         if contents.unflushed_dropped > 0 {
             log::warn!(
                 "{name}: {} batches after the log's tail were written without a flush and lost the one before \
