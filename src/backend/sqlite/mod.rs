@@ -106,15 +106,24 @@ struct Inner {
     units_freed_at_commit: DeferredFrees,
 }
 
-/// The files whose rows a commit frees, in the order they were deleted: a savepoint that fails
-/// cuts the list back to its length before it, and a file made again with its id (which
-/// replay and held files do, one create at a time) is found without a walk of the list, which
-/// an `rm -rf` before a checkpoint makes tens of thousands long.
+/// The files whose rows a commit frees, in the order they were deleted: a file made again with
+/// its id (which replay and held files do, one create at a time) is found without a walk of the
+/// list, which an `rm -rf` before a checkpoint makes tens of thousands long. A savepoint that
+/// fails undoes what its call did to the list, in both directions: its deletes' frees are
+/// forgotten, and a file it took out (made again: its old rows deleted there, which the
+/// savepoint's rollback brings back) goes back in.
 #[derive(Default)]
 struct DeferredFrees {
-    /// In deletion order; None where the file was made again since.
+    /// In deletion order; None where the file was taken out since.
     order: Vec<Option<ObjectId>>,
     at: HashMap<ObjectId, usize>,
+    /// What was done since the last commit, to undo back to a `mark`.
+    undo: Vec<FreesChange>,
+}
+
+enum FreesChange {
+    Pushed,
+    Took { at: usize, id: ObjectId },
 }
 
 impl DeferredFrees {
@@ -123,19 +132,29 @@ impl DeferredFrees {
         if let std::collections::hash_map::Entry::Vacant(entry) = self.at.entry(id) {
             entry.insert(self.order.len());
             self.order.push(Some(id));
+            self.undo.push(FreesChange::Pushed);
         }
     }
 
-    /// Where the list stands, for `truncate`.
+    /// Where the list stands, for `undo_to`.
     fn mark(&self) -> usize {
-        self.order.len()
+        self.undo.len()
     }
 
-    /// Forgets the frees since `mark`.
-    fn truncate(&mut self, mark: usize) {
-        let mark = mark.min(self.order.len());
-        for id in self.order.drain(mark..).flatten() {
-            self.at.remove(&id);
+    /// Undoes the pushes and takes since `mark`, the last first.
+    fn undo_to(&mut self, mark: usize) {
+        while self.undo.len() > mark {
+            match self.undo.pop().expect("longer than the mark") {
+                FreesChange::Pushed => {
+                    let id = self.order.pop().expect("a push is at the end").expect("its place is held");
+                    self.at.remove(&id);
+                }
+                FreesChange::Took { at, id } => {
+                    assert!(self.order[at].is_none(), "file {id}'s place was taken by another");
+                    self.order[at] = Some(id);
+                    self.at.insert(id, at);
+                }
+            }
         }
     }
 
@@ -147,16 +166,19 @@ impl DeferredFrees {
     fn take(&mut self, id: ObjectId) {
         if let Some(at) = self.at.remove(&id) {
             self.order[at] = None;
+            self.undo.push(FreesChange::Took { at, id });
         }
     }
 
-    /// The last file in the list, if any (the places of files taken out are dropped from its
-    /// end as they are met).
-    fn last(&mut self) -> Option<ObjectId> {
-        while let Some(None) = self.order.last() {
-            self.order.pop();
-        }
-        self.order.last().copied().flatten()
+    /// The files in the list, the last deleted first.
+    fn newest_first(&self) -> Vec<ObjectId> {
+        self.order.iter().rev().flatten().copied().collect()
+    }
+
+    /// Everything freed (the commit): the list starts again, with nothing to undo.
+    fn committed(&mut self) {
+        assert!(self.at.is_empty(), "a commit with files whose rows were not freed");
+        self.clear();
     }
 
     #[cfg(test)]
@@ -167,6 +189,7 @@ impl DeferredFrees {
     fn clear(&mut self) {
         self.order.clear();
         self.at.clear();
+        self.undo.clear();
     }
 }
 
@@ -313,7 +336,7 @@ impl Inner {
             }
             Err(e) => {
                 // The savepoint's deletes are undone, so are the frees they deferred.
-                self.units_freed_at_commit.truncate(freed_before);
+                self.units_freed_at_commit.undo_to(freed_before);
                 if !self.db.is_autocommit() {
                     self.db.execute_batch("ROLLBACK TO call; RELEASE call").sql()?;
                 }
@@ -376,11 +399,12 @@ impl Inner {
     /// the pages they free are not reused by rows written in the same transaction, which in
     /// rollback mode would cost each such page a copy of its old bytes in the journal.
     fn free_deferred_units(&mut self) -> SysResult<()> {
-        // Each row goes before its file leaves the list: a failed delete leaves the rest.
-        while let Some(id) = self.units_freed_at_commit.last() {
+        // Each file's rows go before it leaves the list: a failed delete leaves the rest.
+        for id in self.units_freed_at_commit.newest_first() {
             self.delete_units(id)?;
             self.units_freed_at_commit.take(id);
         }
+        self.units_freed_at_commit.committed();
         Ok(())
     }
 

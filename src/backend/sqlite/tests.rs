@@ -643,26 +643,61 @@ fn an_idle_checkpoint_commits_nothing_and_the_unmount_commits_once() {
     assert_eq!(b.replay_watermark().unwrap(), Some(4));
 }
 
-/// The list of files whose rows a commit frees: a failed savepoint's frees forgotten, a file
-/// made again taken out wherever it stands, and each file once.
+/// The list of files whose rows a commit frees: a failed savepoint's frees forgotten, and a
+/// file it took out (made again) put back; a file made again taken out wherever it stands; each
+/// file once.
 #[test]
-fn deferred_frees_keep_order_forget_a_failed_savepoint_and_take_a_file_made_again() {
+fn deferred_frees_keep_order_undo_a_failed_savepoint_and_take_a_file_made_again() {
     let mut frees = super::DeferredFrees::default();
     for id in [1, 2, 3] {
         frees.push(id);
     }
+    frees.push(2);
+    assert_eq!(frees.ids(), [1, 2, 3], "each file once");
     let savepoint = frees.mark();
     frees.push(4);
-    frees.push(2);
     frees.take(2);
-    frees.truncate(savepoint);
-    assert_eq!(frees.ids(), [1, 3], "4 forgotten with its savepoint, 2 taken out");
-    assert!(!frees.contains(4) && !frees.contains(2) && frees.contains(3));
-    assert_eq!(frees.last(), Some(3));
-    frees.take(3);
-    assert_eq!(frees.last(), Some(1));
-    frees.take(1);
-    assert_eq!(frees.last(), None);
     frees.push(5);
-    assert_eq!(frees.ids(), [5]);
+    assert_eq!(frees.ids(), [1, 3, 4, 5]);
+    frees.undo_to(savepoint);
+    assert_eq!(frees.ids(), [1, 2, 3], "4 and 5 forgotten with their savepoint, 2 back in its place");
+    assert!(frees.contains(2) && !frees.contains(4));
+    frees.take(3);
+    assert_eq!(frees.newest_first(), [2, 1]);
+    frees.take(2);
+    frees.take(1);
+    frees.committed();
+    assert_eq!(frees.ids(), Vec::<u64>::new());
+    frees.push(6);
+    assert_eq!(frees.ids(), [6]);
+}
+
+/// A file made again with its id in a call that then fails: the savepoint brings its old rows
+/// back, and they must still go at the commit (else the next file made with that id reads them).
+#[test]
+fn a_file_made_again_in_a_failed_call_still_has_its_old_rows_freed_at_the_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open_in(&dir, Some(super::Journal::Rollback));
+    let id = new_file(&b, "old", &pattern(3 * UNIT as usize));
+    b.sync_all().unwrap();
+    b.remove(ROOT_ID, OsStr::new("old"), false).unwrap();
+    b.forget(id, 1);
+    let rows_of = |b: &SqliteBackend| -> i64 {
+        super::lock(&b.inner)
+            .db
+            .query_row("SELECT count(*) FROM units WHERE file = ?1", [super::sql_id(id)], |r| r.get(0))
+            .unwrap()
+    };
+    {
+        let mut s = super::lock(&b.inner);
+        let failed: crate::sys::SysResult<()> = s.change(|s| {
+            s.make_object(ROOT_ID, OsStr::new("again"), NewObject::File { perm: 0o644 }, OWNER, Some(id))?;
+            Err(crate::sys::Errno(libc::EIO))
+        });
+        assert!(failed.is_err());
+        assert_eq!(s.units_freed_at_commit.ids(), [id], "the undone make's take is undone too");
+    }
+    assert_eq!(rows_of(&b), 3, "the failed call's delete of the old rows was rolled back");
+    b.sync_all().unwrap();
+    assert_eq!(rows_of(&b), 0, "the old rows went at the commit");
 }
