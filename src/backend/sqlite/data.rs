@@ -22,15 +22,25 @@ impl FileData for SqliteFileData {
         let buf = &mut buf[..n];
         buf.fill(0);
         let (first, last) = (offset / self.unit_bytes, (offset + n as u64 - 1) / self.unit_bytes);
-        let mut stmt =
-            s.db.prepare_cached("SELECT unit, data FROM units WHERE file = ?1 AND unit BETWEEN ?2 AND ?3").sql()?;
+        // A unit's rows replaced in the open transaction are passed by (`SupersededRows`);
+        // where there are none (always in WAL mode and read-only, where a version 1 table has
+        // no row ids), the rows are the units.
+        let sql = if s.superseded.is_empty() {
+            "SELECT 0, unit, data FROM units WHERE file = ?1 AND unit BETWEEN ?2 AND ?3"
+        } else {
+            "SELECT rowid, unit, data FROM units WHERE file = ?1 AND unit BETWEEN ?2 AND ?3"
+        };
+        let mut stmt = s.db.prepare_cached(sql).sql()?;
         let rows = stmt
             .query_map(params![sql_id(self.id), first as i64, last as i64], |r| {
-                Ok((r.get::<_, i64>(0)? as u64, r.get::<_, Vec<u8>>(1)?))
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64, r.get::<_, Vec<u8>>(2)?))
             })
             .sql()?;
         for row in rows {
-            let (unit, data) = row.sql()?;
+            let (row, unit, data) = row.sql()?;
+            if !s.superseded.is_empty() && s.superseded.contains(row) {
+                continue;
+            }
             let start = unit * self.unit_bytes;
             // The overlap of [start, start + len) with [offset, offset + n).
             let a = start.max(offset);
@@ -57,7 +67,8 @@ impl FileData for SqliteFileData {
             if o.kind != Kind::File {
                 return Err(Errno(libc::EISDIR));
             }
-            s.db.prepare_cached("INSERT OR REPLACE INTO units(file, unit, data) VALUES(?1, ?2, ?3)")
+            s.replace_unit(id, unit.unit)?;
+            s.db.prepare_cached("INSERT INTO units(file, unit, data) VALUES(?1, ?2, ?3)")
                 .sql()?
                 .execute(params![sql_id(id), unit.unit as i64, &unit.buf[..limit as usize]])
                 .sql()?;
@@ -80,19 +91,22 @@ impl FileData for SqliteFileData {
     fn set_size(&self, size: u64) -> SysResult<()> {
         let (id, u) = (self.id, self.unit_bytes);
         lock(&self.inner).change(|s| {
-            // Units wholly past the end go; the one the end falls in is cut there.
-            s.db.prepare_cached("DELETE FROM units WHERE file = ?1 AND unit >= ?2")
-                .sql()?
-                .execute(params![sql_id(id), size.div_ceil(u) as i64])
-                .sql()?;
-            if size % u != 0 {
-                let keep = (size % u) as i64;
-                s.db.prepare_cached(
-                    "UPDATE units SET data = substr(data, 1, ?3) WHERE file = ?1 AND unit = ?2 AND length(data) > ?3",
-                )
-                .sql()?
-                .execute(params![sql_id(id), (size / u) as i64, keep])
-                .sql()?;
+            // Units wholly past the end go; the one the end falls in is cut there (a row of
+            // its own, as a unit written again).
+            s.replace_units_from(id, size.div_ceil(u))?;
+            let keep = size % u;
+            if let Some((row, _)) = s.unit_row(id, size / u)?.filter(|&(_, len)| keep != 0 && len > keep) {
+                let sql = match s.journal {
+                    Journal::Wal => "UPDATE units SET data = substr(data, 1, ?2) WHERE rowid = ?1",
+                    Journal::Rollback => {
+                        "INSERT INTO units(file, unit, data) SELECT file, unit, substr(data, 1, ?2) FROM units \
+                         WHERE rowid = ?1"
+                    }
+                };
+                s.db.prepare_cached(sql).sql()?.execute(params![row, keep as i64]).sql()?;
+                if s.journal == Journal::Rollback {
+                    s.superseded.replace(id, row);
+                }
             }
             let now = Timestamp::now();
             s.update(id, |o| {
@@ -113,9 +127,23 @@ impl FileData for SqliteFileData {
 
     fn holds_data(&self) -> bool {
         let s = lock(&self.inner);
-        s.db.prepare_cached("SELECT 1 FROM units WHERE file = ?1 LIMIT 1")
-            .and_then(|mut stmt| stmt.query_row([sql_id(self.id)], |_| Ok(())).optional())
-            .map_or(true, |found| found.is_some())
+        if s.superseded.is_empty() {
+            return s
+                .db
+                .prepare_cached("SELECT 1 FROM units WHERE file = ?1 LIMIT 1")
+                .and_then(|mut stmt| stmt.query_row([sql_id(self.id)], |_| Ok(())).optional())
+                .map_or(true, |found| found.is_some());
+        }
+        let live = s.db.prepare_cached("SELECT rowid FROM units WHERE file = ?1").and_then(|mut stmt| {
+            let rows = stmt.query_map([sql_id(self.id)], |r| r.get::<_, i64>(0))?;
+            for row in rows {
+                if !s.superseded.contains(row?) {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        });
+        live.unwrap_or(true)
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

@@ -104,6 +104,9 @@ struct Inner {
     /// `free_deferred_units`). Each is deleted from `inodes` already: nothing reads their rows
     /// meanwhile.
     units_freed_at_commit: DeferredFrees,
+    /// `units` rows a unit written again or a truncate replaced in the open transaction
+    /// (rollback mode only), deleted at its end: reads pass them by.
+    superseded: SupersededRows,
 }
 
 /// The files whose rows a commit frees, in the order they were deleted: a file made again with
@@ -189,6 +192,70 @@ impl DeferredFrees {
     fn clear(&mut self) {
         self.order.clear();
         self.at.clear();
+        self.undo.clear();
+    }
+}
+
+/// The `units` rows the open transaction replaced (rollback mode): a unit written again gets a
+/// row of its own beside the old one, which goes at the commit (schema version 3's index is not
+/// unique for this), so that the new row does not take pages the old one freed, which the
+/// journal would copy first. Until then every read of a unit passes its replaced rows by.
+#[derive(Default)]
+struct SupersededRows {
+    /// Row id to its file.
+    rows: HashMap<i64, ObjectId>,
+    by_file: HashMap<ObjectId, Vec<i64>>,
+    /// The rows in the order they were replaced, to undo back to a `mark`.
+    undo: Vec<i64>,
+}
+
+impl SupersededRows {
+    fn replace(&mut self, file: ObjectId, row: i64) {
+        if let std::collections::hash_map::Entry::Vacant(entry) = self.rows.entry(row) {
+            entry.insert(file);
+            self.by_file.entry(file).or_default().push(row);
+            self.undo.push(row);
+        }
+    }
+
+    fn contains(&self, row: i64) -> bool {
+        self.rows.contains_key(&row)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    fn mark(&self) -> usize {
+        self.undo.len()
+    }
+
+    /// A failed savepoint's replacements forgotten: its rows are the units' rows again.
+    fn undo_to(&mut self, mark: usize) {
+        for row in self.undo.drain(mark.min(self.undo.len())..) {
+            if let Some(file) = self.rows.remove(&row) {
+                if let Some(rows) = self.by_file.get_mut(&file) {
+                    rows.retain(|&r| r != row);
+                }
+            }
+        }
+    }
+
+    /// Every row of `file` deleted (the file is gone): none of them is to delete again, and
+    /// their ids may be given to new rows.
+    fn forget_file(&mut self, file: ObjectId) {
+        for row in self.by_file.remove(&file).unwrap_or_default() {
+            self.rows.remove(&row);
+        }
+    }
+
+    fn all(&self) -> Vec<i64> {
+        self.rows.keys().copied().collect()
+    }
+
+    fn clear(&mut self) {
+        self.rows.clear();
+        self.by_file.clear();
         self.undo.clear();
     }
 }
@@ -329,6 +396,7 @@ impl Inner {
         }
         self.db.execute_batch("SAVEPOINT call").sql()?;
         let freed_before = self.units_freed_at_commit.mark();
+        let replaced_before = self.superseded.mark();
         match f(self) {
             Ok(value) => {
                 self.db.execute_batch("RELEASE call").sql()?;
@@ -337,6 +405,7 @@ impl Inner {
             Err(e) => {
                 // The savepoint's deletes are undone, so are the frees they deferred.
                 self.units_freed_at_commit.undo_to(freed_before);
+                self.superseded.undo_to(replaced_before);
                 if !self.db.is_autocommit() {
                     self.db.execute_batch("ROLLBACK TO call; RELEASE call").sql()?;
                 }
@@ -390,15 +459,96 @@ impl Inner {
     }
 
     /// Every `units` row of file `id`, deleted now.
-    fn delete_units(&self, id: ObjectId) -> SysResult<()> {
+    fn delete_units(&mut self, id: ObjectId) -> SysResult<()> {
         self.db.prepare_cached("DELETE FROM units WHERE file = ?1").sql()?.execute([sql_id(id)]).sql()?;
+        self.superseded.forget_file(id);
         Ok(())
+    }
+
+    /// Rows `unit` and past of file `id` replaced (rollback mode: kept to the commit,
+    /// `SupersededRows`) or deleted now (WAL mode, where every page is written twice whatever
+    /// it held, and freed pages are better reused).
+    fn replace_units_from(&mut self, id: ObjectId, unit: u64) -> SysResult<()> {
+        match self.journal {
+            Journal::Wal => {
+                self.db
+                    .prepare_cached("DELETE FROM units WHERE file = ?1 AND unit >= ?2")
+                    .sql()?
+                    .execute(params![sql_id(id), unit as i64])
+                    .sql()?;
+            }
+            Journal::Rollback => {
+                let rows: Vec<i64> = self
+                    .db
+                    .prepare_cached("SELECT rowid FROM units WHERE file = ?1 AND unit >= ?2")
+                    .sql()?
+                    .query_map(params![sql_id(id), unit as i64], |r| r.get(0))
+                    .sql()?
+                    .collect::<Result<_, _>>()
+                    .sql()?;
+                for row in rows {
+                    self.superseded.replace(id, row);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Unit `unit` of file `id` about to be written again: its rows replaced (see
+    /// `replace_units_from`).
+    fn replace_unit(&mut self, id: ObjectId, unit: u64) -> SysResult<()> {
+        match self.journal {
+            Journal::Wal => {
+                self.db
+                    .prepare_cached("DELETE FROM units WHERE file = ?1 AND unit = ?2")
+                    .sql()?
+                    .execute(params![sql_id(id), unit as i64])
+                    .sql()?;
+            }
+            Journal::Rollback => {
+                let rows: Vec<i64> = self
+                    .db
+                    .prepare_cached("SELECT rowid FROM units WHERE file = ?1 AND unit = ?2")
+                    .sql()?
+                    .query_map(params![sql_id(id), unit as i64], |r| r.get(0))
+                    .sql()?
+                    .collect::<Result<_, _>>()
+                    .sql()?;
+                for row in rows {
+                    self.superseded.replace(id, row);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The live row of unit `unit` of file `id`, if any: its row id and length.
+    fn unit_row(&self, id: ObjectId, unit: u64) -> SysResult<Option<(i64, u64)>> {
+        let mut stmt =
+            self.db.prepare_cached("SELECT rowid, length(data) FROM units WHERE file = ?1 AND unit = ?2").sql()?;
+        let rows = stmt
+            .query_map(params![sql_id(id), unit as i64], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+            .sql()?;
+        for row in rows {
+            let (row, len) = row.sql()?;
+            if !self.superseded.contains(row) {
+                return Ok(Some((row, len as u64)));
+            }
+        }
+        Ok(None)
     }
 
     /// The `units` rows of the files deleted in the open transaction, deleted now, at its end:
     /// the pages they free are not reused by rows written in the same transaction, which in
     /// rollback mode would cost each such page a copy of its old bytes in the journal.
     fn free_deferred_units(&mut self) -> SysResult<()> {
+        // Each replaced row leaves the set once deleted: a row id deleted and still in it could
+        // be given to a new row, which reads would then pass by.
+        for row in self.superseded.all() {
+            self.db.prepare_cached("DELETE FROM units WHERE rowid = ?1").sql()?.execute([row]).sql()?;
+            self.superseded.rows.remove(&row);
+        }
+        self.superseded.clear();
         // Each file's rows go before it leaves the list: a failed delete leaves the rest.
         for id in self.units_freed_at_commit.newest_first() {
             self.delete_units(id)?;
@@ -772,6 +922,7 @@ impl SqliteBackend {
             read_only,
             journal,
             units_freed_at_commit: DeferredFrees::default(),
+            superseded: SupersededRows::default(),
         };
         let shown = path.display();
         let setup = (|| -> SysResult<()> {
@@ -918,6 +1069,7 @@ impl SqliteBackend {
             s.db.execute_batch("ROLLBACK").expect("rollback");
         }
         s.units_freed_at_commit.clear();
+        s.superseded.clear();
         s.crashed = true;
     }
 

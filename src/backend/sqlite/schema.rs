@@ -1,7 +1,7 @@
 //! The database file: opening it (with a clear error for what is not ours to write), its
 //! schema, and the `meta` table's values. Owns no file-system semantics (`super` does).
 //!
-//! Schema version 2 (`PRAGMA user_version`), readable with the `sqlite3` CLI:
+//! Schema version 3 (`PRAGMA user_version`), readable with the `sqlite3` CLI:
 //!
 //! - `meta(key, value)`: `generation` (bumped and committed at every open: keys made by one
 //!   open never match another's), `log_marker` (the intent log a crash left to replay),
@@ -20,6 +20,12 @@
 //!   page before the rest goes to an overflow page of its own, so a 1-4 KiB file took a whole
 //!   extra page; a rowid table keeps up to ~4,000 in the row, and new files' rows (higher
 //!   rowids) fill pages in order. Version 1 files are converted at a read-write open.
+//!   Version 3 makes the index on `(file, unit)` not unique: in rollback mode a unit written
+//!   again (or cut by a truncate) keeps its old row to the end of the transaction, deleted
+//!   then, so that the new row does not take the pages the old one frees, each of which the
+//!   journal would first copy (`Inner::superseded`). Only the open transaction itself sees two
+//!   rows of a unit; every commit has one at most. A version 2 file's index is made again at a
+//!   read-write open.
 //!
 //! Pages of 1 KiB (set when the file is made): measured against 2, 4 and 8 KiB on the
 //! config-store workload and seed 000's per-file case, the fewest bytes written
@@ -29,7 +35,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The page size of a database this coalescefs makes (an existing one keeps its own).
 pub const PAGE_BYTES: u32 = 1024;
@@ -59,7 +65,7 @@ CREATE INDEX dentries_by_child ON dentries(child);
 CREATE TABLE xattrs(id INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,
     PRIMARY KEY(id, name)) WITHOUT ROWID;
 CREATE TABLE units(file INTEGER NOT NULL, unit INTEGER NOT NULL, data BLOB NOT NULL);
-CREATE UNIQUE INDEX units_by_file ON units(file, unit);
+CREATE INDEX units_by_file ON units(file, unit);
 ";
 
 /// Version 1 to 2: `units` from an index b-tree to a rowid table (above), rows copied in key
@@ -69,7 +75,13 @@ CREATE TABLE units_v2(file INTEGER NOT NULL, unit INTEGER NOT NULL, data BLOB NO
 INSERT INTO units_v2(file, unit, data) SELECT file, unit, data FROM units ORDER BY file, unit;
 DROP TABLE units;
 ALTER TABLE units_v2 RENAME TO units;
-CREATE UNIQUE INDEX units_by_file ON units(file, unit);
+CREATE INDEX units_by_file ON units(file, unit);
+";
+
+/// Version 2 to 3: the index on `(file, unit)` made again, not unique (above).
+const UNITS_FROM_VERSION_2: &str = "
+DROP INDEX units_by_file;
+CREATE INDEX units_by_file ON units(file, unit);
 ";
 
 /// How the database's commits are made atomic, kept in the file from one open to the next (a
@@ -113,9 +125,9 @@ impl Journal {
     }
 }
 
-/// The versions a read-only open reads: version 1's tables answer the same queries.
+/// The versions a read-only open reads: versions 1's and 2's tables answer the same queries.
 fn readable(version: i64) -> bool {
-    version == 1 || version == SCHEMA_VERSION
+    (1..=SCHEMA_VERSION).contains(&version)
 }
 
 /// The WAL file of the database at `path`.
@@ -203,7 +215,7 @@ pub fn open_read_only(path: &Path) -> Result<(Connection, u64, Journal), String>
         db.query_row("PRAGMA user_version", [], |row| row.get(0)).map_err(|e| fail("reading its version", e))?;
     if !readable(version) {
         return Err(format!(
-            "SQLite database {shown} has schema version {version} (user_version), this coalescefs reads 1 and {SCHEMA_VERSION}: \
+            "SQLite database {shown} has schema version {version} (user_version), this coalescefs reads 1 to {SCHEMA_VERSION}: \
              it is another program's database, another version's, or was never mounted read-write"
         ));
     }
@@ -251,7 +263,7 @@ pub fn open(path: &Path, journal: Option<Journal>) -> Result<(Connection, u64, J
         .map_err(|e| fail("reading its schema", e))?;
     if tables > 0 && !readable(version) {
         return Err(format!(
-            "SQLite database {shown} has schema version {version} (user_version), this coalescefs reads 1 and {SCHEMA_VERSION}: \
+            "SQLite database {shown} has schema version {version} (user_version), this coalescefs reads 1 to {SCHEMA_VERSION}: \
              it is another program's database or another version's, and is left as it is"
         ));
     }
@@ -293,6 +305,9 @@ pub fn open(path: &Path, journal: Option<Journal>) -> Result<(Connection, u64, J
         } else if version == 1 {
             log::info!("SQLite database {shown}: converting its units table to schema version {SCHEMA_VERSION}");
             db.execute_batch(UNITS_FROM_VERSION_1)?;
+        } else if version == 2 {
+            log::info!("SQLite database {shown}: its units index made again for schema version {SCHEMA_VERSION}");
+            db.execute_batch(UNITS_FROM_VERSION_2)?;
         }
         if version != SCHEMA_VERSION {
             db.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;

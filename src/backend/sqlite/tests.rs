@@ -701,3 +701,131 @@ fn a_file_made_again_in_a_failed_call_still_has_its_old_rows_freed_at_the_commit
     b.sync_all().unwrap();
     assert_eq!(rows_of(&b), 0, "the old rows went at the commit");
 }
+
+fn flipped(bytes: &[u8]) -> Vec<u8> {
+    bytes.iter().map(|b| b ^ 0x5a).collect()
+}
+
+fn unit_rows(b: &SqliteBackend, id: crate::engine::types::ObjectId) -> i64 {
+    super::lock(&b.inner)
+        .db
+        .query_row("SELECT count(*) FROM units WHERE file = ?1", [super::sql_id(id)], |r| r.get(0))
+        .unwrap()
+}
+
+/// A file written over in place (cut to nothing, written again) in rollback mode: its old rows
+/// stay beside the new ones to the commit, which deletes them, so the new rows do not take the
+/// pages they free and the journal keeps no copy of them (1.1 MB for this 1 MiB file before);
+/// reads meanwhile see the new bytes only.
+#[test]
+fn in_rollback_mode_a_file_written_over_keeps_its_old_rows_to_the_commit_and_journals_little() {
+    use super::schema::journal_path;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open_in(&dir, Some(super::Journal::Rollback));
+    let old = pattern(1 << 20);
+    let id = new_file(&b, "f", &old);
+    b.sync_all().unwrap();
+    let units = (1u64 << 20).div_ceil(UNIT) as i64;
+    let data = b.open(id, OpenMode { write: true, no_atime: false }).unwrap();
+    data.set_size(0).unwrap();
+    let fresh = flipped(&pattern((1 << 20) + 7));
+    write_whole(&*data, &fresh);
+    assert_eq!(read_all(&*data), fresh, "the replaced rows are passed by");
+    assert_eq!(unit_rows(&b, id), 2 * units + 1, "old rows kept to the commit");
+    b.sync_all().unwrap();
+    let journal = std::fs::metadata(journal_path(&dir.path().join("tree.db"))).unwrap().len();
+    assert!(journal < 128 << 10, "the journal took {journal} bytes for a 1 MiB file written over");
+    assert_eq!(unit_rows(&b, id), units + 1, "one row a unit after the commit");
+    assert_eq!(b.integrity_check().unwrap(), "ok");
+    drop(data);
+    drop(b);
+    let b = open(&dir);
+    assert_eq!(read_all(&*b.open(id, OpenMode::default()).unwrap()), fresh);
+}
+
+/// A truncate into a unit and an extension past it, before any commit, in both journal modes:
+/// the bytes past the cut read as zeros (not the replaced rows' old bytes), the cut unit as its
+/// kept head, and the commit leaves one row a unit.
+#[test]
+fn a_cut_and_an_extension_read_zeros_past_the_cut_before_and_after_the_commit() {
+    for journal in [super::Journal::Wal, super::Journal::Rollback] {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open_in(&dir, Some(journal));
+        let old = pattern(3 * UNIT as usize + 100);
+        let id = new_file(&b, "f", &old);
+        b.sync_all().unwrap();
+        let data = b.open(id, OpenMode { write: true, no_atime: false }).unwrap();
+        let cut = UNIT as usize + 10;
+        data.set_size(cut as u64).unwrap();
+        data.set_size(3 * UNIT).unwrap();
+        let mut expected = old[..cut].to_vec();
+        expected.resize(3 * UNIT as usize, 0);
+        assert_eq!(read_all(&*data), expected, "{journal:?}, before the commit");
+        b.sync_all().unwrap();
+        assert_eq!(read_all(&*data), expected, "{journal:?}, after it");
+        assert_eq!(unit_rows(&b, id), 2, "{journal:?}: unit 0 and the cut unit 1");
+        assert!(data.holds_data());
+        data.set_size(0).unwrap();
+        assert!(!data.holds_data(), "{journal:?}: replaced rows are no data");
+        b.sync_all().unwrap();
+        assert_eq!(unit_rows(&b, id), 0);
+    }
+}
+
+/// A call that replaced rows and then failed leaves them the units' rows.
+#[test]
+fn a_failed_call_leaves_the_rows_it_replaced_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open_in(&dir, Some(super::Journal::Rollback));
+    let old = pattern(2 * UNIT as usize);
+    let id = new_file(&b, "f", &old);
+    b.sync_all().unwrap();
+    {
+        let mut s = super::lock(&b.inner);
+        let failed: crate::sys::SysResult<()> = s.change(|s| {
+            s.replace_units_from(id, 0)?;
+            assert!(!s.superseded.is_empty());
+            Err(crate::sys::Errno(libc::EIO))
+        });
+        assert!(failed.is_err());
+        assert!(s.superseded.is_empty(), "the failed call's replacements are undone");
+    }
+    assert_eq!(read_all(&*b.open(id, OpenMode::default()).unwrap()), old);
+    b.sync_all().unwrap();
+    assert_eq!(unit_rows(&b, id), 2);
+}
+
+/// A version 2 database (a unique index on `(file, unit)`) reads as it is read-only, and a
+/// read-write open makes its index again, not unique, in the transaction that opens it.
+#[test]
+fn a_version_2_database_gets_its_units_index_made_again_at_a_read_write_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tree.db");
+    let bytes = pattern(2 * UNIT as usize + 5);
+    let id = {
+        let b = open(&dir);
+        let id = new_file(&b, "f", &bytes);
+        b.sync_all().unwrap();
+        b.close_at_unmount(false).unwrap();
+        id
+    };
+    let index_sql = |db: &rusqlite::Connection| -> String {
+        db.query_row("SELECT sql FROM sqlite_master WHERE name = 'units_by_file'", [], |r| r.get(0)).unwrap()
+    };
+    let db = rusqlite::Connection::open(&path).unwrap();
+    db.execute_batch(
+        "DROP INDEX units_by_file; CREATE UNIQUE INDEX units_by_file ON units(file, unit); PRAGMA user_version = 2;",
+    )
+    .unwrap();
+    drop(db);
+    let b = SqliteBackend::open_read_only(&path, Some(UNIT), Arc::new(Metrics::default())).expect("read-only open");
+    assert_eq!(read_all(&*b.open(id, OpenMode::default()).unwrap()), bytes);
+    drop(b);
+    let b = open(&dir);
+    assert_eq!(read_all(&*b.open(id, OpenMode::default()).unwrap()), bytes);
+    drop(b);
+    let db = rusqlite::Connection::open(&path).unwrap();
+    let version: i64 = db.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    assert_eq!(version, super::SCHEMA_VERSION);
+    assert!(!index_sql(&db).contains("UNIQUE"), "{}", index_sql(&db));
+}
