@@ -21,14 +21,28 @@ def hot_journal(error):
     return isinstance(error, sqlite3.OperationalError) and "readonly" in str(error).replace("-", "")
 
 
+def checked(db):
+    """SQLite's own check, and coalescefs's rule beside it: every commit leaves one `units` row
+    a unit at most (schema version 3's index on (file, unit) is not unique: a unit written
+    again has two rows only inside the transaction that wrote it)."""
+    findings = "; ".join(row[0] for row in db.execute("PRAGMA integrity_check"))
+    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "units" in tables:
+        doubled = db.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM units GROUP BY file, unit HAVING count(*) > 1)").fetchone()[0]
+        if doubled:
+            findings += f"; {doubled} units with more than one row"
+    return findings
+
+
 def sqlite_integrity(path):
-    """The database file at `path` checked read only; "ok" when clean, else SQLite's findings
-    joined. In rollback mode a crash may leave a commit cut short, which SQLite undoes from the
+    """The database file at `path` checked read only (`checked`); "ok" when clean, else the
+    findings joined. In rollback mode a crash may leave a commit cut short, which SQLite undoes from the
     `-journal` file at the next read-write open, so the database is what the two make
     together: a copy of both is opened read-write and checked, the files themselves untouched."""
     db = open_read_only(path)
     try:
-        return "; ".join(row[0] for row in db.execute("PRAGMA integrity_check"))
+        return checked(db)
     except sqlite3.OperationalError as e:
         if not hot_journal(e):
             raise
@@ -42,6 +56,6 @@ def sqlite_integrity(path):
         shutil.copyfile(path + "-journal", copy + "-journal")
         db = sqlite3.connect(copy)
         try:
-            return "; ".join(row[0] for row in db.execute("PRAGMA integrity_check"))
+            return checked(db)
         finally:
             db.close()
