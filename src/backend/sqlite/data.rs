@@ -95,17 +95,21 @@ impl FileData for SqliteFileData {
             // its own, as a unit written again).
             s.replace_units_from(id, size.div_ceil(u))?;
             let keep = size % u;
-            if let Some((row, _)) = s.unit_row(id, size / u)?.filter(|&(_, len)| keep != 0 && len > keep) {
-                let sql = match s.journal {
-                    Journal::Wal => "UPDATE units SET data = substr(data, 1, ?2) WHERE rowid = ?1",
-                    Journal::Rollback => {
+            if let Some((row, len)) = s.unit_row(id, size / u)?.filter(|&(_, len)| keep != 0 && len > keep) {
+                if s.journal == Journal::Rollback && len > s.replaced_at_commit_above {
+                    s.db.prepare_cached(
                         "INSERT INTO units(file, unit, data) SELECT file, unit, substr(data, 1, ?2) FROM units \
-                         WHERE rowid = ?1"
-                    }
-                };
-                s.db.prepare_cached(sql).sql()?.execute(params![row, keep as i64]).sql()?;
-                if s.journal == Journal::Rollback {
+                         WHERE rowid = ?1",
+                    )
+                    .sql()?
+                    .execute(params![row, keep as i64])
+                    .sql()?;
                     s.superseded.replace(id, row);
+                } else {
+                    s.db.prepare_cached("UPDATE units SET data = substr(data, 1, ?2) WHERE rowid = ?1")
+                        .sql()?
+                        .execute(params![row, keep as i64])
+                        .sql()?;
                 }
             }
             let now = Timestamp::now();

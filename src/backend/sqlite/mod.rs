@@ -107,6 +107,9 @@ struct Inner {
     /// `units` rows a unit written again or a truncate replaced in the open transaction
     /// (rollback mode only), deleted at its end: reads pass them by.
     superseded: SupersededRows,
+    /// Rows longer than this are replaced to the commit, shorter ones deleted at once
+    /// (`replace_rows`): two of the database's pages.
+    replaced_at_commit_above: u64,
 }
 
 /// The files whose rows a commit frees, in the order they were deleted: a file made again with
@@ -465,58 +468,46 @@ impl Inner {
         Ok(())
     }
 
-    /// Rows `unit` and past of file `id` replaced (rollback mode: kept to the commit,
-    /// `SupersededRows`) or deleted now (WAL mode, where every page is written twice whatever
-    /// it held, and freed pages are better reused).
+    /// Rows `unit` and past of file `id` replaced (`replace_rows`).
     fn replace_units_from(&mut self, id: ObjectId, unit: u64) -> SysResult<()> {
-        match self.journal {
-            Journal::Wal => {
-                self.db
-                    .prepare_cached("DELETE FROM units WHERE file = ?1 AND unit >= ?2")
-                    .sql()?
-                    .execute(params![sql_id(id), unit as i64])
-                    .sql()?;
-            }
-            Journal::Rollback => {
-                let rows: Vec<i64> = self
-                    .db
-                    .prepare_cached("SELECT rowid FROM units WHERE file = ?1 AND unit >= ?2")
-                    .sql()?
-                    .query_map(params![sql_id(id), unit as i64], |r| r.get(0))
-                    .sql()?
-                    .collect::<Result<_, _>>()
-                    .sql()?;
-                for row in rows {
-                    self.superseded.replace(id, row);
-                }
-            }
-        }
-        Ok(())
+        self.replace_rows(id, "unit >= ?2", unit)
     }
 
-    /// Unit `unit` of file `id` about to be written again: its rows replaced (see
-    /// `replace_units_from`).
+    /// Unit `unit` of file `id` about to be written again: its rows replaced (`replace_rows`).
     fn replace_unit(&mut self, id: ObjectId, unit: u64) -> SysResult<()> {
-        match self.journal {
-            Journal::Wal => {
-                self.db
-                    .prepare_cached("DELETE FROM units WHERE file = ?1 AND unit = ?2")
-                    .sql()?
-                    .execute(params![sql_id(id), unit as i64])
-                    .sql()?;
+        self.replace_rows(id, "unit = ?2", unit)
+    }
+
+    /// The live rows of file `id` whose unit matches `which` (a condition on `unit` and `?2`,
+    /// which is `unit`) replaced. In WAL mode they are deleted now: every page is written twice
+    /// whatever it held, and a freed page is best reused. In rollback mode a row longer than two
+    /// pages stays to the commit (`SupersededRows`): deleted now, its overflow pages would be
+    /// taken by the rows written next, each copied into the journal first. A shorter row is
+    /// deleted now: its new row goes in its page, which is journaled once either way, where a
+    /// new row elsewhere would dirty another page (another 4 KiB block on 4Kn).
+    fn replace_rows(&mut self, id: ObjectId, which: &str, unit: u64) -> SysResult<()> {
+        if self.journal == Journal::Wal {
+            let sql = format!("DELETE FROM units WHERE file = ?1 AND {which}");
+            self.db.prepare_cached(&sql).sql()?.execute(params![sql_id(id), unit as i64]).sql()?;
+            return Ok(());
+        }
+        let sql = format!("SELECT rowid, length(data) FROM units WHERE file = ?1 AND {which}");
+        let rows: Vec<(i64, i64)> = self
+            .db
+            .prepare_cached(&sql)
+            .sql()?
+            .query_map(params![sql_id(id), unit as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+            .sql()?
+            .collect::<Result<_, _>>()
+            .sql()?;
+        for (row, len) in rows {
+            if self.superseded.contains(row) {
+                continue;
             }
-            Journal::Rollback => {
-                let rows: Vec<i64> = self
-                    .db
-                    .prepare_cached("SELECT rowid FROM units WHERE file = ?1 AND unit = ?2")
-                    .sql()?
-                    .query_map(params![sql_id(id), unit as i64], |r| r.get(0))
-                    .sql()?
-                    .collect::<Result<_, _>>()
-                    .sql()?;
-                for row in rows {
-                    self.superseded.replace(id, row);
-                }
+            if len as u64 > self.replaced_at_commit_above {
+                self.superseded.replace(id, row);
+            } else {
+                self.db.prepare_cached("DELETE FROM units WHERE rowid = ?1").sql()?.execute([row]).sql()?;
             }
         }
         Ok(())
@@ -923,7 +914,11 @@ impl SqliteBackend {
             journal,
             units_freed_at_commit: DeferredFrees::default(),
             superseded: SupersededRows::default(),
+            replaced_at_commit_above: 2 * u64::from(schema::PAGE_BYTES),
         };
+        if let Ok(page) = inner.db.query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0)) {
+            inner.replaced_at_commit_above = 2 * page as u64;
+        }
         let shown = path.display();
         let setup = (|| -> SysResult<()> {
             if read_only {
