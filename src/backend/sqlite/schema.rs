@@ -21,8 +21,8 @@
 //!   extra page; a rowid table keeps up to ~4,000 in the row, and new files' rows (higher
 //!   rowids) fill pages in order. Version 1 files are converted at a read-write open.
 //!   Version 3 makes the index on `(file, unit)` not unique: in rollback mode a unit written
-//!   again (or cut by a truncate) keeps its old row to the end of the transaction, deleted
-//!   then, so that the new row does not take the pages the old one frees, each of which the
+//!   again (or cut by a truncate) keeps its old row, if longer than two pages, to the end of
+//!   the transaction, deleted then, so that the new row does not take the pages the old one frees, each of which the
 //!   journal would first copy (`Inner::superseded`). Only the open transaction itself sees two
 //!   rows of a unit; every commit has one at most. A version 2 file's index is made again at a
 //!   read-write open.
