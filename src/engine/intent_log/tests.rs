@@ -262,54 +262,69 @@ fn a_crash_keeps_every_synced_batch_and_never_a_torn_one() {
     }
 }
 
+/// A xorshift generator from `seed`: the power-cut tests' choices, the same every run.
+fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
+/// Batches of assorted sizes written to `log`, each unflushed (a close's) or, now and then
+/// (`flush_first`: the first always), flushed, which makes everything before it durable; then
+/// a power cut keeping a random subset of the unflushed writes. The log must read back as a
+/// prefix of what was written, holding every flushed batch, and batches written after the next
+/// opening must never be confused with the survivors past its tail.
+fn cut_and_check(
+    log: IntentLog,
+    device: &Arc<device::MemoryLogDevice>,
+    next: &mut impl FnMut() -> u64,
+    round: u32,
+    flush_first: bool,
+) {
+    let mut flushed_through = 0;
+    let mut written = Vec::new();
+    for i in 0..(if flush_first { 2 } else { 1 } + next() % 6) {
+        let records = vec![data(i, 0, 1 + (next() % 3000) as usize, i as u8)];
+        if (flush_first && i == 0) || next() % 5 == 0 {
+            log.commit(records.clone()).unwrap();
+            flushed_through = written.len() + 1;
+        } else {
+            log.commit_written(records.clone()).unwrap();
+        }
+        written.push(records);
+    }
+    drop(log);
+    let mask = next();
+    device.crash(|i| mask & (1 << (i % 64)) != 0);
+    let (log, replay) =
+        IntentLog::open(Box::new(device.clone()), false, metrics()).unwrap_or_else(|e| panic!("round {round}: {e}"));
+    let read: Vec<Vec<Record>> = replay.iter().map(|b| b.records.clone()).collect();
+    assert!(read.len() >= flushed_through, "round {round}: a flushed batch was lost");
+    assert_eq!(read[..], written[..read.len()], "round {round}: not a prefix of what was written");
+    // As replay does: everything read is applied, then released.
+    log.checkpoint(log.next_seq()).unwrap();
+    let after = vec![data(99, 0, 700, 99)];
+    log.commit_written(after.clone()).unwrap();
+    log.commit(vec![data(100, 0, 10, 100)]).unwrap();
+    drop(log);
+    let (_, replay) = IntentLog::open(Box::new(device.clone()), false, metrics()).unwrap();
+    let read: Vec<Vec<Record>> = replay.iter().map(|b| b.records.clone()).collect();
+    assert_eq!(read, vec![after, vec![data(100, 0, 10, 100)]], "round {round}");
+}
+
 #[test]
 fn unflushed_batches_a_power_cut_took_end_the_log_and_are_never_read_as_successors() {
     // Batches written without a flush (closes) may reach the device in any order: a crash
-    // keeps any subset of them. The log then reads as a prefix of what was written, never
-    // as damage; and batches written after the reopening are never confused with the
-    // survivors past the tail, whatever their places.
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    // keeps any subset of them (`cut_and_check`).
+    let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
     for round in 0..400 {
         let block_bytes = if round % 2 == 0 { 512 } else { 4096 };
         let device = Arc::new(device::MemoryLogDevice::new(48 * block_bytes as u64, block_bytes));
         let (log, _) = IntentLog::open(Box::new(device.clone()), true, metrics()).unwrap();
-        // A flushed batch, then unflushed ones of assorted sizes, now and then one whose
-        // caller waits for a flush, which makes everything before it durable.
-        let mut flushed_through = 0;
-        let mut written = Vec::new();
-        for i in 0..(2 + next() % 6) {
-            let records = vec![data(i, 0, 1 + (next() % 3000) as usize, i as u8)];
-            if i == 0 || next() % 5 == 0 {
-                log.commit(records.clone()).unwrap();
-                flushed_through = written.len() + 1;
-            } else {
-                log.commit_written(records.clone()).unwrap();
-            }
-            written.push(records);
-        }
-        drop(log);
-        let mask = next();
-        device.crash(|i| mask & (1 << (i % 64)) != 0);
-        let (log, replay) = IntentLog::open(Box::new(device.clone()), false, metrics())
-            .unwrap_or_else(|e| panic!("round {round}: {e}"));
-        let read: Vec<Vec<Record>> = replay.iter().map(|b| b.records.clone()).collect();
-        assert!(read.len() >= flushed_through, "round {round}: a flushed batch was lost");
-        assert_eq!(read[..], written[..read.len()], "round {round}: not a prefix of what was written");
-        // As replay does: everything read is applied, then released.
-        log.checkpoint(log.next_seq()).unwrap();
-        let after = vec![data(99, 0, 700, 99)];
-        log.commit_written(after.clone()).unwrap();
-        log.commit(vec![data(100, 0, 10, 100)]).unwrap();
-        drop(log);
-        let (_, replay) = IntentLog::open(Box::new(device.clone()), false, metrics()).unwrap();
-        let read: Vec<Vec<Record>> = replay.iter().map(|b| b.records.clone()).collect();
-        assert_eq!(read, vec![after, vec![data(100, 0, 10, 100)]], "round {round}");
+        cut_and_check(log, &device, &mut next, round, true);
     }
 }
 
@@ -602,13 +617,7 @@ fn a_log_a_clean_stop_closed_is_not_read_and_a_batch_after_it_is_found_after_a_c
 /// opening are never confused with survivors past the tail.
 #[test]
 fn after_a_clean_close_a_power_cut_still_leaves_a_prefix_and_no_successor_is_confused() {
-    let mut rng = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = xorshift(0x2545_F491_4F6C_DD1D);
     for round in 0..300 {
         let block_bytes = if round % 2 == 0 { 512 } else { 4096 };
         let device = Arc::new(device::MemoryLogDevice::new(48 * block_bytes as u64, block_bytes));
@@ -623,33 +632,6 @@ fn after_a_clean_close_a_power_cut_still_leaves_a_prefix_and_no_successor_is_con
         drop(log);
         let (log, replay) = IntentLog::open(Box::new(device.clone()), false, metrics()).unwrap();
         assert!(replay.is_empty());
-        let mut flushed_through = 0;
-        let mut written = Vec::new();
-        for i in 0..(1 + next() % 6) {
-            let records = vec![data(i, 0, 1 + (next() % 3000) as usize, i as u8)];
-            if next() % 4 == 0 {
-                log.commit(records.clone()).unwrap();
-                flushed_through = written.len() + 1;
-            } else {
-                log.commit_written(records.clone()).unwrap();
-            }
-            written.push(records);
-        }
-        drop(log);
-        let mask = next();
-        device.crash(|i| mask & (1 << (i % 64)) != 0);
-        let (log, replay) = IntentLog::open(Box::new(device.clone()), false, metrics())
-            .unwrap_or_else(|e| panic!("round {round}: {e}"));
-        let read: Vec<Vec<Record>> = replay.iter().map(|b| b.records.clone()).collect();
-        assert!(read.len() >= flushed_through, "round {round}: a flushed batch was lost");
-        assert_eq!(read[..], written[..read.len()], "round {round}: not a prefix of what was written");
-        log.checkpoint(log.next_seq()).unwrap();
-        let after = vec![data(99, 0, 700, 99)];
-        log.commit_written(after.clone()).unwrap();
-        log.commit(vec![data(100, 0, 10, 100)]).unwrap();
-        drop(log);
-        let (_, replay) = IntentLog::open(Box::new(device.clone()), false, metrics()).unwrap();
-        let read: Vec<Vec<Record>> = replay.iter().map(|b| b.records.clone()).collect();
-        assert_eq!(read, vec![after, vec![data(100, 0, 10, 100)]], "round {round}");
+        cut_and_check(log, &device, &mut next, round, false);
     }
 }
