@@ -38,7 +38,7 @@ impl FileData for SqliteFileData {
             .sql()?;
         for row in rows {
             let (row, unit, data) = row.sql()?;
-            if !s.superseded.is_empty() && s.superseded.contains(row) {
+            if s.superseded.contains(row) {
                 continue;
             }
             let start = unit * self.unit_bytes;

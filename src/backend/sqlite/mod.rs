@@ -252,6 +252,11 @@ impl SupersededRows {
         }
     }
 
+    /// `row` deleted: its id may be given to a new row.
+    fn forget_row(&mut self, row: i64) {
+        self.rows.remove(&row);
+    }
+
     fn all(&self) -> Vec<i64> {
         self.rows.keys().copied().collect()
     }
@@ -261,6 +266,14 @@ impl SupersededRows {
         self.by_file.clear();
         self.undo.clear();
     }
+}
+
+/// Which of a file's units `Inner::replace_rows` replaces.
+#[derive(Clone, Copy)]
+enum Units {
+    One(u64),
+    /// This unit and every one past it.
+    From(u64),
 }
 
 /// A unit store that keeps file data outside this database, with records of it in tables of
@@ -470,31 +483,41 @@ impl Inner {
 
     /// Rows `unit` and past of file `id` replaced (`replace_rows`).
     fn replace_units_from(&mut self, id: ObjectId, unit: u64) -> SysResult<()> {
-        self.replace_rows(id, "unit >= ?2", unit)
+        self.replace_rows(id, Units::From(unit))
     }
 
     /// Unit `unit` of file `id` about to be written again: its rows replaced (`replace_rows`).
     fn replace_unit(&mut self, id: ObjectId, unit: u64) -> SysResult<()> {
-        self.replace_rows(id, "unit = ?2", unit)
+        self.replace_rows(id, Units::One(unit))
     }
 
-    /// The live rows of file `id` whose unit matches `which` (a condition on `unit` and `?2`,
-    /// which is `unit`) replaced. In WAL mode they are deleted now: every page is written twice
+    /// The live rows of file `id` in `units` replaced. In WAL mode they are deleted now: every page is written twice
     /// whatever it held, and a freed page is best reused. In rollback mode a row longer than two
     /// pages stays to the commit (`SupersededRows`): deleted now, its overflow pages would be
     /// taken by the rows written next, each copied into the journal first. A shorter row is
     /// deleted now: its new row goes in its page, which is journaled once either way, where a
     /// new row elsewhere would dirty another page (another 4 KiB block on 4Kn).
-    fn replace_rows(&mut self, id: ObjectId, which: &str, unit: u64) -> SysResult<()> {
+    fn replace_rows(&mut self, id: ObjectId, units: Units) -> SysResult<()> {
+        // Constant statements, each prepared once: this is on every unit's write.
+        let (delete, select, unit) = match units {
+            Units::One(unit) => (
+                "DELETE FROM units WHERE file = ?1 AND unit = ?2",
+                "SELECT rowid, length(data) FROM units WHERE file = ?1 AND unit = ?2",
+                unit,
+            ),
+            Units::From(unit) => (
+                "DELETE FROM units WHERE file = ?1 AND unit >= ?2",
+                "SELECT rowid, length(data) FROM units WHERE file = ?1 AND unit >= ?2",
+                unit,
+            ),
+        };
         if self.journal == Journal::Wal {
-            let sql = format!("DELETE FROM units WHERE file = ?1 AND {which}");
-            self.db.prepare_cached(&sql).sql()?.execute(params![sql_id(id), unit as i64]).sql()?;
+            self.db.prepare_cached(delete).sql()?.execute(params![sql_id(id), unit as i64]).sql()?;
             return Ok(());
         }
-        let sql = format!("SELECT rowid, length(data) FROM units WHERE file = ?1 AND {which}");
         let rows: Vec<(i64, i64)> = self
             .db
-            .prepare_cached(&sql)
+            .prepare_cached(select)
             .sql()?
             .query_map(params![sql_id(id), unit as i64], |r| Ok((r.get(0)?, r.get(1)?)))
             .sql()?
@@ -537,7 +560,7 @@ impl Inner {
         // be given to a new row, which reads would then pass by.
         for row in self.superseded.all() {
             self.db.prepare_cached("DELETE FROM units WHERE rowid = ?1").sql()?.execute([row]).sql()?;
-            self.superseded.rows.remove(&row);
+            self.superseded.forget_row(row);
         }
         self.superseded.clear();
         // Each file's rows go before it leaves the list: a failed delete leaves the rest.

@@ -992,6 +992,7 @@ impl IntentLog {
     }
 
     /// Whether the superblock says a clean stop closed the log (`stopping`).
+    #[cfg(test)]
     pub fn closed_clean(&self) -> bool {
         lock(&self.ring).sb.closed_clean
     }
