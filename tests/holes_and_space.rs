@@ -120,6 +120,84 @@ fn seek_data_and_seek_hole_see_writes_the_kernel_has_not_sent_in_every_write_pat
     }
 }
 
+/// The same over a SQLite database, whose holes are units without a row: a seek sees what the
+/// kernel, the write buffer and the intent log hold as well as the rows.
+#[test]
+fn over_sqlite_seek_data_and_seek_hole_see_writes_the_kernel_has_not_sent_in_every_write_path() {
+    for options in WRITE_PATHS {
+        let m = TestMount::over_sqlite(options);
+        check_seeks_see_unsent_writes(&m, options, "new");
+        std::fs::write(m.path("old"), b"x").unwrap();
+        m.sync_to_backend();
+        check_seeks_see_unsent_writes(&m, options, "old");
+    }
+}
+
+/// A hole punched on a SQLite mount through bytes that are still in the write buffer and the
+/// intent log (written and fsynced, not yet checkpointed) as well as bytes in the database:
+/// reads see zeros there at once and after a remount, the whole units inside lose their rows,
+/// SEEK_HOLE finds the hole, and `cp --sparse=always` copies the file byte for byte.
+/// Preallocation answers EOPNOTSUPP and leaves hole punching working for the rest of the mount
+/// (ENOSYS would have stopped the kernel sending either); `posix_fallocate` then writes zeros,
+/// which extend the file as it promises.
+#[test]
+fn over_sqlite_a_punched_hole_reads_zeros_and_frees_its_rows_and_posix_fallocate_still_extends() {
+    const UNIT: usize = 64 << 10;
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    let fallocate = |f: &File, mode: i32, offset: usize, length: usize| {
+        // SAFETY: `fallocate` takes only integers (a descriptor and plain values) and touches
+        // none of our memory; a bad descriptor is an error return.
+        let ret = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, length as i64) };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+        }
+    };
+    let mut m = TestMount::over_sqlite(&[]);
+    let mut expected: Vec<u8> = (0..8 * UNIT).map(|i| (i % 251) as u8 | 1).collect();
+    std::fs::write(m.path("f"), &expected[..4 * UNIT]).unwrap();
+    m.sync_to_backend();
+    let f = OpenOptions::new().read(true).write(true).open(m.path("f")).unwrap();
+    f.write_all_at(&expected[4 * UNIT..], 4 * UNIT as u64).unwrap();
+    f.sync_all().unwrap();
+
+    assert_eq!(fallocate(&f, 0, 0, UNIT), Err(libc::EOPNOTSUPP), "preallocation");
+    // Half of unit 1 (in the database) to half of unit 6 (in the buffer and the log).
+    fallocate(&f, punch, UNIT + UNIT / 2, 5 * UNIT).expect("a hole punched after the refusal");
+    expected[UNIT + UNIT / 2..6 * UNIT + UNIT / 2].fill(0);
+    assert_eq!(std::fs::read(m.path("f")).unwrap(), expected, "zeros where the hole is");
+    assert_eq!(seek(&f, 0, libc::SEEK_HOLE), Ok(2 * UNIT as i64), "the first whole unit of the hole");
+    assert_eq!(seek(&f, 2 * UNIT as i64, libc::SEEK_DATA), Ok(6 * UNIT as i64));
+
+    let elsewhere = tempfile::tempdir().unwrap();
+    let copy = elsewhere.path().join("copy");
+    let out = std::process::Command::new("cp").arg("--sparse=always").arg(m.path("f")).arg(&copy).output().unwrap();
+    assert!(out.status.success(), "cp: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(&copy).unwrap(), expected, "cp --sparse=always");
+
+    // posix_fallocate past the end: glibc writes zeros where the kernel refused.
+    // SAFETY: as `fallocate` above: integers only.
+    assert_eq!(unsafe { libc::posix_fallocate(f.as_raw_fd(), 8 * UNIT as i64, UNIT as i64) }, 0);
+    expected.resize(9 * UNIT, 0);
+    assert_eq!(f.metadata().unwrap().len(), 9 * UNIT as u64, "posix_fallocate extends the file");
+    drop(f);
+
+    m.unmount();
+    let db = rusqlite::Connection::open(m.database.as_ref().unwrap()).unwrap();
+    let units: Vec<i64> = db
+        .prepare("SELECT unit FROM units JOIN inodes ON inodes.id = units.file WHERE length(data) > 0 ORDER BY unit")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(!units.iter().any(|u| (2..6).contains(u)), "units 2 to 5 have no row: {units:?}");
+    drop(db);
+    m.mount();
+    assert_eq!(std::fs::read(m.path("f")).unwrap(), expected, "after a remount");
+}
+
 /// `du`'s figure for a path: the st_blocks of every file under it, in bytes.
 fn allocated_bytes(path: &Path) -> u64 {
     let out = std::process::Command::new("du").args(["-s", "--block-size=1"]).arg(path).output().unwrap();

@@ -125,6 +125,88 @@ impl FileData for SqliteFileData {
         Ok(lock(&self.inner).object(self.id)?.size)
     }
 
+    /// Hole punching only (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`): the rows of units
+    /// wholly inside the range go, and the bytes of the range are cut out of the rows of the
+    /// units at its ends. Preallocation (mode 0, `KEEP_SIZE`, `ZERO_RANGE`) answers
+    /// EOPNOTSUPP: a database reserves no pages for rows not yet written, so the promise that
+    /// later writes find room could not be kept; glibc's `posix_fallocate` then writes zeros,
+    /// which do take the room. Not ENOSYS: the kernel would send no fallocate again, holes
+    /// included, for the rest of the mount.
+    fn allocate(&self, mode: i32, offset: u64, length: u64) -> SysResult<()> {
+        if mode != libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        let (id, u) = (self.id, self.unit_bytes);
+        lock(&self.inner).change(|s| {
+            let end = offset.saturating_add(length).min(s.object(id)?.size);
+            if offset < end {
+                let (first, last) = (offset / u, (end - 1) / u);
+                let (whole_first, whole_last) = (offset.div_ceil(u), end / u);
+                let ends = if first == last { &[first][..] } else { &[first, last][..] };
+                for &unit in ends {
+                    if unit < whole_first || unit >= whole_last {
+                        let start = unit * u;
+                        let within = (offset.max(start) - start)..(end.min(start + u) - start);
+                        s.zero_in_unit(id, unit, within)?;
+                    }
+                }
+                if whole_first < whole_last {
+                    s.replace_rows(id, whole_first, whole_last - 1)?;
+                }
+            }
+            let now = Timestamp::now();
+            s.update(id, |o| {
+                o.mtime = now;
+                o.ctime = now;
+            })
+        })
+    }
+
+    /// SEEK_DATA and SEEK_HOLE, a unit at a time: a unit with a row is data to its end (or the
+    /// file's), a unit without one a hole.
+    fn seek(&self, offset: i64, whence: i32) -> SysResult<i64> {
+        let s = lock(&self.inner);
+        let size = s.object(self.id)?.size;
+        let Ok(offset) = u64::try_from(offset) else { return Err(Errno(libc::ENXIO)) };
+        if offset >= size {
+            return Err(Errno(libc::ENXIO));
+        }
+        let u = self.unit_bytes;
+        let mut stmt =
+            s.db.prepare_cached(
+                "SELECT rowid, unit FROM units WHERE file = ?1 AND unit >= ?2 AND length(data) > 0 ORDER BY unit",
+            )
+            .sql()?;
+        let rows = stmt.query_map(params![sql_id(self.id), (offset / u) as i64], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64))
+        });
+        let mut units_with_data = rows.sql()?.filter(|row| !matches!(row, Ok((row, _)) if s.superseded.contains(*row)));
+        let found = match whence {
+            libc::SEEK_DATA => match units_with_data.next() {
+                Some(row) => offset.max(row.sql()?.1 * u),
+                None => size,
+            },
+            libc::SEEK_HOLE => {
+                // The first unit from `offset`'s on that no row holds (rows of one unit come
+                // together: the replaced ones passed by, at most one is live).
+                let mut hole = offset / u;
+                for row in units_with_data {
+                    let unit = row.sql()?.1;
+                    if unit > hole {
+                        break;
+                    }
+                    hole = unit + 1;
+                }
+                offset.max(hole.saturating_mul(u))
+            }
+            _ => return Err(Errno(libc::EINVAL)),
+        };
+        if found >= size {
+            return if whence == libc::SEEK_DATA { Err(Errno(libc::ENXIO)) } else { Ok(size as i64) };
+        }
+        Ok(found as i64)
+    }
+
     fn sync(&self, _data_only: bool) -> SysResult<()> {
         lock(&self.inner).commit()
     }

@@ -268,14 +268,6 @@ impl SupersededRows {
     }
 }
 
-/// Which of a file's units `Inner::replace_rows` replaces.
-#[derive(Clone, Copy)]
-enum Units {
-    One(u64),
-    /// This unit and every one past it.
-    From(u64),
-}
-
 /// A unit store that keeps file data outside this database, with records of it in tables of
 /// its own here (the S3 backend: unit objects in a bucket, `backend::s3::store`). The namespace
 /// calls it inside its open transaction, so what happens to a file's data records commits with
@@ -483,43 +475,38 @@ impl Inner {
 
     /// Rows `unit` and past of file `id` replaced (`replace_rows`).
     fn replace_units_from(&mut self, id: ObjectId, unit: u64) -> SysResult<()> {
-        self.replace_rows(id, Units::From(unit))
+        self.replace_rows(id, unit, i64::MAX as u64)
     }
 
     /// Unit `unit` of file `id` about to be written again: its rows replaced (`replace_rows`).
     fn replace_unit(&mut self, id: ObjectId, unit: u64) -> SysResult<()> {
-        self.replace_rows(id, Units::One(unit))
+        self.replace_rows(id, unit, unit)
     }
 
-    /// The live rows of file `id` in `units` replaced. In WAL mode they are deleted now: every page is written twice
-    /// whatever it held, and a freed page is best reused. In rollback mode a row longer than two
-    /// pages stays to the commit (`SupersededRows`): deleted now, its overflow pages would be
-    /// taken by the rows written next, each copied into the journal first. A shorter row is
-    /// deleted now: its new row goes in its page, which is journaled once either way, where a
-    /// new row elsewhere would dirty another page (another 4 KiB block on 4Kn).
-    fn replace_rows(&mut self, id: ObjectId, units: Units) -> SysResult<()> {
+    /// The live rows of units `first..=last` of file `id` replaced. In WAL mode they are
+    /// deleted now: every page is written twice whatever it held, and a freed page is best
+    /// reused. In rollback mode a row longer than two pages stays to the commit
+    /// (`SupersededRows`): deleted now, its overflow pages would be taken by the rows written
+    /// next, each copied into the journal first. A shorter row is deleted now: its new row goes
+    /// in its page, which is journaled once either way, where a new row elsewhere would dirty
+    /// another page (another 4 KiB block on 4Kn).
+    fn replace_rows(&mut self, id: ObjectId, first: u64, last: u64) -> SysResult<()> {
+        assert!(first <= last && i64::try_from(last).is_ok(), "units {first}..={last} of file {id}");
+        let range = params![sql_id(id), first as i64, last as i64];
         // Constant statements, each prepared once: this is on every unit's write.
-        let (delete, select, unit) = match units {
-            Units::One(unit) => (
-                "DELETE FROM units WHERE file = ?1 AND unit = ?2",
-                "SELECT rowid, length(data) FROM units WHERE file = ?1 AND unit = ?2",
-                unit,
-            ),
-            Units::From(unit) => (
-                "DELETE FROM units WHERE file = ?1 AND unit >= ?2",
-                "SELECT rowid, length(data) FROM units WHERE file = ?1 AND unit >= ?2",
-                unit,
-            ),
-        };
         if self.journal == Journal::Wal {
-            self.db.prepare_cached(delete).sql()?.execute(params![sql_id(id), unit as i64]).sql()?;
+            self.db
+                .prepare_cached("DELETE FROM units WHERE file = ?1 AND unit BETWEEN ?2 AND ?3")
+                .sql()?
+                .execute(range)
+                .sql()?;
             return Ok(());
         }
         let rows: Vec<(i64, i64)> = self
             .db
-            .prepare_cached(select)
+            .prepare_cached("SELECT rowid, length(data) FROM units WHERE file = ?1 AND unit BETWEEN ?2 AND ?3")
             .sql()?
-            .query_map(params![sql_id(id), unit as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_map(range, |r| Ok((r.get(0)?, r.get(1)?)))
             .sql()?
             .collect::<Result<_, _>>()
             .sql()?;
@@ -532,6 +519,45 @@ impl Inner {
             } else {
                 self.db.prepare_cached("DELETE FROM units WHERE rowid = ?1").sql()?.execute([row]).sql()?;
             }
+        }
+        Ok(())
+    }
+
+    /// The bytes `within` unit `unit` of file `id` made zeros (a hole punched through part of
+    /// it): cut off where they reach the row's end, for a short row reads as zeros past it; the
+    /// row deleted where nothing else is left in it.
+    fn zero_in_unit(&mut self, id: ObjectId, unit: u64, within: std::ops::Range<u64>) -> SysResult<()> {
+        let Some((row, len)) = self.unit_row(id, unit)? else { return Ok(()) };
+        if within.start >= len {
+            return Ok(());
+        }
+        let mut data: Vec<u8> = self
+            .db
+            .prepare_cached("SELECT data FROM units WHERE rowid = ?1")
+            .sql()?
+            .query_row([row], |r| r.get(0))
+            .sql()?;
+        assert_eq!(data.len() as u64, len, "row {row} of file {id}, unit {unit}");
+        let (a, b) = (within.start as usize, (within.end.min(len)) as usize);
+        data[a..b].fill(0);
+        let kept = data.iter().rposition(|&byte| byte != 0).map_or(0, |last| last + 1);
+        data.truncate(kept);
+        if data.is_empty() {
+            return self.replace_unit(id, unit);
+        }
+        if self.journal == Journal::Rollback && len > self.replaced_at_commit_above {
+            self.db
+                .prepare_cached("INSERT INTO units(file, unit, data) VALUES(?1, ?2, ?3)")
+                .sql()?
+                .execute(params![sql_id(id), unit as i64, &data])
+                .sql()?;
+            self.superseded.replace(id, row);
+        } else {
+            self.db
+                .prepare_cached("UPDATE units SET data = ?2 WHERE rowid = ?1")
+                .sql()?
+                .execute(params![row, &data])
+                .sql()?;
         }
         Ok(())
     }
@@ -1004,7 +1030,8 @@ impl SqliteBackend {
             durable_writes: false,
             atomic_unit_writes: true,
             copy_ranges: false,
-            allocate: false,
+            // Hole punching (`FileData::allocate` in data.rs); preallocation answers EOPNOTSUPP.
+            allocate: true,
             // A key made in a transaction a crash lost finds nothing.
             keys_can_go_stale: true,
             sync_orders_names: true,

@@ -829,3 +829,61 @@ fn a_version_2_database_gets_its_units_index_made_again_at_a_read_write_open() {
     assert_eq!(version, super::SCHEMA_VERSION);
     assert!(!index_sql(&db).contains("UNIQUE"), "{}", index_sql(&db));
 }
+
+/// A hole punched through a file in both journal modes: the units wholly inside lose their
+/// rows, the ones at its ends keep their other bytes (a row the hole reaches the end of is cut
+/// short, a row left with zeros only goes), reads see zeros there before the commit, after it
+/// and after a reopen, and SEEK_DATA and SEEK_HOLE find the holes a unit at a time.
+/// Preallocation is refused with EOPNOTSUPP, not ENOSYS, on which the kernel would stop sending
+/// hole punches too.
+#[test]
+fn a_punched_hole_deletes_the_rows_it_covers_and_seeks_find_it() {
+    use libc::{ENXIO, EOPNOTSUPP, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, SEEK_DATA, SEEK_HOLE};
+    const PUNCH: i32 = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+    let u = UNIT as usize;
+    for journal in [super::Journal::Wal, super::Journal::Rollback] {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open_in(&dir, Some(journal));
+        // No byte of the pattern is zero, so every row keeps its length until a hole reaches
+        // its end.
+        let mut expected: Vec<u8> = pattern(5 * u + 100).iter().map(|&byte| byte | 1).collect();
+        let size = expected.len() as u64;
+        let id = new_file(&b, "f", &expected);
+        b.sync_all().unwrap();
+        let data = b.open(id, OpenMode { write: true, no_atime: false }).unwrap();
+        let seek = |offset: u64, whence: i32| data.seek(offset as i64, whence).map(|at| at as u64).map_err(|e| e.0);
+
+        data.allocate(PUNCH, UNIT / 2, 3 * UNIT + 10 - UNIT / 2).unwrap();
+        expected[u / 2..3 * u + 10].fill(0);
+        assert_eq!(read_all(&*data), expected, "{journal:?}: before the commit");
+        assert_eq!(seek(0, SEEK_HOLE), Ok(UNIT), "{journal:?}");
+        assert_eq!(seek(UNIT, SEEK_DATA), Ok(3 * UNIT), "{journal:?}");
+        assert_eq!(seek(3 * UNIT, SEEK_HOLE), Ok(size), "{journal:?}: the file's end is a hole");
+        assert_eq!(seek(UNIT + 5, SEEK_HOLE), Ok(UNIT + 5), "{journal:?}: a hole from where it is asked");
+        assert_eq!(seek(size, SEEK_DATA), Err(ENXIO), "{journal:?}");
+        b.sync_all().unwrap();
+        assert_eq!(read_all(&*data), expected, "{journal:?}: after it");
+        assert_eq!(unit_rows(&b, id), 4, "{journal:?}: units 1 and 2 have no row");
+        let head: i64 = super::lock(&b.inner)
+            .db
+            .query_row("SELECT length(data) FROM units WHERE file = ?1 AND unit = 0", [super::sql_id(id)], |r| r.get(0))
+            .unwrap();
+        assert_eq!(head, UNIT as i64 / 2, "{journal:?}: a row the hole reaches the end of is cut short");
+
+        // The rest of unit 3 and everything past the end: unit 3 holds zeros only and goes,
+        // units 4 and 5 go, the size stays.
+        data.allocate(PUNCH, 3 * UNIT + 10, 10 * UNIT).unwrap();
+        expected[3 * u..].fill(0);
+        assert_eq!(data.size().unwrap(), size, "{journal:?}: KEEP_SIZE");
+        assert_eq!(read_all(&*data), expected, "{journal:?}");
+        assert_eq!(seek(UNIT, SEEK_DATA), Err(ENXIO), "{journal:?}: no data past unit 0");
+        assert_eq!(data.allocate(0, 0, UNIT).map_err(|e| e.0), Err(EOPNOTSUPP), "{journal:?}: preallocation");
+        b.sync_all().unwrap();
+        assert_eq!(unit_rows(&b, id), 1, "{journal:?}: only unit 0 has bytes left");
+        assert_eq!(b.integrity_check().unwrap(), "ok");
+        drop(data);
+        drop(b);
+        let b = open(&dir);
+        assert_eq!(read_all(&*b.open(id, OpenMode::default()).unwrap()), expected, "{journal:?}: reopened");
+    }
+}
