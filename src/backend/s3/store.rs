@@ -473,7 +473,8 @@ impl S3Store {
             durable_writes: false,
             atomic_unit_writes: true,
             copy_ranges: false,
-            allocate: false,
+            // Hole punching (`S3FileData::allocate`); preallocation answers EOPNOTSUPP.
+            allocate: true,
             keys_can_go_stale: true,
             sync_orders_names: true,
             keeps_chosen_ids: true,
@@ -924,6 +925,92 @@ impl FileData for S3FileData {
 
     fn size(&self) -> SysResult<u64> {
         self.shared.names.records(|r| r.file_size(self.id))
+    }
+
+    /// Hole punching only (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`), as the SQLite store
+    /// does: the records and pieces of units wholly inside the hole are dropped (their objects
+    /// go after the next manifest), and the bytes of the units at its ends are written as zeros
+    /// (pieces, or the unit put again, as any partial write). Preallocation answers EOPNOTSUPP:
+    /// a bucket has nothing to reserve, and glibc's `posix_fallocate` then writes zeros.
+    fn allocate(&self, mode: i32, offset: u64, length: u64) -> SysResult<()> {
+        if mode != libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        let (id, u) = (self.id, self.shared.unit_bytes);
+        let size = self.size()?;
+        let end = offset.saturating_add(length).min(size);
+        if offset >= end {
+            return Ok(());
+        }
+        let (first, last) = (offset / u, (end - 1) / u);
+        // A unit is punched whole when the hole covers it up to its end or the file's.
+        let within = |unit: u64| {
+            let start = unit * u;
+            (offset.max(start) - start)..(end.min(start + u) - start)
+        };
+        let whole = |unit: u64| {
+            let range = within(unit);
+            range.start == 0 && range.end == u.min(size - unit * u)
+        };
+        let whole_first = if whole(first) { first } else { first + 1 };
+        let whole_last = if whole(last) { Some(last) } else { last.checked_sub(1) };
+        let ends = if first == last { &[first][..] } else { &[first, last][..] };
+        for &unit in ends {
+            if !whole(unit) {
+                let range = within(unit);
+                let zeros = vec![0u8; range.end as usize];
+                self.write_unit(&UnitWrite { unit, unit_bytes: u, buf: &zeros, ranges: &range.into(), size })?;
+            }
+        }
+        let segments = &self.shared.segments;
+        self.shared.names.records(|r| {
+            r.change(|r| {
+                r.file_size(id)?;
+                if let Some(whole_last) = whole_last.filter(|&l| l >= whole_first) {
+                    let values = [id as i64, whole_first as i64, whole_last as i64];
+                    sql(drop_data(r.db(), segments, "file = ?1 AND unit BETWEEN ?2 AND ?3", &values))?;
+                }
+                r.set_file_size(id, size, true)
+            })
+        })
+    }
+
+    /// SEEK_DATA and SEEK_HOLE, a unit at a time: a unit with an object or a piece is data to
+    /// its end (or the file's), one with neither a hole.
+    fn seek(&self, offset: i64, whence: i32) -> SysResult<i64> {
+        let u = self.shared.unit_bytes;
+        let (size, units) = self.shared.names.records(|r| {
+            let size = r.file_size(self.id)?;
+            let Ok(from) = u64::try_from(offset) else { return Ok((size, Vec::new())) };
+            let mut stmt = sql(r.db().prepare_cached(
+                "SELECT unit FROM s3_units WHERE file = ?1 AND unit >= ?2 AND length > 0 \
+                 UNION SELECT unit FROM s3_pieces WHERE file = ?1 AND unit >= ?2 ORDER BY unit",
+            ))?;
+            let units = sql(stmt.query_map(params![self.id as i64, (from / u) as i64], |row| row.get::<_, i64>(0)))?;
+            Ok((size, sql(units.map(|unit| unit.map(|unit| unit as u64)).collect::<Result<Vec<_>, _>>())?))
+        })?;
+        let Ok(offset) = u64::try_from(offset) else { return Err(Errno(libc::ENXIO)) };
+        if offset >= size {
+            return Err(Errno(libc::ENXIO));
+        }
+        let found = match whence {
+            libc::SEEK_DATA => units.first().map_or(size, |&unit| offset.max(unit * u)),
+            libc::SEEK_HOLE => {
+                let mut hole = offset / u;
+                for &unit in &units {
+                    if unit > hole {
+                        break;
+                    }
+                    hole = unit + 1;
+                }
+                offset.max(hole.saturating_mul(u))
+            }
+            _ => return Err(Errno(libc::EINVAL)),
+        };
+        if found >= size {
+            return if whence == libc::SEEK_DATA { Err(Errno(libc::ENXIO)) } else { Ok(size as i64) };
+        }
+        Ok(found as i64)
     }
 
     fn sync(&self, _data_only: bool) -> SysResult<()> {

@@ -809,3 +809,50 @@ fn a_read_only_mount_gives_up_after_its_manifests_went_away_three_times() {
     assert_eq!(gone.manifest_gets.load(std::sync::atomic::Ordering::Relaxed), 3);
     assert!(!db.exists(), "nothing restored");
 }
+
+/// A hole punched through a file of whole units, pieces and a short last unit: the units wholly
+/// inside lose their records and pieces (their objects go after the next manifest), the bytes
+/// of the units at its ends read as zeros, SEEK_DATA and SEEK_HOLE find the hole a unit at a
+/// time, and a remount reads the same bytes. Preallocation answers EOPNOTSUPP.
+#[test]
+fn a_punched_hole_drops_the_units_it_covers_and_seeks_find_it() {
+    use libc::{ENXIO, EOPNOTSUPP, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, SEEK_DATA, SEEK_HOLE};
+    const PUNCH: i32 = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+    let u = UNIT as usize;
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    let mut expected: Vec<u8> = pattern(4 * u + 3000, 7).iter().map(|&byte| byte | 1).collect();
+    let size = expected.len() as u64;
+    let data = make_file(&m, "f", &expected);
+    write_piece(&*data, 2 * UNIT + 100, &[0xEE; 50]).unwrap();
+    expected[2 * u + 100..2 * u + 150].fill(0xEE);
+    m.store.sync_all().unwrap();
+    assert_eq!(keys(&objects, "tree/units/").len(), 4);
+    let seek = |offset: u64, whence: i32| data.seek(offset as i64, whence).map(|at| at as u64).map_err(|e| e.0);
+
+    // From the middle of unit 0 to the middle of unit 3: units 1 and 2 (with its piece) go.
+    data.allocate(PUNCH, UNIT / 2, 3 * UNIT).unwrap();
+    expected[u / 2..3 * u + u / 2].fill(0);
+    assert_eq!(read_all(&*data), expected, "zeros where the hole is");
+    assert_eq!(seek(0, SEEK_HOLE), Ok(UNIT));
+    assert_eq!(seek(UNIT, SEEK_DATA), Ok(3 * UNIT));
+    assert_eq!(seek(3 * UNIT, SEEK_HOLE), Ok(size), "the file's end is a hole");
+    assert_eq!(seek(size, SEEK_DATA), Err(ENXIO));
+    assert_eq!(data.allocate(0, 0, UNIT).map_err(|e| e.0), Err(EOPNOTSUPP), "preallocation");
+    m.store.sync_all().unwrap();
+    assert_eq!(keys(&objects, "tree/units/").len(), 2, "units 1 and 2's objects went after the manifest");
+
+    // To the end: unit 3's rest and the short last unit (a piece) go whole.
+    data.allocate(PUNCH, 3 * UNIT + 10, 10 * UNIT).unwrap();
+    expected[3 * u + 10..].fill(0);
+    assert_eq!(data.size().unwrap(), size, "KEEP_SIZE");
+    assert_eq!(read_all(&*data), expected);
+    assert_eq!(seek(4 * UNIT, SEEK_DATA), Err(ENXIO), "nothing past unit 3");
+    m.store.sync_all().unwrap();
+    drop(data);
+    m.lease.release().unwrap();
+    drop(m);
+    let m = mount(&objects, &state).unwrap();
+    assert_eq!(read_file(&m, "f"), expected, "after a remount");
+}
