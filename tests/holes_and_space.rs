@@ -133,6 +133,22 @@ fn over_sqlite_seek_data_and_seek_hole_see_writes_the_kernel_has_not_sent_in_eve
     }
 }
 
+/// And over S3 (a SeaweedFS server on 127.0.0.1), whose holes are units with neither an object
+/// nor a piece: 1 MiB units (its smallest), so that the test's offsets fall on unit boundaries
+/// (a seek answers a unit at a time). An S3 mount keeps its log on: the paths with it.
+#[test]
+fn over_s3_seek_data_and_seek_hole_see_writes_the_kernel_has_not_sent_in_every_write_path() {
+    let test = "over_s3_seek_data_and_seek_hole_see_writes_the_kernel_has_not_sent_in_every_write_path";
+    let Some(server) = common::s3::server_or_skip(test) else { return };
+    for options in WRITE_PATHS.iter().filter(|options| !options.contains(&"log=off")) {
+        let m = TestMount::over_s3(&server, "holes", &[*options, &["unit=1M"]].concat());
+        check_seeks_see_unsent_writes(&m, options, "new");
+        std::fs::write(m.path("old"), b"x").unwrap();
+        m.sync_to_backend();
+        check_seeks_see_unsent_writes(&m, options, "old");
+    }
+}
+
 /// A hole punched on a SQLite mount through bytes that are still in the write buffer and the
 /// intent log (written and fsynced, not yet checkpointed) as well as bytes in the database:
 /// reads see zeros there at once and after a remount, the whole units inside lose their rows,
