@@ -61,8 +61,7 @@ impl FileData for SqliteFileData {
             return Err(Errno(libc::EIO));
         }
         let id = self.id;
-        let mut s = lock(&self.inner);
-        s.change(|s| {
+        change_waiting(&self.inner, |s| {
             let o = s.object(id)?;
             if o.kind != Kind::File {
                 return Err(Errno(libc::EISDIR));
@@ -80,8 +79,7 @@ impl FileData for SqliteFileData {
                 o.ctime = now;
             })
         })?;
-        s.wrote(limit)?;
-        drop(s);
+        lock(&self.inner).wrote(limit)?;
         self.metrics.backend_write_bytes.fetch_add(limit, Relaxed);
         self.metrics.backend_write_requests.fetch_add(1, Relaxed);
         self.metrics.backend_write_sizes.record(limit);
@@ -90,7 +88,7 @@ impl FileData for SqliteFileData {
 
     fn set_size(&self, size: u64) -> SysResult<()> {
         let (id, u) = (self.id, self.unit_bytes);
-        lock(&self.inner).change(|s| {
+        change_waiting(&self.inner, |s| {
             // Units wholly past the end go; the one the end falls in is cut there (a row of
             // its own, as a unit written again).
             s.replace_units_from(id, size.div_ceil(u))?;
@@ -137,7 +135,7 @@ impl FileData for SqliteFileData {
             return Err(Errno(libc::EOPNOTSUPP));
         }
         let (id, u) = (self.id, self.unit_bytes);
-        lock(&self.inner).change(|s| {
+        change_waiting(&self.inner, |s| {
             let end = offset.saturating_add(length).min(s.object(id)?.size);
             if offset < end {
                 let (first, last) = (offset / u, (end - 1) / u);

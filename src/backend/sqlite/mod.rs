@@ -31,6 +31,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -55,6 +56,10 @@ pub const DEFAULT_UNIT_BYTES: u64 = 64 << 10;
 /// bound, all of it lost to a kill. A commit in between keeps a prefix of the changes, which
 /// is all the contract asks of a crash (rule 1).
 pub const TRANSACTION_MAX_BYTES: u64 = 32 << 20;
+
+/// How long a change waits for the database's write lock while another program holds it, and
+/// every statement for the locks it needs (rusqlite's default busy timeout).
+const LOCK_WAIT: Duration = Duration::from_secs(5);
 
 /// The `meta` key of the crash marker: the intent log a crash left to replay.
 const LOG_MARKER_KEY: &str = "log_marker";
@@ -110,6 +115,9 @@ struct Inner {
     /// Rows longer than this are replaced to the commit, shorter ones deleted at once
     /// (`replace_rows`): two of the database's pages.
     replaced_at_commit_above: u64,
+    /// The open transaction is the read transaction `hold_read` began (rollback mode), which
+    /// the first change turns into the write transaction.
+    holding_read: bool,
 }
 
 /// The files whose rows a commit frees, in the order they were deleted: a file made again with
@@ -299,6 +307,54 @@ pub struct SqliteBackend {
     metrics: Arc<Metrics>,
 }
 
+/// Why `Inner::try_write_lock` did not take the write lock.
+enum WriteLock {
+    /// Another program holds it.
+    Busy,
+    Failed(Errno),
+}
+
+/// Runs `f` as one change (`Inner::change`), first waiting for the database's write lock with
+/// the backend's mutex let go: while another program holds the lock (a `sqlite3` shell in a
+/// transaction), lookups, reads and attributes go on answering, where every flusher's attempt
+/// used to hold the mutex for the whole busy timeout and stall them all. After `LOCK_WAIT` the
+/// change fails with EIO (the engine keeps the data buffered and tries again).
+fn change_waiting<T>(inner: &Mutex<Inner>, f: impl FnOnce(&mut Inner) -> SysResult<T>) -> SysResult<T> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let mut s = lock(inner);
+        match s.try_write_lock() {
+            Ok(()) => return s.change(f),
+            Err(WriteLock::Failed(e)) => return Err(e),
+            Err(WriteLock::Busy) if started.elapsed() >= LOCK_WAIT => {
+                log::error!(
+                    "sqlite backend: another program has held the database's write lock for {} s: the change \
+                     fails with EIO (buffered data stays buffered and is written when the lock is free)",
+                    LOCK_WAIT.as_secs()
+                );
+                return Err(Errno(libc::EIO));
+            }
+            Err(WriteLock::Busy) => {}
+        }
+        drop(s);
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Deletes `id` if nothing names or holds it any more (read-only: it stays, as the file does).
+/// `s` is `inner` locked; only a deletion is a change, so the close of a file and the kernel's
+/// forget of a name, which come by the thousand, take no write lock (they began a write
+/// transaction each until 2026-12-05, and waited for one while another program held it).
+fn collect_if_unheld(inner: &Mutex<Inner>, s: MutexGuard<'_, Inner>, id: ObjectId) -> SysResult<()> {
+    if s.read_only || !s.unheld(id)? {
+        return Ok(());
+    }
+    drop(s);
+    change_waiting(inner, |s| s.collect(id))
+}
+
 fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
     inner.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -433,6 +489,7 @@ impl Inner {
                 external.before_commit(&self.db)?;
             }
             self.db.execute_batch("COMMIT").sql()?;
+            self.holding_read = false;
         }
         self.bytes_uncommitted = 0;
         self.hold_read()
@@ -449,8 +506,47 @@ impl Inner {
     fn hold_read(&mut self) -> SysResult<()> {
         if self.journal == Journal::Rollback && !self.read_only && self.db.is_autocommit() {
             self.db.execute_batch("BEGIN DEFERRED; SELECT count(*) FROM meta;").sql()?;
+            self.holding_read = true;
         }
         Ok(())
+    }
+
+    /// Takes the database's write lock for a change, if the open transaction does not hold it
+    /// yet, without waiting for another program that holds it: `Busy` then, and the caller
+    /// waits with the backend's mutex let go (`change_waiting`). In rollback mode the read
+    /// transaction `hold_read` keeps is let go too: the other program cannot commit while it
+    /// is held.
+    fn try_write_lock(&mut self) -> Result<(), WriteLock> {
+        if self.crashed || self.read_only {
+            return Ok(()); // `change` refuses
+        }
+        let statement = if self.db.is_autocommit() {
+            "BEGIN IMMEDIATE"
+        } else if self.holding_read {
+            // A write statement that changes nothing takes the write lock (RESERVED) for the
+            // transaction, as the change's first write would, and opens no journal.
+            "UPDATE meta SET value = value WHERE 0"
+        } else {
+            return Ok(());
+        };
+        let timeout = |db: &Connection, wait| db.busy_timeout(wait).sql().map_err(WriteLock::Failed);
+        timeout(&self.db, Duration::ZERO)?;
+        let result = self.db.execute_batch(statement);
+        timeout(&self.db, LOCK_WAIT)?;
+        match result {
+            Ok(()) => {
+                self.holding_read = false;
+                Ok(())
+            }
+            Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::DatabaseBusy => {
+                if self.holding_read {
+                    self.db.execute_batch("ROLLBACK").sql().map_err(WriteLock::Failed)?;
+                    self.holding_read = false;
+                }
+                Err(WriteLock::Busy)
+            }
+            Err(e) => Err(WriteLock::Failed(errno(e))),
+        }
     }
 
     /// The first intent log batch the last checkpoint's commit did not cover, as the open
@@ -596,15 +692,6 @@ impl Inner {
         }
         self.units_freed_at_commit.committed();
         Ok(())
-    }
-
-    /// Deletes `id` if nothing names or holds it any more (read-only: it stays, as the file
-    /// does).
-    fn collect_if_unheld(&mut self, id: ObjectId) -> SysResult<()> {
-        if self.read_only {
-            return Ok(());
-        }
-        self.change(|s| s.collect(id))
     }
 
     /// Counts `bytes` of file data written in the open transaction, and commits it once it
@@ -771,11 +858,16 @@ impl Inner {
     }
 
     /// An object with no name, no lookup and no open handle is gone, with its data.
-    fn collect(&mut self, id: ObjectId) -> SysResult<()> {
-        let Some(o) = self.object_opt(id)? else { return Ok(()) };
+    /// Whether nothing names or holds `id` any more: it is to be deleted (`collect`).
+    fn unheld(&self, id: ObjectId) -> SysResult<bool> {
+        let Some(o) = self.object_opt(id)? else { return Ok(false) };
         let unnamed = o.nlink == 0 || (o.kind == Kind::Directory && o.nlink <= 1);
         let held = self.lookups.get(&id).is_some_and(|&n| n > 0) || self.open_handles.get(&id).is_some_and(|&n| n > 0);
-        if unnamed && !held && id != ROOT_ID {
+        Ok(unnamed && !held && id != ROOT_ID)
+    }
+
+    fn collect(&mut self, id: ObjectId) -> SysResult<()> {
+        if self.unheld(id)? {
             self.delete_object(id)?;
         }
         Ok(())
@@ -963,6 +1055,7 @@ impl SqliteBackend {
             journal,
             units_freed_at_commit: DeferredFrees::default(),
             superseded: SupersededRows::default(),
+            holding_read: false,
             replaced_at_commit_above: 2 * u64::from(schema::PAGE_BYTES),
         };
         if let Ok(page) = inner.db.query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0)) {

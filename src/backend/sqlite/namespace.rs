@@ -29,7 +29,7 @@ impl Namespace for SqliteBackend {
         if let Some(n) = s.lookups.get_mut(&id) {
             *n = n.saturating_sub(lookups);
         }
-        if let Err(e) = s.collect_if_unheld(id) {
+        if let Err(e) = collect_if_unheld(&self.inner, s, id) {
             log::warn!("sqlite backend: forgetting object {id}: {e}");
         }
     }
@@ -46,8 +46,7 @@ impl Namespace for SqliteBackend {
     }
 
     fn setattr(&self, id: ObjectId, changes: &SetAttr) -> SysResult<()> {
-        let mut s = lock(&self.inner);
-        s.change(|s| {
+        change_waiting(&self.inner, |s| {
             let now = Timestamp::now();
             let at = |t: TimeToSet| if let TimeToSet::At(at) = t { at } else { now };
             s.update(id, |o| {
@@ -72,16 +71,16 @@ impl Namespace for SqliteBackend {
     }
 
     fn make(&self, parent: ObjectId, name: &OsStr, what: NewObject<'_>, owner: Owner) -> SysResult<Attr> {
-        lock(&self.inner).change(|s| s.make_object(parent, name, what, owner, None))
+        change_waiting(&self.inner, |s| s.make_object(parent, name, what, owner, None))
     }
 
     fn make_with_id(&self, id: ObjectId, parent: ObjectId, name: &OsStr, perm: u32, owner: Owner) -> SysResult<Attr> {
-        lock(&self.inner).change(|s| s.make_object(parent, name, NewObject::File { perm }, owner, Some(id)))
+        change_waiting(&self.inner, |s| s.make_object(parent, name, NewObject::File { perm }, owner, Some(id)))
     }
 
     fn link(&self, id: ObjectId, new_parent: ObjectId, new_name: &OsStr) -> SysResult<Attr> {
         valid_name(new_name)?;
-        lock(&self.inner).change(|s| {
+        change_waiting(&self.inner, |s| {
             if s.object(id)?.kind == Kind::Directory {
                 return Err(Errno(libc::EPERM));
             }
@@ -102,7 +101,7 @@ impl Namespace for SqliteBackend {
     }
 
     fn remove(&self, parent: ObjectId, name: &OsStr, directory: bool) -> SysResult<()> {
-        lock(&self.inner).change(|s| {
+        change_waiting(&self.inner, |s| {
             s.dir(parent)?;
             let id = s.child(parent, name)?.ok_or(Errno(libc::ENOENT))?;
             let is_dir = s.object(id)?.kind == Kind::Directory;
@@ -126,7 +125,7 @@ impl Namespace for SqliteBackend {
         flags: u32,
     ) -> SysResult<()> {
         valid_name(new_name)?;
-        lock(&self.inner).change(|s| {
+        change_waiting(&self.inner, |s| {
             s.dir(parent)?;
             s.dir(new_parent)?;
             let id = s.child(parent, name)?.ok_or(Errno(libc::ENOENT))?;
@@ -202,7 +201,7 @@ impl Namespace for SqliteBackend {
     }
 
     fn set_xattr(&self, id: ObjectId, name: &OsStr, value: &[u8], flags: i32) -> SysResult<()> {
-        lock(&self.inner).change(|s| {
+        change_waiting(&self.inner, |s| {
             s.object(id)?;
             // An access ACL sets the mode's bits, as a local file system's does (`cp -a`
             // preserves modes so); one the mode says all of is not kept apart.
@@ -278,7 +277,7 @@ impl Namespace for SqliteBackend {
     }
 
     fn remove_xattr(&self, id: ObjectId, name: &OsStr) -> SysResult<()> {
-        lock(&self.inner).change(|s| {
+        change_waiting(&self.inner, |s| {
             s.object(id)?;
             let n =
                 s.db.prepare_cached("DELETE FROM xattrs WHERE id = ?1 AND name = ?2")

@@ -18,7 +18,7 @@ impl Drop for FileHold {
             *n = n.saturating_sub(1);
         }
         let id = self.id;
-        if let Err(e) = s.collect_if_unheld(id) {
+        if let Err(e) = collect_if_unheld(&self.inner, s, id) {
             log::warn!("sqlite backend: closing object {id}: {e}");
         }
     }

@@ -887,3 +887,77 @@ fn a_punched_hole_deletes_the_rows_it_covers_and_seeks_find_it() {
         assert_eq!(read_all(&*b.open(id, OpenMode::default()).unwrap()), expected, "{journal:?}: reopened");
     }
 }
+
+/// Another program holding the database's write lock (a `sqlite3` shell in a transaction): a
+/// change waits for it without the backend's mutex, so lookups, attributes and reads answer
+/// meanwhile (every flusher's attempt held the mutex through the whole busy timeout, and
+/// stalled `ls` on a mount for tens of seconds), and fails with EIO after `LOCK_WAIT`. The close
+/// of a file and a forget of a name begin no write transaction: they took the write lock
+/// (and waited for it) on every call.
+#[test]
+fn a_write_lock_another_program_holds_fails_changes_after_the_wait_and_stalls_no_read() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let b = Arc::new(open(&dir));
+    let id = new_file(&b, "f", &pattern(3000));
+    b.sync_all().unwrap();
+    b.forget(id, 1); // new_file's lookup
+    read_all(&*b.open(id, OpenMode::default()).unwrap());
+    b.lookup(ROOT_ID, OsStr::new("f")).unwrap();
+    b.forget(id, 1);
+    assert!(super::lock(&b.inner).db.is_autocommit(), "a close and a forget began a transaction");
+
+    let other = rusqlite::Connection::open(dir.path().join("tree.db")).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let started = Instant::now();
+    let changing = {
+        let b = b.clone();
+        std::thread::spawn(move || b.make(ROOT_ID, OsStr::new("g"), NewObject::Directory { perm: 0o755 }, OWNER))
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let reads = Instant::now();
+    for _ in 0..10 {
+        assert_eq!(b.lookup(ROOT_ID, OsStr::new("f")).unwrap().id, id);
+        b.getattr(id).unwrap();
+        assert_eq!(read_all(&*b.open(id, OpenMode::default()).unwrap()), pattern(3000));
+    }
+    assert!(reads.elapsed() < Duration::from_secs(1), "reads waited {:?} behind a change", reads.elapsed());
+    let failed = changing.join().unwrap();
+    assert_eq!(failed.map(|_| ()).map_err(|e| e.0), Err(libc::EIO));
+    let waited = started.elapsed();
+    assert!(waited >= super::LOCK_WAIT && waited < super::LOCK_WAIT * 2, "the change failed after {waited:?}");
+    other.execute_batch("ROLLBACK").unwrap();
+    b.make(ROOT_ID, OsStr::new("g"), NewObject::Directory { perm: 0o755 }, OWNER).expect("the lock is free again");
+}
+
+/// In rollback mode the backend holds a read transaction between commits (its SHARED lock),
+/// under which another program can take the write lock (RESERVED) but never commit: a change
+/// that finds the lock taken lets its read transaction go, so the other program's commit goes
+/// through, and then takes the lock itself.
+#[test]
+fn in_rollback_mode_a_change_waiting_for_the_write_lock_lets_the_other_program_commit() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let b = Arc::new(open_in(&dir, Some(super::Journal::Rollback)));
+    new_file(&b, "f", &pattern(3000));
+    b.sync_all().unwrap();
+    assert!(!super::lock(&b.inner).db.is_autocommit(), "the read transaction held between commits");
+    let other = rusqlite::Connection::open(dir.path().join("tree.db")).unwrap();
+    other.busy_timeout(Duration::from_secs(3)).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE; INSERT INTO meta(key, value) VALUES('by_another', 1)").unwrap();
+    let changing = {
+        let b = b.clone();
+        std::thread::spawn(move || b.make(ROOT_ID, OsStr::new("g"), NewObject::Directory { perm: 0o755 }, OWNER))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    other.execute_batch("COMMIT").expect("the other program's commit, the backend's read lock let go");
+    changing.join().unwrap().expect("the change, once the other program committed");
+    b.sync_all().unwrap();
+    drop(other);
+    let by_another: i64 = super::lock(&b.inner)
+        .db
+        .query_row("SELECT value FROM meta WHERE key = 'by_another'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(by_another, 1);
+    assert!(b.lookup(ROOT_ID, OsStr::new("g")).is_ok());
+}
