@@ -190,6 +190,11 @@ pub struct Metrics {
     /// Bytes the engine read from the backend to complete a unit before writing it whole: only
     /// a store of whole units (partial_writes false) makes it read.
     pub backend_read_bytes_for_writes: AtomicU64,
+    /// Changes to a SQLite database that found its write lock held by another program and
+    /// waited for it (the backend's lock let go meanwhile).
+    pub sqlite_lock_waits: AtomicU64,
+    /// ... and those that failed with EIO, the lock still held after the wait.
+    pub sqlite_lock_wait_failures: AtomicU64,
     /// The S3 store's packed segments put (each one PUT of many units' pieces).
     pub s3_segments_put: AtomicU64,
     /// Units the S3 store read and put whole because their pieces reached half of them.
@@ -339,6 +344,16 @@ impl Metrics {
                 "backend_read_bytes_for_writes_total",
                 "Bytes read from the backend to complete writes",
                 self.backend_read_bytes_for_writes.load(Relaxed),
+            ),
+            (
+                "sqlite_lock_waits_total",
+                "Changes that waited for a write lock another program held on the database (SQLite)",
+                self.sqlite_lock_waits.load(Relaxed),
+            ),
+            (
+                "sqlite_lock_wait_failures_total",
+                "Changes that failed with EIO, another program holding the database's write lock past the wait (SQLite)",
+                self.sqlite_lock_wait_failures.load(Relaxed),
             ),
             ("s3_segments_put_total", "Packed segments of unit pieces put (S3)", self.s3_segments_put.load(Relaxed)),
             (

@@ -118,6 +118,7 @@ struct Inner {
     /// The open transaction is the read transaction `hold_read` began (rollback mode), which
     /// the first change turns into the write transaction.
     holding_read: bool,
+    metrics: Arc<Metrics>,
 }
 
 /// The files whose rows a commit frees, in the order they were deleted: a file made again with
@@ -328,6 +329,7 @@ fn change_waiting<T>(inner: &Mutex<Inner>, f: impl FnOnce(&mut Inner) -> SysResu
             Ok(()) => return s.change(f),
             Err(WriteLock::Failed(e)) => return Err(e),
             Err(WriteLock::Busy) if started.elapsed() >= LOCK_WAIT => {
+                s.metrics.sqlite_lock_wait_failures.fetch_add(1, Relaxed);
                 log::error!(
                     "sqlite backend: another program has held the database's write lock for {} s: the change \
                      fails with EIO (buffered data stays buffered and is written when the lock is free)",
@@ -335,7 +337,11 @@ fn change_waiting<T>(inner: &Mutex<Inner>, f: impl FnOnce(&mut Inner) -> SysResu
                 );
                 return Err(Errno(libc::EIO));
             }
-            Err(WriteLock::Busy) => {}
+            Err(WriteLock::Busy) => {
+                if pause == Duration::from_millis(1) {
+                    s.metrics.sqlite_lock_waits.fetch_add(1, Relaxed);
+                }
+            }
         }
         drop(s);
         std::thread::sleep(pause);
@@ -1057,6 +1063,7 @@ impl SqliteBackend {
             superseded: SupersededRows::default(),
             holding_read: false,
             replaced_at_commit_above: 2 * u64::from(schema::PAGE_BYTES),
+            metrics: metrics.clone(),
         };
         if let Ok(page) = inner.db.query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0)) {
             inner.replaced_at_commit_above = 2 * page as u64;

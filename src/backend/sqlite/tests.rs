@@ -896,6 +896,7 @@ fn a_punched_hole_deletes_the_rows_it_covers_and_seeks_find_it() {
 /// (and waited for it) on every call.
 #[test]
 fn a_write_lock_another_program_holds_fails_changes_after_the_wait_and_stalls_no_read() {
+    use std::sync::atomic::Ordering::Relaxed;
     use std::time::{Duration, Instant};
     let dir = tempfile::tempdir().unwrap();
     let b = Arc::new(open(&dir));
@@ -924,6 +925,9 @@ fn a_write_lock_another_program_holds_fails_changes_after_the_wait_and_stalls_no
     assert!(reads.elapsed() < Duration::from_secs(1), "reads waited {:?} behind a change", reads.elapsed());
     let failed = changing.join().unwrap();
     assert_eq!(failed.map(|_| ()).map_err(|e| e.0), Err(libc::EIO));
+    let metrics = super::lock(&b.inner).metrics.clone();
+    let counted = (metrics.sqlite_lock_waits.load(Relaxed), metrics.sqlite_lock_wait_failures.load(Relaxed));
+    assert_eq!(counted, (1, 1), "waits and failures counted");
     let waited = started.elapsed();
     assert!(waited >= super::LOCK_WAIT && waited < super::LOCK_WAIT * 2, "the change failed after {waited:?}");
     other.execute_batch("ROLLBACK").unwrap();
