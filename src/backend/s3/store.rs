@@ -976,41 +976,44 @@ impl FileData for S3FileData {
     }
 
     /// SEEK_DATA and SEEK_HOLE, a unit at a time: a unit with an object or a piece is data to
-    /// its end (or the file's), one with neither a hole.
+    /// its end (or the file's), one with neither a hole. The units are read from `offset`'s on
+    /// only as far as the answer (`cp` alternates the two through a sparse file).
     fn seek(&self, offset: i64, whence: i32) -> SysResult<i64> {
+        if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
+            return Err(Errno(libc::EINVAL));
+        }
         let u = self.shared.unit_bytes;
-        let (size, units) = self.shared.names.records(|r| {
+        self.shared.names.records(|r| {
             let size = r.file_size(self.id)?;
-            let Ok(from) = u64::try_from(offset) else { return Ok((size, Vec::new())) };
+            let offset = u64::try_from(offset).ok().filter(|&offset| offset < size).ok_or(Errno(libc::ENXIO))?;
             let mut stmt = sql(r.db().prepare_cached(
                 "SELECT unit FROM s3_units WHERE file = ?1 AND unit >= ?2 AND length > 0 \
                  UNION SELECT unit FROM s3_pieces WHERE file = ?1 AND unit >= ?2 ORDER BY unit",
             ))?;
-            let units = sql(stmt.query_map(params![self.id as i64, (from / u) as i64], |row| row.get::<_, i64>(0)))?;
-            Ok((size, sql(units.map(|unit| unit.map(|unit| unit as u64)).collect::<Result<Vec<_>, _>>())?))
-        })?;
-        let Ok(offset) = u64::try_from(offset) else { return Err(Errno(libc::ENXIO)) };
-        if offset >= size {
-            return Err(Errno(libc::ENXIO));
-        }
-        let found = match whence {
-            libc::SEEK_DATA => units.first().map_or(size, |&unit| offset.max(unit * u)),
-            libc::SEEK_HOLE => {
+            let mut units =
+                sql(stmt.query_map(params![self.id as i64, (offset / u) as i64], |row| row.get::<_, i64>(0)))?;
+            let found = if whence == libc::SEEK_DATA {
+                match units.next() {
+                    Some(unit) => offset.max(sql(unit)? as u64 * u),
+                    None => size,
+                }
+            } else {
                 let mut hole = offset / u;
-                for &unit in &units {
+                for unit in units {
+                    let unit = sql(unit)? as u64;
                     if unit > hole {
                         break;
                     }
                     hole = unit + 1;
                 }
                 offset.max(hole.saturating_mul(u))
+            };
+            match found >= size {
+                true if whence == libc::SEEK_DATA => Err(Errno(libc::ENXIO)),
+                true => Ok(size as i64),
+                false => Ok(found as i64),
             }
-            _ => return Err(Errno(libc::EINVAL)),
-        };
-        if found >= size {
-            return if whence == libc::SEEK_DATA { Err(Errno(libc::ENXIO)) } else { Ok(size as i64) };
-        }
-        Ok(found as i64)
+        })
     }
 
     fn sync(&self, _data_only: bool) -> SysResult<()> {

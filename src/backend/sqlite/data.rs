@@ -178,7 +178,8 @@ impl FileData for SqliteFileData {
         let rows = stmt.query_map(params![sql_id(self.id), (offset / u) as i64], |r| {
             Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64))
         });
-        let mut units_with_data = rows.sql()?.filter(|row| !matches!(row, Ok((row, _)) if s.superseded.contains(*row)));
+        let mut units_with_data =
+            rows.sql()?.filter(|row| !matches!(row, Ok((rowid, _)) if s.superseded.contains(*rowid)));
         let found = match whence {
             libc::SEEK_DATA => match units_with_data.next() {
                 Some(row) => offset.max(row.sql()?.1 * u),
