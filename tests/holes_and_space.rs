@@ -158,7 +158,34 @@ fn over_s3_seek_data_and_seek_hole_see_writes_the_kernel_has_not_sent_in_every_w
 /// which extend the file as it promises.
 #[test]
 fn over_sqlite_a_punched_hole_reads_zeros_and_frees_its_rows_and_posix_fallocate_still_extends() {
-    const UNIT: usize = 64 << 10;
+    let mut m = TestMount::over_sqlite(&[]);
+    check_a_punched_hole(&mut m, 64 << 10);
+    m.unmount();
+    let db = rusqlite::Connection::open(m.database.as_ref().unwrap()).unwrap();
+    let units: Vec<i64> = db
+        .prepare("SELECT unit FROM units JOIN inodes ON inodes.id = units.file WHERE length(data) > 0 ORDER BY unit")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(!units.iter().any(|u| (2..6).contains(u)), "units 2 to 5 have no row: {units:?}");
+}
+
+/// The same over S3 (a SeaweedFS server on 127.0.0.1, 1 MiB units); what the store drops is
+/// checked in-process (`a_punched_hole_drops_the_units_it_covers_and_seeks_find_it`).
+#[test]
+fn over_s3_a_punched_hole_reads_zeros_and_posix_fallocate_still_extends() {
+    let test = "over_s3_a_punched_hole_reads_zeros_and_posix_fallocate_still_extends";
+    let Some(server) = common::s3::server_or_skip(test) else { return };
+    let mut m = TestMount::over_s3(&server, "holes", &["unit=1M"]);
+    check_a_punched_hole(&mut m, 1 << 20);
+}
+
+/// A file of 8 units, 4 of them on the backend and 4 written and fsynced after (the buffer and
+/// the log hold them), a hole punched from half of unit 1 to half of unit 6; unmounted and
+/// mounted again at its end.
+fn check_a_punched_hole(m: &mut TestMount, unit: usize) {
     let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
     let fallocate = |f: &File, mode: i32, offset: usize, length: usize| {
         // SAFETY: `fallocate` takes only integers (a descriptor and plain values) and touches
@@ -170,21 +197,20 @@ fn over_sqlite_a_punched_hole_reads_zeros_and_frees_its_rows_and_posix_fallocate
             Err(std::io::Error::last_os_error().raw_os_error().unwrap())
         }
     };
-    let mut m = TestMount::over_sqlite(&[]);
-    let mut expected: Vec<u8> = (0..8 * UNIT).map(|i| (i % 251) as u8 | 1).collect();
-    std::fs::write(m.path("f"), &expected[..4 * UNIT]).unwrap();
+    let mut expected: Vec<u8> = (0..8 * unit).map(|i| (i % 251) as u8 | 1).collect();
+    std::fs::write(m.path("f"), &expected[..4 * unit]).unwrap();
     m.sync_to_backend();
     let f = OpenOptions::new().read(true).write(true).open(m.path("f")).unwrap();
-    f.write_all_at(&expected[4 * UNIT..], 4 * UNIT as u64).unwrap();
+    f.write_all_at(&expected[4 * unit..], 4 * unit as u64).unwrap();
     f.sync_all().unwrap();
 
-    assert_eq!(fallocate(&f, 0, 0, UNIT), Err(libc::EOPNOTSUPP), "preallocation");
-    // Half of unit 1 (in the database) to half of unit 6 (in the buffer and the log).
-    fallocate(&f, punch, UNIT + UNIT / 2, 5 * UNIT).expect("a hole punched after the refusal");
-    expected[UNIT + UNIT / 2..6 * UNIT + UNIT / 2].fill(0);
+    assert_eq!(fallocate(&f, 0, 0, unit), Err(libc::EOPNOTSUPP), "preallocation");
+    // Half of unit 1 (on the backend) to half of unit 6 (in the buffer and the log).
+    fallocate(&f, punch, unit + unit / 2, 5 * unit).expect("a hole punched after the refusal");
+    expected[unit + unit / 2..6 * unit + unit / 2].fill(0);
     assert_eq!(std::fs::read(m.path("f")).unwrap(), expected, "zeros where the hole is");
-    assert_eq!(seek(&f, 0, libc::SEEK_HOLE), Ok(2 * UNIT as i64), "the first whole unit of the hole");
-    assert_eq!(seek(&f, 2 * UNIT as i64, libc::SEEK_DATA), Ok(6 * UNIT as i64));
+    assert_eq!(seek(&f, 0, libc::SEEK_HOLE), Ok(2 * unit as i64), "the first whole unit of the hole");
+    assert_eq!(seek(&f, 2 * unit as i64, libc::SEEK_DATA), Ok(6 * unit as i64));
 
     let elsewhere = tempfile::tempdir().unwrap();
     let copy = elsewhere.path().join("copy");
@@ -194,22 +220,12 @@ fn over_sqlite_a_punched_hole_reads_zeros_and_frees_its_rows_and_posix_fallocate
 
     // posix_fallocate past the end: glibc writes zeros where the kernel refused.
     // SAFETY: as `fallocate` above: integers only.
-    assert_eq!(unsafe { libc::posix_fallocate(f.as_raw_fd(), 8 * UNIT as i64, UNIT as i64) }, 0);
-    expected.resize(9 * UNIT, 0);
-    assert_eq!(f.metadata().unwrap().len(), 9 * UNIT as u64, "posix_fallocate extends the file");
+    assert_eq!(unsafe { libc::posix_fallocate(f.as_raw_fd(), 8 * unit as i64, unit as i64) }, 0);
+    expected.resize(9 * unit, 0);
+    assert_eq!(f.metadata().unwrap().len(), 9 * unit as u64, "posix_fallocate extends the file");
     drop(f);
 
     m.unmount();
-    let db = rusqlite::Connection::open(m.database.as_ref().unwrap()).unwrap();
-    let units: Vec<i64> = db
-        .prepare("SELECT unit FROM units JOIN inodes ON inodes.id = units.file WHERE length(data) > 0 ORDER BY unit")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    assert!(!units.iter().any(|u| (2..6).contains(u)), "units 2 to 5 have no row: {units:?}");
-    drop(db);
     m.mount();
     assert_eq!(std::fs::read(m.path("f")).unwrap(), expected, "after a remount");
 }
