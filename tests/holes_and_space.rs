@@ -107,30 +107,29 @@ fn check_seeks_see_unsent_writes(m: &TestMount, options: &[&str], name: &str) {
     assert_eq!(seek(&f, 0, libc::SEEK_DATA), Ok(map_at), "{what}: after the close");
 }
 
-#[test]
-fn seek_data_and_seek_hole_see_writes_the_kernel_has_not_sent_in_every_write_path() {
-    for options in WRITE_PATHS {
-        let m = TestMount::with_options(options);
+/// `check_seeks_see_unsent_writes` in each of `paths` over the mounts `mount` makes: on a new
+/// file, then on one that holds data on the backend already (`writeback_cache=auto` bypasses
+/// the kernel's cache for its writers) and is written sparsely again.
+fn check_seeks_in(paths: &[&[&str]], mount: impl Fn(&[&str]) -> TestMount) {
+    for options in paths {
+        let m = mount(options);
         check_seeks_see_unsent_writes(&m, options, "new");
-        // A file that holds data on the backend already (`writeback_cache=auto` bypasses the
-        // kernel's cache for its writers) and is written sparsely again.
         std::fs::write(m.path("old"), b"x").unwrap();
         m.sync_to_backend();
         check_seeks_see_unsent_writes(&m, options, "old");
     }
 }
 
+#[test]
+fn seek_data_and_seek_hole_see_writes_the_kernel_has_not_sent_in_every_write_path() {
+    check_seeks_in(WRITE_PATHS, TestMount::with_options);
+}
+
 /// The same over a SQLite database, whose holes are units without a row: a seek sees what the
 /// kernel, the write buffer and the intent log hold as well as the rows.
 #[test]
 fn over_sqlite_seek_data_and_seek_hole_see_writes_the_kernel_has_not_sent_in_every_write_path() {
-    for options in WRITE_PATHS {
-        let m = TestMount::over_sqlite(options);
-        check_seeks_see_unsent_writes(&m, options, "new");
-        std::fs::write(m.path("old"), b"x").unwrap();
-        m.sync_to_backend();
-        check_seeks_see_unsent_writes(&m, options, "old");
-    }
+    check_seeks_in(WRITE_PATHS, TestMount::over_sqlite);
 }
 
 /// And over S3 (a SeaweedFS server on 127.0.0.1), whose holes are units with neither an object
@@ -140,13 +139,8 @@ fn over_sqlite_seek_data_and_seek_hole_see_writes_the_kernel_has_not_sent_in_eve
 fn over_s3_seek_data_and_seek_hole_see_writes_the_kernel_has_not_sent_in_every_write_path() {
     let test = "over_s3_seek_data_and_seek_hole_see_writes_the_kernel_has_not_sent_in_every_write_path";
     let Some(server) = common::s3::server_or_skip(test) else { return };
-    for options in WRITE_PATHS.iter().filter(|options| !options.contains(&"log=off")) {
-        let m = TestMount::over_s3(&server, "holes", &[*options, &["unit=1M"]].concat());
-        check_seeks_see_unsent_writes(&m, options, "new");
-        std::fs::write(m.path("old"), b"x").unwrap();
-        m.sync_to_backend();
-        check_seeks_see_unsent_writes(&m, options, "old");
-    }
+    let with_log: Vec<&[&str]> = WRITE_PATHS.iter().copied().filter(|options| !options.contains(&"log=off")).collect();
+    check_seeks_in(&with_log, |options| TestMount::over_s3(&server, "holes", &[options, &["unit=1M"]].concat()));
 }
 
 /// A hole punched on a SQLite mount through bytes that are still in the write buffer and the
