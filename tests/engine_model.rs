@@ -1,6 +1,6 @@
 //! The engine in-process, against the in-memory store and log: random sequences of operations
 //! (files in three directories, writes of a byte to several units, truncates, O_SYNC writes,
-//! fsync, close, rename, unlink, hard links, holes punched where the store can (SQLite),
+//! fsync, close, rename, unlink, hard links, holes punched where the store can (SQLite, S3),
 //! copy_file_range this store refuses, fsync of directories, checkpoints, and crashes), checked
 //! after every step against a model of what a reader must see, and after every crash against
 //! what was acknowledged.
@@ -587,11 +587,11 @@ impl World {
                 let Some((file, fh)) = self.handle((dir, name)) else { return };
                 let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
                 if !self.store.backends().1.capabilities().allocate {
-                    // The memory and S3 stores cannot: the kernel is told ENOSYS, and falls back.
+                    // The memory store cannot: the kernel is told ENOSYS, and falls back.
                     assert_eq!(self.engine.fallocate(fh, offset, len, punch).unwrap_err().0, libc::ENOSYS);
                     return;
                 }
-                // The SQLite store punches holes and refuses preallocation, not with ENOSYS,
+                // The SQLite and S3 stores punch holes and refuse preallocation, not with ENOSYS,
                 // which would stop the kernel asking for either.
                 assert_eq!(self.engine.fallocate(fh, 0, UNIT, 0).unwrap_err().0, libc::EOPNOTSUPP);
                 self.engine.fallocate(fh, offset, len, punch).expect("punch");
