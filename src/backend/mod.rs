@@ -58,6 +58,7 @@
 //!    ext4 commits the xattr such a mark would be without waiting for overwritten data blocks.
 
 pub mod faults;
+pub mod holes;
 pub mod local;
 pub mod memory;
 pub mod null;

@@ -31,6 +31,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::layout::{Content, Layout, Manifest};
 use super::objects::{ObjectError, ObjectStore, PutCondition, PutOutcome};
 use super::segments::{Piece, Segments, Sink, MAX_PIECES_PER_UNIT};
+use crate::backend::holes::{self, Punch};
 use crate::backend::sqlite::{ExternalData, FileHold, SqliteBackend};
 use crate::backend::{Capabilities, FileData, OpenMode, UnitSource, UnitStore, UnitWrite};
 use crate::engine::types::ObjectId;
@@ -927,47 +928,29 @@ impl FileData for S3FileData {
         self.shared.names.records(|r| r.file_size(self.id))
     }
 
-    /// Hole punching only (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`), as the SQLite store
-    /// does: the records and pieces of units wholly inside the hole are dropped (their objects
-    /// go after the next manifest), and the bytes of the units at its ends are written as zeros
-    /// (pieces, or the unit put again, as any partial write). Preallocation answers EOPNOTSUPP:
-    /// a bucket has nothing to reserve, and glibc's `posix_fallocate` then writes zeros.
+    /// Hole punching only (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`, `holes::Punch`), as the
+    /// SQLite store does: the records and pieces of units it covers to their end (or the
+    /// file's) are dropped (their objects go after the next manifest), and the bytes of the
+    /// units at its ends are written as zeros (pieces, or the unit put again, as any partial
+    /// write). Preallocation answers EOPNOTSUPP: a bucket has nothing to reserve, and glibc's
+    /// `posix_fallocate` then writes zeros.
     fn allocate(&self, mode: i32, offset: u64, length: u64) -> SysResult<()> {
         if mode != libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE {
             return Err(Errno(libc::EOPNOTSUPP));
         }
         let (id, u) = (self.id, self.shared.unit_bytes);
         let size = self.size()?;
-        let end = offset.saturating_add(length).min(size);
-        if offset >= end {
-            return Ok(());
-        }
-        let (first, last) = (offset / u, (end - 1) / u);
-        // A unit is punched whole when the hole covers it up to its end or the file's.
-        let within = |unit: u64| {
-            let start = unit * u;
-            (offset.max(start) - start)..(end.min(start + u) - start)
-        };
-        let whole = |unit: u64| {
-            let range = within(unit);
-            range.start == 0 && range.end == u.min(size - unit * u)
-        };
-        let whole_first = if whole(first) { first } else { first + 1 };
-        let whole_last = if whole(last) { Some(last) } else { last.checked_sub(1) };
-        let ends = if first == last { &[first][..] } else { &[first, last][..] };
-        for &unit in ends {
-            if !whole(unit) {
-                let range = within(unit);
-                let zeros = vec![0u8; range.end as usize];
-                self.write_unit(&UnitWrite { unit, unit_bytes: u, buf: &zeros, ranges: &range.into(), size })?;
-            }
+        let Some(punch) = Punch::plan(offset, length, size, u) else { return Ok(()) };
+        for (unit, within) in punch.partial {
+            let zeros = vec![0u8; within.end as usize];
+            self.write_unit(&UnitWrite { unit, unit_bytes: u, buf: &zeros, ranges: &within.into(), size })?;
         }
         let segments = &self.shared.segments;
         self.shared.names.records(|r| {
             r.change(|r| {
                 r.file_size(id)?;
-                if let Some(whole_last) = whole_last.filter(|&l| l >= whole_first) {
-                    let values = [id as i64, whole_first as i64, whole_last as i64];
+                if let Some(whole) = &punch.whole {
+                    let values = [id as i64, *whole.start() as i64, *whole.end() as i64];
                     sql(drop_data(r.db(), segments, "file = ?1 AND unit BETWEEN ?2 AND ?3", &values))?;
                 }
                 r.set_file_size(id, size, true)
@@ -975,44 +958,21 @@ impl FileData for S3FileData {
         })
     }
 
-    /// SEEK_DATA and SEEK_HOLE, a unit at a time: a unit with an object or a piece is data to
-    /// its end (or the file's), one with neither a hole. The units are read from `offset`'s on
-    /// only as far as the answer (`cp` alternates the two through a sparse file).
+    /// SEEK_DATA and SEEK_HOLE, a unit at a time (`holes::seek`): a unit with an object or a
+    /// piece is data.
     fn seek(&self, offset: i64, whence: i32) -> SysResult<i64> {
-        if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
-            return Err(Errno(libc::EINVAL));
-        }
         let u = self.shared.unit_bytes;
         self.shared.names.records(|r| {
             let size = r.file_size(self.id)?;
-            let offset = u64::try_from(offset).ok().filter(|&offset| offset < size).ok_or(Errno(libc::ENXIO))?;
             let mut stmt = sql(r.db().prepare_cached(
                 "SELECT unit FROM s3_units WHERE file = ?1 AND unit >= ?2 AND length > 0 \
                  UNION SELECT unit FROM s3_pieces WHERE file = ?1 AND unit >= ?2 ORDER BY unit",
             ))?;
-            let mut units =
-                sql(stmt.query_map(params![self.id as i64, (offset / u) as i64], |row| row.get::<_, i64>(0)))?;
-            let found = if whence == libc::SEEK_DATA {
-                match units.next() {
-                    Some(unit) => offset.max(sql(unit)? as u64 * u),
-                    None => size,
-                }
-            } else {
-                let mut hole = offset / u;
-                for unit in units {
-                    let unit = sql(unit)? as u64;
-                    if unit > hole {
-                        break;
-                    }
-                    hole = unit + 1;
-                }
-                offset.max(hole.saturating_mul(u))
-            };
-            match found >= size {
-                true if whence == libc::SEEK_DATA => Err(Errno(libc::ENXIO)),
-                true => Ok(size as i64),
-                false => Ok(found as i64),
-            }
+            let units =
+                sql(stmt.query_map(params![self.id as i64, (offset.max(0) as u64 / u) as i64], |row| {
+                    row.get::<_, i64>(0)
+                }))?;
+            holes::seek(offset, whence, size, u, units.map(|unit| sql(unit).map(|unit| unit as u64)))
         })
     }
 

@@ -1,6 +1,7 @@
 //! The SQLite backend's data: a file's units as rows, `FileData` and `UnitStore`.
 
 use super::*;
+use crate::backend::holes::{self, Punch};
 
 /// A file's data in the database.
 struct SqliteFileData {
@@ -61,7 +62,8 @@ impl FileData for SqliteFileData {
             return Err(Errno(libc::EIO));
         }
         let id = self.id;
-        change_waiting(&self.inner, |s| {
+        let mut s = locked_for_change(&self.inner)?;
+        s.change(|s| {
             let o = s.object(id)?;
             if o.kind != Kind::File {
                 return Err(Errno(libc::EISDIR));
@@ -79,7 +81,8 @@ impl FileData for SqliteFileData {
                 o.ctime = now;
             })
         })?;
-        lock(&self.inner).wrote(limit)?;
+        s.wrote(limit)?;
+        drop(s);
         self.metrics.backend_write_bytes.fetch_add(limit, Relaxed);
         self.metrics.backend_write_requests.fetch_add(1, Relaxed);
         self.metrics.backend_write_sizes.record(limit);
@@ -123,33 +126,25 @@ impl FileData for SqliteFileData {
         Ok(lock(&self.inner).object(self.id)?.size)
     }
 
-    /// Hole punching only (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`): the rows of units
-    /// wholly inside the range go, and the bytes of the range are cut out of the rows of the
-    /// units at its ends. Preallocation (mode 0, `KEEP_SIZE`, `ZERO_RANGE`) answers
-    /// EOPNOTSUPP: a database reserves no pages for rows not yet written, so the promise that
-    /// later writes find room could not be kept; glibc's `posix_fallocate` then writes zeros,
-    /// which do take the room. Not ENOSYS: the kernel would send no fallocate again, holes
-    /// included, for the rest of the mount.
+    /// Hole punching only (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`, `holes::Punch`): the
+    /// rows of units it covers to their end (or the file's) go, and its bytes are cut out of
+    /// the rows of the units at its ends. Preallocation (mode 0, `KEEP_SIZE`, `ZERO_RANGE`)
+    /// answers EOPNOTSUPP: a database reserves no pages for rows not yet written, so the
+    /// promise that later writes find room could not be kept; glibc's `posix_fallocate` then
+    /// writes zeros, which do take the room. Not ENOSYS: the kernel would send no fallocate
+    /// again, holes included, for the rest of the mount.
     fn allocate(&self, mode: i32, offset: u64, length: u64) -> SysResult<()> {
         if mode != libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE {
             return Err(Errno(libc::EOPNOTSUPP));
         }
         let (id, u) = (self.id, self.unit_bytes);
         change_waiting(&self.inner, |s| {
-            let end = offset.saturating_add(length).min(s.object(id)?.size);
-            if offset < end {
-                let (first, last) = (offset / u, (end - 1) / u);
-                let (whole_first, whole_last) = (offset.div_ceil(u), end / u);
-                let ends = if first == last { &[first][..] } else { &[first, last][..] };
-                for &unit in ends {
-                    if unit < whole_first || unit >= whole_last {
-                        let start = unit * u;
-                        let within = (offset.max(start) - start)..(end.min(start + u) - start);
-                        s.zero_in_unit(id, unit, within)?;
-                    }
+            if let Some(punch) = Punch::plan(offset, length, s.object(id)?.size, u) {
+                for (unit, within) in punch.partial {
+                    s.zero_in_unit(id, unit, within)?;
                 }
-                if whole_first < whole_last {
-                    s.replace_rows(id, whole_first, whole_last - 1)?;
+                if let Some(whole) = punch.whole {
+                    s.replace_rows(id, *whole.start(), *whole.end())?;
                 }
             }
             let now = Timestamp::now();
@@ -160,50 +155,29 @@ impl FileData for SqliteFileData {
         })
     }
 
-    /// SEEK_DATA and SEEK_HOLE, a unit at a time: a unit with a row is data to its end (or the
-    /// file's), a unit without one a hole.
+    /// SEEK_DATA and SEEK_HOLE, a unit at a time (`holes::seek`): a unit with a live row is
+    /// data.
     fn seek(&self, offset: i64, whence: i32) -> SysResult<i64> {
         let s = lock(&self.inner);
         let size = s.object(self.id)?.size;
-        let Ok(offset) = u64::try_from(offset) else { return Err(Errno(libc::ENXIO)) };
-        if offset >= size {
-            return Err(Errno(libc::ENXIO));
-        }
         let u = self.unit_bytes;
         let mut stmt =
             s.db.prepare_cached(
                 "SELECT rowid, unit FROM units WHERE file = ?1 AND unit >= ?2 AND length(data) > 0 ORDER BY unit",
             )
             .sql()?;
-        let rows = stmt.query_map(params![sql_id(self.id), (offset / u) as i64], |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64))
+        let rows = stmt
+            .query_map(params![sql_id(self.id), (offset.max(0) as u64 / u) as i64], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64))
+            })
+            .sql()?;
+        // Rows of one unit come together: the replaced ones passed by, at most one is live.
+        let units_with_data = rows.filter_map(|row| match row {
+            Ok((rowid, _)) if s.superseded.contains(rowid) => None,
+            Ok((_, unit)) => Some(Ok(unit)),
+            Err(e) => Some(Err(errno(e))),
         });
-        let mut units_with_data =
-            rows.sql()?.filter(|row| !matches!(row, Ok((rowid, _)) if s.superseded.contains(*rowid)));
-        let found = match whence {
-            libc::SEEK_DATA => match units_with_data.next() {
-                Some(row) => offset.max(row.sql()?.1 * u),
-                None => size,
-            },
-            libc::SEEK_HOLE => {
-                // The first unit from `offset`'s on that no row holds (rows of one unit come
-                // together: the replaced ones passed by, at most one is live).
-                let mut hole = offset / u;
-                for row in units_with_data {
-                    let unit = row.sql()?.1;
-                    if unit > hole {
-                        break;
-                    }
-                    hole = unit + 1;
-                }
-                offset.max(hole.saturating_mul(u))
-            }
-            _ => return Err(Errno(libc::EINVAL)),
-        };
-        if found >= size {
-            return if whence == libc::SEEK_DATA { Err(Errno(libc::ENXIO)) } else { Ok(size as i64) };
-        }
-        Ok(found as i64)
+        holes::seek(offset, whence, size, u, units_with_data)
     }
 
     fn sync(&self, _data_only: bool) -> SysResult<()> {

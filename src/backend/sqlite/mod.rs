@@ -315,18 +315,19 @@ enum WriteLock {
     Failed(Errno),
 }
 
-/// Runs `f` as one change (`Inner::change`), first waiting for the database's write lock with
-/// the backend's mutex let go: while another program holds the lock (a `sqlite3` shell in a
-/// transaction), lookups, reads and attributes go on answering, where every flusher's attempt
-/// used to hold the mutex for the whole busy timeout and stall them all. After `LOCK_WAIT` the
-/// change fails with EIO (the engine keeps the data buffered and tries again).
-fn change_waiting<T>(inner: &Mutex<Inner>, f: impl FnOnce(&mut Inner) -> SysResult<T>) -> SysResult<T> {
+/// `inner` locked with the database's write lock taken for a change (`Inner::change` next),
+/// having waited for it with the backend's mutex let go: while another program holds the lock
+/// (a `sqlite3` shell in a transaction), lookups, reads and attributes go on answering, where
+/// every flusher's attempt used to hold the mutex for the whole busy timeout and stall them
+/// all. After `LOCK_WAIT` it fails with EIO (the engine keeps the data buffered and tries
+/// again).
+fn locked_for_change(inner: &Mutex<Inner>) -> SysResult<MutexGuard<'_, Inner>> {
     let started = Instant::now();
     let mut pause = Duration::from_millis(1);
     loop {
         let mut s = lock(inner);
         match s.try_write_lock() {
-            Ok(()) => return s.change(f),
+            Ok(()) => return Ok(s),
             Err(WriteLock::Failed(e)) => return Err(e),
             Err(WriteLock::Busy) if started.elapsed() >= LOCK_WAIT => {
                 s.metrics.sqlite_lock_wait_failures.fetch_add(1, Relaxed);
@@ -347,6 +348,11 @@ fn change_waiting<T>(inner: &Mutex<Inner>, f: impl FnOnce(&mut Inner) -> SysResu
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(50));
     }
+}
+
+/// Runs `f` as one change (`Inner::change`) once the write lock is taken (`locked_for_change`).
+fn change_waiting<T>(inner: &Mutex<Inner>, f: impl FnOnce(&mut Inner) -> SysResult<T>) -> SysResult<T> {
+    locked_for_change(inner)?.change(f)
 }
 
 /// Deletes `id` if nothing names or holds it any more (read-only: it stays, as the file does).
