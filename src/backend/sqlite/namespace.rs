@@ -394,12 +394,14 @@ impl Namespace for SqliteBackend {
     /// change before it durable with it (contract rule 7). The row is left alone when it holds
     /// that already (a checkpoint with no batch to release, the unmount's after `coalescefs
     /// sync`): rewritten, it would cost a transaction of its own, three syncs in rollback mode.
+    /// A checkpoint that flushed nothing begins its transaction here: it waits for another
+    /// program's write lock with the backend's mutex let go, as every change does.
     fn set_replay_watermark(&self, first_batch: Option<u64>) -> SysResult<()> {
-        let mut s = lock(&self.inner);
-        if s.replay_watermark()? == first_batch {
+        // Only the checkpointer writes it: unchanged between this look and the change.
+        if lock(&self.inner).replay_watermark()? == first_batch {
             return Ok(());
         }
-        s.change(|s| {
+        change_waiting(&self.inner, |s| {
             match first_batch {
                 Some(seq) => {
                     s.db.execute(

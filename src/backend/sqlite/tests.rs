@@ -891,7 +891,8 @@ fn a_punched_hole_deletes_the_rows_it_covers_and_seeks_find_it() {
 /// Another program holding the database's write lock (a `sqlite3` shell in a transaction): a
 /// change waits for it without the backend's mutex, so lookups, attributes and reads answer
 /// meanwhile (every flusher's attempt held the mutex through the whole busy timeout, and
-/// stalled `ls` on a mount for tens of seconds), and fails with EIO after `LOCK_WAIT`. The close
+/// stalled `ls` on a mount for tens of seconds), and fails with EIO after `LOCK_WAIT`; the replay
+/// watermark's write too (it held the mutex through SQLite's busy wait until 2026-12-06). The close
 /// of a file and a forget of a name begin no write transaction: they took the write lock
 /// (and waited for it) on every call.
 #[test]
@@ -915,6 +916,12 @@ fn a_write_lock_another_program_holds_fails_changes_after_the_wait_and_stalls_no
         let b = b.clone();
         std::thread::spawn(move || b.make(ROOT_ID, OsStr::new("g"), NewObject::Directory { perm: 0o755 }, OWNER))
     };
+    // A checkpoint that releases batches and flushes nothing begins its transaction with the
+    // replay watermark: it waits as any change does.
+    let watermark = {
+        let b = b.clone();
+        std::thread::spawn(move || b.set_replay_watermark(Some(7)))
+    };
     std::thread::sleep(Duration::from_millis(500));
     let reads = Instant::now();
     for _ in 0..10 {
@@ -925,13 +932,16 @@ fn a_write_lock_another_program_holds_fails_changes_after_the_wait_and_stalls_no
     assert!(reads.elapsed() < Duration::from_secs(1), "reads waited {:?} behind a change", reads.elapsed());
     let failed = changing.join().unwrap();
     assert_eq!(failed.map(|_| ()).map_err(|e| e.0), Err(libc::EIO));
+    assert_eq!(watermark.join().unwrap().map_err(|e| e.0), Err(libc::EIO), "the watermark's write");
     let metrics = super::lock(&b.inner).metrics.clone();
     let counted = (metrics.sqlite_lock_waits.load(Relaxed), metrics.sqlite_lock_wait_failures.load(Relaxed));
-    assert_eq!(counted, (1, 1), "waits and failures counted");
+    assert_eq!(counted, (2, 2), "waits and failures counted");
     let waited = started.elapsed();
     assert!(waited >= super::LOCK_WAIT && waited < super::LOCK_WAIT * 2, "the change failed after {waited:?}");
     other.execute_batch("ROLLBACK").unwrap();
     b.make(ROOT_ID, OsStr::new("g"), NewObject::Directory { perm: 0o755 }, OWNER).expect("the lock is free again");
+    b.set_replay_watermark(Some(7)).unwrap();
+    assert_eq!(b.replay_watermark().unwrap(), Some(7));
 }
 
 /// In rollback mode the backend holds a read transaction between commits (its SHARED lock),
@@ -965,3 +975,4 @@ fn in_rollback_mode_a_change_waiting_for_the_write_lock_lets_the_other_program_c
     assert_eq!(by_another, 1);
     assert!(b.lookup(ROOT_ID, OsStr::new("g")).is_ok());
 }
+
