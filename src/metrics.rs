@@ -190,6 +190,9 @@ pub struct Metrics {
     /// Bytes the engine read from the backend to complete a unit before writing it whole: only
     /// a store of whole units (partial_writes false) makes it read.
     pub backend_read_bytes_for_writes: AtomicU64,
+    /// Bytes copy_file_range copied inside the store, never through FUSE (the SQLite store:
+    /// what the rows it copied hold, holes not counted).
+    pub backend_copied_bytes: AtomicU64,
     /// Changes to a SQLite database that found its write lock held by another program and
     /// waited for it (the backend's lock let go meanwhile).
     pub sqlite_lock_waits: AtomicU64,
@@ -344,6 +347,11 @@ impl Metrics {
                 "backend_read_bytes_for_writes_total",
                 "Bytes read from the backend to complete writes",
                 self.backend_read_bytes_for_writes.load(Relaxed),
+            ),
+            (
+                "backend_copied_bytes_total",
+                "Bytes copy_file_range copied inside the store, never through FUSE",
+                self.backend_copied_bytes.load(Relaxed),
             ),
             (
                 "sqlite_lock_waits_total",

@@ -1,6 +1,6 @@
 //! Holes in a store of units (the SQLite and S3 stores): a unit the store holds nothing for is
-//! a hole. What a hole punch does to which units, and where SEEK_DATA and SEEK_HOLE land, a
-//! unit at a time, computed once for every such store.
+//! a hole. What a hole punch does to which units, where SEEK_DATA and SEEK_HOLE land, and which
+//! units a copy_file_range can copy whole, a unit at a time, computed once for every such store.
 
 use std::ops::{Range, RangeInclusive};
 
@@ -83,6 +83,63 @@ pub fn seek(
     }
 }
 
+/// A copy_file_range a store of units does by copying what it holds for whole units (SQLite
+/// rows, object records) from one file to another: source units `source_first..source_first +
+/// units` become target units `target_first..`, a hole a hole. `bytes` is what the call answers
+/// (the caller asks again for the rest).
+#[derive(Debug, PartialEq, Eq)]
+pub struct UnitCopy {
+    pub source_first: u64,
+    pub target_first: u64,
+    pub units: u64,
+    pub bytes: u64,
+}
+
+impl UnitCopy {
+    /// The copy of up to `length` bytes from `source_offset` of a file of `source_size` bytes
+    /// to `target_offset` of one of `target_size` (the same file when `same_file`), at most
+    /// `max_bytes` at once. Ok(None) where there is nothing to copy (no length, or the source
+    /// offset at or past its end: copy_file_range answers 0). EOPNOTSUPP where whole units
+    /// cannot do it, on which the kernel copies the range through reads and writes: an offset
+    /// off a unit boundary, or less than a unit left that is not the source's end or that the
+    /// target holds bytes after (a copied unit replaces the target's whole). A unit cut short
+    /// at the source's end is copied as it stands: it holds nothing past that end.
+    pub fn plan(
+        (source_offset, source_size): (u64, u64),
+        (target_offset, target_size): (u64, u64),
+        length: u64,
+        unit_bytes: u64,
+        max_bytes: u64,
+        same_file: bool,
+    ) -> SysResult<Option<UnitCopy>> {
+        let u = unit_bytes;
+        assert!(u > 0 && max_bytes >= u, "units of {u} bytes, at most {max_bytes} at once");
+        if length == 0 || source_offset >= source_size {
+            return Ok(None);
+        }
+        if source_offset % u != 0 || target_offset % u != 0 {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        let mut bytes = length.min(source_size - source_offset).min(max_bytes / u * u);
+        let to_source_end = source_offset + bytes == source_size;
+        let target_end = target_offset.checked_add(bytes).ok_or(Errno(libc::EFBIG))?;
+        if bytes % u != 0 && !(to_source_end && target_size <= target_end) {
+            bytes -= bytes % u;
+        }
+        if bytes == 0 {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        let units = bytes.div_ceil(u);
+        let (source_first, target_first) = (source_offset / u, target_offset / u);
+        // The kernel refuses overlapping ranges of one file (EINVAL); whole units of ranges that
+        // do not overlap do not either, and a copy that read units it had written would be wrong.
+        if same_file && source_first < target_first + units && target_first < source_first + units {
+            return Err(Errno(libc::EINVAL));
+        }
+        Ok(Some(UnitCopy { source_first, target_first, units, bytes }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,5 +171,27 @@ mod tests {
         assert_eq!(seek(1000, libc::SEEK_HOLE, 1000, 100, units(&[])), Err(Errno(libc::ENXIO)));
         assert_eq!(seek(-1, libc::SEEK_DATA, 1000, 100, units(&[])), Err(Errno(libc::ENXIO)));
         assert_eq!(seek(0, libc::SEEK_SET, 1000, 100, units(&[])), Err(Errno(libc::EINVAL)));
+    }
+
+    #[test]
+    fn a_copy_takes_whole_units_or_the_source_to_its_end_and_leaves_the_rest_to_the_kernel() {
+        let plan = |source, target, length, max| UnitCopy::plan(source, target, length, 100, max, false);
+        let copy =
+            |source_first, target_first, units, bytes| Ok(Some(UnitCopy { source_first, target_first, units, bytes }));
+        // Whole units, at most `max_bytes` (rounded down to units) at once.
+        assert_eq!(plan((200, 1000), (0, 0), 500, 1000), copy(2, 0, 5, 500));
+        assert_eq!(plan((0, 1000), (300, 0), 1000, 450), copy(0, 3, 4, 400));
+        // A source cut short: to its end as it stands, where the target holds nothing after.
+        assert_eq!(plan((200, 250), (100, 120), 1000, 1000), copy(2, 1, 1, 50));
+        assert_eq!(plan((0, 250), (0, 999), 1000, 1000), copy(0, 0, 2, 200), "the target has more: whole units");
+        assert_eq!(plan((0, 1000), (0, 0), 250, 1000), copy(0, 0, 2, 200), "not the source's end");
+        assert_eq!(plan((0, 1000), (0, 0), 50, 1000), Err(Errno(libc::EOPNOTSUPP)), "less than a unit");
+        assert_eq!(plan((10, 1000), (0, 0), 500, 1000), Err(Errno(libc::EOPNOTSUPP)), "off a boundary");
+        assert_eq!(plan((0, 1000), (10, 0), 500, 1000), Err(Errno(libc::EOPNOTSUPP)));
+        assert_eq!(plan((1000, 1000), (0, 0), 500, 1000), Ok(None), "at the source's end");
+        assert_eq!(plan((0, 1000), (0, 0), 0, 1000), Ok(None));
+        // Within one file, ranges apart.
+        assert_eq!(UnitCopy::plan((0, 1000), (500, 1000), 300, 100, 1000, true), copy(0, 5, 3, 300));
+        assert_eq!(UnitCopy::plan((0, 1000), (200, 1000), 300, 100, 1000, true), Err(Errno(libc::EINVAL)));
     }
 }

@@ -338,7 +338,7 @@ impl FileData for LocalFileData {
         let _target_not_trimmed = target.not_trimmed();
         let mut source_off = source_offset as libc::loff_t;
         let mut target_off = target_offset as libc::loff_t;
-        retry_eintr(|| {
+        let copied = retry_eintr(|| {
             // SAFETY: `copy_file_range` updates the two offsets, live locals borrowed exclusively
             // for the call; the rest are descriptors and a length.
             check_size(unsafe {
@@ -351,7 +351,9 @@ impl FileData for LocalFileData {
                     0,
                 )
             })
-        })
+        })?;
+        self.metrics.backend_copied_bytes.fetch_add(copied as u64, Relaxed);
+        Ok(copied)
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

@@ -1135,7 +1135,7 @@ impl SqliteBackend {
             syncs_cost_requests: false,
             durable_writes: false,
             atomic_unit_writes: true,
-            copy_ranges: false,
+            copy_ranges: true,
             // Hole punching (`FileData::allocate` in data.rs); preallocation answers EOPNOTSUPP.
             allocate: true,
             // A key made in a transaction a crash lost finds nothing.

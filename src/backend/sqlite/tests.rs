@@ -976,3 +976,73 @@ fn in_rollback_mode_a_change_waiting_for_the_write_lock_lets_the_other_program_c
     assert!(b.lookup(ROOT_ID, OsStr::new("g")).is_ok());
 }
 
+/// copy_file_range inside the database: whole units go as rows (a hole as a hole, the target's
+/// rows in the range replaced), a source cut short at its end goes as it stands where the target
+/// holds nothing after, and what whole units cannot do answers EOPNOTSUPP (the kernel copies it
+/// through reads and writes) without changing the target. Read back before the commit, after it
+/// and after a reopen, in both journal modes; in rollback mode with every replaced row kept to
+/// the commit (as a unit above two pages would be), so the copy must pass the superseded rows by.
+#[test]
+fn a_copy_between_files_copies_whole_units_as_rows_and_leaves_the_rest_to_the_kernel() {
+    use libc::{EOPNOTSUPP, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
+    use std::sync::atomic::Ordering::Relaxed;
+    let u = UNIT as usize;
+    for journal in [super::Journal::Wal, super::Journal::Rollback] {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open_in(&dir, Some(journal));
+        if journal == super::Journal::Rollback {
+            super::lock(&b.inner).replaced_at_commit_above = 0;
+        }
+        let mut source_bytes: Vec<u8> = pattern(4 * u + 100).iter().map(|&byte| byte | 1).collect();
+        let source = new_file(&b, "source", &source_bytes);
+        let target = new_file(&b, "target", &vec![7u8; 6 * u]);
+        let empty = new_file(&b, "empty", &[]);
+        b.sync_all().unwrap();
+        let open_data = |id| b.open(id, OpenMode { write: true, no_atime: false }).unwrap();
+        let (source_data, target_data, empty_data) = (open_data(source), open_data(target), open_data(empty));
+        // Unit 1 of the source a hole: the target's unit 2 must lose its row, not keep its 7s.
+        source_data.allocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, UNIT, UNIT).unwrap();
+        source_bytes[u..2 * u].fill(0);
+        // Rewrite unit 0 so that in rollback mode its old row is superseded, not deleted.
+        write_whole(&*source_data, &source_bytes[..u]);
+
+        let mut target_bytes = vec![7u8; 6 * u];
+        let copied_before = super::lock(&b.inner).metrics.backend_copied_bytes.load(Relaxed);
+        // The whole source into the middle of the target: its four whole units go, the short
+        // fifth does not (the target holds bytes after it).
+        let copied = source_data.copy_to(0, &*target_data, UNIT, 100 * UNIT).unwrap();
+        assert_eq!(copied, 4 * u, "{journal:?}: whole units only");
+        target_bytes[u..5 * u].copy_from_slice(&source_bytes[..4 * u]);
+        assert_eq!(read_all(&*target_data), target_bytes, "{journal:?}: before the commit");
+        let refused = source_data.copy_to(4 * UNIT, &*target_data, 5 * UNIT, 100).map_err(|e| e.0);
+        assert_eq!(refused, Err(EOPNOTSUPP), "{journal:?}: less than a unit over the target's bytes");
+        assert_eq!(source_data.copy_to(10, &*target_data, 0, UNIT).map_err(|e| e.0), Err(EOPNOTSUPP));
+        assert_eq!(read_all(&*target_data), target_bytes, "{journal:?}: a refused copy changes nothing");
+        let rows_copied = super::lock(&b.inner).metrics.backend_copied_bytes.load(Relaxed) - copied_before;
+        assert_eq!(rows_copied, 3 * UNIT, "{journal:?}: the rows of units 0, 2 and 3, the hole not counted");
+
+        // Into an empty file: the short last unit goes too, and sets the size.
+        assert_eq!(source_data.copy_to(0, &*empty_data, 0, u64::MAX / 2).unwrap(), source_bytes.len());
+        assert_eq!(read_all(&*empty_data), source_bytes, "{journal:?}: a whole copy");
+        assert_eq!(source_data.copy_to(source_bytes.len() as u64, &*empty_data, 0, UNIT).unwrap(), 0, "at the end");
+
+        // Within one file, past its end: the file grows, the range between is a hole.
+        assert_eq!(source_data.copy_to(0, &*source_data, 8 * UNIT, 2 * UNIT).unwrap(), 2 * u);
+        let mut grown = source_bytes.clone();
+        grown.resize(8 * u, 0);
+        grown.extend_from_slice(&source_bytes[..2 * u]);
+        assert_eq!(read_all(&*source_data), grown, "{journal:?}: a copy within the file");
+
+        b.sync_all().unwrap();
+        assert_eq!(read_all(&*target_data), target_bytes, "{journal:?}: after the commit");
+        assert_eq!(unit_rows(&b, target), 5, "{journal:?}: the target's unit 2 has no row");
+        assert_eq!(b.integrity_check().unwrap(), "ok");
+        drop((source_data, target_data, empty_data));
+        drop(b);
+        let b = open(&dir);
+        let read = |id| read_all(&*b.open(id, OpenMode::default()).unwrap());
+        assert_eq!(read(target), target_bytes, "{journal:?}: reopened");
+        assert_eq!(read(empty), source_bytes, "{journal:?}: reopened");
+        assert_eq!(read(source), grown, "{journal:?}: reopened");
+    }
+}
