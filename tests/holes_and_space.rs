@@ -305,6 +305,38 @@ fn a_copied_tree_takes_the_space_it_takes_natively() {
     eprintln!("du: native {native_bytes}, through the mount {through_mount}, backend after a checkpoint {on_backend}");
 }
 
+/// Over SQLite and S3: a hole is a unit the store holds nothing for, and `st_blocks` says so
+/// (it said the whole size was held), so `du` of a sparse file through the mount is what it is
+/// on ext4, and `cp` with its defaults, which looks for holes only where `st_blocks` is below
+/// the size, copies it out sparse instead of writing every zero.
+#[test]
+fn over_sqlite_and_s3_a_sparse_file_takes_no_space_for_its_holes_and_copies_out_sparse() {
+    check_a_sparse_file_in_a_store_of_units(TestMount::over_sqlite(&[]), 64 << 10);
+    let test = "over_sqlite_and_s3_a_sparse_file_takes_no_space_for_its_holes_and_copies_out_sparse";
+    let Some(server) = common::s3::server_or_skip(test) else { return };
+    check_a_sparse_file_in_a_store_of_units(TestMount::over_s3(&server, "sparse", &["unit=1M"]), 1 << 20);
+}
+
+fn check_a_sparse_file_in_a_store_of_units(m: TestMount, unit: u64) {
+    let f = File::create(m.path("sparse")).unwrap();
+    f.set_len(1 << 30).unwrap();
+    let written: Vec<u8> = (0..2 * unit).map(|i| (i % 251) as u8 | 1).collect();
+    f.write_all_at(&written, 512 << 20).unwrap();
+    drop(f);
+    m.sync_to_backend();
+    let through_mount = allocated_bytes(&m.path("sparse"));
+    assert!(through_mount >= 2 * unit && through_mount <= 3 * unit, "du of 2 units written: {through_mount}");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let copy = elsewhere.path().join("copy");
+    let out = std::process::Command::new("cp").arg(m.path("sparse")).arg(&copy).output().unwrap();
+    assert!(out.status.success(), "cp: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(allocated_bytes(&copy) <= 4 * unit, "cp made a copy of {} bytes", allocated_bytes(&copy));
+    let copied = std::fs::read(&copy).unwrap();
+    assert_eq!(copied.len(), 1 << 30);
+    assert!(copied[512 << 20..][..written.len()] == written[..], "the written bytes copied");
+    assert!(copied[..512 << 20].iter().all(|&b| b == 0), "zeros before them");
+}
+
 #[test]
 fn a_sparse_file_takes_no_space_for_its_holes() {
     for options in [&[][..], &["log=off"][..]] {

@@ -93,6 +93,18 @@ impl ExternalData for UnitRecords {
         drop_data(db, &self.segments, "file = ?1", &[file as i64])
     }
 
+    /// Its unit objects' bytes that count and its pieces' (a piece over a unit object counted
+    /// twice: the namespace caps the sum at the file's size).
+    fn bytes_held(&self, db: &Connection, file: ObjectId) -> rusqlite::Result<u64> {
+        let held: i64 = db
+            .prepare_cached(
+                "SELECT (SELECT coalesce(sum(length), 0) FROM s3_units WHERE file = ?1) \
+                 + (SELECT coalesce(sum(length), 0) FROM s3_pieces WHERE file = ?1)",
+            )?
+            .query_row([file as i64], |r| r.get(0))?;
+        Ok(held as u64)
+    }
+
     fn before_commit(&self, db: &Connection) -> SysResult<()> {
         self.segments.seal(db)
     }

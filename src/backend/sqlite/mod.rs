@@ -99,6 +99,8 @@ struct Inner {
     crashed: bool,
     /// The unit store that keeps file data outside `units`, told when a file goes.
     external: Option<Arc<dyn ExternalData>>,
+    /// The unit of `units` rows.
+    unit_bytes: u64,
     /// File bytes written in the open transaction (`wrote`).
     bytes_uncommitted: u64,
     /// Opened read-only (`-o ro`): every change fails with EROFS, and nothing is collected.
@@ -286,6 +288,9 @@ pub trait ExternalData: Send + Sync {
     fn tables(&self) -> &'static str;
     /// The namespace deleted `file` (no name, no lookup, no open handle left): its records go.
     fn file_deleted(&self, db: &Connection, file: ObjectId) -> rusqlite::Result<()>;
+    /// At most how many bytes of `file` it holds (what a file's `st_blocks` counts, capped at
+    /// its size): a hole holds none.
+    fn bytes_held(&self, db: &Connection, file: ObjectId) -> rusqlite::Result<u64>;
     /// Called inside the open transaction just before it commits: what the records written in
     /// it name must exist elsewhere before they are durable (the S3 store puts its open
     /// segment). An error fails the commit, and the transaction stays open.
@@ -780,7 +785,30 @@ impl Inner {
 
     fn attr(&self, id: ObjectId) -> SysResult<Attr> {
         let o = self.object(id)?;
-        Ok(attr_of(id, &o))
+        let mut attr = attr_of(id, &o);
+        if o.kind == Kind::File && o.size > 0 {
+            attr.blocks = self.bytes_held(id)?.min(o.size).div_ceil(512);
+        }
+        Ok(attr)
+    }
+
+    /// At most how many bytes file `id` holds: its units with a row, whole (the rows a store
+    /// of whole units writes are whole but for the file's last and a punched hole's ends). A
+    /// hole holds none, so `du` counts a sparse file as ext4 does, and `cp` and `tar
+    /// --sparse`, which look for holes only where `st_blocks` says the size is not all held,
+    /// find them. One look in the index: 0.6 ms for a file of 1 GiB (16,384 rows), where the
+    /// rows' exact lengths took 12 ms.
+    fn bytes_held(&self, id: ObjectId) -> SysResult<u64> {
+        if let Some(external) = &self.external {
+            return external.bytes_held(&self.db, id).sql();
+        }
+        let rows: i64 = self
+            .db
+            .prepare_cached("SELECT count(*) FROM units WHERE file = ?1")
+            .sql()?
+            .query_row([sql_id(id)], |r| r.get(0))
+            .sql()?;
+        Ok(rows as u64 * self.unit_bytes)
     }
 
     fn write_object(&self, id: ObjectId, o: &Object) -> SysResult<()> {
@@ -1053,6 +1081,7 @@ impl SqliteBackend {
     ) -> Result<SqliteBackend, String> {
         let (db, generation, journal) =
             if read_only { schema::open_read_only(path)? } else { schema::open(path, journal)? };
+        let unit = unit_bytes.unwrap_or(DEFAULT_UNIT_BYTES);
         let mut inner = Inner {
             db,
             lookups: HashMap::new(),
@@ -1062,6 +1091,7 @@ impl SqliteBackend {
             births: 0,
             crashed: false,
             external,
+            unit_bytes: unit,
             bytes_uncommitted: 0,
             read_only,
             journal,
@@ -1126,7 +1156,6 @@ impl SqliteBackend {
             inner.commit()
         })();
         setup.map_err(|e| format!("SQLite database {shown}: setting it up: {e}"))?;
-        let unit = unit_bytes.unwrap_or(DEFAULT_UNIT_BYTES);
         let capabilities = Capabilities {
             unit_bytes: unit,
             unit_source: if unit_bytes.is_some() { UnitSource::Option } else { UnitSource::Store },

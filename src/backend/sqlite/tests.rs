@@ -1046,3 +1046,28 @@ fn a_copy_between_files_copies_whole_units_as_rows_and_leaves_the_rest_to_the_ke
         assert_eq!(read(source), grown, "{journal:?}: reopened");
     }
 }
+
+/// A file's `st_blocks` counts the units it holds rows for, capped at its size: a hole holds
+/// nothing, so `du` of a sparse file is what ext4 says, and `cp` and `tar --sparse`, which look
+/// for holes only where `st_blocks` is below the size, find them (a file said it held its whole
+/// size until 2026-12-06).
+#[test]
+fn a_files_blocks_count_the_units_it_holds_and_a_hole_none() {
+    use libc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(&dir);
+    let blocks = |id| b.getattr(id).unwrap().blocks;
+    let truncated = new_file(&b, "truncated", &[]);
+    b.open(truncated, OpenMode { write: true, no_atime: false }).unwrap().set_size(10 << 30).unwrap();
+    assert_eq!(blocks(truncated), 0, "a truncated file holds nothing");
+
+    let id = new_file(&b, "sparse", &pattern(3 * UNIT as usize));
+    let data = b.open(id, OpenMode { write: true, no_atime: false }).unwrap();
+    data.set_size(10 << 30).unwrap();
+    assert_eq!(blocks(id), 3 * UNIT / 512, "three units written, then grown");
+    assert_eq!(b.lookup(ROOT_ID, OsStr::new("sparse")).unwrap().blocks, 3 * UNIT / 512, "a lookup says the same");
+    data.allocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 2 * UNIT).unwrap();
+    assert_eq!(blocks(id), UNIT / 512, "two punched out");
+    let small = new_file(&b, "small", &[1u8; 100]);
+    assert_eq!(blocks(small), 1, "at most the size");
+}
