@@ -69,6 +69,30 @@ fn objects_round_trip_with_ranges_listing_pages_and_deletes() {
     assert_eq!(store.list("").unwrap(), vec![Listed { key: "q/outside".into(), size: 1 }]);
 }
 
+/// CopyObject (`ObjectStore::copy`): the server copies an object to another key, over what is
+/// there, a key that needs escaping included; a missing source is `false`, not an error. Run
+/// against SeaweedFS here and against Ceph RGW by `tests/ceph/run`.
+#[test]
+fn a_copy_inside_the_server_copies_the_object_and_a_missing_source_is_false() {
+    let Some(server) = server_or_skip("a_copy_inside_the_server_copies_the_object_and_a_missing_source_is_false")
+    else {
+        return;
+    };
+    let store = server.client("copies", IO_TIMEOUT);
+    let body: Vec<u8> = (0..1_500_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    store.put("c/units/1/0.7", &body, PutCondition::Always).unwrap();
+    store.put("c/target a+b", b"old", PutCondition::Always).unwrap();
+    assert!(store.copy("c/units/1/0.7", "c/target a+b").unwrap());
+    assert_eq!(store.get("c/target a+b", None).unwrap().unwrap(), body, "the copy, over what was there");
+    assert!(store.copy("c/target a+b", "c/again").unwrap(), "a source whose key needs escaping");
+    assert_eq!(store.get("c/again", None).unwrap().unwrap(), body);
+    assert!(!store.copy("c/none", "c/from-none").unwrap(), "a missing source");
+    assert_eq!(store.head("c/from-none").unwrap(), None);
+    for key in ["c/units/1/0.7", "c/target a+b", "c/again"] {
+        store.delete(key).unwrap();
+    }
+}
+
 #[test]
 fn if_absent_puts_racing_from_8_threads_have_exactly_one_winner() {
     let Some(server) = server_or_skip("if_absent_puts_racing_from_8_threads_have_exactly_one_winner") else { return };

@@ -366,6 +366,20 @@ impl From<ureq::Error> for TryFailure {
     }
 }
 
+/// A key as a URL path (`x-amz-copy-source`): unreserved bytes and `/` as they are, the rest
+/// percent-encoded.
+fn encode_key(key: &str) -> String {
+    let mut encoded = String::with_capacity(key.len());
+    for byte in key.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-_.~/".contains(&byte) {
+            encoded.push(byte as char);
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
 /// Statuses a later try may not get: the server busy, failing or slow.
 fn retryable(status: u16) -> bool {
     status >= 500 || status == 429 || status == 408
@@ -463,6 +477,27 @@ impl ObjectStore for S3Client {
         })?;
         match answer.status {
             200..=299 | 404 => Ok(()),
+            _ => Err(status_error(&what, &answer)),
+        }
+    }
+
+    /// CopyObject: the server copies the bytes inside itself (RGW shares a large object's
+    /// tail), none pass through this client. The source is named in `x-amz-copy-source`,
+    /// signed with the request. A copy can fail after its 200 (S3 answers an error document
+    /// then): that is an error too.
+    fn copy(&self, source: &str, target: &str) -> ObjectResult<bool> {
+        let what = format!("{} from {source}", self.what("COPY", target));
+        let copy_source = format!("/{}/{}", self.bucket.name(), encode_key(source));
+        let answer = self.exchange(&what, Instant::now() + self.io_timeout, &|| {
+            let mut action = PutObject::new(&self.bucket, Some(&self.credentials), target);
+            action.headers_mut().insert("x-amz-copy-source", copy_source.clone());
+            let url = action.sign(SIGNATURE_VALIDITY);
+            (Method::Put, url, vec![("x-amz-copy-source", copy_source.clone())])
+        })?;
+        match answer.status {
+            200..=299 if error_code(&answer.body).is_none() => Ok(true),
+            404 if error_code(&answer.body).as_deref() == Some("NoSuchKey") => Ok(false),
+            200..=299 => Err(ObjectError::Status { what, status: 500, body: error_summary(&answer.body) }),
             _ => Err(status_error(&what, &answer)),
         }
     }

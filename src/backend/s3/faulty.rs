@@ -108,4 +108,10 @@ impl ObjectStore for FaultyObjects {
         self.check("LIST", prefix, |p| p.lists)?;
         self.inner.list(prefix)
     }
+
+    /// A copy is a put of `target` (it fails where puts of it are set to).
+    fn copy(&self, source: &str, target: &str) -> ObjectResult<bool> {
+        self.check("COPY", target, |p| matches(&p.puts, target))?;
+        self.inner.copy(source, target)
+    }
 }

@@ -81,6 +81,15 @@ pub trait ObjectStore: Send + Sync {
     fn delete(&self, key: &str) -> ObjectResult<()>;
     /// Every object whose key starts with `prefix`, in key order (all pages).
     fn list(&self, prefix: &str) -> ObjectResult<Vec<Listed>>;
+    /// Copies the object at `source` to `target` (replacing what is there); false where no
+    /// object is at `source`. Here through the caller, a get and a put; a server copies inside
+    /// itself (`S3Client`: CopyObject).
+    fn copy(&self, source: &str, target: &str) -> ObjectResult<bool> {
+        match self.get(source, None)? {
+            Some(body) => self.put(target, &body, PutCondition::Always).map(|_| true),
+            None => Ok(false),
+        }
+    }
 }
 
 /// Why `probe_conditional_put` refused the server.

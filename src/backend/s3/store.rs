@@ -31,7 +31,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::layout::{Content, Layout, Manifest};
 use super::objects::{ObjectError, ObjectStore, PutCondition, PutOutcome};
 use super::segments::{Piece, Segments, Sink, MAX_PIECES_PER_UNIT};
-use crate::backend::holes::{self, Punch};
+use crate::backend::holes::{self, Punch, UnitCopy};
 use crate::backend::sqlite::{ExternalData, FileHold, SqliteBackend};
 use crate::backend::{Capabilities, FileData, OpenMode, UnitSource, UnitStore, UnitWrite};
 use crate::engine::types::ObjectId;
@@ -64,6 +64,10 @@ pub const UNIT_BYTES_KEY: &str = "s3_unit_bytes";
 /// Tries of a unit put whose key is taken (only garbage of a database restored from an older
 /// manifest can hold one: see `next_generation`), each further along the counter.
 const PUT_TRIES: u32 = 16;
+
+/// The most units one copy_file_range call copies (each a CopyObject request, 17-47 ms on RGW
+/// here): the kernel asks again for the rest.
+const COPY_MAX_UNITS: u64 = 64;
 
 const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS s3_units(file INTEGER NOT NULL, unit INTEGER NOT NULL,
@@ -190,6 +194,21 @@ struct Record {
     unit: u64,
     generation: u64,
     length: u64,
+}
+
+/// The records of units `first..=last` of `file`, in unit order.
+fn unit_records(db: &Connection, file: ObjectId, first: u64, last: u64) -> SysResult<Vec<Record>> {
+    let mut stmt = sql(db.prepare_cached(
+        "SELECT unit, generation, length FROM s3_units WHERE file = ?1 AND unit BETWEEN ?2 AND ?3 ORDER BY unit",
+    ))?;
+    let rows = sql(stmt.query_map(params![file as i64, first as i64, last as i64], |row| {
+        Ok(Record {
+            unit: row.get::<_, i64>(0)? as u64,
+            generation: row.get::<_, i64>(1)? as u64,
+            length: row.get::<_, i64>(2)? as u64,
+        })
+    }))?;
+    sql(rows.collect::<rusqlite::Result<Vec<_>>>())
 }
 
 /// The most manifests of pages that follow one whole database: a mount from the bucket reads
@@ -333,17 +352,7 @@ impl Shared {
                 return Ok((size, Vec::new(), Vec::new()));
             }
             let (first, last) = (within.start / u, (within.end - 1) / u);
-            let mut stmt = sql(r.db().prepare_cached(
-                "SELECT unit, generation, length FROM s3_units WHERE file = ?1 AND unit BETWEEN ?2 AND ?3 ORDER BY unit",
-            ))?;
-            let rows = sql(stmt.query_map(params![file as i64, first as i64, last as i64], |row| {
-                Ok(Record {
-                    unit: row.get::<_, i64>(0)? as u64,
-                    generation: row.get::<_, i64>(1)? as u64,
-                    length: row.get::<_, i64>(2)? as u64,
-                })
-            }))?;
-            let records = sql(rows.collect::<rusqlite::Result<Vec<_>>>())?;
+            let records = unit_records(r.db(), file, first, last)?;
             let pieces = self.segments.pieces(r.db(), file, first, last, u, within)?;
             Ok((size, records, pieces))
         })
@@ -485,7 +494,8 @@ impl S3Store {
             // open transaction: the file's sync commits it.
             durable_writes: false,
             atomic_unit_writes: true,
-            copy_ranges: false,
+            // Unit objects copied by the server (`S3FileData::copy_to`).
+            copy_ranges: true,
             // Hole punching (`S3FileData::allocate`); preallocation answers EOPNOTSUPP.
             allocate: true,
             keys_can_go_stale: true,
@@ -986,6 +996,125 @@ impl FileData for S3FileData {
                 }))?;
             holes::seek(offset, whence, size, u, units.map(|unit| sql(unit).map(|unit| unit as u64)))
         })
+    }
+
+    /// copy_file_range between two files of this bucket: each unit object the range spans is
+    /// copied by the server (`ObjectStore::copy`, CopyObject) under a fresh generation of the
+    /// target's unit, so no byte passes through this daemon or FUSE (the kernel read and wrote
+    /// every one, a GET and a PUT of each unit, while the store answered ENOSYS); then, in one
+    /// change, the target's records and pieces in the range are dropped (a hole copies as a
+    /// hole) and the copies recorded. Whole units only (`UnitCopy::plan`), and only units that
+    /// are one object: the copy ends before a unit with pieces. What it cannot do answers
+    /// EOPNOTSUPP, on which the kernel copies through reads and writes: an unaligned range, a
+    /// unit with pieces first, a source written meanwhile, a server that refuses the copy.
+    fn copy_to(&self, source_offset: u64, target: &dyn FileData, target_offset: u64, length: u64) -> SysResult<usize> {
+        let Some(target) = target.as_any().downcast_ref::<S3FileData>() else {
+            return Err(Errno(libc::EOPNOTSUPP));
+        };
+        if !Arc::ptr_eq(&self.shared, &target.shared) {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        let shared = &self.shared;
+        let (source, target, u) = (self.id, target.id, shared.unit_bytes);
+        let planned = shared.names.records(|r| {
+            let plan = UnitCopy::plan(
+                (source_offset, r.file_size(source)?),
+                (target_offset, r.file_size(target)?),
+                length,
+                u,
+                COPY_MAX_UNITS * u,
+                source == target,
+            )?;
+            let Some(mut plan) = plan else { return Ok(None) };
+            let last = plan.source_first + plan.units - 1;
+            let first_piece: Option<i64> = sql(sql(r
+                .db()
+                .prepare_cached("SELECT min(unit) FROM s3_pieces WHERE file = ?1 AND unit BETWEEN ?2 AND ?3"))?
+            .query_row(params![source as i64, plan.source_first as i64, last as i64], |row| row.get(0)))?;
+            if let Some(unit) = first_piece {
+                // Its bytes are in segments, not one object: the kernel copies from there.
+                plan.units = unit as u64 - plan.source_first;
+                plan.bytes = plan.units * u;
+            }
+            if plan.units == 0 {
+                return Err(Errno(libc::EOPNOTSUPP));
+            }
+            let records = unit_records(r.db(), source, plan.source_first, plan.source_first + plan.units - 1)?;
+            Ok(Some((plan, records)))
+        })?;
+        let Some((plan, records)) = planned else { return Ok(0) };
+
+        let mut copies = Vec::with_capacity(records.len());
+        let take_back = |copies: &[Record]| {
+            for copy in copies {
+                let _ = shared.objects.delete(&shared.layout.unit_key(target, copy.unit, copy.generation));
+            }
+        };
+        for record in &records {
+            let unit = record.unit - plan.source_first + plan.target_first;
+            // A fresh generation, copied over without a condition (whether CopyObject keeps
+            // `If-None-Match` was not checked on the servers here): only a database restored
+            // from an older manifest can find its key taken, by garbage of the writer it lost
+            // (`put_unit`).
+            let generation = shared.next_generation(0);
+            let from = shared.layout.unit_key(source, record.unit, record.generation);
+            match shared.objects.copy(&from, &shared.layout.unit_key(target, unit, generation)) {
+                Ok(true) => copies.push(Record { unit, generation, length: record.length }),
+                outcome => {
+                    // Gone: the unit was written again and a checkpoint deleted this object.
+                    match outcome {
+                        Err(e) => log::warn!("s3 backend: {e}; the kernel copies through reads and writes"),
+                        Ok(_) => log::debug!("s3 backend: {from} went while it was copied"),
+                    }
+                    take_back(&copies);
+                    return Err(Errno(libc::EOPNOTSUPP));
+                }
+            }
+        }
+
+        let (first, last) = (plan.target_first, plan.target_first + plan.units - 1);
+        let recorded = shared.names.records(|r| {
+            r.change(|r| {
+                r.file_size(target)?;
+                let db = r.db();
+                // The source as it was when its objects were chosen, or the copy is not made.
+                let now = unit_records(db, source, plan.source_first, plan.source_first + plan.units - 1)?;
+                let unchanged = now.len() == records.len()
+                    && now.iter().zip(&records).all(|(a, b)| (a.unit, a.generation) == (b.unit, b.generation));
+                let pieces: i64 = sql(sql(
+                    db.prepare_cached("SELECT count(*) FROM s3_pieces WHERE file = ?1 AND unit BETWEEN ?2 AND ?3")
+                )?
+                .query_row(
+                    params![source as i64, plan.source_first as i64, (plan.source_first + plan.units - 1) as i64],
+                    |row| row.get(0),
+                ))?;
+                if !unchanged || pieces > 0 {
+                    return Err(Errno(libc::EAGAIN));
+                }
+                let values = [target as i64, first as i64, last as i64];
+                sql(drop_data(db, &shared.segments, "file = ?1 AND unit BETWEEN ?2 AND ?3", &values))?;
+                let mut insert = sql(
+                    db.prepare_cached("INSERT INTO s3_units(file, unit, generation, length) VALUES(?1, ?2, ?3, ?4)")
+                )?;
+                for copy in &copies {
+                    sql(insert.execute(params![
+                        target as i64,
+                        copy.unit as i64,
+                        copy.generation as i64,
+                        copy.length as i64
+                    ]))?;
+                }
+                r.set_file_size(target, target_offset + plan.bytes, true)
+            })
+        });
+        if let Err(e) = recorded {
+            // Named by no record: taken back rather than left to no one.
+            take_back(&copies);
+            return Err(if e.0 == libc::EAGAIN { Errno(libc::EOPNOTSUPP) } else { e });
+        }
+        let bytes: u64 = copies.iter().map(|copy| copy.length).sum();
+        shared.metrics.backend_copied_bytes.fetch_add(bytes, Relaxed);
+        Ok(plan.bytes as usize)
     }
 
     fn sync(&self, _data_only: bool) -> SysResult<()> {

@@ -856,3 +856,51 @@ fn a_punched_hole_drops_the_units_it_covers_and_seeks_find_it() {
     let m = mount(&objects, &state).unwrap();
     assert_eq!(read_file(&m, "f"), expected, "after a remount");
 }
+
+/// copy_file_range inside the bucket: each whole unit that is one object is copied by the
+/// store (here `MemoryObjects`' get and put; a server copies inside itself) under a fresh
+/// generation of the target's unit, a hole copies as a hole (the target's unit there loses its
+/// object), and the copy ends before a unit with pieces, which, first in the range, answers
+/// EOPNOTSUPP as an unaligned range does (the kernel copies those through reads and writes).
+/// The copies read back before and after a checkpoint and a remount, and the source keeps its
+/// objects.
+#[test]
+fn a_copy_between_files_copies_unit_objects_and_leaves_pieces_to_the_kernel() {
+    use libc::{EOPNOTSUPP, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
+    let u = UNIT as usize;
+    let objects: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    // Four whole units and 3,000 bytes (a piece: a whole unit under half a unit).
+    let mut source_bytes: Vec<u8> = pattern(4 * u + 3000, 3).iter().map(|&byte| byte | 1).collect();
+    let source = make_file(&m, "source", &source_bytes);
+    source.allocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, UNIT, UNIT).unwrap();
+    source_bytes[u..2 * u].fill(0);
+    let target = make_file(&m, "target", &vec![7u8; 6 * u]);
+    let empty = make_file(&m, "empty", &[]);
+    m.store.sync_all().unwrap();
+    let unit_objects = keys(&objects, "tree/units/").len();
+
+    let mut target_bytes = vec![7u8; 6 * u];
+    assert_eq!(source.copy_to(0, &*target, UNIT, 100 * UNIT).unwrap(), 4 * u, "whole units over the target's");
+    target_bytes[u..5 * u].copy_from_slice(&source_bytes[..4 * u]);
+    assert!(read_all(&*target) == target_bytes, "the target after the copy");
+    assert_eq!(source.copy_to(0, &*empty, 0, 100 * UNIT).unwrap(), 4 * u, "up to the unit with pieces");
+    let refused = |offset: u64| source.copy_to(offset, &*empty, offset, UNIT).map_err(|e| e.0);
+    assert_eq!(refused(4 * UNIT), Err(EOPNOTSUPP), "a unit with pieces first");
+    assert_eq!(refused(10), Err(EOPNOTSUPP), "off a unit boundary");
+    assert!(read_all(&*empty) == source_bytes[..4 * u], "the copy into the empty file");
+    m.store.sync_all().unwrap();
+    // The target's units 1..=4 got three copies (the source's unit 1 is a hole, so the
+    // target's unit 2 lost its object), the empty file three: the old objects of the target's
+    // units 1, 3 and 4 went after the manifest.
+    assert_eq!(keys(&objects, "tree/units/").len(), unit_objects + 3 + 3 - 4, "{:?}", keys(&objects, "tree/units/"));
+
+    drop((source, target, empty));
+    m.lease.release().unwrap();
+    drop(m);
+    let m = mount(&objects, &state).unwrap();
+    assert!(read_file(&m, "target") == target_bytes, "after a remount");
+    assert!(read_file(&m, "empty") == source_bytes[..4 * u], "after a remount");
+    assert!(read_file(&m, "source") == source_bytes, "the source as it was");
+}
