@@ -180,9 +180,9 @@ impl FileData for SqliteFileData {
         holes::seek(offset, whence, size, u, units_with_data)
     }
 
-    /// copy_file_range between two files of this database, a row at a time in one statement
-    /// each (`UnitCopy::plan`: whole units, or the source to its end), the bytes never leaving
-    /// SQLite: where the kernel would move every byte through FUSE twice, a read and a write
+    /// copy_file_range between two files of this database, a row at a time (`UnitCopy::plan`:
+    /// whole units, or the source to its end), the bytes never leaving the daemon: where the
+    /// kernel would move every byte through FUSE twice, a read and a write
     /// (`cp` copies with it since coreutils 9). The target's rows in the range go first, so a
     /// hole in the source is a hole in the copy. What whole units cannot do answers
     /// EOPNOTSUPP, on which the kernel copies that range through reads and writes and keeps
