@@ -904,3 +904,31 @@ fn a_copy_between_files_copies_unit_objects_and_leaves_pieces_to_the_kernel() {
     assert!(read_file(&m, "empty") == source_bytes[..4 * u], "after a remount");
     assert!(read_file(&m, "source") == source_bytes, "the source as it was");
 }
+
+/// A unit copy the server fails (one of three, copied at once): the copy answers EOPNOTSUPP
+/// (the kernel then copies through reads and writes), the units copied meanwhile are deleted
+/// again, and the target keeps its objects and bytes; healed, the same copy goes through.
+#[test]
+fn a_copy_that_fails_for_one_unit_takes_back_the_others_and_changes_nothing() {
+    let u = UNIT as usize;
+    let memory: Arc<dyn ObjectStore> = Arc::new(MemoryObjects::default());
+    let faulty = Arc::new(FaultyObjects::new(memory.clone()));
+    let objects: Arc<dyn ObjectStore> = faulty.clone();
+    let state = tempfile::tempdir().unwrap();
+    let m = mount(&objects, &state).unwrap();
+    let source_bytes = pattern(3 * u, 5);
+    let source = make_file(&m, "source", &source_bytes);
+    let target = make_file(&m, "target", &vec![7u8; 3 * u]);
+    m.store.sync_all().unwrap();
+    let target_id = m.names.lookup(ROOT_ID, OsStr::new("target")).unwrap().id;
+    let target_keys = || keys(&memory, &format!("tree/units/{target_id:016x}/"));
+    let before = target_keys();
+    assert_eq!(before.len(), 3, "the target's unit objects");
+    faulty.set(FaultPlan { puts: Some(format!("units/{target_id:016x}/{:016x}.", 2)), ..FaultPlan::default() });
+    assert_eq!(source.copy_to(0, &*target, 0, 3 * UNIT).map_err(|e| e.0), Err(libc::EOPNOTSUPP));
+    assert_eq!(target_keys(), before, "the copies made were taken back");
+    assert!(read_all(&*target) == vec![7u8; 3 * u], "the target as it was");
+    faulty.heal();
+    assert_eq!(source.copy_to(0, &*target, 0, 3 * UNIT).unwrap(), 3 * u);
+    assert!(read_all(&*target) == source_bytes, "healed, the copy");
+}
