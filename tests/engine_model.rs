@@ -89,9 +89,16 @@ enum Op {
         offset: u64,
         len: u64,
     },
+    /// copy_file_range: whole units where the store copies them inside itself (SQLite rows, S3
+    /// objects), or `unaligned` by a few bytes, which such a store refuses (EOPNOTSUPP: the
+    /// kernel then copies through reads and writes).
     Copy {
         from: (usize, usize),
         to: (usize, usize),
+        source_unit: u64,
+        target_unit: u64,
+        units: u64,
+        unaligned: bool,
     },
     FsyncDir {
         dir: usize,
@@ -141,7 +148,16 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             offset,
             len
         }),
-        1 => (place.clone(), place.clone()).prop_map(|(from, to)| Op::Copy { from, to }),
+        3 => (place.clone(), place.clone(), 0..2u64, 0..4u64, 1..3u64, prop::bool::weighted(0.2)).prop_map(
+            |(from, to, source_unit, target_unit, units, unaligned)| Op::Copy {
+                from,
+                to,
+                source_unit,
+                target_unit,
+                units,
+                unaligned
+            }
+        ),
         1 => dir.prop_map(|dir| Op::FsyncDir { dir }),
         1 => Just(Op::Checkpoint),
         2 => prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()].prop_map(|log_writes_kept| Op::Crash { log_writes_kept }),
@@ -602,9 +618,56 @@ impl World {
                     f.change(offset, Some(vec![0; (end - offset) as usize]));
                 }
             }
-            Op::Copy { from, to } => {
-                let (Some((_, source)), Some((_, target))) = (self.handle(from), self.handle(to)) else { return };
-                assert_eq!(self.engine.copy_file_range(source, 0, target, 0, 100).unwrap_err().0, libc::ENOSYS);
+            Op::Copy { from, to, source_unit, target_unit, units, unaligned } => {
+                let (Some((source_file, source)), Some((target_file, target))) = (self.handle(from), self.handle(to))
+                else {
+                    return;
+                };
+                let skew = if unaligned { 100 } else { 0 };
+                let (source_offset, target_offset) = (source_unit * UNIT + skew, target_unit * UNIT);
+                let len = units * UNIT + skew;
+                if source_file == target_file
+                    && source_offset < target_offset + len
+                    && target_offset < source_offset + len
+                {
+                    return; // the kernel refuses overlapping ranges of one file
+                }
+                let copied = self.engine.copy_file_range(source, source_offset, target, target_offset, len);
+                if !self.store.backends().1.capabilities().copy_ranges {
+                    // The memory store cannot: the kernel is told ENOSYS, and falls back.
+                    assert_eq!(copied.unwrap_err().0, libc::ENOSYS);
+                    return;
+                }
+                let source_len = self.model.files[&source_file].content.len() as u64;
+                let copied = match copied {
+                    Ok(n) => n as u64,
+                    // What whole units cannot do: the kernel copies it through reads and writes.
+                    // (The S3 store also stops before a unit with pieces; SQLite copies any
+                    // whole unit the source holds.)
+                    Err(e) if e.0 == libc::EOPNOTSUPP => {
+                        let whole_unit_there = !unaligned && source_offset + UNIT <= source_len;
+                        assert!(
+                            !(whole_unit_there && matches!(self.store, Store::Sqlite { .. })),
+                            "SQLite refused a copy of whole units"
+                        );
+                        return;
+                    }
+                    Err(e) => panic!("copy_file_range: {e:?}"),
+                };
+                assert!(copied <= len && source_offset + copied <= source_len.max(source_offset), "{copied} copied");
+                if copied == 0 {
+                    return;
+                }
+                let bytes = self.model.files[&source_file].content
+                    [source_offset as usize..(source_offset + copied) as usize]
+                    .to_vec();
+                let f = self.model.files.get_mut(&target_file).unwrap();
+                let end = (target_offset + copied) as usize;
+                if f.content.len() < end {
+                    f.content.resize(end, 0);
+                }
+                f.content[target_offset as usize..end].copy_from_slice(&bytes);
+                f.change(target_offset, Some(bytes));
             }
             Op::FsyncDir { dir } => {
                 let fh = self.engine.opendir(self.dir_id(dir)).unwrap();

@@ -352,6 +352,10 @@ impl Engine {
         // reaches its backend data through the held file's.
         let target_data = super::pending::store_data(&target.data);
         let copied = source.data.copy_to(source_offset, &*target_data, target_offset, length)?;
+        if copied == 0 {
+            // At or past the source's end: the target is as it was, however far its offset.
+            return Ok(0);
+        }
         self.writeback.note_backend_changed(target.id);
         if let Some(state) = &target.state {
             self.writeback.note_backend_size(state, target_offset + copied as u64);
