@@ -640,7 +640,7 @@ impl World {
                 }
                 let source_len = self.model.files[&source_file].content.len() as u64;
                 let copied = match copied {
-                    Ok(n) => n as u64,
+                    Ok(n) => u64::from(n),
                     // What whole units cannot do: the kernel copies it through reads and writes.
                     // (The S3 store also stops before a unit with pieces; SQLite copies any
                     // whole unit the source holds.)
