@@ -235,6 +235,17 @@ impl FileModel {
         self.since_for_kill.clear();
     }
 
+    /// `bytes` written at `offset`, the file grown with zeros to it where shorter: an
+    /// unacknowledged change.
+    fn write(&mut self, offset: u64, bytes: Vec<u8>) {
+        let end = offset as usize + bytes.len();
+        if self.content.len() < end {
+            self.content.resize(end, 0);
+        }
+        self.content[offset as usize..end].copy_from_slice(&bytes);
+        self.change(offset, Some(bytes));
+    }
+
     fn change(&mut self, at: u64, written: Option<Vec<u8>>) {
         self.since.push((at, written.clone()));
         self.since_for_kill.push((at, written));
@@ -536,13 +547,7 @@ impl World {
                 let bytes = pattern(len, seed, offset);
                 let flags = if sync { libc::O_RDWR | libc::O_SYNC } else { libc::O_RDWR };
                 assert_eq!(self.engine.write(fh, offset, &bytes, flags, false, false).expect("write"), len as u32);
-                let f = self.model.files.get_mut(&file).unwrap();
-                let end = (offset + len) as usize;
-                if f.content.len() < end {
-                    f.content.resize(end, 0);
-                }
-                f.content[offset as usize..end].copy_from_slice(&bytes);
-                f.change(offset, Some(bytes));
+                self.model.files.get_mut(&file).unwrap().write(offset, bytes);
                 if sync {
                     self.acknowledge_file(file);
                 }
@@ -661,13 +666,7 @@ impl World {
                 let bytes = self.model.files[&source_file].content
                     [source_offset as usize..(source_offset + copied) as usize]
                     .to_vec();
-                let f = self.model.files.get_mut(&target_file).unwrap();
-                let end = (target_offset + copied) as usize;
-                if f.content.len() < end {
-                    f.content.resize(end, 0);
-                }
-                f.content[target_offset as usize..end].copy_from_slice(&bytes);
-                f.change(target_offset, Some(bytes));
+                self.model.files.get_mut(&target_file).unwrap().write(target_offset, bytes);
             }
             Op::FsyncDir { dir } => {
                 let fh = self.engine.opendir(self.dir_id(dir)).unwrap();

@@ -462,16 +462,10 @@ impl WriteAtStart for &File {
     }
 }
 
-#[test]
-fn copy_file_range_copies_bytes() {
-    let m = TestMount::new();
-    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
-    fs::write(m.path("src"), &data).unwrap();
-    let src = File::open(m.path("src")).unwrap();
-    let dst = OpenOptions::new().write(true).create(true).truncate(false).open(m.path("dst")).unwrap();
-    let mut off_in: i64 = 1000;
-    let mut off_out: i64 = 0;
-    let mut left = 200_000usize;
+/// copy_file_range of `len` bytes from `off_in` of `src` to `off_out` of `dst`, until all are
+/// copied (a call may copy fewer).
+fn copy_range(src: &File, mut off_in: i64, dst: &File, mut off_out: i64, len: usize) {
+    let mut left = len;
     while left > 0 {
         // SAFETY: `copy_file_range` updates the two offsets, live locals borrowed exclusively for
         // the call; the rest are descriptors and a length.
@@ -481,6 +475,16 @@ fn copy_file_range_copies_bytes() {
         assert!(n > 0, "copy_file_range: {}", std::io::Error::last_os_error());
         left -= n as usize;
     }
+}
+
+#[test]
+fn copy_file_range_copies_bytes() {
+    let m = TestMount::new();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    fs::write(m.path("src"), &data).unwrap();
+    let src = File::open(m.path("src")).unwrap();
+    let dst = OpenOptions::new().write(true).create(true).truncate(false).open(m.path("dst")).unwrap();
+    copy_range(&src, 1000, &dst, 0, 200_000);
     drop(dst);
     assert_eq!(fs::read(m.path("dst")).unwrap(), &data[1000..201_000]);
 }
@@ -551,17 +555,7 @@ fn check_cp_copies_inside_the_store(mut m: TestMount, unit: usize, inside: u64) 
 
     let src = File::open(m.path("src")).unwrap();
     let unaligned = OpenOptions::new().write(true).create_new(true).open(m.path("unaligned")).unwrap();
-    let (mut off_in, mut off_out) = (1000i64, 0i64);
-    let mut left = 2 * unit;
-    while left > 0 {
-        // SAFETY: `copy_file_range` updates the two offsets, live locals borrowed exclusively for
-        // the call; the rest are descriptors and a length.
-        let n = unsafe {
-            libc::copy_file_range(src.as_raw_fd(), &raw mut off_in, unaligned.as_raw_fd(), &raw mut off_out, left, 0)
-        };
-        assert!(n > 0, "copy_file_range: {}", std::io::Error::last_os_error());
-        left -= n as usize;
-    }
+    copy_range(&src, 1000, &unaligned, 0, 2 * unit);
     drop(unaligned);
     assert!(fs::read(m.path("unaligned")).unwrap() == data[1000..1000 + 2 * unit], "an unaligned copy");
     let copies = m.counter("fuse_copy_file_range_total");

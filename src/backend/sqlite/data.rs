@@ -73,13 +73,7 @@ impl FileData for SqliteFileData {
                 .sql()?
                 .execute(params![sql_id(id), unit.unit as i64, &unit.buf[..limit as usize]])
                 .sql()?;
-            let end = unit.start() + limit;
-            let now = Timestamp::now();
-            s.update(id, |o| {
-                o.size = o.size.max(end);
-                o.mtime = now;
-                o.ctime = now;
-            })
+            s.set_file_size(id, unit.start() + limit, true)
         })?;
         s.wrote(limit)?;
         drop(s);
@@ -113,12 +107,7 @@ impl FileData for SqliteFileData {
                         .sql()?;
                 }
             }
-            let now = Timestamp::now();
-            s.update(id, |o| {
-                o.size = size;
-                o.mtime = now;
-                o.ctime = now;
-            })
+            s.set_file_size(id, size, false)
         })
     }
 
@@ -147,11 +136,7 @@ impl FileData for SqliteFileData {
                     s.replace_rows(id, *whole.start(), *whole.end())?;
                 }
             }
-            let now = Timestamp::now();
-            s.update(id, |o| {
-                o.mtime = now;
-                o.ctime = now;
-            })
+            s.touch(id)
         })
     }
 
@@ -184,7 +169,8 @@ impl FileData for SqliteFileData {
     /// whole units, or the source to its end), the bytes never leaving the daemon: where the
     /// kernel would move every byte through FUSE twice, a read and a write
     /// (`cp` copies with it since coreutils 9). The target's rows in the range go first, so a
-    /// hole in the source is a hole in the copy. What whole units cannot do answers
+    /// hole in the source is a hole in the copy. At most `TRANSACTION_MAX_BYTES` a call (a
+    /// short count: the kernel asks again for the rest). What whole units cannot do answers
     /// EOPNOTSUPP, on which the kernel copies that range through reads and writes and keeps
     /// asking (ENOSYS would stop it for the mount).
     fn copy_to(&self, source_offset: u64, target: &dyn FileData, target_offset: u64, length: u64) -> SysResult<usize> {
@@ -241,13 +227,7 @@ impl FileData for SqliteFileData {
                     .sql()?;
                 row_bytes += len;
             }
-            let end = target_offset + plan.bytes;
-            let now = Timestamp::now();
-            s.update(target, |o| {
-                o.size = o.size.max(end);
-                o.mtime = now;
-                o.ctime = now;
-            })?;
+            s.set_file_size(target, target_offset + plan.bytes, true)?;
             Ok((plan.bytes, row_bytes))
         });
         // What the call answers (holes included) and what the rows copied hold.

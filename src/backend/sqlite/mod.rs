@@ -848,6 +848,17 @@ impl Inner {
         self.write_object(id, &o)
     }
 
+    /// The file's size becomes `size` (`grow`: at least `size`, as a write past the end makes
+    /// it), its mtime and ctime now.
+    fn set_file_size(&self, id: ObjectId, size: u64, grow: bool) -> SysResult<()> {
+        let now = Timestamp::now();
+        self.update(id, |o| {
+            o.size = if grow { o.size.max(size) } else { size };
+            o.mtime = now;
+            o.ctime = now;
+        })
+    }
+
     fn touch(&self, id: ObjectId) -> SysResult<()> {
         let now = Timestamp::now();
         self.update(id, |o| {

@@ -59,12 +59,7 @@ impl Records<'_> {
     /// The file's size becomes `size` (`grow`: at least `size`, as a write past the end makes
     /// it), its mtime and ctime now.
     pub fn set_file_size(&self, id: ObjectId, size: u64, grow: bool) -> SysResult<()> {
-        let now = Timestamp::now();
-        self.s.update(id, |o| {
-            o.size = if grow { o.size.max(size) } else { size };
-            o.mtime = now;
-            o.ctime = now;
-        })
+        self.s.set_file_size(id, size, grow)
     }
 
     /// Rows changed by this connection since it opened: equal counts, an unchanged database.
