@@ -200,6 +200,14 @@ struct Record {
     length: u64,
 }
 
+/// The first of units `first..=last` of `file` with pieces (its bytes partly in segments).
+fn first_unit_with_pieces(db: &Connection, file: ObjectId, first: u64, last: u64) -> SysResult<Option<u64>> {
+    let unit: Option<i64> =
+        sql(sql(db.prepare_cached("SELECT min(unit) FROM s3_pieces WHERE file = ?1 AND unit BETWEEN ?2 AND ?3"))?
+            .query_row(params![file as i64, first as i64, last as i64], |row| row.get(0)))?;
+    Ok(unit.map(|unit| unit as u64))
+}
+
 /// The records of units `first..=last` of `file`, in unit order.
 fn unit_records(db: &Connection, file: ObjectId, first: u64, last: u64) -> SysResult<Vec<Record>> {
     let mut stmt = sql(db.prepare_cached(
@@ -1031,22 +1039,19 @@ impl FileData for S3FileData {
             )?;
             let Some(mut plan) = plan else { return Ok(None) };
             let last = plan.source_first + plan.units - 1;
-            let first_piece: Option<i64> = sql(sql(r
-                .db()
-                .prepare_cached("SELECT min(unit) FROM s3_pieces WHERE file = ?1 AND unit BETWEEN ?2 AND ?3"))?
-            .query_row(params![source as i64, plan.source_first as i64, last as i64], |row| row.get(0)))?;
-            if let Some(unit) = first_piece {
+            if let Some(unit) = first_unit_with_pieces(r.db(), source, plan.source_first, last)? {
                 // Its bytes are in segments, not one object: the kernel copies from there.
-                plan.units = unit as u64 - plan.source_first;
+                plan.units = unit - plan.source_first;
                 plan.bytes = plan.units * u;
             }
             if plan.units == 0 {
                 return Err(Errno(libc::EOPNOTSUPP));
             }
-            let records = unit_records(r.db(), source, plan.source_first, plan.source_first + plan.units - 1)?;
-            Ok(Some((plan, records)))
+            let sources = plan.source_first..=plan.source_first + plan.units - 1;
+            let records = unit_records(r.db(), source, *sources.start(), *sources.end())?;
+            Ok(Some((plan, sources, records)))
         })?;
-        let Some((plan, records)) = planned else { return Ok(0) };
+        let Some((plan, sources, records)) = planned else { return Ok(0) };
 
         let take_back = |copies: &[Record]| {
             for copy in copies {
@@ -1099,18 +1104,12 @@ impl FileData for S3FileData {
                 r.file_size(target)?;
                 let db = r.db();
                 // The source as it was when its objects were chosen, or the copy is not made.
-                let now = unit_records(db, source, plan.source_first, plan.source_first + plan.units - 1)?;
+                let now = unit_records(db, source, *sources.start(), *sources.end())?;
                 let unchanged = now.len() == records.len()
-                    && now.iter().zip(&records).all(|(a, b)| (a.unit, a.generation) == (b.unit, b.generation));
-                let pieces: i64 = sql(sql(
-                    db.prepare_cached("SELECT count(*) FROM s3_pieces WHERE file = ?1 AND unit BETWEEN ?2 AND ?3")
-                )?
-                .query_row(
-                    params![source as i64, plan.source_first as i64, (plan.source_first + plan.units - 1) as i64],
-                    |row| row.get(0),
-                ))?;
-                if !unchanged || pieces > 0 {
-                    return Err(Errno(libc::EAGAIN));
+                    && now.iter().zip(&records).all(|(a, b)| (a.unit, a.generation) == (b.unit, b.generation))
+                    && first_unit_with_pieces(db, source, *sources.start(), *sources.end())?.is_none();
+                if !unchanged {
+                    return Ok(false);
                 }
                 let values = [target as i64, first as i64, last as i64];
                 sql(drop_data(db, &shared.segments, "file = ?1 AND unit BETWEEN ?2 AND ?3", &values))?;
@@ -1125,13 +1124,15 @@ impl FileData for S3FileData {
                         copy.length as i64
                     ]))?;
                 }
-                r.set_file_size(target, target_offset + plan.bytes, true)
+                r.set_file_size(target, target_offset + plan.bytes, true)?;
+                Ok(true)
             })
         });
-        if let Err(e) = recorded {
-            // Named by no record: taken back rather than left to no one.
+        if !matches!(recorded, Ok(true)) {
+            // Named by no record: taken back rather than left to no one. A source written
+            // meanwhile is left to the kernel.
             take_back(&copies);
-            return Err(if e.0 == libc::EAGAIN { Errno(libc::EOPNOTSUPP) } else { e });
+            return Err(recorded.err().unwrap_or(Errno(libc::EOPNOTSUPP)));
         }
         let bytes: u64 = copies.iter().map(|copy| copy.length).sum();
         shared.metrics.backend_copied_bytes.fetch_add(bytes, Relaxed);
