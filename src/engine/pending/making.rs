@@ -12,6 +12,16 @@ fn distinct_parents(names: &[(ObjectId, OsString)]) -> Vec<ObjectId> {
     parents
 }
 
+/// A held file as a make gives it to the backend (`Pending::make_with`).
+struct HeldAsItIs {
+    /// Its names, the first the one it is made with (see `Body::names`).
+    names: Vec<(ObjectId, OsString)>,
+    perm: u32,
+    owner: Owner,
+    times: TimesToSet,
+    bytes: Vec<u8>,
+}
+
 impl Pending {
     /// Makes the held file `id` on the backend now, at its name, with its attributes and bytes,
     /// under its id, if `when` says so of its body. Ok(None): not held, unlinked, or `when`
@@ -40,7 +50,9 @@ impl Pending {
 
     /// `make_if`; with `durably`, the file and its name are synced on the backend and then
     /// `durably(records)` runs (the log's commit of `made_durably_records`), all before anything
-    /// else can reach the file. `alone`: made by itself, not in a checkpoint's batch, so from a
+    /// else can change the file. While the backend makes it the body is unlocked and marked
+    /// `making`: answers that only read it go on from memory, changes wait for the make to end
+    /// (see `PendingFile::body`). `alone`: made by itself, not in a checkpoint's batch, so from a
     /// file the backend made ahead (`Namespace::make_with_id_prepared`) where it has one: a
     /// checkpoint's creations share their costs anyway, one made alone pays them all.
     pub(super) fn make_with(
@@ -57,80 +69,118 @@ impl Pending {
         }
         // Unlinked: nothing can name it on the backend, and its bytes go with its last handle.
         let Some((parent, name)) = body.names.first().cloned() else { return Ok(None) };
-        let names = body.names.clone();
-        let owner = Owner { uid: body.attr.uid, gid: body.attr.gid };
+        // What the backend is given: the body as it is now, which nothing changes until the
+        // make ends (`PendingFile::body` waits for it), though answers read it meanwhile.
+        let held = HeldAsItIs {
+            names: body.names.clone(),
+            perm: body.attr.perm,
+            owner: Owner { uid: body.attr.uid, gid: body.attr.gid },
+            times: TimesToSet {
+                atime: Some(TimeToSet::At(body.attr.atime)),
+                mtime: Some(TimeToSet::At(body.attr.mtime)),
+            },
+            bytes: body.bytes.clone(),
+        };
+        body.making = true;
+        drop(body);
+        let on_backend = self.make_on_backend(id, &file.key, &held, durably, alone);
+        let mut body = lock(&file.body);
+        debug_assert!(body.making && body.real.is_none(), "a make's body changed under it");
+        let made = on_backend.map(|(data, made)| {
+            let names = held.names;
+            // The lookups held so far pass to the backend (which counted one for the make),
+            // those counted while it made the file too.
+            match body.lookups {
+                0 => self.ns.forget(id, 1),
+                n => {
+                    for _ in 1..n {
+                        if let Err(e) = self.ns.hold(id) {
+                            log::warn!("inode {id}: handing the kernel's lookups to the backend: {e}");
+                        }
+                    }
+                }
+            }
+            if let (None, Some(created_before_seq)) = (durably, body.created_before_seq) {
+                // Made by a checkpoint or for a flush (nothing else makes a logged file without a
+                // barrier), marked before its body is let go: whoever finds it made finds it marked.
+                let unreleased =
+                    Unreleased { key: file.key.clone(), names: names.clone(), attr: made.clone(), created_before_seq };
+                lock(&self.made_unbarred).insert(id, unreleased);
+            }
+            body.real = Some(data);
+            self.bytes_held.fetch_sub(body.bytes.len() as u64, Relaxed);
+            body.bytes = Vec::new();
+            let mut table = self.table();
+            table.by_id.remove(&id);
+            for (named_parent, named) in &names {
+                table.unname(*named_parent, named);
+                self.repin(&mut table, *named_parent);
+            }
+            drop(table);
+            self.metrics.pending_files_made.fetch_add(1, Relaxed);
+            Some(Made { parent, name, attr: made })
+        });
+        body.making = false;
+        drop(body);
+        file.made.notify_all();
+        made
+    }
+
+    /// The backend's part of `make_with`, the file's body unlocked: the file made at its first
+    /// name under its id, linked at the others, its bytes and times written, and with
+    /// `durably`, synced and its records committed. On failure the backend keeps no half of it
+    /// (the file stays held, whole).
+    fn make_on_backend(
+        &self,
+        id: ObjectId,
+        key: &[u8],
+        held: &HeldAsItIs,
+        durably: Option<&dyn Fn(Vec<Record>) -> SysResult<()>>,
+        alone: bool,
+    ) -> SysResult<(Arc<dyn FileData>, Attr)> {
+        let (parent, name) = &held.names[0];
         // A backend file it was renamed over may still hold the name, hidden: it goes first.
-        self.remove_hidden(parent, Some(&name))?;
+        self.remove_hidden(*parent, Some(name))?;
         let made = if alone {
-            self.backend_names().make_with_id_prepared(id, parent, &name, body.attr.perm, owner)?
+            self.backend_names().make_with_id_prepared(id, *parent, name, held.perm, held.owner)?
         } else {
-            self.backend_names().make_with_id(id, parent, &name, body.attr.perm, owner)?
+            self.backend_names().make_with_id(id, *parent, name, held.perm, held.owner)?
         };
         assert_eq!(made.id, id, "the backend keeps the id it is given");
         // Its hard links, each where the file's name was made: the names it has now.
         let mut linked = 0;
         let written = (|| {
-            for (link_parent, link_name) in &names[1..] {
+            for (link_parent, link_name) in &held.names[1..] {
                 self.remove_hidden(*link_parent, Some(link_name))?;
                 self.backend_names().link(id, *link_parent, link_name)?;
                 self.ns.forget(id, 1); // the link's lookup: the make's stands for the kernel's
                 linked += 1;
             }
             let data = self.store.open(id, OpenMode { write: true, no_atime: false })?;
-            if !body.bytes.is_empty() {
-                crate::engine::writeback::write_range(&*self.store, &*data, 0, &body.bytes, &self.metrics)?;
+            if !held.bytes.is_empty() {
+                crate::engine::writeback::write_range(&*self.store, &*data, 0, &held.bytes, &self.metrics)?;
             }
-            let times =
-                TimesToSet { atime: Some(TimeToSet::At(body.attr.atime)), mtime: Some(TimeToSet::At(body.attr.mtime)) };
-            self.ns.setattr(id, &SetAttr { times, ..SetAttr::default() })?;
+            self.ns.setattr(id, &SetAttr { times: held.times, ..SetAttr::default() })?;
             if let Some(commit) = durably {
                 data.sync(false)?;
-                for dir in distinct_parents(&names) {
+                for dir in distinct_parents(&held.names) {
                     self.ns.sync_dir(dir)?;
                 }
-                commit(self.made_durably_records(&file.key, &names, &made)?)?;
+                commit(self.made_durably_records(key, &held.names, &made)?)?;
             }
             Ok(data)
         })();
-        let data = match written {
-            Ok(data) => data,
+        match written {
+            Ok(data) => Ok((data, made)),
             Err(e) => {
                 // Taken back: the file stays held, whole, and the backend keeps no half of it.
-                for (made_parent, made_name) in names.iter().take(1 + linked) {
+                for (made_parent, made_name) in held.names.iter().take(1 + linked) {
                     let _ = self.backend_names().remove(*made_parent, made_name, false);
                 }
                 self.ns.forget(id, 1);
-                return Err(e);
-            }
-        };
-        // The lookups held so far pass to the backend (which counted one for the make).
-        match body.lookups {
-            0 => self.ns.forget(id, 1),
-            n => {
-                for _ in 1..n {
-                    self.ns.hold(id)?;
-                }
+                Err(e)
             }
         }
-        if let (None, Some(created_before_seq)) = (durably, body.created_before_seq) {
-            // Made by a checkpoint or for a flush (nothing else makes a logged file without a
-            // barrier), marked before its body is let go: whoever finds it made finds it marked.
-            let unreleased =
-                Unreleased { key: file.key.clone(), names: names.clone(), attr: made.clone(), created_before_seq };
-            lock(&self.made_unbarred).insert(id, unreleased);
-        }
-        body.real = Some(data);
-        self.bytes_held.fetch_sub(body.bytes.len() as u64, Relaxed);
-        body.bytes = Vec::new();
-        let mut table = self.table();
-        table.by_id.remove(&id);
-        for (named_parent, named) in &names {
-            table.unname(*named_parent, named);
-            self.repin(&mut table, *named_parent);
-        }
-        drop(table);
-        self.metrics.pending_files_made.fetch_add(1, Relaxed);
-        Ok(Some(Made { parent, name, attr: made }))
     }
 
     /// What the log is told of a held file made on the backend durably: a Barrier under its

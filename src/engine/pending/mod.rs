@@ -40,7 +40,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 
 use super::intent_log::format::Record;
 use super::types::{Attr, DirEntry, Kind, NewObject, ObjectId, Owner, SetAttr, StatFs, TimeToSet, TimesToSet, ROOT_ID};
@@ -125,16 +125,39 @@ struct Body {
     changed_from: u64,
     /// The backend's file, once made: every call goes there from then on.
     real: Option<Arc<dyn FileData>>,
+    /// A make of it on the backend is under way (`Pending::make_with`), its body unlocked so
+    /// that the backend's calls, which may wait seconds on a stalled store, hold up no answer
+    /// that only reads it.
+    making: bool,
 }
 
 pub struct PendingFile {
     id: ObjectId,
     key: Vec<u8>,
     body: Mutex<Body>,
+    /// Signalled when a make on the backend ends (`Body::making` cleared).
+    made: Condvar,
 }
 
 impl PendingFile {
+    /// The body, once no make of the file on the backend is under way: whoever changes the
+    /// file, or acts on whether it is held, finds it made (or still held, the make failed),
+    /// never half made.
     fn body(&self) -> MutexGuard<'_, Body> {
+        let mut body = lock(&self.body);
+        while body.making {
+            body = self.made.wait(body).unwrap();
+        }
+        body
+    }
+
+    /// The body as it is, a make of the file on the backend under way or not: for answers that
+    /// only read it (attributes, bytes, extended attributes: none) or count lookups, which the
+    /// make hands to the backend when it ends. Such a file is held still, and answered from
+    /// memory: what the make writes to the backend is what the body holds. A stalled backend
+    /// held `ls -l` of a directory (a getattr and a getxattr of each file) for as long as a
+    /// checkpoint's make of one file in it: 19 s over a SQLite database another program locked.
+    fn body_to_read(&self) -> MutexGuard<'_, Body> {
         lock(&self.body)
     }
 }
@@ -356,7 +379,8 @@ impl Pending {
         table.by_id.get(&id).cloned()
     }
 
-    /// `f` on the held file `id` and its locked body, while it is held.
+    /// `f` on the held file `id` and its locked body, while it is held (after any make of it
+    /// under way, see `PendingFile::body`).
     fn with_held<T>(&self, id: ObjectId, f: impl FnOnce(&Arc<PendingFile>, &mut Body) -> T) -> Option<T> {
         let file = self.get(id)?;
         let mut body = file.body();
@@ -366,7 +390,19 @@ impl Pending {
         Some(f(&file, &mut body))
     }
 
-    /// `f` on the held file named `name` in `parent` and its locked body, while it is.
+    /// `with_held`, without waiting for a make of the file under way (see
+    /// `PendingFile::body_to_read`): `f` only reads the body, or counts lookups.
+    fn with_held_to_read<T>(&self, id: ObjectId, f: impl FnOnce(&Arc<PendingFile>, &mut Body) -> T) -> Option<T> {
+        let file = self.get(id)?;
+        let mut body = file.body_to_read();
+        if body.real.is_some() {
+            return None;
+        }
+        Some(f(&file, &mut body))
+    }
+
+    /// `f` on the held file named `name` in `parent` and its locked body, while it is (after
+    /// any make of it under way).
     fn with_held_at<T>(
         &self,
         parent: ObjectId,
@@ -374,11 +410,34 @@ impl Pending {
         f: impl FnOnce(&Arc<PendingFile>, &mut Body) -> T,
     ) -> Option<T> {
         let file = self.named(parent, name)?;
-        let mut body = file.body();
+        let body = file.body();
+        Self::held_at(&file, body, parent, name, f)
+    }
+
+    /// `with_held_at`, without waiting for a make of the file under way (see
+    /// `with_held_to_read`).
+    fn with_held_at_to_read<T>(
+        &self,
+        parent: ObjectId,
+        name: &OsStr,
+        f: impl FnOnce(&Arc<PendingFile>, &mut Body) -> T,
+    ) -> Option<T> {
+        let file = self.named(parent, name)?;
+        let body = file.body_to_read();
+        Self::held_at(&file, body, parent, name, f)
+    }
+
+    fn held_at<T>(
+        file: &Arc<PendingFile>,
+        mut body: MutexGuard<'_, Body>,
+        parent: ObjectId,
+        name: &OsStr,
+        f: impl FnOnce(&Arc<PendingFile>, &mut Body) -> T,
+    ) -> Option<T> {
         if body.real.is_some() || !body.names.iter().any(|(p, n)| *p == parent && n == name) {
             return None;
         }
-        Some(f(&file, &mut body))
+        Some(f(file, &mut body))
     }
 
     pub fn bytes_held(&self) -> u64 {
@@ -392,6 +451,12 @@ impl Pending {
 
     pub fn is_held(&self, id: ObjectId) -> bool {
         self.with_held(id, |_, _| ()).is_some()
+    }
+
+    /// `is_held`, or being made on the backend (without waiting for the make): for answers a
+    /// held file and one just made give alike (no extended attributes).
+    pub fn is_held_to_read(&self, id: ObjectId) -> bool {
+        self.with_held_to_read(id, |_, _| ()).is_some()
     }
 
     /// Where the file `id` stands with the log (see `Held`).
@@ -582,8 +647,9 @@ impl Pending {
             changed_since_log: true,
             changed_from: 0,
             real: None,
+            making: false,
         };
-        table.by_id.insert(id, Arc::new(PendingFile { id, key, body: Mutex::new(body) }));
+        table.by_id.insert(id, Arc::new(PendingFile { id, key, body: Mutex::new(body), made: Condvar::new() }));
         table.name(parent, name, id);
         table.touch(parent);
         self.repin(&mut table, parent);
@@ -601,6 +667,7 @@ impl Pending {
     /// Lets go of a held file nothing names or holds (open handles keep its body alive).
     fn drop_if_gone(&self, file: &PendingFile, body: &mut Body) {
         if body.names.is_empty() && body.lookups == 0 {
+            debug_assert!(!body.making, "a file being made has a name");
             self.table().by_id.remove(&file.id);
             self.bytes_held.fetch_sub(body.bytes.len() as u64, Relaxed);
             body.bytes = Vec::new();
@@ -839,6 +906,69 @@ mod tests {
             listed.sort();
             assert_eq!(listed, ["a", "old"], "read {max} entries at a time");
         }
+    }
+
+    /// A backend that stalls while a held file is made on it (a SQLite database another
+    /// program locks, a slow disk): answers that only read the file (getattr, lookup, read,
+    /// getxattr) come from memory meanwhile; a change waits for the make, then finds the file
+    /// on the backend. Fails with the body locked across the make (19 s for `ls -l` once).
+    #[test]
+    fn a_held_file_being_made_on_a_stalled_backend_is_read_meanwhile_and_changed_after() {
+        use crate::backend::faults::{Faults, FaultyBackend};
+        use std::time::{Duration, Instant};
+        let memory = Arc::new(MemoryBackend::new(4096));
+        let faults = Arc::new(Faults::new());
+        let faulty = Arc::new(FaultyBackend::new(memory.clone(), memory.clone(), faults.clone()));
+        let metrics = Arc::new(Metrics::default());
+        let held = Arc::new(Pending::new(faulty.clone(), faulty, metrics.clone()));
+        let (ns, store) = (Arc::new(PendingNamespace(held.clone())), PendingStore(held.clone()));
+        let owner = Owner { uid: 0, gid: 0 };
+        let a = held.make(ROOT_ID, OsStr::new("a"), 0o644, owner).unwrap();
+        let bytes: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let data = store.open(a.id, OpenMode { write: true, no_atime: false }).unwrap();
+        crate::engine::writeback::write_range(&store, &*data, 0, &bytes, &metrics).unwrap();
+        faults.control("inject create=stall:60s").unwrap();
+        let maker = {
+            let held = held.clone();
+            std::thread::spawn(move || held.make_unlogged_now(a.id).map(|made| made.is_some()))
+        };
+        assert!(faults.wait_for_stalls(1, Duration::from_secs(10)), "the make reached the backend");
+
+        let asked = Instant::now();
+        assert_eq!(ns.getattr(a.id).unwrap().size, bytes.len() as u64);
+        assert_eq!(ns.lookup(ROOT_ID, OsStr::new("a")).unwrap().id, a.id);
+        let reader = store.open(a.id, OpenMode { write: false, no_atime: false }).unwrap();
+        let mut read = vec![0u8; bytes.len() + 10];
+        assert_eq!(reader.read_at(&mut read, 0).unwrap(), bytes.len());
+        assert!(read[..bytes.len()] == bytes[..]);
+        assert_eq!(ns.get_xattr(a.id, OsStr::new("user.x"), 0).unwrap_err(), Errno(libc::ENODATA));
+        let answered_in = asked.elapsed();
+        assert!(answered_in < Duration::from_secs(5), "reads waited {answered_in:?} for the stalled make");
+
+        let (changes, changed) = std::sync::mpsc::channel();
+        let changer = {
+            let ns = ns.clone();
+            std::thread::spawn(move || {
+                let changed = ns.setattr(a.id, &SetAttr { mode: Some(0o600), ..SetAttr::default() });
+                changes.send(()).unwrap();
+                changed
+            })
+        };
+        assert!(
+            changed.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a change of the file went on while it was being made"
+        );
+        faults.control("clear").unwrap();
+        assert_eq!(maker.join().unwrap(), Ok(true));
+        changer.join().unwrap().unwrap();
+        assert!(!held.is_held(a.id));
+        // The change found the file made, and went to the backend's.
+        assert_eq!(memory.getattr(a.id).unwrap().perm, 0o600);
+        let mut on_backend = vec![0u8; bytes.len()];
+        memory.open(a.id, OpenMode { write: false, no_atime: false }).unwrap().read_at(&mut on_backend, 0).unwrap();
+        assert!(on_backend == bytes);
+        // The handle opened while it was being made reads the backend's file now.
+        assert_eq!(reader.read_at(&mut read, 0).unwrap(), bytes.len());
     }
 
     /// A store that lists a directory when it is opened (SQLite, memory): a held file made on

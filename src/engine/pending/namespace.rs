@@ -127,7 +127,7 @@ pub struct PendingNamespace(pub Arc<Pending>);
 impl Namespace for PendingNamespace {
     fn lookup(&self, parent: ObjectId, name: &OsStr) -> SysResult<Attr> {
         let p = &self.0;
-        let held = p.with_held_at(parent, name, |_, body| {
+        let held = p.with_held_at_to_read(parent, name, |_, body| {
             body.lookups += 1;
             Pending::attr_of(body)
         });
@@ -140,7 +140,9 @@ impl Namespace for PendingNamespace {
 
     fn forget(&self, id: ObjectId, lookups: u64) {
         let p = &self.0;
-        let held = p.with_held(id, |file, body| {
+        // During a make too: the make hands the lookups left to the backend when it ends, and
+        // a file being made has a name, so it is not dropped here.
+        let held = p.with_held_to_read(id, |file, body| {
             body.lookups = body.lookups.saturating_sub(lookups);
             p.drop_if_gone(file, body);
         });
@@ -150,14 +152,14 @@ impl Namespace for PendingNamespace {
     }
 
     fn hold(&self, id: ObjectId) -> SysResult<()> {
-        match self.0.with_held(id, |_, body| body.lookups += 1) {
+        match self.0.with_held_to_read(id, |_, body| body.lookups += 1) {
             Some(()) => Ok(()),
             None => self.0.ns.hold(id),
         }
     }
 
     fn getattr(&self, id: ObjectId) -> SysResult<Attr> {
-        match self.0.with_held(id, |_, body| Pending::attr_of(body)) {
+        match self.0.with_held_to_read(id, |_, body| Pending::attr_of(body)) {
             Some(attr) => Ok(attr),
             None => self.0.ns.getattr(id).map(|attr| self.0.with_directory_times(attr)),
         }
@@ -294,14 +296,14 @@ impl Namespace for PendingNamespace {
     }
 
     fn get_xattr(&self, id: ObjectId, name: &OsStr, size: usize) -> SysResult<XattrReply> {
-        if self.0.is_held(id) {
+        if self.0.is_held_to_read(id) {
             return Err(Errno(libc::ENODATA));
         }
         self.0.ns.get_xattr(id, name, size)
     }
 
     fn list_xattr(&self, id: ObjectId, size: usize) -> SysResult<XattrReply> {
-        if self.0.is_held(id) {
+        if self.0.is_held_to_read(id) {
             return Ok(if size == 0 { XattrReply::Size(0) } else { XattrReply::Data(Vec::new()) });
         }
         self.0.ns.list_xattr(id, size)
@@ -343,7 +345,7 @@ impl Namespace for PendingNamespace {
     }
 
     fn describe(&self, id: ObjectId) -> Option<String> {
-        if let Some(named) = self.0.with_held(id, |_, body| body.names.first().cloned()) {
+        if let Some(named) = self.0.with_held_to_read(id, |_, body| body.names.first().cloned()) {
             let (parent, name) = named?;
             let dir = self.0.ns.describe(parent).unwrap_or_else(|| format!("inode {parent}"));
             return Some(format!("{dir}/{} (not yet on the backend)", name.to_string_lossy()));

@@ -27,7 +27,7 @@ pub fn store_data(data: &Arc<dyn FileData>) -> Arc<dyn FileData> {
 
 impl FileData for PendingData {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> SysResult<usize> {
-        let body = self.file.body();
+        let body = self.file.body_to_read();
         if let Some(real) = body.real.clone() {
             drop(body);
             return real.read_at(buf, offset);
@@ -91,7 +91,7 @@ impl FileData for PendingData {
     }
 
     fn size(&self) -> SysResult<u64> {
-        let body = self.file.body();
+        let body = self.file.body_to_read();
         match body.real.clone() {
             Some(real) => {
                 drop(body);
@@ -111,7 +111,7 @@ impl FileData for PendingData {
     }
 
     fn holds_data(&self) -> bool {
-        let body = self.file.body();
+        let body = self.file.body_to_read();
         match body.real.clone() {
             Some(real) => {
                 drop(body);
@@ -130,7 +130,7 @@ impl FileData for PendingData {
     }
 
     fn seek(&self, offset: i64, whence: i32) -> SysResult<i64> {
-        let body = self.file.body();
+        let body = self.file.body_to_read();
         if let Some(real) = body.real.clone() {
             drop(body);
             return real.seek(offset, whence);
@@ -175,7 +175,8 @@ impl UnitStore for PendingStore {
 
     fn open(&self, id: ObjectId, mode: OpenMode) -> SysResult<Arc<dyn FileData>> {
         if let Some(file) = self.0.get(id) {
-            let real = file.body().real.is_some();
+            // A file being made opens as held: its data goes on to the backend's once made.
+            let real = file.body_to_read().real.is_some();
             if !real {
                 return Ok(Arc::new(PendingData { file, pending: self.0.clone() }));
             }
