@@ -438,3 +438,63 @@ fn fsync_after_the_kernel_forgot_the_file(m: TestMount) {
     let expected = [data, pattern_of_small_fsyncs(1), pattern_of_small_fsyncs(1)].concat();
     assert!(fs::read(m.path("f")).unwrap() == expected, "the file after both appends");
 }
+
+/// A backend that stalls while the engine makes a new file the log holds on it (a checkpoint
+/// making the files created since the last, or an extended attribute set on one): `ls -l`,
+/// `stat` and `cat` of that file answer from memory meanwhile, and the make finishes once the
+/// backend answers. They waited for the whole stall before (19 s for one `ls` over a SQLite
+/// database another program locked).
+#[test]
+fn a_stalled_make_of_a_new_file_holds_up_no_listing_stat_or_read_of_it() {
+    // Every stat asks the daemon: the kernel answers none from its attribute cache.
+    let m = TestMount::build(&["cache_timeout=0"], &[("COALESCEFS_FAULTS", "")], None);
+    fs::create_dir(m.path("slow")).unwrap();
+    let (checkpointed, xattred) = (pattern(1000, 5), pattern(3000, 6));
+    // Each closed: in the log, held. Apart: a file created just after a close is made on the
+    // backend at once (`log_closes=auto`'s burst rule).
+    fs::write(m.path("slow/checkpointed"), &checkpointed).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    fs::write(m.path("slow/xattred"), &xattred).unwrap();
+    m.inject("create=stall:120s@slow");
+    let mnt = path_str(&m.mnt);
+    let checkpoint = Command::new(env!("CARGO_BIN_EXE_coalescefs")).args(["sync", &mnt]).spawn().unwrap();
+    let xattr_path = path_str(&m.path("slow/xattred"));
+    let xattr = Command::new("setfattr").args(["-n", "user.why", "-v", "slow", &xattr_path]).spawn().unwrap();
+    // Each makes one file, milliseconds on a backend that answers.
+    std::thread::sleep(Duration::from_secs(1));
+    // A file grown past what the log takes for a new one, made on the backend for a flush.
+    std::thread::sleep(Duration::from_millis(100));
+    let grown = pattern(3 << 20, 7);
+    let grown_path = path_str(&m.path("slow/grown"));
+    // From outside the mount: a copy inside it is a copy_file_range, another path.
+    let source = m.mnt.parent().unwrap().join("grown-source");
+    fs::write(&source, &grown).unwrap();
+    let flush = Command::new("cp").args([&path_str(&source), &grown_path]).spawn().unwrap();
+    let mut stalled = [checkpoint, xattr, flush];
+    for (what, child) in ["coalescefs sync", "setfattr", "cp"].iter().zip(&mut stalled) {
+        let finished = child.try_wait().unwrap();
+        assert!(finished.is_none(), "{what} did not stall: {finished:?}; the daemon's log:\n{}", m.daemon_log());
+    }
+    for (name, bytes) in [("checkpointed", &checkpointed), ("xattred", &xattred)] {
+        let path = path_str(&m.path(&format!("slow/{name}")));
+        let (out, ls_took) = timed(&m, 60, "ls", &["-l", &path_str(&m.path("slow"))]);
+        assert!(out.status.success(), "{out:?}");
+        let (out, stat_took) = timed(&m, 60, "stat", &["-c", "%s", &path]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), bytes.len().to_string());
+        let (out, cat_took) = timed(&m, 60, "cat", &[&path]);
+        assert!(out.stdout == *bytes, "cat of {name} while it is made");
+        for took in [ls_took, stat_took, cat_took] {
+            assert!(took < ANSWER_WITHIN, "ls -l, stat, cat of {name}: {ls_took:?}, {stat_took:?}, {cat_took:?}");
+        }
+    }
+    let (out, took) = timed(&m, 60, "stat", &["-c", "%n", &grown_path]);
+    assert!(out.status.success() && took < ANSWER_WITHIN, "stat of a file made for a flush took {took:?}: {out:?}");
+    m.clear_faults();
+    for mut child in stalled {
+        assert!(child.wait().unwrap().success(), "{child:?} once the backend answers");
+    }
+    assert_eq!(xattr_of(&m.path("slow/xattred"), "user.why").unwrap(), b"slow");
+    assert!(fs::read(m.backing_path("slow/checkpointed")).unwrap() == checkpointed);
+    assert!(fs::read(m.backing_path("slow/xattred")).unwrap() == xattred);
+    assert!(fs::read(m.path("slow/grown")).unwrap() == grown);
+}

@@ -199,7 +199,16 @@ impl Writeback {
         let earlier = inner.in_flight.insert(unit, flying.clone());
         assert!(earlier.is_none(), "unit {unit} in flight twice");
         let size = inner.size;
-        let data = self.file_data(file, &mut inner);
+        let data = if self.made_on_backend_for_flush(&inner) {
+            // Made with the file's lock let go (the unit is in flight meanwhile, as while it is
+            // written): a stalled make held up every getattr of the file, and `ls -l` with it.
+            drop(inner);
+            let made = self.make_held_for_flush(file.id);
+            inner = lock(&file.inner);
+            made.and_then(|()| self.file_data(file, &mut inner))
+        } else {
+            self.file_data(file, &mut inner)
+        };
         drop(inner);
         let started = Instant::now();
         let result = data.and_then(|data| self.write_unit(&*data, unit, &flying, size));

@@ -646,12 +646,18 @@ impl Writeback {
         }
     }
 
+    /// Whether `file_data` makes the file on the backend first, if it is held: it has grown
+    /// past what its close would log.
+    pub(super) fn made_on_backend_for_flush(&self, inner: &FileInner) -> bool {
+        self.pending.is_some() && inner.size > self.config.log_threshold_new_bytes
+    }
+
     /// The file's data in the store, opened for writing by whoever first needs it.
     pub(super) fn file_data(&self, file: &FileState, inner: &mut FileInner) -> SysResult<Arc<dyn FileData>> {
         // A held file (`pending`) grown past what its close would log: the backend makes it
         // now, and its bytes go there. (Logged while small, as a shell's redirection closes the
         // new file once before anything is written: synced with its bytes at its close.)
-        if self.pending.is_some() && inner.size > self.config.log_threshold_new_bytes {
+        if self.made_on_backend_for_flush(inner) {
             self.make_held_for_flush(file.id)?;
         }
         let data = match &inner.data {
