@@ -337,6 +337,42 @@ fn check_a_sparse_file_in_a_store_of_units(m: TestMount, unit: u64) {
     assert!(copied[..512 << 20].iter().all(|&b| b == 0), "zeros before them");
 }
 
+/// Over S3, `df` says what the bucket holds for the mount, and room a bucket has (no capacity
+/// the mount can know), not the state directory's disk, which it showed before: used grows by
+/// what a file puts in the bucket and falls when the file goes.
+#[test]
+fn over_s3_df_counts_the_bytes_in_the_bucket_not_the_state_directorys_disk() {
+    let test = "over_s3_df_counts_the_bytes_in_the_bucket_not_the_state_directorys_disk";
+    let Some(server) = common::s3::server_or_skip(test) else { return };
+    let m = TestMount::over_s3(&server, "space", &["unit=1M"]);
+    let space = |path: &Path| {
+        let st = statvfs_of(path);
+        (st.f_blocks.saturating_sub(st.f_bfree) * st.f_frsize, st.f_bavail * st.f_frsize)
+    };
+    let (empty, room) = space(&m.mnt);
+    let (_, state_disk_room) = space(&m.state_dir());
+    assert!(room >= 1 << 50 && room != state_disk_room, "room {room}, the state directory's disk {state_disk_room}");
+    let written: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(m.path("eight"), &written).unwrap();
+    m.sync_to_backend();
+    let (used, _) = space(&m.mnt);
+    assert_eq!(used - empty, 8 << 20, "8 MiB in 1 MiB units in the bucket");
+    std::fs::remove_file(m.path("eight")).unwrap();
+    m.sync_to_backend();
+    assert_eq!(space(&m.mnt).0, empty, "the file removed");
+}
+
+fn statvfs_of(path: &Path) -> libc::statvfs {
+    let c = cstr(path);
+    // SAFETY: the libc struct is plain integers (and arrays of them), for which all-zero bytes are
+    // a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `statvfs` writes one value of the type its out-pointer has, into a live local
+    // borrowed exclusively for the call; any C string passed is NUL-terminated.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &raw mut st) }, 0, "statvfs of {path:?}");
+    st
+}
+
 #[test]
 fn a_sparse_file_takes_no_space_for_its_holes() {
     for options in [&[][..], &["log=off"][..]] {

@@ -112,6 +112,19 @@ impl ExternalData for UnitRecords {
         Ok(held as u64)
     }
 
+    /// Every unit object's bytes that count and every piece's, as `bytes_held` (a piece over a
+    /// unit object counted twice; segments' dropped pieces and objects waiting for the next
+    /// manifest's deletes not at all).
+    fn bytes_stored(&self, db: &Connection) -> rusqlite::Result<u64> {
+        let stored: i64 = db
+            .prepare_cached(
+                "SELECT (SELECT coalesce(sum(length), 0) FROM s3_units) \
+                 + (SELECT coalesce(sum(length), 0) FROM s3_pieces)",
+            )?
+            .query_row([], |r| r.get(0))?;
+        Ok(stored as u64)
+    }
+
     fn before_commit(&self, db: &Connection) -> SysResult<()> {
         self.segments.seal(db)
     }

@@ -291,6 +291,9 @@ pub trait ExternalData: Send + Sync {
     /// At most how many bytes of `file` it holds (what a file's `st_blocks` counts, capped at
     /// its size): a hole holds none.
     fn bytes_held(&self, db: &Connection, file: ObjectId) -> rusqlite::Result<u64>;
+    /// The bytes its records name in all, every file's (what statfs calls used): the data is
+    /// where these say, not on the database's file system.
+    fn bytes_stored(&self, db: &Connection) -> rusqlite::Result<u64>;
     /// Called inside the open transaction just before it commits: what the records written in
     /// it name must exist elsewhere before they are durable (the S3 store puts its open
     /// segment). An error fails the commit, and the transaction stays open.

@@ -14,6 +14,31 @@ impl DirReader for SqliteDirReader {
     }
 }
 
+/// The room statfs reports free where the data is in a store of no capacity the mount can
+/// know (a bucket): enough that no tool refuses a write for want of it. 1 PiB, as a bucket's
+/// quota, if it has one, is the server's to enforce.
+const FREE_BYTES_WITHOUT_CAPACITY: u64 = 1 << 50;
+/// The same for files.
+const FREE_FILES_WITHOUT_CAPACITY: u64 = 1 << 32;
+const BLOCK_WITHOUT_CAPACITY: u64 = 4096;
+
+/// statfs of a mount whose data is elsewhere (`ExternalData`): the bytes its records name used,
+/// `FREE_BYTES_WITHOUT_CAPACITY` free. The database's file system (the state directory's) is not
+/// where the bytes go: `df` of an S3 mount showed that disk's size and use.
+fn space_of_a_store_without_capacity(stored: u64, files: u64) -> StatFs {
+    let free = FREE_BYTES_WITHOUT_CAPACITY / BLOCK_WITHOUT_CAPACITY;
+    StatFs {
+        blocks: stored.div_ceil(BLOCK_WITHOUT_CAPACITY) + free,
+        blocks_free: free,
+        blocks_available: free,
+        files: files + FREE_FILES_WITHOUT_CAPACITY,
+        files_free: FREE_FILES_WITHOUT_CAPACITY,
+        block_size: BLOCK_WITHOUT_CAPACITY as u32,
+        name_max: 255,
+        fragment_size: BLOCK_WITHOUT_CAPACITY as u32,
+    }
+}
+
 impl Namespace for SqliteBackend {
     fn lookup(&self, parent: ObjectId, name: &OsStr) -> SysResult<Attr> {
         let mut s = lock(&self.inner);
@@ -293,10 +318,17 @@ impl Namespace for SqliteBackend {
     }
 
     fn statfs(&self, _id: ObjectId) -> SysResult<StatFs> {
+        let (files, stored): (i64, Option<u64>) = {
+            let s = lock(&self.inner);
+            let files = s.db.query_row("SELECT count(*) FROM inodes", [], |r| r.get(0)).sql()?;
+            (files, s.external.as_ref().map(|external| external.bytes_stored(&s.db)).transpose().sql()?)
+        };
+        if let Some(stored) = stored {
+            return Ok(space_of_a_store_without_capacity(stored, files as u64));
+        }
         // The file system the database is on, in its block size.
         let dir = self.path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let st = crate::sys::statvfs(dir)?;
-        let files: i64 = lock(&self.inner).db.query_row("SELECT count(*) FROM inodes", [], |r| r.get(0)).sql()?;
         Ok(StatFs {
             blocks: st.f_blocks,
             blocks_free: st.f_bfree,
