@@ -382,19 +382,23 @@ impl Pending {
     /// `f` on the held file `id` and its locked body, while it is held (after any make of it
     /// under way, see `PendingFile::body`).
     fn with_held<T>(&self, id: ObjectId, f: impl FnOnce(&Arc<PendingFile>, &mut Body) -> T) -> Option<T> {
-        let file = self.get(id)?;
-        let mut body = file.body();
-        if body.real.is_some() {
-            return None;
-        }
-        Some(f(&file, &mut body))
+        self.with_held_taken(id, PendingFile::body, f)
     }
 
     /// `with_held`, without waiting for a make of the file under way (see
     /// `PendingFile::body_to_read`): `f` only reads the body, or counts lookups.
     fn with_held_to_read<T>(&self, id: ObjectId, f: impl FnOnce(&Arc<PendingFile>, &mut Body) -> T) -> Option<T> {
+        self.with_held_taken(id, PendingFile::body_to_read, f)
+    }
+
+    fn with_held_taken<T>(
+        &self,
+        id: ObjectId,
+        take: fn(&PendingFile) -> MutexGuard<'_, Body>,
+        f: impl FnOnce(&Arc<PendingFile>, &mut Body) -> T,
+    ) -> Option<T> {
         let file = self.get(id)?;
-        let mut body = file.body_to_read();
+        let mut body = take(&file);
         if body.real.is_some() {
             return None;
         }
@@ -409,9 +413,7 @@ impl Pending {
         name: &OsStr,
         f: impl FnOnce(&Arc<PendingFile>, &mut Body) -> T,
     ) -> Option<T> {
-        let file = self.named(parent, name)?;
-        let body = file.body();
-        Self::held_at(&file, body, parent, name, f)
+        self.with_held_at_taken(parent, name, PendingFile::body, f)
     }
 
     /// `with_held_at`, without waiting for a make of the file under way (see
@@ -422,22 +424,22 @@ impl Pending {
         name: &OsStr,
         f: impl FnOnce(&Arc<PendingFile>, &mut Body) -> T,
     ) -> Option<T> {
-        let file = self.named(parent, name)?;
-        let body = file.body_to_read();
-        Self::held_at(&file, body, parent, name, f)
+        self.with_held_at_taken(parent, name, PendingFile::body_to_read, f)
     }
 
-    fn held_at<T>(
-        file: &Arc<PendingFile>,
-        mut body: MutexGuard<'_, Body>,
+    fn with_held_at_taken<T>(
+        &self,
         parent: ObjectId,
         name: &OsStr,
+        take: fn(&PendingFile) -> MutexGuard<'_, Body>,
         f: impl FnOnce(&Arc<PendingFile>, &mut Body) -> T,
     ) -> Option<T> {
+        let file = self.named(parent, name)?;
+        let mut body = take(&file);
         if body.real.is_some() || !body.names.iter().any(|(p, n)| *p == parent && n == name) {
             return None;
         }
-        Some(f(file, &mut body))
+        Some(f(&file, &mut body))
     }
 
     pub fn bytes_held(&self) -> u64 {
