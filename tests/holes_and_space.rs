@@ -362,17 +362,6 @@ fn over_s3_df_counts_the_bytes_in_the_bucket_not_the_state_directorys_disk() {
     assert_eq!(space(&m.mnt).0, empty, "the file removed");
 }
 
-fn statvfs_of(path: &Path) -> libc::statvfs {
-    let c = cstr(path);
-    // SAFETY: the libc struct is plain integers (and arrays of them), for which all-zero bytes are
-    // a valid value.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `statvfs` writes one value of the type its out-pointer has, into a live local
-    // borrowed exclusively for the call; any C string passed is NUL-terminated.
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &raw mut st) }, 0, "statvfs of {path:?}");
-    st
-}
-
 #[test]
 fn a_sparse_file_takes_no_space_for_its_holes() {
     for options in [&[][..], &["log=off"][..]] {

@@ -45,14 +45,20 @@ pub fn in_a_process_of_its_own(name: &str) -> bool {
 
 /// The bytes an unprivileged writer may still take on the file system `path` is on.
 pub fn available_bytes(path: &Path) -> u64 {
+    let st = statvfs_of(path);
+    st.f_bavail * st.f_frsize
+}
+
+/// statvfs(3) of the file system `path` is on.
+pub fn statvfs_of(path: &Path) -> libc::statvfs {
     let c = cstr(path);
     // SAFETY: the libc struct is plain integers (and arrays of them), for which all-zero bytes are
     // a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `statvfs` writes one value of the type its out-pointer has, into a live local
     // borrowed exclusively for the call; any C string passed is NUL-terminated.
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &raw mut st) }, 0);
-    st.f_bavail * st.f_frsize
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &raw mut st) }, 0, "statvfs of {path:?}");
+    st
 }
 
 /// Polls `done` until it holds; panics naming `what` after 10 s.
