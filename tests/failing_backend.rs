@@ -498,3 +498,41 @@ fn a_stalled_make_of_a_new_file_holds_up_no_listing_stat_or_read_of_it() {
     assert!(fs::read(m.backing_path("slow/xattred")).unwrap() == xattred);
     assert!(fs::read(m.path("slow/grown")).unwrap() == grown);
 }
+
+/// A backend that stalls in a setattr of a directory's times (`touch -d` of a directory, or tar
+/// restoring its directories' times, over a SQLite database another program locks): requests
+/// on the new files the log holds, in other directories, answer meanwhile. They waited for the
+/// whole stall: the table of held files was locked across the backend's setattr.
+#[test]
+fn a_stalled_setattr_of_a_directory_holds_up_no_request_on_new_files() {
+    // Every stat asks the daemon: the kernel answers none from its attribute cache.
+    let m = TestMount::build(&["cache_timeout=0"], &[("COALESCEFS_FAULTS", "")], None);
+    fs::create_dir(m.path("other")).unwrap();
+    fs::create_dir(m.path("slowdir")).unwrap();
+    let held = pattern(1000, 8);
+    fs::write(m.path("other/new"), &held).unwrap(); // closed: in the log, held
+    m.inject("mutate=stall:120s@slowdir");
+    let mut touch =
+        Command::new("touch").args(["-m", "-d", "2001-02-03 04:05:06", &path_str(&m.path("slowdir"))]).spawn().unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let finished = touch.try_wait().unwrap();
+    assert!(finished.is_none(), "the setattr did not stall: {finished:?}; the daemon's log:\n{}", m.daemon_log());
+    let (out, ls_took) = timed(&m, 60, "ls", &["-l", &path_str(&m.path("other"))]);
+    assert!(out.status.success(), "{out:?}");
+    let (out, stat_took) = timed(&m, 60, "stat", &["-c", "%s", &path_str(&m.path("other/new"))]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), held.len().to_string());
+    let (out, cat_took) = timed(&m, 60, "cat", &[&path_str(&m.path("other/new"))]);
+    assert!(out.stdout == held, "cat of the new file while the setattr stalls");
+    for took in [ls_took, stat_took, cat_took] {
+        assert!(took < ANSWER_WITHIN, "ls -l, stat, cat: {ls_took:?}, {stat_took:?}, {cat_took:?}");
+    }
+    m.clear_faults();
+    assert!(touch.wait().unwrap().success(), "touch once the backend answers");
+    // The time touch sets, as it sets it outside the mount.
+    let reference = m.mnt.parent().unwrap().join("reference");
+    fs::write(&reference, b"").unwrap();
+    let out = Command::new("touch").args(["-m", "-d", "2001-02-03 04:05:06", &path_str(&reference)]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let set = fs::metadata(&reference).unwrap().modified().unwrap();
+    assert_eq!(fs::metadata(m.path("slowdir")).unwrap().modified().unwrap(), set, "the directory's time set");
+}

@@ -249,8 +249,15 @@ pub struct Pending {
     metrics: Arc<Metrics>,
     /// Distinguishes this mount's keys from an earlier one's (a log may outlive a mount).
     nonce: u64,
-    /// A leaf lock: never held while a body's is taken.
+    /// A leaf lock: never held while a body's is taken, nor across a backend call that
+    /// changes anything (`repin`'s hold and forget aside; `make` reads under it).
     table: Mutex<Table>,
+    /// Held across a backend setattr of a directory's mtime and its record in the table
+    /// (`PendingNamespace::setattr`), and across a keeper's give-back of one
+    /// (`keeping_times_of`): orders the two. The table's lock did, and a backend stalled in
+    /// that setattr (a SQLite database another program locked: 5 s) held up every request
+    /// that asks the table, `ls` of any directory with new files in it.
+    dir_times_gate: Mutex<()>,
     bytes_held: AtomicU64,
     /// Held for writing by a checkpoint while it makes a chunk of held files on the backend
     /// (`make_all`); renames and unlinks hold it for reading from their first look at a name
@@ -317,6 +324,7 @@ impl Pending {
             metrics,
             nonce,
             table: Mutex::new(Table::default()),
+            dir_times_gate: Mutex::new(()),
             bytes_held: AtomicU64::new(0),
             names_gate: parking_lot::RwLock::new(()),
             release_gate: RwLock::new(()),
@@ -525,14 +533,20 @@ impl Pending {
             .collect();
         let settled = settle();
         for (dir, shown) in shown {
-            // Under the table's lock, as a setattr of the directory's times (`mtime_set`):
+            // Under the gate a setattr of the directory's times holds (`PendingNamespace::setattr`):
             // one that came during `settle` is the time to give back, one after it is last.
-            let mut table = self.table();
-            let mtime = table.mtimes_set.get(&dir).copied().unwrap_or(shown);
+            let _ordered = lock(&self.dir_times_gate);
+            let (mtime, changed_at) = {
+                let table = self.table();
+                (table.mtimes_set.get(&dir).copied().unwrap_or(shown), table.dir_changed.get(&dir).copied())
+            };
             if let Err(e) = super::names::give_back_mtime(self.ns.as_ref(), dir, mtime) {
                 log::debug!("inode {dir}: its mtime again after the backend's changes: {e}");
             }
-            if !table.by_name.contains_key(&dir) {
+            let mut table = self.table();
+            // A held change in the directory since (a make, rename or unlink not under the names
+            // gate) keeps its time.
+            if !table.by_name.contains_key(&dir) && table.dir_changed.get(&dir).copied() == changed_at {
                 table.dir_changed.remove(&dir);
                 self.repin(&mut table, dir);
             }

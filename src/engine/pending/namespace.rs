@@ -171,9 +171,13 @@ impl Namespace for PendingNamespace {
             Some(()) => Ok(()),
             None => {
                 let Some(mtime) = changes.times.mtime else { return self.0.ns.setattr(id, changes) };
-                // Under the table's lock: see `keeping_times_of`.
-                let mut table = self.0.table();
+                // Ordered with a keeper's give-back (`Pending::dir_times_gate`). A getattr
+                // between the two steps shows the time set, or (set older than the held
+                // changes' time, which the table still has) the time shown before: what a
+                // stat racing the setattr may see.
+                let _ordered = lock(&self.0.dir_times_gate);
                 self.0.ns.setattr(id, changes)?;
+                let mut table = self.0.table();
                 table.mtime_set(id, mtime);
                 self.0.repin(&mut table, id);
                 Ok(())
