@@ -199,7 +199,7 @@ impl Writeback {
         let earlier = inner.in_flight.insert(unit, flying.clone());
         assert!(earlier.is_none(), "unit {unit} in flight twice");
         let size = inner.size;
-        let data = if self.made_on_backend_for_flush(&inner) {
+        let data = if self.made_on_backend_for_flush(file, &inner) {
             // Made with the file's lock let go (the unit is in flight meanwhile, as while it is
             // written): a stalled make held up every getattr of the file, and `ls -l` with it.
             drop(inner);

@@ -647,9 +647,12 @@ impl Writeback {
     }
 
     /// Whether `file_data` makes the file on the backend first, if it is held: it has grown
-    /// past what its close would log.
-    pub(super) fn made_on_backend_for_flush(&self, inner: &FileInner) -> bool {
-        self.pending.is_some() && inner.size > self.config.log_threshold_new_bytes
+    /// past what its close would log. Only ids given to held files can be held: a flush of any
+    /// other file asks the held files nothing, and its flusher keeps the file's lock.
+    pub(super) fn made_on_backend_for_flush(&self, file: &FileState, inner: &FileInner) -> bool {
+        self.pending.is_some()
+            && file.id >= crate::engine::pending::PENDING_ID_BASE
+            && inner.size > self.config.log_threshold_new_bytes
     }
 
     /// The file's data in the store, opened for writing by whoever first needs it.
@@ -657,7 +660,7 @@ impl Writeback {
         // A held file (`pending`) grown past what its close would log: the backend makes it
         // now, and its bytes go there. (Logged while small, as a shell's redirection closes the
         // new file once before anything is written: synced with its bytes at its close.)
-        if self.made_on_backend_for_flush(inner) {
+        if self.made_on_backend_for_flush(file, inner) {
             self.make_held_for_flush(file.id)?;
         }
         let data = match &inner.data {
