@@ -89,6 +89,12 @@ CREATE TABLE IF NOT EXISTS s3_dropped_segments(segment INTEGER PRIMARY KEY);
 #[derive(Default)]
 pub struct UnitRecords {
     segments: Arc<Segments>,
+    /// `bytes_stored` as last summed, let go at every commit: a sum over every record (15-18 ms
+    /// for 250,000 units, 1 TiB in 4 MiB units, measured here) under the backend's lock, which
+    /// every request of the mount waits for, at every statfs (`df`, a monitoring agent's poll).
+    /// Between commits (checkpoints, a few seconds apart while writing) `df` may lag the
+    /// records of the open transaction.
+    stored: Mutex<Option<u64>>,
 }
 
 impl ExternalData for UnitRecords {
@@ -116,16 +122,22 @@ impl ExternalData for UnitRecords {
     /// unit object counted twice; segments' dropped pieces and objects waiting for the next
     /// manifest's deletes not at all).
     fn bytes_stored(&self, db: &Connection) -> rusqlite::Result<u64> {
+        let mut summed = self.stored.lock().unwrap();
+        if let Some(stored) = *summed {
+            return Ok(stored);
+        }
         let stored: i64 = db
             .prepare_cached(
                 "SELECT (SELECT coalesce(sum(length), 0) FROM s3_units) \
                  + (SELECT coalesce(sum(length), 0) FROM s3_pieces)",
             )?
             .query_row([], |r| r.get(0))?;
+        *summed = Some(stored as u64);
         Ok(stored as u64)
     }
 
     fn before_commit(&self, db: &Connection) -> SysResult<()> {
+        *self.stored.lock().unwrap() = None;
         self.segments.seal(db)
     }
 
